@@ -1,0 +1,502 @@
+//! Quantized tensors and the reference quantizer.
+//!
+//! Every scaling recipe is one rule applied per block: the tensor is cut into
+//! `block.0 x block.1` tiles (the whole tensor, a row, 1x128, 128x128, 1x32,
+//! 1x16, 16x16), each tile gets a scale from its amax, and its elements are
+//! cast with that scale. Edge tiles of ragged shapes are simply smaller: their
+//! amax is taken over the elements that exist, so no padding is ever visible.
+//!
+//! A 2-D operand `(rows, cols)` is stored row-major with `cols` as the
+//! reduction dimension of the GEMM that reads it ("K-major"). Its column-wise
+//! copy is the transpose `(cols, rows)`, quantized in its own right, so block
+//! and MX scales run along the right dimension for the backward GEMMs.
+
+use crate::convert::{encode_fp4_slice, encode_slice, fp4_bytes, fp4_code, ToF32};
+use crate::format::{Format, Overflow, Rounding};
+use crate::scale::{mx_exponent, pow2, scale_from_amax};
+use crate::Error;
+
+/// Scaling granularity: which elements share a scale.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Granularity {
+    /// One scale for the whole tensor.
+    Tensor,
+    /// One scale per row (row = along the reduction dimension).
+    Row,
+    /// One scale per `rows x cols` tile.
+    Tile {
+        /// Tile height.
+        rows: usize,
+        /// Tile width (along the reduction dimension).
+        cols: usize,
+    },
+}
+
+impl Granularity {
+    /// Block dims for a `(rows, cols)` tensor.
+    pub fn block_dims(self, rows: usize, cols: usize) -> (usize, usize) {
+        match self {
+            Granularity::Tensor => (rows.max(1), cols.max(1)),
+            Granularity::Row => (1, cols.max(1)),
+            Granularity::Tile { rows, cols } => (rows, cols),
+        }
+    }
+
+    /// The granularity of the transposed copy. Tiles transpose; a per-row
+    /// granularity stays per-row (of the transpose), as the reduction
+    /// dimension of the backward GEMM is the transpose's row.
+    pub fn transposed(self) -> Granularity {
+        match self {
+            Granularity::Tile { rows, cols } => Granularity::Tile {
+                rows: cols,
+                cols: rows,
+            },
+            g => g,
+        }
+    }
+}
+
+/// How a block's scale is chosen from its amax.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ScaleRule {
+    /// `scale = max / amax` per block (see [`scale_from_amax`]), stored as f32 `scale_inv`.
+    Amax {
+        /// Round the scale down to a power of two.
+        power_of_two: bool,
+    },
+    /// A given per-tensor scale (delayed scaling); stored as f32 `scale_inv`.
+    Fixed(f32),
+    /// MX: power-of-two scale stored as E8M0 (see [`mx_exponent`]).
+    E8M0,
+    /// NVFP4: E4M3 block scales under an f32 per-tensor scale.
+    Nvfp4,
+}
+
+/// Everything needed to quantize one usage of a 2-D tensor.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QuantSpec {
+    /// Element format.
+    pub format: Format,
+    /// Which elements share a scale (in the coordinates of the copy being made).
+    pub granularity: Granularity,
+    /// How the scale is computed.
+    pub rule: ScaleRule,
+    /// Rounding of the elements.
+    pub rounding: Rounding,
+}
+
+/// The stored scales of one quantized copy, one entry per block (row-major over the block grid).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Scales {
+    /// Dequantization factors `scale_inv`.
+    F32(Vec<f32>),
+    /// E8M0 codes; factor `2^(code - 127)`.
+    E8M0(Vec<u8>),
+    /// NVFP4: E4M3 codes (factor `decode(code)`) and the per-tensor encode
+    /// scale `global` (factor `1 / global`).
+    Nvfp4 {
+        /// Block scale codes.
+        codes: Vec<u8>,
+        /// Per-tensor encode scale `6 * 448 / amax`.
+        global: f32,
+    },
+}
+
+impl Scales {
+    /// Bytes the scales occupy.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Scales::F32(v) => 4 * v.len(),
+            Scales::E8M0(v) => v.len(),
+            Scales::Nvfp4 { codes, .. } => codes.len() + 4,
+        }
+    }
+}
+
+/// One quantized copy: a row-major `(rows, cols)` matrix of codes with its scales.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantData {
+    /// Rows of this copy.
+    pub rows: usize,
+    /// Columns of this copy (the reduction dimension).
+    pub cols: usize,
+    /// Element format.
+    pub format: Format,
+    /// Codes, row-major; E2M1 packs two per byte within each row (row stride `fp4_bytes(cols)`).
+    pub data: Vec<u8>,
+    /// Block dims `(rows, cols)` in this copy's coordinates.
+    pub block: (usize, usize),
+    /// One scale per block.
+    pub scales: Scales,
+}
+
+impl QuantData {
+    /// Bytes per row of `data`.
+    pub fn row_stride(&self) -> usize {
+        if self.format == Format::E2M1 {
+            fp4_bytes(self.cols)
+        } else {
+            self.cols
+        }
+    }
+
+    /// Block grid `(block rows, block cols)`.
+    pub fn grid(&self) -> (usize, usize) {
+        (
+            self.rows.div_ceil(self.block.0),
+            self.cols.div_ceil(self.block.1),
+        )
+    }
+
+    /// The code of element `(r, c)`.
+    #[inline]
+    pub fn code(&self, r: usize, c: usize) -> u8 {
+        if self.format == Format::E2M1 {
+            fp4_code(&self.data[r * self.row_stride()..], c)
+        } else {
+            self.data[r * self.cols + c]
+        }
+    }
+
+    /// Per-block dequantization factor of block `(br, bc)` (without the tensor factor).
+    #[inline]
+    pub fn block_factor(&self, br: usize, bc: usize) -> f32 {
+        let i = br * self.grid().1 + bc;
+        match &self.scales {
+            Scales::F32(v) => v[i],
+            Scales::E8M0(v) => Format::E8M0.decode(v[i]),
+            Scales::Nvfp4 { codes, .. } => Format::E4M3.decode(codes[i]),
+        }
+    }
+
+    /// Factor applied to the whole tensor after the block factors (1 except for NVFP4).
+    pub fn tensor_factor(&self) -> f32 {
+        match &self.scales {
+            Scales::Nvfp4 { global, .. } => 1.0 / global,
+            _ => 1.0,
+        }
+    }
+
+    /// Bytes of codes plus scales.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + self.scales.bytes()
+    }
+
+    /// Dequantize to f32: `(decode(q) * block_factor) * tensor_factor`, row-major `(rows, cols)`.
+    pub fn dequantize(&self) -> Vec<f32> {
+        let table = self.format.table();
+        let tf = self.tensor_factor();
+        let mut out = vec![0f32; self.rows * self.cols];
+        for r in 0..self.rows {
+            for c in 0..self.cols {
+                let f = self.block_factor(r / self.block.0, c / self.block.1);
+                out[r * self.cols + c] = table[self.code(r, c) as usize] * f * tf;
+            }
+        }
+        out
+    }
+}
+
+/// Which copies a consumer needs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Usage {
+    /// Row-wise (K-major) data for the forward GEMM.
+    pub rowwise: bool,
+    /// Column-wise (transposed) data for a backward GEMM.
+    pub colwise: bool,
+}
+
+impl Usage {
+    /// Row-wise only.
+    pub const ROW: Usage = Usage {
+        rowwise: true,
+        colwise: false,
+    };
+    /// Column-wise only.
+    pub const COL: Usage = Usage {
+        rowwise: false,
+        colwise: true,
+    };
+    /// Both copies.
+    pub const BOTH: Usage = Usage {
+        rowwise: true,
+        colwise: true,
+    };
+}
+
+/// Which copy of a [`QuantizedTensor`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// The `(rows, cols)` copy.
+    Rowwise,
+    /// The `(cols, rows)` transposed copy.
+    Colwise,
+}
+
+/// A quantized 2-D tensor `(rows, cols)` with the copies its consumers asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuantizedTensor {
+    /// Logical rows.
+    pub rows: usize,
+    /// Logical columns.
+    pub cols: usize,
+    /// Amax of the whole source tensor (for delayed scaling and telemetry).
+    pub amax: f32,
+    /// `(rows, cols)` copy, if made.
+    pub rowwise: Option<QuantData>,
+    /// `(cols, rows)` copy, if made.
+    pub colwise: Option<QuantData>,
+}
+
+impl QuantizedTensor {
+    /// The copy for `layout`, or an error naming what was not made.
+    pub fn get(&self, layout: Layout) -> Result<&QuantData, Error> {
+        match layout {
+            Layout::Rowwise => self.rowwise.as_ref(),
+            Layout::Colwise => self.colwise.as_ref(),
+        }
+        .ok_or(Error::MissingUsage(layout))
+    }
+
+    /// Bytes held (codes and scales of every copy made).
+    pub fn bytes(&self) -> usize {
+        self.rowwise.as_ref().map_or(0, QuantData::bytes)
+            + self.colwise.as_ref().map_or(0, QuantData::bytes)
+    }
+
+    /// Keep only the copies in `keep` (drops the others' memory).
+    pub fn retain(mut self, keep: Usage) -> QuantizedTensor {
+        if !keep.rowwise {
+            self.rowwise = None;
+        }
+        if !keep.colwise {
+            self.colwise = None;
+        }
+        self
+    }
+
+    /// Dequantize to a row-major `(rows, cols)` f32 matrix from whichever copy exists (row-wise first).
+    pub fn dequantize(&self) -> Result<Vec<f32>, Error> {
+        if let Some(q) = &self.rowwise {
+            return Ok(q.dequantize());
+        }
+        let q = self.get(Layout::Colwise)?;
+        Ok(transpose(&q.dequantize(), q.rows, q.cols))
+    }
+}
+
+/// Row-major transpose of a `(rows, cols)` matrix.
+pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let mut out = Vec::with_capacity(x.len());
+    for c in 0..cols {
+        out.extend((0..rows).map(|r| x[r * cols + c]));
+    }
+    out
+}
+
+/// Amax of `x`, or an error naming the first NaN/inf element.
+pub fn amax<T: ToF32>(x: &[T]) -> Result<f32, Error> {
+    let mut m = 0f32;
+    for (i, &v) in x.iter().enumerate() {
+        let v = v.to_f32_exact();
+        if !v.is_finite() {
+            return Err(Error::NonFinite { index: i, value: v });
+        }
+        m = m.max(v.abs());
+    }
+    Ok(m)
+}
+
+/// Quantize a row-major `(rows, cols)` tensor into the copies `usage` asks for.
+///
+/// `row_spec` describes the row-wise copy and `col_spec` the column-wise one
+/// (in the transpose's coordinates). `tensor_amax` overrides the locally
+/// computed amax where a per-tensor amax is needed (per-tensor current
+/// scaling, the NVFP4 global scale): pass the all-reduced amax here when the
+/// tensor is sharded, so every rank scales as one rank would.
+///
+/// Errors: empty tensor, length mismatch, a usage with no copy, a non-finite
+/// input element (the first one is named), a format the spec cannot use.
+pub fn quantize<T: ToF32>(
+    x: &[T],
+    rows: usize,
+    cols: usize,
+    row_spec: &QuantSpec,
+    col_spec: &QuantSpec,
+    usage: Usage,
+    tensor_amax: Option<f32>,
+) -> Result<QuantizedTensor, Error> {
+    if rows == 0 || cols == 0 {
+        return Err(Error::Empty { rows, cols });
+    }
+    if x.len() != rows * cols {
+        return Err(Error::Shape(format!(
+            "quantize: {} elements for shape ({rows}, {cols})",
+            x.len()
+        )));
+    }
+    if !usage.rowwise && !usage.colwise {
+        return Err(Error::Shape("quantize: usage asks for no copy".into()));
+    }
+    let local = amax(x)?;
+    let amax = match tensor_amax {
+        Some(a) if !a.is_finite() || a < local => return Err(Error::BadAmax(a)),
+        Some(a) => a,
+        None => local,
+    };
+    let rowwise = usage
+        .rowwise
+        .then(|| quantize_copy(x, rows, cols, row_spec, amax))
+        .transpose()?;
+    let colwise = if usage.colwise {
+        let xt: Vec<f32> = transpose(x, rows, cols)
+            .into_iter()
+            .map(ToF32::to_f32_exact)
+            .collect();
+        Some(quantize_copy(&xt, cols, rows, col_spec, amax)?)
+    } else {
+        None
+    };
+    Ok(QuantizedTensor {
+        rows,
+        cols,
+        amax,
+        rowwise,
+        colwise,
+    })
+}
+
+/// Quantize one `(rows, cols)` copy. Inputs are known finite; `amax` is the tensor amax.
+fn quantize_copy<T: ToF32>(
+    x: &[T],
+    rows: usize,
+    cols: usize,
+    spec: &QuantSpec,
+    amax: f32,
+) -> Result<QuantData, Error> {
+    let f = spec.format;
+    match (spec.rule, f) {
+        (_, Format::E8M0) => {
+            return Err(Error::Unsupported(
+                "E8M0 is a scale format, not an element format".into(),
+            ))
+        }
+        (ScaleRule::Nvfp4, Format::E2M1) => {}
+        (ScaleRule::Nvfp4, _) | (_, Format::E2M1) => {
+            return Err(Error::Unsupported(
+                "E2M1 elements go with the NVFP4 scale rule only".into(),
+            ))
+        }
+        _ => {}
+    }
+    let block = spec.granularity.block_dims(rows, cols);
+    if block.0 == 0 || block.1 == 0 {
+        return Err(Error::Shape("quantize: zero-sized block".into()));
+    }
+    if f == Format::E2M1 && block.1 % 2 == 1 && block.1 < cols {
+        return Err(Error::Shape(format!(
+            "quantize: FP4 blocks need an even width, got {}",
+            block.1
+        )));
+    }
+    let (gr, gc) = (rows.div_ceil(block.0), cols.div_ceil(block.1));
+    let stride = if f == Format::E2M1 {
+        fp4_bytes(cols)
+    } else {
+        cols
+    };
+    let mut data = vec![0u8; rows * stride];
+    let nb = gr * gc;
+    let global = match spec.rule {
+        ScaleRule::Nvfp4 => scale_from_amax(amax, Format::E4M3, 0, false)
+            .map(|s| s * Format::E2M1.max())
+            .filter(|s| s.is_finite())
+            .unwrap_or(f32::MAX),
+        _ => 1.0,
+    };
+    let mut f32_scales = Vec::new();
+    let mut codes = Vec::new();
+    for br in 0..gr {
+        for bc in 0..gc {
+            let (r0, r1) = (br * block.0, ((br + 1) * block.0).min(rows));
+            let (c0, c1) = (bc * block.1, ((bc + 1) * block.1).min(cols));
+            // Block amax (inputs are finite: checked by the caller).
+            // A per-tensor block takes the tensor amax, which may be a
+            // cross-rank (all-reduced) one.
+            let mut bmax = 0f32;
+            if spec.granularity == Granularity::Tensor {
+                bmax = amax;
+            } else {
+                for r in r0..r1 {
+                    for v in &x[r * cols + c0..r * cols + c1] {
+                        bmax = bmax.max(v.to_f32_exact().abs());
+                    }
+                }
+            }
+            // The multiplier applied before the cast.
+            let mul = match spec.rule {
+                ScaleRule::Amax { power_of_two } => {
+                    let s =
+                        scale_from_amax(bmax, f, 0, power_of_two).ok_or(Error::BadAmax(bmax))?;
+                    f32_scales.push(1.0 / s);
+                    s
+                }
+                ScaleRule::Fixed(s) => {
+                    if !(s.is_finite() && s > 0.0) {
+                        return Err(Error::BadScale(s));
+                    }
+                    f32_scales.push(1.0 / s);
+                    s
+                }
+                ScaleRule::E8M0 => {
+                    let e = mx_exponent(bmax, f).ok_or(Error::BadAmax(bmax))?;
+                    codes.push((e + 127) as u8);
+                    pow2(-e)
+                }
+                ScaleRule::Nvfp4 => {
+                    let code = Format::E4M3
+                        .encode_rne(bmax / Format::E2M1.max() * global, Overflow::Saturate);
+                    codes.push(code);
+                    let d = Format::E4M3.decode(code);
+                    if d == 0.0 {
+                        0.0
+                    } else {
+                        global / d
+                    }
+                }
+            };
+            for r in r0..r1 {
+                let src = &x[r * cols + c0..r * cols + c1];
+                let base = (r * cols + c0) as u64;
+                if f == Format::E2M1 {
+                    // Blocks of FP4 start on even columns (block widths are even) so pairs never straddle.
+                    let dst = &mut data[r * stride + c0 / 2..r * stride + fp4_bytes(c1)];
+                    encode_fp4_slice(src, mul, dst, spec.rounding, base);
+                } else {
+                    let dst = &mut data[r * stride + c0..r * stride + c1];
+                    encode_slice(f, src, mul, dst, Overflow::Saturate, spec.rounding, base);
+                }
+            }
+        }
+    }
+    let scales = match spec.rule {
+        ScaleRule::Amax { .. } | ScaleRule::Fixed(_) => Scales::F32(f32_scales),
+        ScaleRule::E8M0 => Scales::E8M0(codes),
+        ScaleRule::Nvfp4 => Scales::Nvfp4 { codes, global },
+    };
+    debug_assert_eq!(
+        match &scales {
+            Scales::F32(v) => v.len(),
+            Scales::E8M0(v) | Scales::Nvfp4 { codes: v, .. } => v.len(),
+        },
+        nb
+    );
+    Ok(QuantData {
+        rows,
+        cols,
+        format: f,
+        data,
+        block,
+        scales,
+    })
+}

@@ -1,0 +1,562 @@
+//! Scaling recipes: which format and which scale rule each operand role gets,
+//! and how the backward pass runs. Validated once, at construction.
+//!
+//! Roles and GEMMs follow torchao's names for `y = x W^T` with `x: (M, K)`,
+//! `W: (N, K)`:
+//!
+//! | GEMM | product | reduction | operands read |
+//! |---|---|---|---|
+//! | `output` | `input @ weight_t` | K | input row-wise, weight row-wise |
+//! | `grad_input` | `grad_output @ weight` | N | grad_output row-wise, weight column-wise |
+//! | `grad_weight` | `grad_output_t @ input` | M | grad_output column-wise, input column-wise |
+
+use crate::format::{Format, Rounding};
+use crate::quant::{Granularity, Layout, QuantSpec, ScaleRule};
+use crate::scale::scale_from_amax;
+use crate::Error;
+use std::collections::VecDeque;
+use std::fmt;
+
+/// Operand role in a linear layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// The activation `x` entering the layer.
+    Input,
+    /// The weight `W`.
+    Weight,
+    /// The gradient of the layer's output, `dy`.
+    GradOutput,
+}
+
+impl Role {
+    /// All roles.
+    pub const ALL: [Role; 3] = [Role::Input, Role::Weight, Role::GradOutput];
+    fn short(self) -> &'static str {
+        match self {
+            Role::Input => "i",
+            Role::Weight => "w",
+            Role::GradOutput => "go",
+        }
+    }
+}
+
+/// How a delayed-scaling history turns into an amax.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AmaxAlgo {
+    /// The largest amax in the history window.
+    Max,
+    /// The newest amax.
+    MostRecent,
+}
+
+/// The scaling family of a recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scaling {
+    /// Per-tensor scale from an amax history of earlier steps (Transformer Engine's default).
+    Delayed {
+        /// Steps kept in the history (at least 1).
+        history_len: usize,
+        /// Max over the window or the most recent value.
+        algo: AmaxAlgo,
+        /// Extra headroom: the scale is divided by `2^margin` (at least 0).
+        margin: i32,
+    },
+    /// Per-tensor scale from the tensor's own amax (current scaling).
+    Tensorwise {
+        /// Round scales down to powers of two.
+        power_of_two: bool,
+    },
+    /// One scale per row along the reduction dimension (torchao's rowwise).
+    Rowwise {
+        /// Round scales down to powers of two.
+        power_of_two: bool,
+    },
+    /// DeepSeek-V3 blocks: 1x128 for inputs and gradients, 128x128 for weights, f32 scales.
+    Blockwise {
+        /// Round scales down to powers of two.
+        power_of_two: bool,
+    },
+    /// MXFP8: 1x32 blocks along the reduction dimension, E8M0 scales.
+    Mxfp8,
+    /// NVFP4: E2M1 elements; 1x16 blocks (16x16 for weights) with E4M3 scales
+    /// under an f32 per-tensor scale; stochastic rounding for gradients.
+    Nvfp4,
+}
+
+impl Scaling {
+    /// Granularity of `role`'s copy (in the copy's own coordinates: the tile
+    /// runs along that copy's reduction dimension).
+    pub fn granularity(self, role: Role) -> Granularity {
+        match (self, role) {
+            (Scaling::Delayed { .. } | Scaling::Tensorwise { .. }, _) => Granularity::Tensor,
+            (Scaling::Rowwise { .. }, _) => Granularity::Row,
+            (Scaling::Blockwise { .. }, Role::Weight) => Granularity::Tile {
+                rows: 128,
+                cols: 128,
+            },
+            (Scaling::Blockwise { .. }, _) => Granularity::Tile { rows: 1, cols: 128 },
+            (Scaling::Mxfp8, _) => Granularity::Tile { rows: 1, cols: 32 },
+            (Scaling::Nvfp4, Role::Weight) => Granularity::Tile { rows: 16, cols: 16 },
+            (Scaling::Nvfp4, _) => Granularity::Tile { rows: 1, cols: 16 },
+        }
+    }
+
+    fn short(self, role: Role) -> String {
+        match (self, self.granularity(role)) {
+            (Scaling::Delayed { .. }, _) => "dly_ten".into(),
+            (Scaling::Tensorwise { .. }, _) => "cur_ten".into(),
+            (Scaling::Rowwise { .. }, _) => "cur_row".into(),
+            (Scaling::Mxfp8, Granularity::Tile { rows, cols }) => format!("mx{rows}x{cols}"),
+            (Scaling::Nvfp4, Granularity::Tile { rows, cols }) => format!("nv{rows}x{cols}"),
+            (_, Granularity::Tile { rows, cols }) => format!("blk{rows}x{cols}"),
+            (_, g) => format!("{g:?}"),
+        }
+    }
+}
+
+/// Where the backward GEMMs get their operands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BackwardMode {
+    /// `grad_input` and `grad_weight` as FP8 GEMMs from saved FP8 column-wise copies and an FP8 `grad_output`.
+    Quantized,
+    /// High-precision GEMMs from the original, unquantized saved tensors.
+    HighPrecision,
+    /// High-precision GEMMs from the FP8 tensors of the forward, dequantized at backward.
+    Dequantized,
+}
+
+impl BackwardMode {
+    /// All modes.
+    pub const ALL: [BackwardMode; 3] = [
+        BackwardMode::Quantized,
+        BackwardMode::HighPrecision,
+        BackwardMode::Dequantized,
+    ];
+
+    /// Name used on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardMode::Quantized => "quantized",
+            BackwardMode::HighPrecision => "high_precision",
+            BackwardMode::Dequantized => "dequantized",
+        }
+    }
+
+    /// Parse a command-line name.
+    pub fn from_name(s: &str) -> Result<Self, Error> {
+        Self::ALL
+            .into_iter()
+            .find(|m| m.name() == s || m.name().replace('_', "-") == s)
+            .ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "backward mode '{s}' (expected quantized, high_precision or dequantized)"
+                ))
+            })
+    }
+}
+
+/// A validated scaling recipe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Recipe {
+    scaling: Scaling,
+    fwd_format: Format,
+    grad_format: Format,
+    backward: BackwardMode,
+    seed: u64,
+}
+
+impl Recipe {
+    /// Names accepted by [`Recipe::from_name`], in the order tables list them.
+    pub const NAMES: [&'static str; 6] = [
+        "delayed",
+        "tensorwise",
+        "rowwise",
+        "blockwise",
+        "mxfp8",
+        "nvfp4",
+    ];
+
+    /// Build and validate a recipe.
+    ///
+    /// `fwd_format` is the element format of inputs and weights, `grad_format`
+    /// that of `grad_output` (used by the quantized backward only).
+    /// Errors: E8M0 as an element format; E2M1 outside NVFP4 or NVFP4 without
+    /// E2M1; delayed scaling with a backward other than quantized, an empty
+    /// history or a negative margin.
+    pub fn new(
+        scaling: Scaling,
+        fwd_format: Format,
+        grad_format: Format,
+        backward: BackwardMode,
+    ) -> Result<Self, Error> {
+        for f in [fwd_format, grad_format] {
+            match (scaling, f) {
+                (_, Format::E8M0) => {
+                    return Err(Error::Unsupported(
+                        "E8M0 is a scale format; elements must be E4M3, E5M2 or E2M1".into(),
+                    ))
+                }
+                (Scaling::Nvfp4, Format::E2M1) => {}
+                (Scaling::Nvfp4, f) => {
+                    return Err(Error::Unsupported(format!(
+                        "the NVFP4 recipe quantizes to E2M1, not {f}"
+                    )))
+                }
+                (_, Format::E2M1) => {
+                    return Err(Error::Unsupported(
+                        "E2M1 (FP4) elements need the NVFP4 recipe's block scales".into(),
+                    ))
+                }
+                _ => {}
+            }
+        }
+        if let Scaling::Delayed {
+            history_len,
+            margin,
+            ..
+        } = scaling
+        {
+            if backward != BackwardMode::Quantized {
+                return Err(Error::Unsupported(format!(
+                    "delayed scaling supports the quantized backward only, not {}: its scales come from the amax \
+                     history of FP8 tensors; use tensorwise scaling for {} backward",
+                    backward.name(),
+                    backward.name()
+                )));
+            }
+            if history_len == 0 {
+                return Err(Error::Unsupported(
+                    "delayed scaling needs an amax history of at least 1".into(),
+                ));
+            }
+            if margin < 0 {
+                return Err(Error::Unsupported(format!(
+                    "delayed scaling margin must be >= 0, got {margin}"
+                )));
+            }
+        }
+        Ok(Recipe {
+            scaling,
+            fwd_format,
+            grad_format,
+            backward,
+            seed: 0x0C7E_7000,
+        })
+    }
+
+    /// A recipe by name with its defaults: hybrid formats (E4M3 forward, E5M2
+    /// gradients; E2M1 for NVFP4) and the quantized backward. `delayed` keeps
+    /// 16 steps of history with the max algorithm and margin 0.
+    pub fn from_name(name: &str) -> Result<Self, Error> {
+        let scaling = match name {
+            "delayed" => Scaling::Delayed {
+                history_len: 16,
+                algo: AmaxAlgo::Max,
+                margin: 0,
+            },
+            "tensorwise" => Scaling::Tensorwise {
+                power_of_two: false,
+            },
+            "rowwise" => Scaling::Rowwise {
+                power_of_two: false,
+            },
+            "blockwise" => Scaling::Blockwise {
+                power_of_two: false,
+            },
+            "mxfp8" => Scaling::Mxfp8,
+            "nvfp4" => Scaling::Nvfp4,
+            other => {
+                return Err(Error::Unsupported(format!(
+                    "recipe '{other}' (expected one of {})",
+                    Self::NAMES.join(", ")
+                )))
+            }
+        };
+        let (f, g) = if scaling == Scaling::Nvfp4 {
+            (Format::E2M1, Format::E2M1)
+        } else {
+            (Format::E4M3, Format::E5M2)
+        };
+        Recipe::new(scaling, f, g, BackwardMode::Quantized)
+    }
+
+    /// The same recipe with another backward mode (validated).
+    pub fn with_backward(self, backward: BackwardMode) -> Result<Self, Error> {
+        Recipe::new(self.scaling, self.fwd_format, self.grad_format, backward)
+            .map(|r| r.with_seed(self.seed))
+    }
+
+    /// The same recipe with other formats (validated).
+    pub fn with_formats(self, fwd: Format, grad: Format) -> Result<Self, Error> {
+        Recipe::new(self.scaling, fwd, grad, self.backward).map(|r| r.with_seed(self.seed))
+    }
+
+    /// The same recipe with another stochastic-rounding seed.
+    pub fn with_seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+
+    /// The scaling family.
+    pub fn scaling(&self) -> Scaling {
+        self.scaling
+    }
+
+    /// The backward mode.
+    pub fn backward(&self) -> BackwardMode {
+        self.backward
+    }
+
+    /// Element format of `role`.
+    pub fn format(&self, role: Role) -> Format {
+        match role {
+            Role::GradOutput => self.grad_format,
+            _ => self.fwd_format,
+        }
+    }
+
+    /// The quantization spec of `role`'s `layout` copy.
+    ///
+    /// `delayed_scale` is the current scale of the role's [`DelayedState`];
+    /// it is required by delayed scaling and rejected otherwise. `salt`
+    /// varies stochastic rounding between calls (mixed into the seed).
+    pub fn spec(
+        &self,
+        role: Role,
+        layout: Layout,
+        delayed_scale: Option<f32>,
+        salt: u64,
+    ) -> Result<QuantSpec, Error> {
+        let g = self.scaling.granularity(role);
+        let granularity = match layout {
+            Layout::Rowwise => g,
+            Layout::Colwise => g.transposed(),
+        };
+        let rule = match (self.scaling, delayed_scale) {
+            (Scaling::Delayed { .. }, Some(s)) => ScaleRule::Fixed(s),
+            (Scaling::Delayed { .. }, None) => {
+                return Err(Error::Unsupported(
+                    "delayed scaling needs the scale of its DelayedState".into(),
+                ))
+            }
+            (_, Some(_)) => {
+                return Err(Error::Unsupported(
+                    "a fixed scale was given to a current-scaling recipe".into(),
+                ))
+            }
+            (
+                Scaling::Tensorwise { power_of_two }
+                | Scaling::Rowwise { power_of_two }
+                | Scaling::Blockwise { power_of_two },
+                None,
+            ) => ScaleRule::Amax { power_of_two },
+            (Scaling::Mxfp8, None) => ScaleRule::E8M0,
+            (Scaling::Nvfp4, None) => ScaleRule::Nvfp4,
+        };
+        let rounding = if self.scaling == Scaling::Nvfp4 && role == Role::GradOutput {
+            Rounding::Stochastic {
+                seed: crate::format::sr_bits(self.seed, salt) as u64 | (salt << 32),
+            }
+        } else {
+            Rounding::NearestEven
+        };
+        Ok(QuantSpec {
+            format: self.format(role),
+            granularity,
+            rule,
+            rounding,
+        })
+    }
+}
+
+impl fmt::Display for Recipe {
+    /// Short form, e.g. `i:cur_ten_e4m3,w:cur_ten_e4m3,go:cur_ten_e5m2,bwd:quantized`
+    /// (`go:hp` when the backward does not quantize gradients).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for role in [Role::Input, Role::Weight] {
+            write!(
+                f,
+                "{}:{}_{},",
+                role.short(),
+                self.scaling.short(role),
+                self.format(role)
+            )?;
+        }
+        if self.backward == BackwardMode::Quantized {
+            let r = Role::GradOutput;
+            let sr = if self.scaling == Scaling::Nvfp4 {
+                "_sr"
+            } else {
+                ""
+            };
+            write!(
+                f,
+                "{}:{}_{}{sr},",
+                r.short(),
+                self.scaling.short(r),
+                self.format(r)
+            )?;
+        } else {
+            write!(f, "go:hp,")?;
+        }
+        write!(f, "bwd:{}", self.backward.name())
+    }
+}
+
+/// Delayed-scaling state of one tensor role: the amax history and the scale it gives.
+///
+/// Each quantization uses [`DelayedState::scale`] and reports the amax it saw
+/// with [`DelayedState::record`]; once per step [`DelayedState::update`]
+/// pushes the step's amax into the history and derives the next scale.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DelayedState {
+    history: VecDeque<f32>,
+    len: usize,
+    algo: AmaxAlgo,
+    margin: i32,
+    format: Format,
+    scale: f32,
+    pending: f32,
+}
+
+impl DelayedState {
+    /// A fresh state: scale 1 until the first update (as Transformer Engine starts).
+    pub fn new(history_len: usize, algo: AmaxAlgo, margin: i32, format: Format) -> Self {
+        DelayedState {
+            history: VecDeque::new(),
+            len: history_len.max(1),
+            algo,
+            margin,
+            format,
+            scale: 1.0,
+            pending: 0.0,
+        }
+    }
+
+    /// The state for `role` under `recipe`, or `None` if the recipe is not delayed.
+    pub fn for_role(recipe: &Recipe, role: Role) -> Option<Self> {
+        match recipe.scaling() {
+            Scaling::Delayed {
+                history_len,
+                algo,
+                margin,
+            } => Some(Self::new(history_len, algo, margin, recipe.format(role))),
+            _ => None,
+        }
+    }
+
+    /// The scale to quantize with now.
+    pub fn scale(&self) -> f32 {
+        self.scale
+    }
+
+    /// The history, oldest first.
+    pub fn history(&self) -> impl Iterator<Item = f32> + '_ {
+        self.history.iter().copied()
+    }
+
+    /// Report an amax seen this step (the step's amax is the max of the reports).
+    pub fn record(&mut self, amax: f32) {
+        self.pending = self.pending.max(amax);
+    }
+
+    /// End of step: push the step's amax, drop the oldest beyond the window, recompute the scale.
+    /// A non-finite amax cannot be recorded (quantization rejects such inputs), so the scale stays finite.
+    pub fn update(&mut self) {
+        self.history.push_back(self.pending);
+        while self.history.len() > self.len {
+            self.history.pop_front();
+        }
+        self.pending = 0.0;
+        let amax = match self.algo {
+            AmaxAlgo::Max => self.history.iter().copied().fold(0f32, f32::max),
+            AmaxAlgo::MostRecent => self.history.back().copied().unwrap_or(0.0),
+        };
+        self.scale = scale_from_amax(amax, self.format, self.margin, false).unwrap_or(1.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_strings() {
+        let r = Recipe::from_name("tensorwise").unwrap();
+        assert_eq!(
+            r.to_string(),
+            "i:cur_ten_e4m3,w:cur_ten_e4m3,go:cur_ten_e5m2,bwd:quantized"
+        );
+        let r = Recipe::from_name("blockwise")
+            .unwrap()
+            .with_backward(BackwardMode::Dequantized)
+            .unwrap();
+        assert_eq!(
+            r.to_string(),
+            "i:blk1x128_e4m3,w:blk128x128_e4m3,go:hp,bwd:dequantized"
+        );
+        let r = Recipe::from_name("nvfp4").unwrap();
+        assert_eq!(
+            r.to_string(),
+            "i:nv1x16_e2m1,w:nv16x16_e2m1,go:nv1x16_e2m1_sr,bwd:quantized"
+        );
+        let r = Recipe::from_name("mxfp8")
+            .unwrap()
+            .with_formats(Format::E4M3, Format::E4M3)
+            .unwrap();
+        assert_eq!(
+            r.to_string(),
+            "i:mx1x32_e4m3,w:mx1x32_e4m3,go:mx1x32_e4m3,bwd:quantized"
+        );
+    }
+
+    #[test]
+    fn invalid_combinations_are_errors() {
+        let d = Recipe::from_name("delayed").unwrap();
+        assert!(d.with_backward(BackwardMode::HighPrecision).is_err());
+        assert!(d.with_backward(BackwardMode::Dequantized).is_err());
+        let t = Recipe::from_name("tensorwise").unwrap();
+        assert!(t.with_formats(Format::E8M0, Format::E5M2).is_err());
+        assert!(t.with_formats(Format::E2M1, Format::E5M2).is_err());
+        assert!(Recipe::from_name("nvfp4")
+            .unwrap()
+            .with_formats(Format::E4M3, Format::E5M2)
+            .is_err());
+        let bad = Scaling::Delayed {
+            history_len: 0,
+            algo: AmaxAlgo::Max,
+            margin: 0,
+        };
+        assert!(Recipe::new(bad, Format::E4M3, Format::E5M2, BackwardMode::Quantized).is_err());
+        let bad = Scaling::Delayed {
+            history_len: 4,
+            algo: AmaxAlgo::Max,
+            margin: -1,
+        };
+        assert!(Recipe::new(bad, Format::E4M3, Format::E5M2, BackwardMode::Quantized).is_err());
+        assert!(Recipe::from_name("fp7").is_err());
+        assert!(t.spec(Role::Input, Layout::Rowwise, Some(1.0), 0).is_err());
+        assert!(d.spec(Role::Input, Layout::Rowwise, None, 0).is_err());
+    }
+
+    #[test]
+    fn delayed_state_follows_history() {
+        let mut s = DelayedState::new(3, AmaxAlgo::Max, 1, Format::E4M3);
+        assert_eq!(s.scale(), 1.0);
+        for (amax, want_amax) in [(2.0, 2.0), (8.0, 8.0), (1.0, 8.0), (4.0, 8.0), (0.5, 4.0)] {
+            s.record(amax);
+            s.record(amax / 2.0);
+            s.update();
+            assert_eq!(s.scale(), 448.0 / want_amax / 2.0, "amax {amax}");
+        }
+        assert_eq!(s.history().collect::<Vec<_>>(), vec![1.0, 4.0, 0.5]);
+        let mut r = DelayedState::new(3, AmaxAlgo::MostRecent, 0, Format::E5M2);
+        r.record(7.0);
+        r.update();
+        r.record(3.5);
+        r.update();
+        assert_eq!(r.scale(), 57344.0 / 3.5);
+        r.update(); // a step with no data: amax 0 gives scale 1
+        assert_eq!(r.scale(), 1.0);
+    }
+}

@@ -1,0 +1,76 @@
+//! Shared accuracy measures for tests and benchmarks: one place, one definition.
+//!
+//! Floors in signal-to-quantization-noise ratio (dB), as torchao's float8
+//! tests use them, with the derivation: rounding to nearest with `p` mantissa
+//! bits has a relative error uniform in `[-2^-(p+1), 2^-(p+1)]` for values in
+//! the normal range, so its RMS is `2^-(p+1) / sqrt(3)` and a cast's SQNR is
+//! about `6.02 (p + 1) + 4.77` dB: 28.9 dB for E4M3, 22.8 dB for E5M2, 16.8
+//! dB for E2M1. Per-block scaling loses a little to the top binade, so the
+//! floors keep 3 to 4 dB of margin. A product of two quantized operands sums
+//! two independent noises (-3 dB), and a GEMM's sum over K averages the
+//! relative error of each term but not of the result, so the output keeps
+//! the product's SQNR.
+
+/// Minimum SQNR (dB) of an E4M3 quantize-dequantize of Gaussian data (torchao's 25).
+pub const SQNR_CAST_E4M3: f64 = 25.0;
+/// Minimum SQNR (dB) of a layer output with E4M3 operands (torchao's 18).
+pub const SQNR_OUTPUT: f64 = 18.0;
+/// Minimum SQNR (dB) of a gradient from FP8 GEMMs with E5M2 grad_output (torchao's 17 for grad_weight).
+pub const SQNR_GRAD: f64 = 17.0;
+/// Minimum SQNR (dB) of an E2M1 (NVFP4) quantize-dequantize: 16.8 dB predicted, less the top-binade
+/// loss of E4M3-rounded block scales (measured 17.6-18.3 dB on Gaussian data).
+pub const SQNR_CAST_E2M1: f64 = 14.0;
+/// Minimum SQNR (dB) of NVFP4 outputs and gradients (two E2M1 operands: about 14 dB predicted,
+/// measured 14.5-15.5 dB; gradients carry stochastic rounding, which adds noise).
+pub const SQNR_FP4_GEMM: f64 = 11.0;
+
+/// Signal-to-noise ratio in dB of `approx` against `reference`:
+/// `10 log10(sum ref^2 / sum (approx - ref)^2)`. Infinite when equal; NaN anywhere gives NaN.
+pub fn sqnr_db(reference: &[f64], approx: &[f64]) -> f64 {
+    assert_eq!(reference.len(), approx.len(), "sqnr_db: length mismatch");
+    let (mut s, mut n) = (0f64, 0f64);
+    for (&r, &a) in reference.iter().zip(approx) {
+        s += r * r;
+        n += (a - r) * (a - r);
+    }
+    10.0 * (s / n).log10()
+}
+
+/// The index and both values of the first position where two slices differ bitwise, if any.
+pub fn first_bit_mismatch<T: PartialEq + Copy>(a: &[T], b: &[T]) -> Option<(usize, T, T)> {
+    a.iter()
+        .zip(b)
+        .enumerate()
+        .find(|(_, (x, y))| x != y)
+        .map(|(i, (&x, &y))| (i, x, y))
+}
+
+/// Assert two f32 slices are bitwise identical, naming the first differing index.
+pub fn assert_bitwise_eq_f32(a: &[f32], b: &[f32], what: &str) {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "{what}: length {} vs {}",
+        a.len(),
+        b.len()
+    );
+    let ab: Vec<u32> = a.iter().map(|v| v.to_bits()).collect();
+    let bb: Vec<u32> = b.iter().map(|v| v.to_bits()).collect();
+    if let Some((i, _, _)) = first_bit_mismatch(&ab, &bb) {
+        panic!("{what}: first mismatch at index {i}: {} vs {}", a[i], b[i]);
+    }
+}
+
+/// Assert two byte slices are identical, naming the first differing index.
+pub fn assert_bytes_eq(a: &[u8], b: &[u8], what: &str) {
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "{what}: length {} vs {}",
+        a.len(),
+        b.len()
+    );
+    if let Some((i, x, y)) = first_bit_mismatch(a, b) {
+        panic!("{what}: first mismatch at byte {i}: {x:#04x} vs {y:#04x}");
+    }
+}
