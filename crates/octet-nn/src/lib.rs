@@ -1,1 +1,27 @@
-//! placeholder
+//! octet-nn: layers with explicit `forward -> (y, Saved)` and `backward(Saved, dy)`.
+//!
+//! No autograd: each layer's `Saved` struct holds exactly what its backward
+//! reads, so the memory a layer keeps is visible in its type and
+//! `saved.bytes()` is exact.
+#![warn(missing_docs)]
+
+pub mod linear;
+
+pub use linear::{Linear, LinearGrads, LinearSaved};
+
+/// Errors of layers.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Shapes that do not fit the layer.
+    #[error("shape error: {0}")]
+    Shape(String),
+    /// A kernel or tensor error.
+    #[error(transparent)]
+    Tensor(#[from] octet_tensor::Error),
+    /// A quantization or recipe error.
+    #[error(transparent)]
+    Quant(#[from] octet_fp8::Error),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, Error>;

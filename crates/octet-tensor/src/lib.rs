@@ -1,1 +1,31 @@
-//! placeholder
+//! octet-tensor: tensors and the CPU reference kernels.
+//!
+//! A [`Tensor`] is a row-major array with a shape and a dtype (f32 or bf16).
+//! The kernels in [`cpu`] are the reference every other backend is checked
+//! against: the high-precision GEMM (through the `gemm` crate, f32
+//! accumulation), the FP8 GEMM emulation that multiplies exactly the values
+//! the FP8 codes represent and applies their scales per block as the
+//! hardware does, and quantize/dequantize over `octet-fp8`.
+#![warn(missing_docs)]
+
+pub mod cpu;
+mod tensor;
+
+pub use tensor::{DType, Tensor};
+
+/// Errors of tensor construction and kernels.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum Error {
+    /// Shapes that do not fit together.
+    #[error("shape error: {0}")]
+    Shape(String),
+    /// A quantization error.
+    #[error(transparent)]
+    Quant(#[from] octet_fp8::Error),
+    /// An operation this backend or dtype does not support.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+}
+
+/// Result alias.
+pub type Result<T> = std::result::Result<T, Error>;

@@ -1,0 +1,284 @@
+//! The quantized linear layer: `y = x W^T + b`, with a choice of backward.
+//!
+//! Shapes: `x: (M, K)` (leading dims flattened), `W: (N, K)`, `b: (N)`,
+//! `y: (M, N)`. The three GEMMs, named as in torchao:
+//!
+//! - `output      = input @ weight_t`         (reduction over K)
+//! - `grad_input  = grad_output @ weight`     (reduction over N)
+//! - `grad_weight = grad_output_t @ input`    (reduction over M)
+//!
+//! What [`LinearSaved`] keeps, per backward mode (nothing for `grad_weight`
+//! when the weight is frozen, nothing for `grad_input` when the input needs no
+//! gradient):
+//!
+//! | mode | for grad_weight | for grad_input |
+//! |---|---|---|
+//! | none (high-precision layer) | `x` | nothing: reads the layer's `W` |
+//! | `quantized` | `x` column-wise FP8 | `W` column-wise FP8 |
+//! | `high_precision` | `x` | nothing: reads the layer's `W` |
+//! | `dequantized` | `x` row-wise FP8 (the forward's copy) | `W` row-wise FP8 (the forward's copy) |
+
+use crate::{Error, Result};
+use octet_fp8::{BackwardMode, DelayedState, Layout, QuantizedTensor, Recipe, Role, Usage};
+use octet_tensor::{cpu, DType, Tensor};
+use std::sync::Arc;
+
+/// Delayed-scaling state of the three roles (present only under delayed scaling).
+#[derive(Clone, Debug, Default)]
+struct ScaleStates {
+    input: Option<DelayedState>,
+    weight: Option<DelayedState>,
+    grad_output: Option<DelayedState>,
+}
+
+impl ScaleStates {
+    fn get(&mut self, role: Role) -> &mut Option<DelayedState> {
+        match role {
+            Role::Input => &mut self.input,
+            Role::Weight => &mut self.weight,
+            Role::GradOutput => &mut self.grad_output,
+        }
+    }
+}
+
+/// A linear layer whose GEMMs run in FP8 under a [`Recipe`], or in high precision without one.
+#[derive(Clone, Debug)]
+pub struct Linear {
+    /// Weight `(N, K)`.
+    pub weight: Tensor,
+    /// Optional bias `(N)`.
+    pub bias: Option<Tensor>,
+    /// Whether the weight (and bias) receive gradients.
+    pub trainable: bool,
+    recipe: Option<Recipe>,
+    states: ScaleStates,
+    calls: u64,
+}
+
+/// What [`Linear::forward`] keeps for [`Linear::backward`]: exactly the fields backward reads.
+#[derive(Clone, Debug)]
+pub struct LinearSaved {
+    /// Rows `M` and input features `K` of the forward input, and its dtype.
+    m: usize,
+    k: usize,
+    dtype: DType,
+    /// High-precision input (high-precision layer or `high_precision` mode).
+    input: Option<Tensor>,
+    /// FP8 input: column-wise (`quantized`) or row-wise (`dequantized`).
+    input_q: Option<QuantizedTensor>,
+    /// FP8 weight: column-wise (`quantized`) or row-wise (`dequantized`).
+    weight_q: Option<Arc<QuantizedTensor>>,
+    /// Whether the input asked for a gradient.
+    input_requires_grad: bool,
+}
+
+impl LinearSaved {
+    /// Exact bytes this struct keeps alive (tensor data, FP8 codes and scales).
+    pub fn bytes(&self) -> usize {
+        self.input.as_ref().map_or(0, Tensor::bytes)
+            + self.input_q.as_ref().map_or(0, QuantizedTensor::bytes)
+            + self.weight_q.as_ref().map_or(0, |w| w.bytes())
+    }
+}
+
+/// Gradients from [`Linear::backward`].
+#[derive(Clone, Debug)]
+pub struct LinearGrads {
+    /// `d_input (M, K)` in the input's dtype, if the input asked for it.
+    pub d_input: Option<Tensor>,
+    /// `d_weight (N, K)` in f32, if the layer is trainable.
+    pub d_weight: Option<Tensor>,
+    /// `d_bias (N)` in f32, if the layer is trainable and has a bias.
+    pub d_bias: Option<Tensor>,
+}
+
+impl Linear {
+    /// A layer from a weight `(N, K)` and an optional bias `(N)`; `recipe: None` is the high-precision layer.
+    pub fn new(weight: Tensor, bias: Option<Tensor>, recipe: Option<Recipe>, trainable: bool) -> Result<Linear> {
+        let (n, _) = weight.dims2()?;
+        if weight.shape().len() != 2 {
+            return Err(Error::Shape(format!("weight must be (N, K), got {:?}", weight.shape())));
+        }
+        if let Some(b) = &bias {
+            if b.shape() != [n] {
+                return Err(Error::Shape(format!("bias must be ({n}), got {:?}", b.shape())));
+            }
+        }
+        let mut states = ScaleStates::default();
+        if let Some(r) = &recipe {
+            for role in Role::ALL {
+                *states.get(role) = DelayedState::for_role(r, role);
+            }
+        }
+        Ok(Linear { weight, bias, trainable, recipe, states, calls: 0 })
+    }
+
+    /// The recipe, if any.
+    pub fn recipe(&self) -> Option<&Recipe> {
+        self.recipe.as_ref()
+    }
+
+    /// Input features `K`.
+    pub fn in_features(&self) -> usize {
+        self.weight.shape()[1]
+    }
+
+    /// Output features `N`.
+    pub fn out_features(&self) -> usize {
+        self.weight.shape()[0]
+    }
+
+    /// The delayed-scaling state of `role`, if the recipe is delayed.
+    pub fn delayed_state(&self, role: Role) -> Option<&DelayedState> {
+        match role {
+            Role::Input => self.states.input.as_ref(),
+            Role::Weight => self.states.weight.as_ref(),
+            Role::GradOutput => self.states.grad_output.as_ref(),
+        }
+    }
+
+    /// End of an optimizer step: roll the delayed-scaling histories into new scales (no-op otherwise).
+    pub fn update_scales(&mut self) {
+        for role in Role::ALL {
+            if let Some(s) = self.states.get(role) {
+                s.update();
+            }
+        }
+    }
+
+    /// Forward: `y (M, N) = x (M, K) @ W^T + b`, in `x`'s dtype.
+    ///
+    /// `input_requires_grad` says whether backward must produce `d_input`;
+    /// together with [`Linear::trainable`] it decides what is saved.
+    pub fn forward(&mut self, x: &Tensor, input_requires_grad: bool) -> Result<(Tensor, LinearSaved)> {
+        let (m, k) = x.dims2()?;
+        if k != self.in_features() {
+            return Err(Error::Shape(format!("input has {k} features, the layer expects {}", self.in_features())));
+        }
+        if m == 0 {
+            return Err(Error::Shape("empty input: M = 0".into()));
+        }
+        let n = self.out_features();
+        let need_w = self.trainable; // grad_weight reads the input
+        let mut saved =
+            LinearSaved { m, k, dtype: x.dtype(), input: None, input_q: None, weight_q: None, input_requires_grad };
+        let mut y = match self.recipe {
+            None => {
+                saved.input = need_w.then(|| x.clone());
+                cpu::sgemm(m, n, k, &x.to_f32_vec(), false, &self.weight.to_f32_vec(), true)
+            }
+            Some(recipe) => {
+                let mode = recipe.backward();
+                let quantized = mode == BackwardMode::Quantized;
+                // The forward needs row-wise copies; the quantized backward also column-wise ones.
+                let x_usage = Usage { rowwise: true, colwise: quantized && need_w };
+                let w_usage = Usage { rowwise: true, colwise: quantized && input_requires_grad };
+                let (states, calls) = (&mut self.states, &mut self.calls);
+                let qx = quantize_role(states, calls, recipe, Role::Input, x, x_usage)?;
+                let qw = quantize_role(states, calls, recipe, Role::Weight, &self.weight, w_usage)?;
+                let y = cpu::fp8_gemm(qx.get(Layout::Rowwise)?, qw.get(Layout::Rowwise)?)?;
+                match mode {
+                    BackwardMode::Quantized => {
+                        saved.input_q = need_w.then(|| qx.retain(Usage::COL));
+                        saved.weight_q = input_requires_grad.then(|| Arc::new(qw.retain(Usage::COL)));
+                    }
+                    BackwardMode::HighPrecision => saved.input = need_w.then(|| x.clone()),
+                    BackwardMode::Dequantized => {
+                        saved.input_q = need_w.then(|| qx.retain(Usage::ROW));
+                        saved.weight_q = input_requires_grad.then(|| Arc::new(qw.retain(Usage::ROW)));
+                    }
+                }
+                y
+            }
+        };
+        if let Some(b) = &self.bias {
+            cpu::add_bias(&mut y, &b.to_f32_vec());
+        }
+        Ok((Tensor::from_f32_as(&[m, n], y, x.dtype())?, saved))
+    }
+
+    /// Backward from `dy (M, N)`: `d_input = dy @ W`, `d_weight = dy^T @ x`, `d_bias = sum_rows(dy)`.
+    pub fn backward(&mut self, saved: LinearSaved, dy: &Tensor) -> Result<LinearGrads> {
+        let (m, n, k) = (saved.m, self.out_features(), saved.k);
+        if dy.dims2()? != (m, n) {
+            return Err(Error::Shape(format!("grad_output is {:?}, expected ({m}, {n})", dy.shape())));
+        }
+        let want_dx = saved.input_requires_grad;
+        let want_dw = self.trainable;
+        let d_bias = match (&self.bias, want_dw) {
+            (Some(_), true) => Some(Tensor::from_f32(&[n], cpu::sum_rows(dy)?)?),
+            _ => None,
+        };
+        let mode = self.recipe.map(|r| r.backward());
+        let (dx, dw) = match (self.recipe, mode) {
+            (Some(recipe), Some(BackwardMode::Quantized)) => {
+                let usage = Usage { rowwise: want_dx, colwise: want_dw };
+                if !want_dx && !want_dw {
+                    (None, None)
+                } else {
+                    let qdy = quantize_role(&mut self.states, &mut self.calls, recipe, Role::GradOutput, dy, usage)?;
+                    let dx = match &saved.weight_q {
+                        Some(qw) if want_dx => Some(cpu::fp8_gemm(qdy.get(Layout::Rowwise)?, qw.get(Layout::Colwise)?)?),
+                        _ => None,
+                    };
+                    let dw = match &saved.input_q {
+                        Some(qx) if want_dw => Some(cpu::fp8_gemm(qdy.get(Layout::Colwise)?, qx.get(Layout::Colwise)?)?),
+                        _ => None,
+                    };
+                    (dx, dw)
+                }
+            }
+            (_, Some(BackwardMode::Dequantized)) => {
+                let dyv = dy.to_f32_vec();
+                let dx = match &saved.weight_q {
+                    Some(qw) if want_dx => Some(cpu::sgemm(m, k, n, &dyv, false, &qw.dequantize()?, false)),
+                    _ => None,
+                };
+                let dw = match &saved.input_q {
+                    Some(qx) if want_dw => Some(cpu::sgemm(n, k, m, &dyv, true, &qx.dequantize()?, false)),
+                    _ => None,
+                };
+                (dx, dw)
+            }
+            // High-precision layer or high_precision mode: the unquantized input and the layer's weight.
+            _ => {
+                let dyv = dy.to_f32_vec();
+                let dx = want_dx.then(|| cpu::sgemm(m, k, n, &dyv, false, &self.weight.to_f32_vec(), false));
+                let dw = match &saved.input {
+                    Some(x) if want_dw => Some(cpu::sgemm(n, k, m, &dyv, true, &x.to_f32_vec(), false)),
+                    _ => None,
+                };
+                (dx, dw)
+            }
+        };
+        if want_dx && dx.is_none() || want_dw && dw.is_none() {
+            return Err(Error::Shape("backward: the saved state lacks what this gradient needs".into()));
+        }
+        Ok(LinearGrads {
+            d_input: dx.map(|v| Tensor::from_f32_as(&[m, k], v, saved.dtype)).transpose()?,
+            d_weight: dw.map(|v| Tensor::from_f32(&[n, k], v)).transpose()?,
+            d_bias,
+        })
+    }
+}
+
+/// Quantize `x` in `role` into the copies `usage` asks for, recording its amax for delayed scaling.
+/// `calls` counts quantizations so that stochastic rounding differs between calls.
+fn quantize_role(
+    states: &mut ScaleStates,
+    calls: &mut u64,
+    recipe: Recipe,
+    role: Role,
+    x: &Tensor,
+    usage: Usage,
+) -> Result<QuantizedTensor> {
+    *calls += 1;
+    let scale = states.get(role).as_ref().map(DelayedState::scale);
+    let row = recipe.spec(role, Layout::Rowwise, scale, *calls)?;
+    let col = recipe.spec(role, Layout::Colwise, scale, *calls)?;
+    let q = cpu::quantize(x, &row, &col, usage, None)?;
+    if let Some(s) = states.get(role) {
+        s.record(q.amax);
+    }
+    Ok(q)
+}

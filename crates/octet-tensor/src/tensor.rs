@@ -1,0 +1,147 @@
+//! The tensor type: shape, dtype and host storage.
+
+use crate::{Error, Result};
+use half::bf16;
+
+/// Element type of a high-precision tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DType {
+    /// 32-bit IEEE float.
+    F32,
+    /// bfloat16 (8 exponent bits, 7 mantissa bits).
+    Bf16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::Bf16 => 2,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq)]
+enum Data {
+    F32(Vec<f32>),
+    Bf16(Vec<bf16>),
+}
+
+/// A row-major tensor in host memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    data: Data,
+}
+
+fn check_len(shape: &[usize], len: usize) -> Result<()> {
+    let n: usize = shape.iter().product();
+    if n != len {
+        return Err(Error::Shape(format!("{len} elements do not fill shape {shape:?} ({n} elements)")));
+    }
+    Ok(())
+}
+
+impl Tensor {
+    /// An f32 tensor from data; errors if the element count does not match the shape.
+    pub fn from_f32(shape: &[usize], data: Vec<f32>) -> Result<Tensor> {
+        check_len(shape, data.len())?;
+        Ok(Tensor { shape: shape.to_vec(), data: Data::F32(data) })
+    }
+
+    /// A bf16 tensor from data.
+    pub fn from_bf16(shape: &[usize], data: Vec<bf16>) -> Result<Tensor> {
+        check_len(shape, data.len())?;
+        Ok(Tensor { shape: shape.to_vec(), data: Data::Bf16(data) })
+    }
+
+    /// A tensor of `dtype` from f32 values (rounded to nearest even for bf16).
+    pub fn from_f32_as(shape: &[usize], data: Vec<f32>, dtype: DType) -> Result<Tensor> {
+        Tensor::from_f32(shape, data).map(|t| t.to_dtype(dtype))
+    }
+
+    /// Zeros.
+    pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
+        let n = shape.iter().product();
+        let data = match dtype {
+            DType::F32 => Data::F32(vec![0.0; n]),
+            DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
+        };
+        Tensor { shape: shape.to_vec(), data }
+    }
+
+    /// The shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The dtype.
+    pub fn dtype(&self) -> DType {
+        match self.data {
+            Data::F32(_) => DType::F32,
+            Data::Bf16(_) => DType::Bf16,
+        }
+    }
+
+    /// Number of elements.
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Bytes of the elements.
+    pub fn bytes(&self) -> usize {
+        self.numel() * self.dtype().size()
+    }
+
+    /// The shape as a matrix `(rows, cols)`: all leading dims flattened into rows.
+    pub fn dims2(&self) -> Result<(usize, usize)> {
+        match self.shape.split_last() {
+            Some((&c, lead)) if !lead.is_empty() => Ok((lead.iter().product(), c)),
+            _ => Err(Error::Shape(format!("expected at least 2 dims, got {:?}", self.shape))),
+        }
+    }
+
+    /// The values widened to f32 (exact for both dtypes).
+    pub fn to_f32_vec(&self) -> Vec<f32> {
+        match &self.data {
+            Data::F32(v) => v.clone(),
+            Data::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+        }
+    }
+
+    /// The f32 data, if this is an f32 tensor.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match &self.data {
+            Data::F32(v) => Some(v),
+            Data::Bf16(_) => None,
+        }
+    }
+
+    /// The bf16 data, if this is a bf16 tensor.
+    pub fn as_bf16(&self) -> Option<&[bf16]> {
+        match &self.data {
+            Data::Bf16(v) => Some(v),
+            Data::F32(_) => None,
+        }
+    }
+
+    /// Convert to `dtype` (round to nearest even when narrowing).
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        if self.dtype() == dtype {
+            return self.clone();
+        }
+        let data = match (&self.data, dtype) {
+            (Data::F32(v), DType::Bf16) => Data::Bf16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+            (Data::Bf16(v), DType::F32) => Data::F32(v.iter().map(|x| x.to_f32()).collect()),
+            _ => unreachable!("same dtype handled above"),
+        };
+        Tensor { shape: self.shape.clone(), data }
+    }
+
+    /// The same data under another shape with the same element count.
+    pub fn reshape(self, shape: &[usize]) -> Result<Tensor> {
+        check_len(shape, self.numel())?;
+        Ok(Tensor { shape: shape.to_vec(), data: self.data })
+    }
+}
