@@ -41,19 +41,6 @@ impl Granularity {
             Granularity::Tile { rows, cols } => (rows, cols),
         }
     }
-
-    /// The granularity of the transposed copy. Tiles transpose; a per-row
-    /// granularity stays per-row (of the transpose), as the reduction
-    /// dimension of the backward GEMM is the transpose's row.
-    pub fn transposed(self) -> Granularity {
-        match self {
-            Granularity::Tile { rows, cols } => Granularity::Tile {
-                rows: cols,
-                cols: rows,
-            },
-            g => g,
-        }
-    }
 }
 
 /// How a block's scale is chosen from its amax.

@@ -327,11 +327,12 @@ impl Recipe {
         delayed_scale: Option<f32>,
         salt: u64,
     ) -> Result<QuantSpec, Error> {
-        let g = self.scaling.granularity(role);
-        let granularity = match layout {
-            Layout::Rowwise => g,
-            Layout::Colwise => g.transposed(),
-        };
+        // Both copies scale along their own reduction dimension, so the
+        // granularity in each copy's coordinates is the same: a 1x128 tile of
+        // the column-wise copy is a 128x1 tile of the original (DeepSeek-V3's
+        // backward activations), and square weight tiles are symmetric.
+        let _ = layout;
+        let granularity = self.scaling.granularity(role);
         let rule = match (self.scaling, delayed_scale) {
             (Scaling::Delayed { .. }, Some(s)) => ScaleRule::Fixed(s),
             (Scaling::Delayed { .. }, None) => {

@@ -94,14 +94,25 @@ pub struct LinearGrads {
 
 impl Linear {
     /// A layer from a weight `(N, K)` and an optional bias `(N)`; `recipe: None` is the high-precision layer.
-    pub fn new(weight: Tensor, bias: Option<Tensor>, recipe: Option<Recipe>, trainable: bool) -> Result<Linear> {
+    pub fn new(
+        weight: Tensor,
+        bias: Option<Tensor>,
+        recipe: Option<Recipe>,
+        trainable: bool,
+    ) -> Result<Linear> {
         let (n, _) = weight.dims2()?;
         if weight.shape().len() != 2 {
-            return Err(Error::Shape(format!("weight must be (N, K), got {:?}", weight.shape())));
+            return Err(Error::Shape(format!(
+                "weight must be (N, K), got {:?}",
+                weight.shape()
+            )));
         }
         if let Some(b) = &bias {
             if b.shape() != [n] {
-                return Err(Error::Shape(format!("bias must be ({n}), got {:?}", b.shape())));
+                return Err(Error::Shape(format!(
+                    "bias must be ({n}), got {:?}",
+                    b.shape()
+                )));
             }
         }
         let mut states = ScaleStates::default();
@@ -110,7 +121,14 @@ impl Linear {
                 *states.get(role) = DelayedState::for_role(r, role);
             }
         }
-        Ok(Linear { weight, bias, trainable, recipe, states, calls: 0 })
+        Ok(Linear {
+            weight,
+            bias,
+            trainable,
+            recipe,
+            states,
+            calls: 0,
+        })
     }
 
     /// The recipe, if any.
@@ -150,29 +168,57 @@ impl Linear {
     ///
     /// `input_requires_grad` says whether backward must produce `d_input`;
     /// together with [`Linear::trainable`] it decides what is saved.
-    pub fn forward(&mut self, x: &Tensor, input_requires_grad: bool) -> Result<(Tensor, LinearSaved)> {
+    pub fn forward(
+        &mut self,
+        x: &Tensor,
+        input_requires_grad: bool,
+    ) -> Result<(Tensor, LinearSaved)> {
         let (m, k) = x.dims2()?;
         if k != self.in_features() {
-            return Err(Error::Shape(format!("input has {k} features, the layer expects {}", self.in_features())));
+            return Err(Error::Shape(format!(
+                "input has {k} features, the layer expects {}",
+                self.in_features()
+            )));
         }
         if m == 0 {
             return Err(Error::Shape("empty input: M = 0".into()));
         }
         let n = self.out_features();
         let need_w = self.trainable; // grad_weight reads the input
-        let mut saved =
-            LinearSaved { m, k, dtype: x.dtype(), input: None, input_q: None, weight_q: None, input_requires_grad };
+        let mut saved = LinearSaved {
+            m,
+            k,
+            dtype: x.dtype(),
+            input: None,
+            input_q: None,
+            weight_q: None,
+            input_requires_grad,
+        };
         let mut y = match self.recipe {
             None => {
                 saved.input = need_w.then(|| x.clone());
-                cpu::sgemm(m, n, k, &x.to_f32_vec(), false, &self.weight.to_f32_vec(), true)
+                cpu::sgemm(
+                    m,
+                    n,
+                    k,
+                    &x.to_f32_vec(),
+                    false,
+                    &self.weight.to_f32_vec(),
+                    true,
+                )
             }
             Some(recipe) => {
                 let mode = recipe.backward();
                 let quantized = mode == BackwardMode::Quantized;
                 // The forward needs row-wise copies; the quantized backward also column-wise ones.
-                let x_usage = Usage { rowwise: true, colwise: quantized && need_w };
-                let w_usage = Usage { rowwise: true, colwise: quantized && input_requires_grad };
+                let x_usage = Usage {
+                    rowwise: true,
+                    colwise: quantized && need_w,
+                };
+                let w_usage = Usage {
+                    rowwise: true,
+                    colwise: quantized && input_requires_grad,
+                };
                 let (states, calls) = (&mut self.states, &mut self.calls);
                 let qx = quantize_role(states, calls, recipe, Role::Input, x, x_usage)?;
                 let qw = quantize_role(states, calls, recipe, Role::Weight, &self.weight, w_usage)?;
@@ -180,12 +226,14 @@ impl Linear {
                 match mode {
                     BackwardMode::Quantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::COL));
-                        saved.weight_q = input_requires_grad.then(|| Arc::new(qw.retain(Usage::COL)));
+                        saved.weight_q =
+                            input_requires_grad.then(|| Arc::new(qw.retain(Usage::COL)));
                     }
                     BackwardMode::HighPrecision => saved.input = need_w.then(|| x.clone()),
                     BackwardMode::Dequantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::ROW));
-                        saved.weight_q = input_requires_grad.then(|| Arc::new(qw.retain(Usage::ROW)));
+                        saved.weight_q =
+                            input_requires_grad.then(|| Arc::new(qw.retain(Usage::ROW)));
                     }
                 }
                 y
@@ -201,7 +249,10 @@ impl Linear {
     pub fn backward(&mut self, saved: LinearSaved, dy: &Tensor) -> Result<LinearGrads> {
         let (m, n, k) = (saved.m, self.out_features(), saved.k);
         if dy.dims2()? != (m, n) {
-            return Err(Error::Shape(format!("grad_output is {:?}, expected ({m}, {n})", dy.shape())));
+            return Err(Error::Shape(format!(
+                "grad_output is {:?}, expected ({m}, {n})",
+                dy.shape()
+            )));
         }
         let want_dx = saved.input_requires_grad;
         let want_dw = self.trainable;
@@ -212,17 +263,33 @@ impl Linear {
         let mode = self.recipe.map(|r| r.backward());
         let (dx, dw) = match (self.recipe, mode) {
             (Some(recipe), Some(BackwardMode::Quantized)) => {
-                let usage = Usage { rowwise: want_dx, colwise: want_dw };
+                let usage = Usage {
+                    rowwise: want_dx,
+                    colwise: want_dw,
+                };
                 if !want_dx && !want_dw {
                     (None, None)
                 } else {
-                    let qdy = quantize_role(&mut self.states, &mut self.calls, recipe, Role::GradOutput, dy, usage)?;
+                    let qdy = quantize_role(
+                        &mut self.states,
+                        &mut self.calls,
+                        recipe,
+                        Role::GradOutput,
+                        dy,
+                        usage,
+                    )?;
                     let dx = match &saved.weight_q {
-                        Some(qw) if want_dx => Some(cpu::fp8_gemm(qdy.get(Layout::Rowwise)?, qw.get(Layout::Colwise)?)?),
+                        Some(qw) if want_dx => Some(cpu::fp8_gemm(
+                            qdy.get(Layout::Rowwise)?,
+                            qw.get(Layout::Colwise)?,
+                        )?),
                         _ => None,
                     };
                     let dw = match &saved.input_q {
-                        Some(qx) if want_dw => Some(cpu::fp8_gemm(qdy.get(Layout::Colwise)?, qx.get(Layout::Colwise)?)?),
+                        Some(qx) if want_dw => Some(cpu::fp8_gemm(
+                            qdy.get(Layout::Colwise)?,
+                            qx.get(Layout::Colwise)?,
+                        )?),
                         _ => None,
                     };
                     (dx, dw)
@@ -231,11 +298,15 @@ impl Linear {
             (_, Some(BackwardMode::Dequantized)) => {
                 let dyv = dy.to_f32_vec();
                 let dx = match &saved.weight_q {
-                    Some(qw) if want_dx => Some(cpu::sgemm(m, k, n, &dyv, false, &qw.dequantize()?, false)),
+                    Some(qw) if want_dx => {
+                        Some(cpu::sgemm(m, k, n, &dyv, false, &qw.dequantize()?, false))
+                    }
                     _ => None,
                 };
                 let dw = match &saved.input_q {
-                    Some(qx) if want_dw => Some(cpu::sgemm(n, k, m, &dyv, true, &qx.dequantize()?, false)),
+                    Some(qx) if want_dw => {
+                        Some(cpu::sgemm(n, k, m, &dyv, true, &qx.dequantize()?, false))
+                    }
                     _ => None,
                 };
                 (dx, dw)
@@ -243,19 +314,26 @@ impl Linear {
             // High-precision layer or high_precision mode: the unquantized input and the layer's weight.
             _ => {
                 let dyv = dy.to_f32_vec();
-                let dx = want_dx.then(|| cpu::sgemm(m, k, n, &dyv, false, &self.weight.to_f32_vec(), false));
+                let dx = want_dx
+                    .then(|| cpu::sgemm(m, k, n, &dyv, false, &self.weight.to_f32_vec(), false));
                 let dw = match &saved.input {
-                    Some(x) if want_dw => Some(cpu::sgemm(n, k, m, &dyv, true, &x.to_f32_vec(), false)),
+                    Some(x) if want_dw => {
+                        Some(cpu::sgemm(n, k, m, &dyv, true, &x.to_f32_vec(), false))
+                    }
                     _ => None,
                 };
                 (dx, dw)
             }
         };
         if want_dx && dx.is_none() || want_dw && dw.is_none() {
-            return Err(Error::Shape("backward: the saved state lacks what this gradient needs".into()));
+            return Err(Error::Shape(
+                "backward: the saved state lacks what this gradient needs".into(),
+            ));
         }
         Ok(LinearGrads {
-            d_input: dx.map(|v| Tensor::from_f32_as(&[m, k], v, saved.dtype)).transpose()?,
+            d_input: dx
+                .map(|v| Tensor::from_f32_as(&[m, k], v, saved.dtype))
+                .transpose()?,
             d_weight: dw.map(|v| Tensor::from_f32(&[n, k], v)).transpose()?,
             d_bias,
         })

@@ -14,17 +14,45 @@ const PAR_FLOPS: usize = 1 << 18;
 /// `(n, k)` when `tb`. The result is deterministic: the `gemm` crate splits
 /// work over `m` and `n`, never over `k`.
 pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool) -> Vec<f32> {
-    assert_eq!(a.len(), m * k, "sgemm: a has {} elements, want {m}x{k}", a.len());
-    assert_eq!(b.len(), k * n, "sgemm: b has {} elements, want {k}x{n}", b.len());
+    assert_eq!(
+        a.len(),
+        m * k,
+        "sgemm: a has {} elements, want {m}x{k}",
+        a.len()
+    );
+    assert_eq!(
+        b.len(),
+        k * n,
+        "sgemm: b has {} elements, want {k}x{n}",
+        b.len()
+    );
     let mut c = vec![0f32; m * n];
-    sgemm_strided(m, n, k, a, if ta { (1, m) } else { (k, 1) }, b, if tb { (1, k) } else { (n, 1) }, &mut c);
+    sgemm_strided(
+        m,
+        n,
+        k,
+        a,
+        if ta { (1, m) } else { (k, 1) },
+        b,
+        if tb { (1, k) } else { (n, 1) },
+        &mut c,
+    );
     c
 }
 
 /// `c (m, n) = a @ b` with explicit (row stride, column stride) in elements for `a (m, k)` and `b (k, n)`;
 /// `c` is row-major and overwritten.
 #[allow(clippy::too_many_arguments)]
-fn sgemm_strided(m: usize, n: usize, k: usize, a: &[f32], (a_rs, a_cs): (usize, usize), b: &[f32], (b_rs, b_cs): (usize, usize), c: &mut [f32]) {
+fn sgemm_strided(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    (a_rs, a_cs): (usize, usize),
+    b: &[f32],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [f32],
+) {
     assert!(c.len() >= m * n);
     if m == 0 || n == 0 {
         return;
@@ -34,9 +62,19 @@ fn sgemm_strided(m: usize, n: usize, k: usize, a: &[f32], (a_rs, a_cs): (usize, 
         return;
     }
     // Bounds of the farthest element each operand's strides reach.
-    assert!((m - 1) * a_rs + (k - 1) * a_cs < a.len(), "sgemm: a too short for its strides");
-    assert!((k - 1) * b_rs + (n - 1) * b_cs < b.len(), "sgemm: b too short for its strides");
-    let par = if m * n * k >= PAR_FLOPS { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+    assert!(
+        (m - 1) * a_rs + (k - 1) * a_cs < a.len(),
+        "sgemm: a too short for its strides"
+    );
+    assert!(
+        (k - 1) * b_rs + (n - 1) * b_cs < b.len(),
+        "sgemm: b too short for its strides"
+    );
+    let par = if m * n * k >= PAR_FLOPS {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
     // SAFETY: the asserts above keep every index the strides reach inside `a`, `b` and `c`;
     // `c` is exclusively borrowed and does not alias `a` or `b`.
     unsafe {
@@ -120,13 +158,26 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
         let next = |blk: usize| (k0 / blk + 1) * blk;
         let k1 = next(a.block.1).min(next(b.block.1)).min(k);
         // part = da[:, k0..k1] @ db[:, k0..k1]^T, through strided views.
-        sgemm_strided(m, n, k1 - k0, &da[k0..], (k, 1), &db[k0..], (1, k), &mut part);
+        sgemm_strided(
+            m,
+            n,
+            k1 - k0,
+            &da[k0..],
+            (k, 1),
+            &db[k0..],
+            (1, k),
+            &mut part,
+        );
         let (ka, kb) = (k0 / a.block.1, k0 / b.block.1);
-        for i in 0..m {
+        let fb: Vec<f32> = (0..n).map(|j| b.block_factor(j / b.block.0, kb)).collect();
+        for (i, (acc_row, part_row)) in acc
+            .chunks_exact_mut(n)
+            .zip(part.chunks_exact(n))
+            .enumerate()
+        {
             let fa = a.block_factor(i / a.block.0, ka);
-            for j in 0..n {
-                let fb = b.block_factor(j / b.block.0, kb);
-                acc[i * n + j] += part[i * n + j] * (fa * fb);
+            for ((o, &p), &fb) in acc_row.iter_mut().zip(part_row).zip(&fb) {
+                *o += p * (fa * fb);
             }
         }
         k0 = k1;
@@ -139,7 +190,13 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
 }
 
 /// Quantize a tensor viewed as a matrix (see [`octet_fp8::quantize`]).
-pub fn quantize(x: &Tensor, row: &QuantSpec, col: &QuantSpec, usage: Usage, tensor_amax: Option<f32>) -> Result<QuantizedTensor> {
+pub fn quantize(
+    x: &Tensor,
+    row: &QuantSpec,
+    col: &QuantSpec,
+    usage: Usage,
+    tensor_amax: Option<f32>,
+) -> Result<QuantizedTensor> {
     let (r, c) = x.dims2()?;
     let q = match (x.as_f32(), x.as_bf16()) {
         (Some(v), _) => octet_fp8::quantize(v, r, c, row, col, usage, tensor_amax)?,

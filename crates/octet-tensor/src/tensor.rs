@@ -38,7 +38,9 @@ pub struct Tensor {
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
     let n: usize = shape.iter().product();
     if n != len {
-        return Err(Error::Shape(format!("{len} elements do not fill shape {shape:?} ({n} elements)")));
+        return Err(Error::Shape(format!(
+            "{len} elements do not fill shape {shape:?} ({n} elements)"
+        )));
     }
     Ok(())
 }
@@ -47,13 +49,19 @@ impl Tensor {
     /// An f32 tensor from data; errors if the element count does not match the shape.
     pub fn from_f32(shape: &[usize], data: Vec<f32>) -> Result<Tensor> {
         check_len(shape, data.len())?;
-        Ok(Tensor { shape: shape.to_vec(), data: Data::F32(data) })
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data: Data::F32(data),
+        })
     }
 
     /// A bf16 tensor from data.
     pub fn from_bf16(shape: &[usize], data: Vec<bf16>) -> Result<Tensor> {
         check_len(shape, data.len())?;
-        Ok(Tensor { shape: shape.to_vec(), data: Data::Bf16(data) })
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data: Data::Bf16(data),
+        })
     }
 
     /// A tensor of `dtype` from f32 values (rounded to nearest even for bf16).
@@ -68,7 +76,10 @@ impl Tensor {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
         };
-        Tensor { shape: shape.to_vec(), data }
+        Tensor {
+            shape: shape.to_vec(),
+            data,
+        }
     }
 
     /// The shape.
@@ -98,7 +109,10 @@ impl Tensor {
     pub fn dims2(&self) -> Result<(usize, usize)> {
         match self.shape.split_last() {
             Some((&c, lead)) if !lead.is_empty() => Ok((lead.iter().product(), c)),
-            _ => Err(Error::Shape(format!("expected at least 2 dims, got {:?}", self.shape))),
+            _ => Err(Error::Shape(format!(
+                "expected at least 2 dims, got {:?}",
+                self.shape
+            ))),
         }
     }
 
@@ -132,16 +146,24 @@ impl Tensor {
             return self.clone();
         }
         let data = match (&self.data, dtype) {
-            (Data::F32(v), DType::Bf16) => Data::Bf16(v.iter().map(|&x| bf16::from_f32(x)).collect()),
+            (Data::F32(v), DType::Bf16) => {
+                Data::Bf16(v.iter().map(|&x| bf16::from_f32(x)).collect())
+            }
             (Data::Bf16(v), DType::F32) => Data::F32(v.iter().map(|x| x.to_f32()).collect()),
             _ => unreachable!("same dtype handled above"),
         };
-        Tensor { shape: self.shape.clone(), data }
+        Tensor {
+            shape: self.shape.clone(),
+            data,
+        }
     }
 
     /// The same data under another shape with the same element count.
     pub fn reshape(self, shape: &[usize]) -> Result<Tensor> {
         check_len(shape, self.numel())?;
-        Ok(Tensor { shape: shape.to_vec(), data: self.data })
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data: self.data,
+        })
     }
 }

@@ -1,0 +1,358 @@
+//! The quantizer against a naive per-element reference loop, per recipe, role
+//! and layout, on ragged shapes; accuracy floors; and bad input.
+
+use octet_fp8::quant::transpose;
+use octet_fp8::scale::{mx_exponent, pow2, scale_from_amax};
+use octet_fp8::tolerance::{
+    assert_bytes_eq, sqnr_db, SQNR_CAST_E2M1, SQNR_CAST_E4M3, SQNR_CAST_E5M2,
+};
+use octet_fp8::{
+    quantize, Error, Format, Layout, Overflow, QuantData, QuantSpec, Recipe, Role, Rounding,
+    ScaleRule, Scales, Usage,
+};
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+const SHAPES: [(usize, usize); 6] = [
+    (1, 16),
+    (5, 160),
+    (217, 256),
+    (37, 200),
+    (128, 128),
+    (130, 33),
+];
+
+fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal) * std)
+        .collect()
+}
+
+/// The naive reference: element by element, each block's amax found by a full scan.
+fn naive(
+    x: &[f32],
+    rows: usize,
+    cols: usize,
+    spec: &QuantSpec,
+    tensor_amax: f32,
+) -> (Vec<u8>, Vec<f32>) {
+    let (br, bc) = spec.granularity.block_dims(rows, cols);
+    let block_amax = |r: usize, c: usize| {
+        let (r0, c0) = (r / br * br, c / bc * bc);
+        let mut m = 0f32;
+        for i in r0..(r0 + br).min(rows) {
+            for j in c0..(c0 + bc).min(cols) {
+                m = m.max(x[i * cols + j].abs());
+            }
+        }
+        m
+    };
+    let global = (6.0 * 448.0 / tensor_amax as f64) as f32; // NVFP4; amax > 0 in these tests
+    let mut codes = Vec::new();
+    let mut factors = Vec::new();
+    for r in 0..rows {
+        for c in 0..cols {
+            let a = if spec.granularity == octet_fp8::Granularity::Tensor {
+                tensor_amax
+            } else {
+                block_amax(r, c)
+            };
+            let (mul, factor) = match spec.rule {
+                ScaleRule::Amax { power_of_two } => {
+                    let s = scale_from_amax(a, spec.format, 0, power_of_two).unwrap();
+                    (s, 1.0 / s)
+                }
+                ScaleRule::Fixed(s) => (s, 1.0 / s),
+                ScaleRule::E8M0 => {
+                    let e = mx_exponent(a, spec.format).unwrap();
+                    (pow2(-e), pow2(e))
+                }
+                ScaleRule::Nvfp4 => {
+                    let code = Format::E4M3.encode_rne(a / 6.0 * global, Overflow::Saturate);
+                    let d = Format::E4M3.decode(code);
+                    (if d == 0.0 { 0.0 } else { global / d }, d)
+                }
+            };
+            let i = (r * cols + c) as u64;
+            codes.push(spec.format.encode(
+                x[r * cols + c] * mul,
+                Overflow::Saturate,
+                spec.rounding,
+                i,
+            ));
+            factors.push(factor);
+        }
+    }
+    (codes, factors)
+}
+
+fn codes_of(q: &QuantData) -> Vec<u8> {
+    (0..q.rows)
+        .flat_map(|r| (0..q.cols).map(move |c| q.code(r, c)))
+        .collect()
+}
+
+fn factors_of(q: &QuantData) -> Vec<f32> {
+    (0..q.rows)
+        .flat_map(|r| (0..q.cols).map(move |c| q.block_factor(r / q.block.0, c / q.block.1)))
+        .collect()
+}
+
+fn recipes() -> Vec<Recipe> {
+    Recipe::NAMES
+        .iter()
+        .map(|n| Recipe::from_name(n).unwrap())
+        .collect()
+}
+
+fn delayed_scale(r: &Recipe, role: Role) -> Option<f32> {
+    matches!(r.scaling(), octet_fp8::Scaling::Delayed { .. }).then_some(if role == Role::Weight {
+        300.0
+    } else {
+        90.0
+    })
+}
+
+#[test]
+fn every_recipe_matches_the_naive_loop_on_ragged_shapes() {
+    for (si, &(rows, cols)) in SHAPES.iter().enumerate() {
+        let x = gaussian(rows * cols, 100 + si as u64, 3.0);
+        let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+        for recipe in recipes() {
+            for role in Role::ALL {
+                let ds = delayed_scale(&recipe, role);
+                let rs = recipe.spec(role, Layout::Rowwise, ds, 9).unwrap();
+                let cs = recipe.spec(role, Layout::Colwise, ds, 9).unwrap();
+                let what = format!("{recipe} {role:?} {rows}x{cols}");
+                let q = quantize(&x, rows, cols, &rs, &cs, Usage::BOTH, None).unwrap();
+                assert_eq!(q.amax, amax, "{what}: amax");
+                let row = q.get(Layout::Rowwise).unwrap();
+                let (want, wantf) = naive(&x, rows, cols, &rs, amax);
+                assert_bytes_eq(&codes_of(row), &want, &format!("{what} row-wise codes"));
+                assert_eq!(factors_of(row), wantf, "{what}: row-wise scales");
+                let (gr, gc) = row.grid();
+                let (br, bc) = rs.granularity.block_dims(rows, cols);
+                assert_eq!(
+                    (gr, gc),
+                    (rows.div_ceil(br), cols.div_ceil(bc)),
+                    "{what}: grid"
+                );
+                let xt = transpose(&x, rows, cols);
+                let col = q.get(Layout::Colwise).unwrap();
+                assert_eq!((col.rows, col.cols), (cols, rows));
+                let (want, wantf) = naive(&xt, cols, rows, &cs, amax);
+                assert_bytes_eq(&codes_of(col), &want, &format!("{what} column-wise codes"));
+                assert_eq!(factors_of(col), wantf, "{what}: column-wise scales");
+            }
+        }
+    }
+}
+
+#[test]
+fn symmetric_scalings_make_the_colwise_copy_a_transpose() {
+    // Per-tensor scaling and square weight tiles (128x128, 16x16) give the same
+    // blocks both ways, so the column-wise copy is the row-wise one transposed.
+    let (rows, cols) = (217, 300);
+    let x = gaussian(rows * cols, 5, 1.0);
+    for name in ["tensorwise", "delayed", "blockwise", "nvfp4"] {
+        let recipe = Recipe::from_name(name).unwrap();
+        let ds = delayed_scale(&recipe, Role::Weight);
+        let rs = recipe.spec(Role::Weight, Layout::Rowwise, ds, 0).unwrap();
+        let cs = recipe.spec(Role::Weight, Layout::Colwise, ds, 0).unwrap();
+        let q = quantize(&x, rows, cols, &rs, &cs, Usage::BOTH, None).unwrap();
+        let (r, c) = (q.rowwise.as_ref().unwrap(), q.colwise.as_ref().unwrap());
+        assert_bytes_eq(&transpose(&codes_of(r), rows, cols), &codes_of(c), name);
+        assert_eq!(
+            transpose(&factors_of(r), rows, cols),
+            factors_of(c),
+            "{name} scales"
+        );
+    }
+}
+
+#[test]
+fn quantize_dequantize_accuracy_floors() {
+    let (rows, cols) = (256, 512);
+    for recipe in recipes() {
+        for role in Role::ALL {
+            // Gaussian data with a spread of row magnitudes, as activations have.
+            let mut x = gaussian(rows * cols, 77, 1.0);
+            for (r, row) in x.chunks_mut(cols).enumerate() {
+                let s = 2f32.powf((r % 16) as f32 / 4.0 - 2.0);
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let f = recipe.format(role);
+            let ds =
+                delayed_scale(&recipe, role).map(|_| scale_from_amax(amax, f, 0, false).unwrap());
+            let rs = recipe.spec(role, Layout::Rowwise, ds, 1).unwrap();
+            let cs = recipe.spec(role, Layout::Colwise, ds, 1).unwrap();
+            let q = quantize(&x, rows, cols, &rs, &cs, Usage::BOTH, None).unwrap();
+            let xr: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+            let floor = match f {
+                Format::E4M3 => SQNR_CAST_E4M3,
+                Format::E5M2 => SQNR_CAST_E5M2,
+                _ => SQNR_CAST_E2M1,
+            };
+            let dq_row: Vec<f64> = q
+                .rowwise
+                .as_ref()
+                .unwrap()
+                .dequantize()
+                .into_iter()
+                .map(f64::from)
+                .collect();
+            let dq_col = transpose(&q.colwise.as_ref().unwrap().dequantize(), cols, rows);
+            let dq_col: Vec<f64> = dq_col.into_iter().map(f64::from).collect();
+            for (which, dq) in [("row", dq_row), ("col", dq_col)] {
+                let s = sqnr_db(&xr, &dq);
+                eprintln!("sqnr {recipe} {role:?} {which}: {s:.2} dB");
+                assert!(
+                    s >= floor,
+                    "{recipe} {role:?} {which}: SQNR {s:.1} dB < {floor}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn mx_blocks_never_saturate() {
+    let x = gaussian(64 * 256, 8, 50.0);
+    let recipe = Recipe::from_name("mxfp8").unwrap();
+    let rs = recipe.spec(Role::Input, Layout::Rowwise, None, 0).unwrap();
+    let q = quantize(&x, 64, 256, &rs, &rs, Usage::ROW, None).unwrap();
+    let row = q.rowwise.unwrap();
+    let Scales::E8M0(ref codes) = row.scales else {
+        panic!("MX scales are E8M0")
+    };
+    assert_eq!(codes.len(), 64 * 8);
+    for (i, chunk) in x.chunks(32).enumerate() {
+        let d = Format::E8M0.decode(codes[i]);
+        for &v in chunk {
+            assert!((v / d).abs() <= 448.0, "block {i}: {v} / {d} exceeds 448");
+        }
+    }
+}
+
+#[test]
+fn stochastic_rounding_of_nvfp4_grads_is_seeded() {
+    let x = gaussian(32 * 64, 9, 1.0);
+    let recipe = Recipe::from_name("nvfp4").unwrap();
+    let spec = |salt| {
+        recipe
+            .spec(Role::GradOutput, Layout::Rowwise, None, salt)
+            .unwrap()
+    };
+    assert!(matches!(spec(1).rounding, Rounding::Stochastic { .. }));
+    let q = |salt| quantize(&x, 32, 64, &spec(salt), &spec(salt), Usage::ROW, None).unwrap();
+    assert_eq!(q(1), q(1), "same seed, same bytes");
+    assert_ne!(
+        q(1).rowwise.unwrap().data,
+        q(2).rowwise.unwrap().data,
+        "another salt draws other bits"
+    );
+}
+
+#[test]
+fn bad_input_is_an_error_not_a_panic() {
+    let spec = Recipe::from_name("tensorwise")
+        .unwrap()
+        .spec(Role::Input, Layout::Rowwise, None, 0)
+        .unwrap();
+    let mut x = gaussian(6 * 8, 1, 1.0);
+    assert_eq!(
+        quantize(&x, 0, 8, &spec, &spec, Usage::ROW, None),
+        Err(Error::Empty { rows: 0, cols: 8 })
+    );
+    assert!(matches!(
+        quantize(&x, 5, 8, &spec, &spec, Usage::ROW, None),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        quantize(&x, 6, 8, &spec, &spec, Usage::default(), None),
+        Err(Error::Shape(_))
+    ));
+    x[13] = f32::NAN;
+    match quantize(&x, 6, 8, &spec, &spec, Usage::ROW, None) {
+        Err(Error::NonFinite { index: 13, value }) => assert!(value.is_nan()),
+        other => panic!("NaN input: {other:?}"),
+    }
+    x[13] = f32::NEG_INFINITY;
+    assert!(matches!(
+        quantize(&x, 6, 8, &spec, &spec, Usage::ROW, None),
+        Err(Error::NonFinite { index: 13, .. })
+    ));
+    x[13] = 1.0;
+    let q = quantize(&x, 6, 8, &spec, &spec, Usage::ROW, None).unwrap();
+    assert_eq!(
+        q.get(Layout::Colwise),
+        Err(Error::MissingUsage(Layout::Colwise))
+    );
+    // A given (all-reduced) tensor amax must cover the local one and be finite.
+    assert!(matches!(
+        quantize(&x, 6, 8, &spec, &spec, Usage::ROW, Some(q.amax / 2.0)),
+        Err(Error::BadAmax(_))
+    ));
+    assert!(matches!(
+        quantize(&x, 6, 8, &spec, &spec, Usage::ROW, Some(f32::NAN)),
+        Err(Error::BadAmax(_))
+    ));
+    let big = quantize(&x, 6, 8, &spec, &spec, Usage::ROW, Some(q.amax * 4.0)).unwrap();
+    assert_eq!(
+        big.rowwise.unwrap().scales,
+        Scales::F32(vec![1.0 / (448.0 / (q.amax * 4.0))])
+    );
+    // Element formats only; FP4 only with NVFP4 scales.
+    let mut bad = spec;
+    bad.format = Format::E8M0;
+    assert!(matches!(
+        quantize(&x, 6, 8, &bad, &bad, Usage::ROW, None),
+        Err(Error::Unsupported(_))
+    ));
+    bad.format = Format::E2M1;
+    assert!(matches!(
+        quantize(&x, 6, 8, &bad, &bad, Usage::ROW, None),
+        Err(Error::Unsupported(_))
+    ));
+    let mut fixed = spec;
+    fixed.rule = ScaleRule::Fixed(0.0);
+    assert!(matches!(
+        quantize(&x, 6, 8, &fixed, &fixed, Usage::ROW, None),
+        Err(Error::BadScale(_))
+    ));
+}
+
+#[test]
+fn all_zero_tensor_quantizes_to_zeros_with_unit_scale() {
+    // Zeros are an edge case of the scale rule (amax 0), not test data for accuracy.
+    let x = vec![0f32; 4 * 32];
+    for recipe in recipes() {
+        let ds = delayed_scale(&recipe, Role::Input);
+        let s = recipe.spec(Role::Input, Layout::Rowwise, ds, 0).unwrap();
+        let q = quantize(&x, 4, 32, &s, &s, Usage::ROW, None).unwrap();
+        let dq = q.dequantize().unwrap();
+        assert!(dq.iter().all(|&v| v == 0.0), "{recipe}");
+        assert!(
+            factors_of(q.rowwise.as_ref().unwrap())
+                .iter()
+                .all(|f| f.is_finite()),
+            "{recipe}"
+        );
+    }
+}
+
+#[test]
+fn delayed_scale_saturates_out_of_range_values() {
+    // A stale delayed scale can be too large for this step's data: values clamp to +-max.
+    let x = vec![1.0f32, -2.0, 1000.0, -5000.0];
+    let spec = QuantSpec {
+        format: Format::E4M3,
+        granularity: octet_fp8::Granularity::Tensor,
+        rule: ScaleRule::Fixed(1.0),
+        rounding: Rounding::NearestEven,
+    };
+    let q = quantize(&x, 1, 4, &spec, &spec, Usage::ROW, None).unwrap();
+    assert_eq!(q.dequantize().unwrap(), vec![1.0, -2.0, 448.0, -448.0]);
+}

@@ -1,0 +1,440 @@
+//! The quantized Linear: exactness of the high-precision and dequantized
+//! backwards, accuracy of the quantized path against f64, a finite-difference
+//! check, exact saved bytes, and bad input.
+
+use octet_fp8::tolerance::{assert_bitwise_eq_f32, sqnr_db, SQNR_FP4_GEMM, SQNR_GRAD, SQNR_OUTPUT};
+use octet_fp8::{BackwardMode, Layout, Recipe, Role, Scaling, Usage};
+use octet_nn::Linear;
+use octet_tensor::{cpu, DType, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal) * std)
+        .collect()
+}
+
+struct Case {
+    m: usize,
+    k: usize,
+    n: usize,
+    x: Vec<f32>,
+    w: Vec<f32>,
+    b: Vec<f32>,
+    dy: Vec<f32>,
+}
+
+fn case(m: usize, k: usize, n: usize, seed: u64) -> Case {
+    Case {
+        m,
+        k,
+        n,
+        x: gaussian(m * k, seed, 1.0),
+        w: gaussian(n * k, seed + 1, 1.0 / (k as f32).sqrt()),
+        b: gaussian(n, seed + 2, 0.1),
+        dy: gaussian(m * n, seed + 3, 1e-3),
+    }
+}
+
+fn layer(c: &Case, recipe: Option<Recipe>, trainable: bool, bias: bool) -> Linear {
+    let w = Tensor::from_f32(&[c.n, c.k], c.w.clone()).unwrap();
+    let b = bias.then(|| Tensor::from_f32(&[c.n], c.b.clone()).unwrap());
+    Linear::new(w, b, recipe, trainable).unwrap()
+}
+
+/// f64 reference of y = x W^T + b, dx = dy W, dW = dy^T x.
+fn reference(c: &Case) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
+    let (m, k, n) = (c.m, c.k, c.n);
+    let mut y = vec![0f64; m * n];
+    let mut dx = vec![0f64; m * k];
+    let mut dw = vec![0f64; n * k];
+    for i in 0..m {
+        for j in 0..n {
+            let mut s = c.b[j] as f64;
+            for p in 0..k {
+                s += c.x[i * k + p] as f64 * c.w[j * k + p] as f64;
+            }
+            y[i * n + j] = s;
+            let g = c.dy[i * n + j] as f64;
+            for p in 0..k {
+                dx[i * k + p] += g * c.w[j * k + p] as f64;
+                dw[j * k + p] += g * c.x[i * k + p] as f64;
+            }
+        }
+    }
+    (y, dx, dw)
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_f32_vec().into_iter().map(f64::from).collect()
+}
+
+fn all_recipes() -> Vec<Recipe> {
+    let mut out = Vec::new();
+    for name in Recipe::NAMES {
+        for mode in BackwardMode::ALL {
+            if let Ok(r) = Recipe::from_name(name).unwrap().with_backward(mode) {
+                out.push(r);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn high_precision_backward_is_the_plain_backward_bit_for_bit() {
+    let c = case(37, 200, 51, 1);
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+    let mut plain = layer(&c, None, true, true);
+    let (_, saved) = plain.forward(&x, true).unwrap();
+    let plain_g = plain.backward(saved, &dy).unwrap();
+    // The plain backward itself: dx = dy @ W, dW = dy^T @ x, through the same GEMM.
+    assert_bitwise_eq_f32(
+        &plain_g.d_input.as_ref().unwrap().to_f32_vec(),
+        &cpu::sgemm(c.m, c.k, c.n, &c.dy, false, &c.w, false),
+        "plain dx",
+    );
+    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"] {
+        let r = Recipe::from_name(name)
+            .unwrap()
+            .with_backward(BackwardMode::HighPrecision)
+            .unwrap();
+        let mut l = layer(&c, Some(r), true, true);
+        let (_, saved) = l.forward(&x, true).unwrap();
+        let g = l.backward(saved, &dy).unwrap();
+        for (a, b, what) in [
+            (&g.d_input, &plain_g.d_input, "d_input"),
+            (&g.d_weight, &plain_g.d_weight, "d_weight"),
+            (&g.d_bias, &plain_g.d_bias, "d_bias"),
+        ] {
+            assert_bitwise_eq_f32(
+                &a.as_ref().unwrap().to_f32_vec(),
+                &b.as_ref().unwrap().to_f32_vec(),
+                &format!("{name} {what}"),
+            );
+        }
+    }
+}
+
+#[test]
+fn dequantized_backward_equals_the_reference_from_dequantized_tensors() {
+    let c = case(37, 200, 51, 2);
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    let w = Tensor::from_f32(&[c.n, c.k], c.w.clone()).unwrap();
+    let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"] {
+        let r = Recipe::from_name(name)
+            .unwrap()
+            .with_backward(BackwardMode::Dequantized)
+            .unwrap();
+        let mut l = layer(&c, Some(r), true, false);
+        let (_, saved) = l.forward(&x, true).unwrap();
+        let g = l.backward(saved, &dy).unwrap();
+        // Rebuild what the forward quantized, dequantize, and run the high-precision GEMMs.
+        let q = |role: Role, t: &Tensor| {
+            let s = r.spec(role, Layout::Rowwise, None, 0).unwrap();
+            cpu::quantize(t, &s, &s, Usage::ROW, None)
+                .unwrap()
+                .dequantize()
+                .unwrap()
+        };
+        let (x_dq, w_dq) = (q(Role::Input, &x), q(Role::Weight, &w));
+        let dx = cpu::sgemm(c.m, c.k, c.n, &c.dy, false, &w_dq, false);
+        let dw = cpu::sgemm(c.n, c.k, c.m, &c.dy, true, &x_dq, false);
+        assert_bitwise_eq_f32(
+            &g.d_input.unwrap().to_f32_vec(),
+            &dx,
+            &format!("{name} d_input"),
+        );
+        assert_bitwise_eq_f32(
+            &g.d_weight.unwrap().to_f32_vec(),
+            &dw,
+            &format!("{name} d_weight"),
+        );
+    }
+}
+
+#[test]
+fn quantized_paths_meet_the_accuracy_floors() {
+    // Ragged shapes: nothing here is a multiple of 16 or of any block size.
+    for (m, k, n, seed) in [(37, 200, 51, 3), (64, 256, 96, 4)] {
+        let c = case(m, k, n, seed);
+        let (y_ref, dx_ref, dw_ref) = reference(&c);
+        let x = Tensor::from_f32(&[m, k], c.x.clone()).unwrap();
+        let dy = Tensor::from_f32(&[m, n], c.dy.clone()).unwrap();
+        for r in all_recipes() {
+            let mut l = layer(&c, Some(r), true, true);
+            let (y, saved) = l.forward(&x, true).unwrap();
+            let g = l.backward(saved, &dy).unwrap();
+            let fp4 = r.scaling() == Scaling::Nvfp4;
+            let out_floor = if fp4 { SQNR_FP4_GEMM } else { SQNR_OUTPUT };
+            let s = sqnr_db(&y_ref, &f64s(&y));
+            eprintln!("sqnr {r} {m}x{k}x{n} output {s:.2}");
+            assert!(
+                s >= out_floor,
+                "{r} {m}x{k}x{n}: output SQNR {s:.1} dB < {out_floor}"
+            );
+            // Gradients are exact-from-f32 in high_precision mode, quantized otherwise.
+            let grad_floor = if fp4 { SQNR_FP4_GEMM } else { SQNR_GRAD };
+            for (name, got, want) in [
+                ("d_input", &g.d_input, &dx_ref),
+                ("d_weight", &g.d_weight, &dw_ref),
+            ] {
+                let s = sqnr_db(want, &f64s(got.as_ref().unwrap()));
+                eprintln!("sqnr {r} {m}x{k}x{n} {name} {s:.2}");
+                let floor = if r.backward() == BackwardMode::HighPrecision {
+                    100.0
+                } else {
+                    grad_floor
+                };
+                assert!(
+                    s >= floor,
+                    "{r} {m}x{k}x{n}: {name} SQNR {s:.1} dB < {floor}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn finite_differences_confirm_the_high_precision_gradients() {
+    // L = <dy, y(x, W, b)> is linear in each of x, W and b, so a central
+    // difference has no truncation error and a large step is allowed: what
+    // remains is f32 rounding of y (about 1e-7 |y| per element, summed over
+    // M*N terms), far under the 1e-4 relative tolerance used here.
+    let c = case(6, 10, 7, 5);
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+    let mut l = layer(&c, None, true, true);
+    let (_, saved) = l.forward(&x, true).unwrap();
+    let g = l.backward(saved, &dy).unwrap();
+    let loss = |l: &mut Linear, x: &Tensor| -> f64 {
+        let (y, _) = l.forward(x, false).unwrap();
+        y.to_f32_vec()
+            .iter()
+            .zip(&c.dy)
+            .map(|(&a, &b)| a as f64 * b as f64)
+            .sum()
+    };
+    let h = 0.5f32;
+    let check = |num: f64, ana: f32, what: &str| {
+        let tol = 1e-4 * ana.abs().max(1e-4) as f64;
+        assert!(
+            (num - ana as f64).abs() <= tol,
+            "{what}: numeric {num:e} vs analytic {ana:e}"
+        );
+    };
+    let dx = g.d_input.unwrap().to_f32_vec();
+    for i in 0..c.m * c.k {
+        let mut xp = c.x.clone();
+        xp[i] += h;
+        let mut xm = c.x.clone();
+        xm[i] -= h;
+        let num = (loss(&mut l, &Tensor::from_f32(&[c.m, c.k], xp).unwrap())
+            - loss(&mut l, &Tensor::from_f32(&[c.m, c.k], xm).unwrap()))
+            / (2.0 * h as f64);
+        check(num, dx[i], &format!("d_input[{i}]"));
+    }
+    let dw = g.d_weight.unwrap().to_f32_vec();
+    for i in 0..c.n * c.k {
+        let mut wp = c.w.clone();
+        wp[i] += h;
+        let mut wm = c.w.clone();
+        wm[i] -= h;
+        let mut lp = Linear::new(
+            Tensor::from_f32(&[c.n, c.k], wp).unwrap(),
+            l.bias.clone(),
+            None,
+            true,
+        )
+        .unwrap();
+        let mut lm = Linear::new(
+            Tensor::from_f32(&[c.n, c.k], wm).unwrap(),
+            l.bias.clone(),
+            None,
+            true,
+        )
+        .unwrap();
+        let num = (loss(&mut lp, &x) - loss(&mut lm, &x)) / (2.0 * h as f64);
+        check(num, dw[i], &format!("d_weight[{i}]"));
+    }
+    let db = g.d_bias.unwrap().to_f32_vec();
+    for j in 0..c.n {
+        let mut bp = c.b.clone();
+        bp[j] += h;
+        let mut bm = c.b.clone();
+        bm[j] -= h;
+        let w = l.weight.clone();
+        let mut lp = Linear::new(
+            w.clone(),
+            Some(Tensor::from_f32(&[c.n], bp).unwrap()),
+            None,
+            true,
+        )
+        .unwrap();
+        let mut lm =
+            Linear::new(w, Some(Tensor::from_f32(&[c.n], bm).unwrap()), None, true).unwrap();
+        let num = (loss(&mut lp, &x) - loss(&mut lm, &x)) / (2.0 * h as f64);
+        check(num, db[j], &format!("d_bias[{j}]"));
+    }
+}
+
+/// Bytes of one quantized copy of a `(rows, cols)` tensor for `recipe`'s `role`,
+/// computed from the recipe's definition (not from the quantizer).
+fn copy_bytes(recipe: &Recipe, role: Role, rows: usize, cols: usize) -> usize {
+    let blocks = |br: usize, bc: usize| rows.div_ceil(br) * cols.div_ceil(bc);
+    match (recipe.scaling(), role) {
+        (Scaling::Delayed { .. } | Scaling::Tensorwise { .. }, _) => rows * cols + 4,
+        (Scaling::Rowwise { .. }, _) => rows * cols + 4 * rows,
+        (Scaling::Blockwise { .. }, Role::Weight) => rows * cols + 4 * blocks(128, 128),
+        (Scaling::Blockwise { .. }, _) => rows * cols + 4 * blocks(1, 128),
+        (Scaling::Mxfp8, _) => rows * cols + blocks(1, 32),
+        // Two E2M1 per byte per row, one E4M3 per block, one f32 per tensor.
+        (Scaling::Nvfp4, Role::Weight) => rows * cols.div_ceil(2) + blocks(16, 16) + 4,
+        (Scaling::Nvfp4, _) => rows * cols.div_ceil(2) + blocks(1, 16) + 4,
+    }
+}
+
+#[test]
+fn saved_bytes_are_exactly_what_backward_needs() {
+    let (m, k, n) = (37, 200, 51);
+    let c = case(m, k, n, 6);
+    for dtype in [DType::F32, DType::Bf16] {
+        let x = Tensor::from_f32_as(&[m, k], c.x.clone(), dtype).unwrap();
+        let hp_x = m * k * dtype.size();
+        for trainable in [true, false] {
+            for input_grad in [true, false] {
+                let mut plain = layer(&c, None, trainable, true);
+                let (_, saved) = plain.forward(&x, input_grad).unwrap();
+                assert_eq!(
+                    saved.bytes(),
+                    if trainable { hp_x } else { 0 },
+                    "plain t={trainable} ig={input_grad}"
+                );
+                for r in all_recipes() {
+                    let mut l = layer(&c, Some(r), trainable, true);
+                    let (_, saved) = l.forward(&x, input_grad).unwrap();
+                    let want = match r.backward() {
+                        // Column-wise copies: x^T is (K, M), W^T is (K, N).
+                        BackwardMode::Quantized => {
+                            (if trainable {
+                                copy_bytes(&r, Role::Input, k, m)
+                            } else {
+                                0
+                            }) + (if input_grad {
+                                copy_bytes(&r, Role::Weight, k, n)
+                            } else {
+                                0
+                            })
+                        }
+                        BackwardMode::HighPrecision => {
+                            if trainable {
+                                hp_x
+                            } else {
+                                0
+                            }
+                        }
+                        // The forward's row-wise copies: x (M, K), W (N, K).
+                        BackwardMode::Dequantized => {
+                            (if trainable {
+                                copy_bytes(&r, Role::Input, m, k)
+                            } else {
+                                0
+                            }) + (if input_grad {
+                                copy_bytes(&r, Role::Weight, n, k)
+                            } else {
+                                0
+                            })
+                        }
+                    };
+                    assert_eq!(
+                        saved.bytes(),
+                        want,
+                        "{r} {dtype:?} trainable={trainable} input_grad={input_grad}"
+                    );
+                    // And backward works from exactly that.
+                    let dy = Tensor::from_f32_as(&[m, n], c.dy.clone(), dtype).unwrap();
+                    let g = l.backward(saved, &dy).unwrap();
+                    assert_eq!(g.d_input.is_some(), input_grad, "{r}");
+                    assert_eq!(g.d_weight.is_some(), trainable, "{r}");
+                    assert_eq!(g.d_bias.is_some(), trainable, "{r}");
+                    if let Some(dx) = &g.d_input {
+                        assert_eq!(dx.dtype(), dtype);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn delayed_scaling_uses_the_previous_steps_amax() {
+    let c = case(16, 64, 32, 7);
+    let r = Recipe::from_name("delayed").unwrap();
+    let mut l = layer(&c, Some(r), true, false);
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+    assert_eq!(
+        l.delayed_state(Role::Input).unwrap().scale(),
+        1.0,
+        "first step uses scale 1"
+    );
+    let (y1, saved) = l.forward(&x, true).unwrap();
+    l.backward(saved, &dy).unwrap();
+    l.update_scales();
+    let amax = |v: &[f32]| v.iter().fold(0f32, |a, b| a.max(b.abs()));
+    assert_eq!(
+        l.delayed_state(Role::Input).unwrap().scale(),
+        448.0 / amax(&c.x)
+    );
+    assert_eq!(
+        l.delayed_state(Role::Weight).unwrap().scale(),
+        448.0 / amax(&c.w)
+    );
+    assert_eq!(
+        l.delayed_state(Role::GradOutput).unwrap().scale(),
+        57344.0 / amax(&c.dy)
+    );
+    // With the scale now fitted to the data, the second step is more accurate than the first.
+    let (y2, _) = l.forward(&x, true).unwrap();
+    let (y_ref, _, _) = reference(&c);
+    assert!(sqnr_db(&y_ref, &f64s(&y2)) > sqnr_db(&y_ref, &f64s(&y1)));
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let c = case(8, 32, 16, 8);
+    let r = Recipe::from_name("tensorwise").unwrap();
+    let mut l = layer(&c, Some(r), true, true);
+    let wrong_k = Tensor::from_f32(&[8, 31], gaussian(8 * 31, 1, 1.0)).unwrap();
+    assert!(l.forward(&wrong_k, true).is_err());
+    let flat = Tensor::from_f32(&[32], gaussian(32, 1, 1.0)).unwrap();
+    assert!(l.forward(&flat, true).is_err());
+    let empty = Tensor::from_f32(&[0, 32], vec![]).unwrap();
+    assert!(l.forward(&empty, true).is_err());
+    let mut nan = c.x.clone();
+    nan[5] = f32::NAN;
+    let err = l
+        .forward(&Tensor::from_f32(&[8, 32], nan).unwrap(), true)
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("non-finite input at element 5"),
+        "{err}"
+    );
+    let x = Tensor::from_f32(&[8, 32], c.x.clone()).unwrap();
+    let (_, saved) = l.forward(&x, true).unwrap();
+    let wrong_dy = Tensor::from_f32(&[8, 15], gaussian(8 * 15, 2, 1.0)).unwrap();
+    assert!(l.backward(saved, &wrong_dy).is_err());
+    let w = Tensor::from_f32(&[16, 32], c.w.clone()).unwrap();
+    assert!(Linear::new(
+        w.clone(),
+        Some(Tensor::from_f32(&[15], vec![0.5; 15]).unwrap()),
+        None,
+        true
+    )
+    .is_err());
+    assert!(Tensor::from_f32(&[3, 3], vec![1.0; 8]).is_err());
+}
