@@ -4,7 +4,7 @@
 //! element runs exactly the scalar rule of [`Format::encode`], so slice and
 //! scalar results are the same bytes.
 
-use crate::format::{Format, Overflow, Rounding};
+use crate::format::{encode_minifloat, Format, Overflow, Rounding, E4M3_SPEC, E5M2_SPEC};
 use half::{bf16, f16};
 use rayon::prelude::*;
 
@@ -58,20 +58,11 @@ pub fn encode_slice<T: ToF32>(
         format != Format::E2M1,
         "encode_slice: use encode_fp4_slice for E2M1"
     );
-    let run = |s: &[T], d: &mut [u8], base: u64| match rounding {
-        Rounding::NearestEven => {
-            for (o, &x) in d.iter_mut().zip(s) {
-                *o = format.encode_rne(x.to_f32_exact() * scale, overflow);
-            }
-        }
-        Rounding::Stochastic { .. } => {
+    let run = |s: &[T], d: &mut [u8], base: u64| match (format, rounding) {
+        (Format::E4M3 | Format::E5M2, Rounding::NearestEven) => encode_nearest(format, s, scale, d, overflow),
+        _ => {
             for (i, (o, &x)) in d.iter_mut().zip(s).enumerate() {
-                *o = format.encode(
-                    x.to_f32_exact() * scale,
-                    overflow,
-                    rounding,
-                    base + i as u64,
-                );
+                *o = format.encode(x.to_f32_exact() * scale, overflow, rounding, base + i as u64);
             }
         }
     };
@@ -83,6 +74,48 @@ pub fn encode_slice<T: ToF32>(
             .enumerate()
             .for_each(|(c, (s, d))| run(s, d, base_index + (c * CHUNK) as u64));
     }
+}
+
+/// One loop per format with the spec as a constant, so the compiler folds it
+/// in and vectorises the branch-free encoder.
+#[inline(always)]
+fn encode_nearest_generic<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut [u8], overflow: Overflow) {
+    let spec = if format == Format::E4M3 { &E4M3_SPEC } else { &E5M2_SPEC };
+    match (format, overflow) {
+        (Format::E4M3, Overflow::Saturate) => {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = encode_minifloat(x.to_f32_exact() * scale, &E4M3_SPEC, Overflow::Saturate, None);
+            }
+        }
+        (Format::E5M2, Overflow::Saturate) => {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = encode_minifloat(x.to_f32_exact() * scale, &E5M2_SPEC, Overflow::Saturate, None);
+            }
+        }
+        _ => {
+            for (o, &x) in d.iter_mut().zip(s) {
+                *o = encode_minifloat(x.to_f32_exact() * scale, spec, overflow, None);
+            }
+        }
+    }
+}
+
+/// The same loop compiled for AVX2 (variable shifts and wider selects).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn encode_nearest_avx2<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut [u8], overflow: Overflow) {
+    encode_nearest_generic(format, s, scale, d, overflow)
+}
+
+/// Nearest-even encode of E4M3/E5M2, picking the widest instruction set the CPU has at run time.
+fn encode_nearest<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut [u8], overflow: Overflow) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU supports AVX2 (checked just above).
+        unsafe { encode_nearest_avx2(format, s, scale, d, overflow) };
+        return;
+    }
+    encode_nearest_generic(format, s, scale, d, overflow)
 }
 
 /// Decode `src[i]` times `scale` into `dst[i]` (8-bit formats).

@@ -56,7 +56,7 @@ pub enum Rounding {
 
 /// The parameters of a signed minifloat (E4M3, E5M2, E2M1).
 #[derive(Clone, Copy, Debug)]
-struct Spec {
+pub(crate) struct Spec {
     man_bits: u32,
     bias: i32,
     /// Code of the largest finite positive value.
@@ -69,7 +69,7 @@ struct Spec {
     sign_shift: u32,
 }
 
-const E4M3_SPEC: Spec = Spec {
+pub(crate) const E4M3_SPEC: Spec = Spec {
     man_bits: 3,
     bias: 7,
     max_code: 0x7E,
@@ -77,7 +77,7 @@ const E4M3_SPEC: Spec = Spec {
     nan_code: 0x7F,
     sign_shift: 7,
 };
-const E5M2_SPEC: Spec = Spec {
+pub(crate) const E5M2_SPEC: Spec = Spec {
     man_bits: 2,
     bias: 15,
     max_code: 0x7B,
@@ -176,7 +176,8 @@ impl Format {
         }
     }
 
-    fn spec(self) -> Spec {
+    #[inline(always)]
+    pub(crate) fn spec(self) -> Spec {
         match self {
             Format::E4M3 => E4M3_SPEC,
             Format::E5M2 => E5M2_SPEC,
@@ -260,53 +261,68 @@ fn round_shift(m: u32, shift: u32, rbits: Option<u32>) -> u32 {
     }
 }
 
+/// The signed-minifloat encoder, written without data-dependent branches so
+/// that slice loops vectorise (every step is an add, a constant shift or a select).
 #[inline(always)]
-fn encode_minifloat(x: f32, s: &Spec, overflow: Overflow, rbits: Option<u32>) -> u8 {
+pub(crate) fn encode_minifloat(x: f32, s: &Spec, overflow: Overflow, rbits: Option<u32>) -> u8 {
     let bits = x.to_bits();
     let sign = (bits >> 31) << s.sign_shift;
     let abs = bits & 0x7FFF_FFFF;
-    if abs > 0x7F80_0000 {
-        return (s.nan_code | sign) as u8;
-    }
-    let emin = 1 - s.bias;
-    // The largest exponent a finite value can have; anything at or above
-    // 2^(emax+1) overflows every one of these formats.
-    let emax = (s.max_code >> s.man_bits) as i32 - s.bias;
-    let exp32 = (abs >> 23) as i32;
-    let code = if exp32 - 127 > emax {
-        s.max_code + 1 // forces the overflow branch below (inf too)
-    } else {
-        // value = m * 2^(e - 23), m with its implicit bit.
-        let (m, e) = if exp32 == 0 {
-            (abs, -126)
-        } else {
-            ((abs & 0x7F_FFFF) | 0x80_0000, exp32 - 127)
-        };
-        if e >= emin {
-            // Normal in the target: keep man_bits + 1 bits. A carry out of the
-            // mantissa lands in the exponent field by itself.
-            let r = round_shift(m, 23 - s.man_bits, rbits);
-            (((e + s.bias - 1) as u32) << s.man_bits) + r
-        } else {
-            // Subnormal in the target: the quantum is 2^(emin - man_bits). A
-            // round-up to 2^emin yields exactly the min-normal code.
-            let shift = (23 - s.man_bits as i32 + (emin - e)).min(31) as u32;
-            round_shift(m, shift, rbits)
-        }
+    let code = match rbits {
+        None => nearest_code(abs, s),
+        Some(r) => stochastic_code(abs, s, r),
     };
-    let code = if code > s.max_code {
-        match overflow {
-            Overflow::Saturate => s.max_code,
-            Overflow::Cast => s.overflow_code,
-        }
-    } else {
-        code
+    // Infinities and values past the largest finite one land above max_code.
+    let over = match overflow {
+        Overflow::Saturate => s.max_code,
+        Overflow::Cast => s.overflow_code,
     };
+    let code = if code > s.max_code { over } else { code };
+    let code = if abs > 0x7F80_0000 { s.nan_code } else { code };
     (code | sign) as u8
 }
 
+/// Magnitude code with nearest-even rounding, for a non-negative f32 bit pattern `abs`.
 #[inline(always)]
-fn encode_e8m0(x: f32, overflow: Overflow, rbits: Option<u32>) -> u8 {
+fn nearest_code(abs: u32, s: &Spec) -> u32 {
+    let emin = 1 - s.bias;
+    let shift = 23 - s.man_bits;
+    // Normal target: re-bias the exponent field, then round at bit `shift`
+    // (add half-minus-one plus the kept LSB: ties go to even). A carry out of
+    // the mantissa lands in the exponent field by itself.
+    let odd = (abs >> shift) & 1;
+    let rebias = ((127 - s.bias) as u32) << 23;
+    let normal = abs.wrapping_sub(rebias).wrapping_add((1 << (shift - 1)) - 1 + odd) >> shift;
+    // Subnormal target: let the FPU round. `magic` = 2^(emin - man_bits + 23)
+    // has a unit in the last place equal to the subnormal quantum
+    // 2^(emin - man_bits), so `x + magic` rounds x to a multiple of it (ties
+    // to even), and the bit difference counts quanta; 2^emin itself becomes
+    // the min-normal code.
+    let magic = f32::from_bits(((emin - s.man_bits as i32 + 23 + 127) as u32) << 23);
+    let sub = (f32::from_bits(abs) + magic).to_bits() - magic.to_bits();
+    let min_normal = ((emin + 127) as u32) << 23;
+    if abs < min_normal {
+        sub
+    } else {
+        normal
+    }
+}
+
+/// Magnitude code with stochastic rounding by the random bits `r`.
+#[inline(always)]
+fn stochastic_code(abs: u32, s: &Spec, r: u32) -> u32 {
+    let exp32 = (abs >> 23) as i32;
+    // value = m * 2^(e - 23) with m holding its implicit bit (f32 subnormals: e = -126, no implicit bit).
+    let m = if exp32 == 0 { abs } else { (abs & 0x7F_FFFF) | 0x80_0000 };
+    let e = exp32.max(1) - 127;
+    let emin = 1 - s.bias;
+    let shift = (23 - s.man_bits as i32 + (emin - e).max(0)).min(31) as u32;
+    let q = round_shift(m, shift, Some(r));
+    (((e + s.bias - 1).max(0) as u32) << s.man_bits) + q
+}
+
+#[inline(always)]
+pub(crate) fn encode_e8m0(x: f32, overflow: Overflow, rbits: Option<u32>) -> u8 {
     let bits = x.to_bits();
     if x.is_nan() || (bits >> 31 == 1 && x != 0.0) {
         return 0xFF;
