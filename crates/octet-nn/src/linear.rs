@@ -184,6 +184,12 @@ impl Linear {
             return Err(Error::Shape("empty input: M = 0".into()));
         }
         let n = self.out_features();
+        // Accumulation dtype: f64 for the f64 reference, f32 otherwise.
+        let acc = if x.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
         let need_w = self.trainable; // grad_weight reads the input
         let mut saved = LinearSaved {
             m,
@@ -194,18 +200,10 @@ impl Linear {
             weight_q: None,
             input_requires_grad,
         };
-        let mut y = match self.recipe {
+        let y = match self.recipe {
             None => {
                 saved.input = need_w.then(|| x.clone());
-                cpu::sgemm(
-                    m,
-                    n,
-                    k,
-                    &x.to_f32_vec(),
-                    false,
-                    &self.weight.to_f32_vec(),
-                    true,
-                )
+                cpu::matmul(x, false, &self.weight, true, acc)?
             }
             Some(recipe) => {
                 let mode = recipe.backward();
@@ -223,6 +221,7 @@ impl Linear {
                 let qx = quantize_role(states, calls, recipe, Role::Input, x, x_usage)?;
                 let qw = quantize_role(states, calls, recipe, Role::Weight, &self.weight, w_usage)?;
                 let y = cpu::fp8_gemm(qx.get(Layout::Rowwise)?, qw.get(Layout::Rowwise)?)?;
+                let y = Tensor::from_f32(&[m, n], y)?;
                 match mode {
                     BackwardMode::Quantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::COL));
@@ -239,10 +238,12 @@ impl Linear {
                 y
             }
         };
-        if let Some(b) = &self.bias {
-            cpu::add_bias(&mut y, &b.to_f32_vec());
-        }
-        Ok((Tensor::from_f32_as(&[m, n], y, x.dtype())?, saved))
+        // The bias is added at accumulation precision, then the output rounds once to x's dtype.
+        let y = match &self.bias {
+            Some(b) => cpu::add_bias(&y, b)?,
+            None => y,
+        };
+        Ok((y.to_dtype(x.dtype()), saved))
     }
 
     /// Backward from `dy (M, N)`: `d_input = dy @ W`, `d_weight = dy^T @ x`, `d_bias = sum_rows(dy)`.
@@ -257,69 +258,68 @@ impl Linear {
         let want_dx = saved.input_requires_grad;
         let want_dw = self.trainable;
         let d_bias = match (&self.bias, want_dw) {
-            (Some(_), true) => Some(Tensor::from_f32(&[n], cpu::sum_rows(dy)?)?),
+            (Some(_), true) => Some(cpu::sum_rows(dy)?),
             _ => None,
         };
+        // Gradients accumulate in f32 (f64 for the f64 reference); d_input returns in x's dtype.
+        let acc = if saved.dtype == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let f32_tensor = |rows: usize, cols: usize, v: Vec<f32>| Tensor::from_f32(&[rows, cols], v);
         let mode = self.recipe.map(|r| r.backward());
         let (dx, dw) = match (self.recipe, mode) {
-            (Some(recipe), Some(BackwardMode::Quantized)) => {
+            (Some(recipe), Some(BackwardMode::Quantized)) if want_dx || want_dw => {
                 let usage = Usage {
                     rowwise: want_dx,
                     colwise: want_dw,
                 };
-                if !want_dx && !want_dw {
-                    (None, None)
-                } else {
-                    let qdy = quantize_role(
-                        &mut self.states,
-                        &mut self.calls,
-                        recipe,
-                        Role::GradOutput,
-                        dy,
-                        usage,
-                    )?;
-                    let dx = match &saved.weight_q {
-                        Some(qw) if want_dx => Some(cpu::fp8_gemm(
-                            qdy.get(Layout::Rowwise)?,
-                            qw.get(Layout::Colwise)?,
-                        )?),
-                        _ => None,
-                    };
-                    let dw = match &saved.input_q {
-                        Some(qx) if want_dw => Some(cpu::fp8_gemm(
-                            qdy.get(Layout::Colwise)?,
-                            qx.get(Layout::Colwise)?,
-                        )?),
-                        _ => None,
-                    };
-                    (dx, dw)
-                }
-            }
-            (_, Some(BackwardMode::Dequantized)) => {
-                let dyv = dy.to_f32_vec();
+                let (states, calls) = (&mut self.states, &mut self.calls);
+                let qdy = quantize_role(states, calls, recipe, Role::GradOutput, dy, usage)?;
+                // grad_input = grad_output @ weight; grad_weight = grad_output_t @ input.
                 let dx = match &saved.weight_q {
                     Some(qw) if want_dx => {
-                        Some(cpu::sgemm(m, k, n, &dyv, false, &qw.dequantize()?, false))
+                        let v = cpu::fp8_gemm(qdy.get(Layout::Rowwise)?, qw.get(Layout::Colwise)?)?;
+                        Some(f32_tensor(m, k, v)?)
                     }
                     _ => None,
                 };
                 let dw = match &saved.input_q {
                     Some(qx) if want_dw => {
-                        Some(cpu::sgemm(n, k, m, &dyv, true, &qx.dequantize()?, false))
+                        let v = cpu::fp8_gemm(qdy.get(Layout::Colwise)?, qx.get(Layout::Colwise)?)?;
+                        Some(f32_tensor(n, k, v)?)
                     }
                     _ => None,
                 };
                 (dx, dw)
             }
+            (_, Some(BackwardMode::Dequantized)) => {
+                let dx = match &saved.weight_q {
+                    Some(qw) if want_dx => {
+                        let w = f32_tensor(n, k, qw.dequantize()?)?;
+                        Some(cpu::matmul(dy, false, &w, false, acc)?)
+                    }
+                    _ => None,
+                };
+                let dw = match &saved.input_q {
+                    Some(qx) if want_dw => {
+                        let x = f32_tensor(m, k, qx.dequantize()?)?;
+                        Some(cpu::matmul(dy, true, &x, false, acc)?)
+                    }
+                    _ => None,
+                };
+                (dx, dw)
+            }
+            (Some(_), Some(BackwardMode::Quantized)) => (None, None),
             // High-precision layer or high_precision mode: the unquantized input and the layer's weight.
             _ => {
-                let dyv = dy.to_f32_vec();
-                let dx = want_dx
-                    .then(|| cpu::sgemm(m, k, n, &dyv, false, &self.weight.to_f32_vec(), false));
+                let dx = match want_dx {
+                    true => Some(cpu::matmul(dy, false, &self.weight, false, acc)?),
+                    false => None,
+                };
                 let dw = match &saved.input {
-                    Some(x) if want_dw => {
-                        Some(cpu::sgemm(n, k, m, &dyv, true, &x.to_f32_vec(), false))
-                    }
+                    Some(x) if want_dw => Some(cpu::matmul(dy, true, x, false, acc)?),
                     _ => None,
                 };
                 (dx, dw)
@@ -331,10 +331,8 @@ impl Linear {
             ));
         }
         Ok(LinearGrads {
-            d_input: dx
-                .map(|v| Tensor::from_f32_as(&[m, k], v, saved.dtype))
-                .transpose()?,
-            d_weight: dw.map(|v| Tensor::from_f32(&[n, k], v)).transpose()?,
+            d_input: dx.map(|t| t.to_dtype(saved.dtype)),
+            d_weight: dw,
             d_bias,
         })
     }

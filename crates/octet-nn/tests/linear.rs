@@ -200,85 +200,55 @@ fn quantized_paths_meet_the_accuracy_floors() {
 }
 
 #[test]
-fn finite_differences_confirm_the_high_precision_gradients() {
-    // L = <dy, y(x, W, b)> is linear in each of x, W and b, so a central
-    // difference has no truncation error and a large step is allowed: what
-    // remains is f32 rounding of y (about 1e-7 |y| per element, summed over
-    // M*N terms), far under the 1e-4 relative tolerance used here.
+fn finite_differences_in_f64_confirm_the_high_precision_gradients() {
+    // The layer runs in f64 here (its reference dtype). L = <dy, y(x, W, b)>
+    // is linear in each of x, W and b, so a central difference has no
+    // truncation error and a large step is fine: what remains is f64 rounding
+    // of y, about 1e-16 |y| per term, far under the 1e-9 relative tolerance.
     let c = case(6, 10, 7, 5);
-    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
-    let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
-    let mut l = layer(&c, None, true, true);
-    let (_, saved) = l.forward(&x, true).unwrap();
+    let wide = |v: &[f32]| -> Vec<f64> { v.iter().map(|&e| e as f64).collect() };
+    let t64 = |shape: &[usize], v: &[f64]| Tensor::from_f64(shape, v.to_vec()).unwrap();
+    let (x, w, b, dyv) = (wide(&c.x), wide(&c.w), wide(&c.b), wide(&c.dy));
+    let (xs, ws, bs) = ([c.m, c.k], [c.n, c.k], [c.n]);
+    let dy = t64(&[c.m, c.n], &dyv);
+    let build =
+        |w: &[f64], b: &[f64]| Linear::new(t64(&ws, w), Some(t64(&bs, b)), None, true).unwrap();
+    let mut l = build(&w, &b);
+    let (y, saved) = l.forward(&t64(&xs, &x), true).unwrap();
+    assert_eq!(y.dtype(), DType::F64);
     let g = l.backward(saved, &dy).unwrap();
-    let loss = |l: &mut Linear, x: &Tensor| -> f64 {
-        let (y, _) = l.forward(x, false).unwrap();
-        y.to_f32_vec()
-            .iter()
-            .zip(&c.dy)
-            .map(|(&a, &b)| a as f64 * b as f64)
-            .sum()
+    let loss = |l: &mut Linear, x: &[f64]| -> f64 {
+        let (y, _) = l.forward(&t64(&xs, x), false).unwrap();
+        y.to_f64_vec().iter().zip(&dyv).map(|(&a, &b)| a * b).sum()
     };
-    let h = 0.5f32;
-    let check = |num: f64, ana: f32, what: &str| {
-        let tol = 1e-4 * ana.abs().max(1e-4) as f64;
+    let h = 0.5f64;
+    let check = |num: f64, ana: f64, what: &str| {
         assert!(
-            (num - ana as f64).abs() <= tol,
+            (num - ana).abs() <= 1e-9 * ana.abs().max(1e-6),
             "{what}: numeric {num:e} vs analytic {ana:e}"
         );
     };
-    let dx = g.d_input.unwrap().to_f32_vec();
+    let bump = |v: &[f64], i: usize, d: f64| {
+        let mut v = v.to_vec();
+        v[i] += d;
+        v
+    };
+    let dx = g.d_input.unwrap().to_f64_vec();
     for i in 0..c.m * c.k {
-        let mut xp = c.x.clone();
-        xp[i] += h;
-        let mut xm = c.x.clone();
-        xm[i] -= h;
-        let num = (loss(&mut l, &Tensor::from_f32(&[c.m, c.k], xp).unwrap())
-            - loss(&mut l, &Tensor::from_f32(&[c.m, c.k], xm).unwrap()))
-            / (2.0 * h as f64);
+        let num = (loss(&mut l, &bump(&x, i, h)) - loss(&mut l, &bump(&x, i, -h))) / (2.0 * h);
         check(num, dx[i], &format!("d_input[{i}]"));
     }
-    let dw = g.d_weight.unwrap().to_f32_vec();
+    let dw = g.d_weight.unwrap().to_f64_vec();
     for i in 0..c.n * c.k {
-        let mut wp = c.w.clone();
-        wp[i] += h;
-        let mut wm = c.w.clone();
-        wm[i] -= h;
-        let mut lp = Linear::new(
-            Tensor::from_f32(&[c.n, c.k], wp).unwrap(),
-            l.bias.clone(),
-            None,
-            true,
-        )
-        .unwrap();
-        let mut lm = Linear::new(
-            Tensor::from_f32(&[c.n, c.k], wm).unwrap(),
-            l.bias.clone(),
-            None,
-            true,
-        )
-        .unwrap();
-        let num = (loss(&mut lp, &x) - loss(&mut lm, &x)) / (2.0 * h as f64);
-        check(num, dw[i], &format!("d_weight[{i}]"));
+        let lp = loss(&mut build(&bump(&w, i, h), &b), &x);
+        let lm = loss(&mut build(&bump(&w, i, -h), &b), &x);
+        check((lp - lm) / (2.0 * h), dw[i], &format!("d_weight[{i}]"));
     }
-    let db = g.d_bias.unwrap().to_f32_vec();
+    let db = g.d_bias.unwrap().to_f64_vec();
     for j in 0..c.n {
-        let mut bp = c.b.clone();
-        bp[j] += h;
-        let mut bm = c.b.clone();
-        bm[j] -= h;
-        let w = l.weight.clone();
-        let mut lp = Linear::new(
-            w.clone(),
-            Some(Tensor::from_f32(&[c.n], bp).unwrap()),
-            None,
-            true,
-        )
-        .unwrap();
-        let mut lm =
-            Linear::new(w, Some(Tensor::from_f32(&[c.n], bm).unwrap()), None, true).unwrap();
-        let num = (loss(&mut lp, &x) - loss(&mut lm, &x)) / (2.0 * h as f64);
-        check(num, db[j], &format!("d_bias[{j}]"));
+        let lp = loss(&mut build(&w, &bump(&b, j, h)), &x);
+        let lm = loss(&mut build(&w, &bump(&b, j, -h)), &x);
+        check((lp - lm) / (2.0 * h), db[j], &format!("d_bias[{j}]"));
     }
 }
 

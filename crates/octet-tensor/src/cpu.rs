@@ -8,67 +8,73 @@ use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Usage};
 /// Below this many multiply-adds a GEMM runs on one thread.
 const PAR_FLOPS: usize = 1 << 18;
 
-/// `c (m, n) = op(a) @ op(b)` with f32 accumulation.
+/// Scalars the CPU GEMM runs on (f32, and f64 for gradient checks).
+pub trait Real: num_traits::Float + Send + Sync + std::fmt::Debug + 'static {}
+impl Real for f32 {}
+impl Real for f64 {}
+
+/// `c (m, n) = op(a) @ op(b)` with f32 accumulation ([`gemm`] over f32).
+pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool) -> Vec<f32> {
+    gemm(m, n, k, a, ta, b, tb)
+}
+
+/// `c (m, n) = op(a) @ op(b)`, accumulating in `T`.
 ///
 /// `a` is `(m, k)` row-major, or `(k, m)` when `ta`; `b` is `(k, n)`, or
 /// `(n, k)` when `tb`. The result is deterministic: the `gemm` crate splits
 /// work over `m` and `n`, never over `k`.
-pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool) -> Vec<f32> {
+///
+/// # Panics
+/// If a slice length disagrees with its shape (callers check shapes first).
+pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], tb: bool) -> Vec<T> {
     assert_eq!(
         a.len(),
         m * k,
-        "sgemm: a has {} elements, want {m}x{k}",
+        "gemm: a has {} elements, want {m}x{k}",
         a.len()
     );
     assert_eq!(
         b.len(),
         k * n,
-        "sgemm: b has {} elements, want {k}x{n}",
+        "gemm: b has {} elements, want {k}x{n}",
         b.len()
     );
-    let mut c = vec![0f32; m * n];
-    sgemm_strided(
-        m,
-        n,
-        k,
-        a,
-        if ta { (1, m) } else { (k, 1) },
-        b,
-        if tb { (1, k) } else { (n, 1) },
-        &mut c,
-    );
+    let mut c = vec![T::zero(); m * n];
+    let a_strides = if ta { (1, m) } else { (k, 1) };
+    let b_strides = if tb { (1, k) } else { (n, 1) };
+    gemm_strided(m, n, k, a, a_strides, b, b_strides, &mut c);
     c
 }
 
 /// `c (m, n) = a @ b` with explicit (row stride, column stride) in elements for `a (m, k)` and `b (k, n)`;
 /// `c` is row-major and overwritten.
 #[allow(clippy::too_many_arguments)]
-fn sgemm_strided(
+fn gemm_strided<T: Real>(
     m: usize,
     n: usize,
     k: usize,
-    a: &[f32],
+    a: &[T],
     (a_rs, a_cs): (usize, usize),
-    b: &[f32],
+    b: &[T],
     (b_rs, b_cs): (usize, usize),
-    c: &mut [f32],
+    c: &mut [T],
 ) {
     assert!(c.len() >= m * n);
     if m == 0 || n == 0 {
         return;
     }
     if k == 0 {
-        c[..m * n].fill(0.0);
+        c[..m * n].fill(T::zero());
         return;
     }
     // Bounds of the farthest element each operand's strides reach.
     assert!(
         (m - 1) * a_rs + (k - 1) * a_cs < a.len(),
-        "sgemm: a too short for its strides"
+        "gemm: a too short for its strides"
     );
     assert!(
         (k - 1) * b_rs + (n - 1) * b_cs < b.len(),
-        "sgemm: b too short for its strides"
+        "gemm: b too short for its strides"
     );
     let par = if m * n * k >= PAR_FLOPS {
         Parallelism::Rayon(rayon::current_num_threads())
@@ -92,8 +98,8 @@ fn sgemm_strided(
             b.as_ptr(),
             b_cs as isize,
             b_rs as isize,
-            0.0,
-            1.0,
+            T::zero(),
+            T::one(),
             false,
             false,
             false,
@@ -102,8 +108,9 @@ fn sgemm_strided(
     }
 }
 
-/// `op(a) @ op(b)` on tensors viewed as matrices (leading dims flattened), f32
-/// accumulation, result in `out` dtype with shape `(m, n)`.
+/// `op(a) @ op(b)` on tensors viewed as matrices (leading dims flattened),
+/// result in `out` dtype with shape `(m, n)`. Accumulates in f64 when both
+/// operands are f64 (the gradient-check reference), in f32 otherwise.
 pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<Tensor> {
     let (ar, ac) = a.dims2()?;
     let (br, bc) = b.dims2()?;
@@ -118,8 +125,16 @@ pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<
             if tb { "^T" } else { "" }
         )));
     }
-    let c = sgemm(m, n, k, &a.to_f32_vec(), ta, &b.to_f32_vec(), tb);
-    Tensor::from_f32_as(&[m, n], c, out)
+    match (a.as_f64(), b.as_f64()) {
+        (Some(av), Some(bv)) => {
+            Ok(Tensor::from_f64(&[m, n], gemm(m, n, k, av, ta, bv, tb))?.to_dtype(out))
+        }
+        _ => Tensor::from_f32_as(
+            &[m, n],
+            sgemm(m, n, k, &a.to_f32_vec(), ta, &b.to_f32_vec(), tb),
+            out,
+        ),
+    }
 }
 
 /// The codes of `q` decoded without their scales, row-major `(rows, cols)`.
@@ -158,7 +173,7 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
         let next = |blk: usize| (k0 / blk + 1) * blk;
         let k1 = next(a.block.1).min(next(b.block.1)).min(k);
         // part = da[:, k0..k1] @ db[:, k0..k1]^T, through strided views.
-        sgemm_strided(
+        gemm_strided(
             m,
             n,
             k1 - k0,
@@ -201,30 +216,60 @@ pub fn quantize(
     let q = match (x.as_f32(), x.as_bf16()) {
         (Some(v), _) => octet_fp8::quantize(v, r, c, row, col, usage, tensor_amax)?,
         (_, Some(v)) => octet_fp8::quantize(v, r, c, row, col, usage, tensor_amax)?,
-        _ => return Err(Error::Unsupported("quantize: unknown dtype".into())),
+        _ => {
+            return Err(Error::Unsupported(format!(
+                "quantize: {:?} input; use f32 or bf16",
+                x.dtype()
+            )))
+        }
     };
     Ok(q)
 }
 
-/// Sum over rows: `(rows, cols) -> (cols)` in f32 (the bias gradient).
-pub fn sum_rows(x: &Tensor) -> Result<Vec<f32>> {
+/// Sum over rows: `(rows, cols) -> (cols)` (the bias gradient), in f64 for f64
+/// input and in f32 otherwise.
+pub fn sum_rows(x: &Tensor) -> Result<Tensor> {
     let (r, c) = x.dims2()?;
-    let v = x.to_f32_vec();
-    let mut out = vec![0f32; c];
-    for row in v.chunks_exact(c).take(r) {
-        for (o, &e) in out.iter_mut().zip(row) {
-            *o += e;
+    fn sum<T: Real>(v: &[T], r: usize, c: usize) -> Vec<T> {
+        let mut out = vec![T::zero(); c];
+        for row in v.chunks_exact(c).take(r) {
+            for (o, &e) in out.iter_mut().zip(row) {
+                *o = *o + e;
+            }
         }
+        out
     }
-    Ok(out)
+    match x.as_f64() {
+        Some(v) => Tensor::from_f64(&[c], sum(v, r, c)),
+        None => Tensor::from_f32(&[c], sum(&x.to_f32_vec(), r, c)),
+    }
 }
 
-/// `x[i, j] += bias[j]` in f32 for an f32 row-major matrix.
-pub fn add_bias(x: &mut [f32], bias: &[f32]) {
-    for row in x.chunks_exact_mut(bias.len()) {
-        for (o, &b) in row.iter_mut().zip(bias) {
-            *o += b;
+/// `y[i, j] + bias[j]` for a matrix `y (rows, cols)`, computed in f64 for f64
+/// `y` and in f32 otherwise, returned in `y`'s dtype.
+pub fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
+    let (_, c) = y.dims2()?;
+    if bias.numel() != c {
+        return Err(Error::Shape(format!(
+            "bias has {} elements for {c} columns",
+            bias.numel()
+        )));
+    }
+    fn add<T: Real>(mut v: Vec<T>, b: &[T]) -> Vec<T> {
+        for row in v.chunks_exact_mut(b.len()) {
+            for (o, &e) in row.iter_mut().zip(b) {
+                *o = *o + e;
+            }
         }
+        v
+    }
+    match y.as_f64() {
+        Some(v) => Tensor::from_f64(y.shape(), add(v.to_vec(), &bias.to_f64_vec())),
+        None => Tensor::from_f32_as(
+            y.shape(),
+            add(y.to_f32_vec(), &bias.to_f32_vec()),
+            y.dtype(),
+        ),
     }
 }
 

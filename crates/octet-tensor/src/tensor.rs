@@ -10,6 +10,8 @@ pub enum DType {
     F32,
     /// bfloat16 (8 exponent bits, 7 mantissa bits).
     Bf16,
+    /// 64-bit IEEE float: the reference dtype of gradient checks (CPU only).
+    F64,
 }
 
 impl DType {
@@ -18,6 +20,7 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::Bf16 => 2,
+            DType::F64 => 8,
         }
     }
 }
@@ -26,6 +29,7 @@ impl DType {
 enum Data {
     F32(Vec<f32>),
     Bf16(Vec<bf16>),
+    F64(Vec<f64>),
 }
 
 /// A row-major tensor in host memory.
@@ -64,6 +68,15 @@ impl Tensor {
         })
     }
 
+    /// An f64 tensor from data.
+    pub fn from_f64(shape: &[usize], data: Vec<f64>) -> Result<Tensor> {
+        check_len(shape, data.len())?;
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            data: Data::F64(data),
+        })
+    }
+
     /// A tensor of `dtype` from f32 values (rounded to nearest even for bf16).
     pub fn from_f32_as(shape: &[usize], data: Vec<f32>, dtype: DType) -> Result<Tensor> {
         Tensor::from_f32(shape, data).map(|t| t.to_dtype(dtype))
@@ -75,6 +88,7 @@ impl Tensor {
         let data = match dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
+            DType::F64 => Data::F64(vec![0.0; n]),
         };
         Tensor {
             shape: shape.to_vec(),
@@ -92,6 +106,7 @@ impl Tensor {
         match self.data {
             Data::F32(_) => DType::F32,
             Data::Bf16(_) => DType::Bf16,
+            Data::F64(_) => DType::F64,
         }
     }
 
@@ -116,11 +131,21 @@ impl Tensor {
         }
     }
 
-    /// The values widened to f32 (exact for both dtypes).
+    /// The values as f32 (exact for f32 and bf16; rounded from f64).
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {
             Data::F32(v) => v.clone(),
             Data::Bf16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            Data::F64(v) => v.iter().map(|&x| x as f32).collect(),
+        }
+    }
+
+    /// The values as f64 (exact for every dtype).
+    pub fn to_f64_vec(&self) -> Vec<f64> {
+        match &self.data {
+            Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            Data::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
+            Data::F64(v) => v.clone(),
         }
     }
 
@@ -128,7 +153,7 @@ impl Tensor {
     pub fn as_f32(&self) -> Option<&[f32]> {
         match &self.data {
             Data::F32(v) => Some(v),
-            Data::Bf16(_) => None,
+            _ => None,
         }
     }
 
@@ -136,7 +161,15 @@ impl Tensor {
     pub fn as_bf16(&self) -> Option<&[bf16]> {
         match &self.data {
             Data::Bf16(v) => Some(v),
-            Data::F32(_) => None,
+            _ => None,
+        }
+    }
+
+    /// The f64 data, if this is an f64 tensor.
+    pub fn as_f64(&self) -> Option<&[f64]> {
+        match &self.data {
+            Data::F64(v) => Some(v),
+            _ => None,
         }
     }
 
@@ -145,12 +178,14 @@ impl Tensor {
         if self.dtype() == dtype {
             return self.clone();
         }
-        let data = match (&self.data, dtype) {
-            (Data::F32(v), DType::Bf16) => {
-                Data::Bf16(v.iter().map(|&x| bf16::from_f32(x)).collect())
-            }
-            (Data::Bf16(v), DType::F32) => Data::F32(v.iter().map(|x| x.to_f32()).collect()),
-            _ => unreachable!("same dtype handled above"),
+        let data = match dtype {
+            DType::F32 => Data::F32(self.to_f32_vec()),
+            DType::F64 => Data::F64(self.to_f64_vec()),
+            DType::Bf16 => Data::Bf16(match &self.data {
+                // From f64, round once: through f32 would round twice.
+                Data::F64(v) => v.iter().map(|&x| bf16::from_f64(x)).collect(),
+                _ => self.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
+            }),
         };
         Tensor {
             shape: self.shape.clone(),
