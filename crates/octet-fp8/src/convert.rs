@@ -59,10 +59,17 @@ pub fn encode_slice<T: ToF32>(
         "encode_slice: use encode_fp4_slice for E2M1"
     );
     let run = |s: &[T], d: &mut [u8], base: u64| match (format, rounding) {
-        (Format::E4M3 | Format::E5M2, Rounding::NearestEven) => encode_nearest(format, s, scale, d, overflow),
+        (Format::E4M3 | Format::E5M2, Rounding::NearestEven) => {
+            encode_nearest(format, s, scale, d, overflow)
+        }
         _ => {
             for (i, (o, &x)) in d.iter_mut().zip(s).enumerate() {
-                *o = format.encode(x.to_f32_exact() * scale, overflow, rounding, base + i as u64);
+                *o = format.encode(
+                    x.to_f32_exact() * scale,
+                    overflow,
+                    rounding,
+                    base + i as u64,
+                );
             }
         }
     };
@@ -79,17 +86,37 @@ pub fn encode_slice<T: ToF32>(
 /// One loop per format with the spec as a constant, so the compiler folds it
 /// in and vectorises the branch-free encoder.
 #[inline(always)]
-fn encode_nearest_generic<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut [u8], overflow: Overflow) {
-    let spec = if format == Format::E4M3 { &E4M3_SPEC } else { &E5M2_SPEC };
+fn encode_nearest_generic<T: ToF32>(
+    format: Format,
+    s: &[T],
+    scale: f32,
+    d: &mut [u8],
+    overflow: Overflow,
+) {
+    let spec = if format == Format::E4M3 {
+        &E4M3_SPEC
+    } else {
+        &E5M2_SPEC
+    };
     match (format, overflow) {
         (Format::E4M3, Overflow::Saturate) => {
             for (o, &x) in d.iter_mut().zip(s) {
-                *o = encode_minifloat(x.to_f32_exact() * scale, &E4M3_SPEC, Overflow::Saturate, None);
+                *o = encode_minifloat(
+                    x.to_f32_exact() * scale,
+                    &E4M3_SPEC,
+                    Overflow::Saturate,
+                    None,
+                );
             }
         }
         (Format::E5M2, Overflow::Saturate) => {
             for (o, &x) in d.iter_mut().zip(s) {
-                *o = encode_minifloat(x.to_f32_exact() * scale, &E5M2_SPEC, Overflow::Saturate, None);
+                *o = encode_minifloat(
+                    x.to_f32_exact() * scale,
+                    &E5M2_SPEC,
+                    Overflow::Saturate,
+                    None,
+                );
             }
         }
         _ => {
@@ -103,7 +130,13 @@ fn encode_nearest_generic<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut
 /// The same loop compiled for AVX2 (variable shifts and wider selects).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-fn encode_nearest_avx2<T: ToF32>(format: Format, s: &[T], scale: f32, d: &mut [u8], overflow: Overflow) {
+fn encode_nearest_avx2<T: ToF32>(
+    format: Format,
+    s: &[T],
+    scale: f32,
+    d: &mut [u8],
+    overflow: Overflow,
+) {
     encode_nearest_generic(format, s, scale, d, overflow)
 }
 

@@ -292,7 +292,10 @@ fn nearest_code(abs: u32, s: &Spec) -> u32 {
     // the mantissa lands in the exponent field by itself.
     let odd = (abs >> shift) & 1;
     let rebias = ((127 - s.bias) as u32) << 23;
-    let normal = abs.wrapping_sub(rebias).wrapping_add((1 << (shift - 1)) - 1 + odd) >> shift;
+    let normal = abs
+        .wrapping_sub(rebias)
+        .wrapping_add((1 << (shift - 1)) - 1 + odd)
+        >> shift;
     // Subnormal target: let the FPU round. `magic` = 2^(emin - man_bits + 23)
     // has a unit in the last place equal to the subnormal quantum
     // 2^(emin - man_bits), so `x + magic` rounds x to a multiple of it (ties
@@ -313,7 +316,11 @@ fn nearest_code(abs: u32, s: &Spec) -> u32 {
 fn stochastic_code(abs: u32, s: &Spec, r: u32) -> u32 {
     let exp32 = (abs >> 23) as i32;
     // value = m * 2^(e - 23) with m holding its implicit bit (f32 subnormals: e = -126, no implicit bit).
-    let m = if exp32 == 0 { abs } else { (abs & 0x7F_FFFF) | 0x80_0000 };
+    let m = if exp32 == 0 {
+        abs
+    } else {
+        (abs & 0x7F_FFFF) | 0x80_0000
+    };
     let e = exp32.max(1) - 127;
     let emin = 1 - s.bias;
     let shift = (23 - s.man_bits as i32 + (emin - e).max(0)).min(31) as u32;
