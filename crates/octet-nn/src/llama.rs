@@ -1,0 +1,484 @@
+//! A Llama-style decoder with explicit forward and backward.
+//!
+//! token embedding -> L x [RMSNorm -> q,k,v (GQA) -> RoPE -> causal attention
+//! -> o, residual; RMSNorm -> gate, up -> SwiGLU -> down, residual] -> RMSNorm
+//! -> LM head -> cross-entropy. Every matrix product of the blocks is a
+//! [`Linear`] under the model's recipe; the embedding and the LM head stay in
+//! high precision (as Transformer Engine and torchao users keep them).
+//! Parameters carry Hugging Face Llama names, so checkpoints round-trip.
+
+use crate::attention::{attention_backward, attention_forward, AttentionSaved};
+use crate::embedding::Embedding;
+use crate::linear::{Linear, LinearSaved};
+use crate::loss::cross_entropy;
+use crate::norm::{RmsNorm, RmsNormSaved};
+use crate::rope::Rope;
+use crate::swiglu::{swiglu_backward, swiglu_forward, SwigluSaved};
+use crate::{Error, Result};
+use octet_fp8::Recipe;
+use octet_tensor::{cpu, DType, Tensor};
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use std::collections::HashMap;
+
+/// Model dimensions, with Hugging Face `config.json` field names.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct LlamaConfig {
+    /// Vocabulary size `V`.
+    pub vocab_size: usize,
+    /// Model width `C`.
+    pub hidden_size: usize,
+    /// MLP width `F`.
+    pub intermediate_size: usize,
+    /// Blocks `L`.
+    pub num_hidden_layers: usize,
+    /// Query heads `Hq`.
+    pub num_attention_heads: usize,
+    /// Key/value heads `Hkv` (divides `Hq`).
+    pub num_key_value_heads: usize,
+    /// Longest sequence the rotary tables cover.
+    pub max_position_embeddings: usize,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f64,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// Whether the LM head shares the embedding matrix (not supported yet).
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+}
+
+impl LlamaConfig {
+    /// Named presets: `tiny` (tests), `small` (the CPU default, ~0.8M parameters), `1b` (the GPU target shape).
+    pub fn preset(name: &str) -> Result<LlamaConfig> {
+        let (c, f, l, h, kv, t) = match name {
+            "tiny" => (32, 64, 2, 4, 2, 64),
+            "small" => (128, 352, 4, 4, 2, 256),
+            "medium" => (512, 1408, 8, 8, 4, 1024),
+            "1b" => (2048, 5632, 16, 16, 16, 2048),
+            other => return Err(Error::Config(format!("unknown model preset '{other}' (tiny, small, medium, 1b)"))),
+        };
+        let cfg = LlamaConfig {
+            vocab_size: 256,
+            hidden_size: c,
+            intermediate_size: f,
+            num_hidden_layers: l,
+            num_attention_heads: h,
+            num_key_value_heads: kv,
+            max_position_embeddings: t,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10000.0,
+            tie_word_embeddings: false,
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Head dimension `D = C / Hq`.
+    pub fn head_dim(&self) -> usize {
+        self.hidden_size / self.num_attention_heads.max(1)
+    }
+
+    /// Check the dimensions fit together.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Config(m));
+        if self.vocab_size == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
+            return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+            return bad(format!("hidden_size {} is not a multiple of {} heads", self.hidden_size, self.num_attention_heads));
+        }
+        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
+            return bad(format!(
+                "{} query heads are not a multiple of {} key/value heads",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim() % 2 != 0 {
+            return bad(format!("head_dim {} must be even for rotary embeddings", self.head_dim()));
+        }
+        if self.tie_word_embeddings {
+            return bad("tied embeddings are not supported yet: set tie_word_embeddings = false".into());
+        }
+        Ok(())
+    }
+
+    /// Parameter count.
+    pub fn num_params(&self) -> usize {
+        let (c, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
+        let kv = self.num_key_value_heads * self.head_dim();
+        let block = 2 * c + 2 * c * c + 2 * c * kv + 3 * c * f;
+        2 * v * c + self.num_hidden_layers * block + c
+    }
+}
+
+/// One decoder block.
+#[derive(Clone, Debug)]
+pub struct Block {
+    attn_norm: RmsNorm,
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    mlp_norm: RmsNorm,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+/// What a block's backward reads.
+#[derive(Clone, Debug)]
+pub struct BlockSaved {
+    /// `(B, T, Hq, D)` of the attention output.
+    attn_shape: [usize; 4],
+    attn_norm: RmsNormSaved,
+    q: LinearSaved,
+    k: LinearSaved,
+    v: LinearSaved,
+    attn: AttentionSaved,
+    o: LinearSaved,
+    mlp_norm: RmsNormSaved,
+    gate: LinearSaved,
+    up: LinearSaved,
+    swiglu: SwigluSaved,
+    down: LinearSaved,
+}
+
+impl BlockSaved {
+    /// Bytes kept for backward.
+    pub fn bytes(&self) -> usize {
+        self.attn_norm.bytes()
+            + self.q.bytes()
+            + self.k.bytes()
+            + self.v.bytes()
+            + self.attn.bytes()
+            + self.o.bytes()
+            + self.mlp_norm.bytes()
+            + self.gate.bytes()
+            + self.up.bytes()
+            + self.swiglu.bytes()
+            + self.down.bytes()
+    }
+}
+
+/// The model.
+#[derive(Clone, Debug)]
+pub struct Llama {
+    /// Dimensions.
+    pub cfg: LlamaConfig,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+    rope: Rope,
+}
+
+/// What the model's backward reads.
+#[derive(Clone, Debug)]
+pub struct LlamaSaved {
+    tokens: Vec<u32>,
+    blocks: Vec<BlockSaved>,
+    norm: RmsNormSaved,
+    head: LinearSaved,
+    d_logits: Tensor,
+}
+
+impl LlamaSaved {
+    /// Bytes kept for backward (activations, FP8 copies, the logits gradient).
+    pub fn bytes(&self) -> usize {
+        self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
+            + self.norm.bytes()
+            + self.head.bytes()
+            + self.d_logits.bytes()
+    }
+}
+
+fn block_names(i: usize) -> [String; 9] {
+    let p = format!("model.layers.{i}");
+    [
+        format!("{p}.input_layernorm.weight"),
+        format!("{p}.self_attn.q_proj.weight"),
+        format!("{p}.self_attn.k_proj.weight"),
+        format!("{p}.self_attn.v_proj.weight"),
+        format!("{p}.self_attn.o_proj.weight"),
+        format!("{p}.post_attention_layernorm.weight"),
+        format!("{p}.mlp.gate_proj.weight"),
+        format!("{p}.mlp.up_proj.weight"),
+        format!("{p}.mlp.down_proj.weight"),
+    ]
+}
+
+impl Llama {
+    /// Expected `(name, shape)` of every parameter, in the model's order.
+    pub fn param_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
+        let (c, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let kv = cfg.num_key_value_heads * cfg.head_dim();
+        let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, c])];
+        for i in 0..cfg.num_hidden_layers {
+            let shapes = [vec![c], vec![c, c], vec![kv, c], vec![kv, c], vec![c, c], vec![c], vec![f, c], vec![f, c], vec![c, f]];
+            out.extend(block_names(i).into_iter().zip(shapes));
+        }
+        out.push(("model.norm.weight".into(), vec![c]));
+        out.push(("lm_head.weight".into(), vec![v, c]));
+        out
+    }
+
+    /// A randomly initialised model (normal(0, 0.02) matrices, the output
+    /// projections scaled by 1/sqrt(2L) as GPT-2 does, unit norm gains).
+    pub fn new_random(cfg: &LlamaConfig, dtype: DType, recipe: Option<Recipe>, seed: u64) -> Result<Llama> {
+        cfg.validate()?;
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let resid = 0.02 / (2.0 * cfg.num_hidden_layers as f64).sqrt();
+        let mut weights = HashMap::new();
+        for (name, shape) in Llama::param_shapes(cfg) {
+            let n: usize = shape.iter().product();
+            let data: Vec<f64> = if shape.len() == 1 {
+                vec![1.0; n]
+            } else {
+                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") { resid } else { 0.02 };
+                (0..n).map(|_| std * <StandardNormal as Distribution<f64>>::sample(&StandardNormal, &mut rng)).collect()
+            };
+            weights.insert(name, Tensor::from_f64(&shape, data)?.to_dtype(dtype));
+        }
+        Llama::from_weights(cfg, weights, recipe)
+    }
+
+    /// A model from named weights (e.g. a checkpoint); every tensor must be
+    /// present with its exact shape, and no unknown tensor may remain.
+    pub fn from_weights(cfg: &LlamaConfig, mut w: HashMap<String, Tensor>, recipe: Option<Recipe>) -> Result<Llama> {
+        cfg.validate()?;
+        let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let t = w.remove(name).ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
+            if t.shape() != shape {
+                return Err(Error::Config(format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape())));
+            }
+            Ok(t)
+        };
+        let shapes = Llama::param_shapes(cfg);
+        let mut it = shapes.iter();
+        let mut next = || -> Result<Tensor> {
+            let (n, s) = it.next().ok_or_else(|| Error::Config("parameter list exhausted".into()))?;
+            take(n, s)
+        };
+        let eps = cfg.rms_norm_eps;
+        let lin = |t: Tensor| Linear::new(t, None, recipe, true);
+        let embed = Embedding::new(next()?)?;
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for _ in 0..cfg.num_hidden_layers {
+            blocks.push(Block {
+                attn_norm: RmsNorm::new(next()?, eps)?,
+                q: lin(next()?)?,
+                k: lin(next()?)?,
+                v: lin(next()?)?,
+                o: lin(next()?)?,
+                mlp_norm: RmsNorm::new(next()?, eps)?,
+                gate: lin(next()?)?,
+                up: lin(next()?)?,
+                down: lin(next()?)?,
+            });
+        }
+        let norm = RmsNorm::new(next()?, eps)?;
+        let lm_head = Linear::new(next()?, None, None, true)?;
+        drop(next);
+        drop(take);
+        if let Some(extra) = w.keys().next() {
+            return Err(Error::Config(format!("unexpected tensor {extra} for this config")));
+        }
+        let rope = Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)?;
+        Ok(Llama { cfg: cfg.clone(), embed, blocks, norm, lm_head, rope })
+    }
+
+    /// Parameters in order, with their Hugging Face names.
+    pub fn params(&self) -> Vec<(String, &Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed.weight)];
+        for (i, b) in self.blocks.iter().enumerate() {
+            let ts = [
+                &b.attn_norm.weight,
+                &b.q.weight,
+                &b.k.weight,
+                &b.v.weight,
+                &b.o.weight,
+                &b.mlp_norm.weight,
+                &b.gate.weight,
+                &b.up.weight,
+                &b.down.weight,
+            ];
+            out.extend(block_names(i).into_iter().zip(ts));
+        }
+        out.push(("model.norm.weight".into(), &self.norm.weight));
+        out.push(("lm_head.weight".into(), &self.lm_head.weight));
+        out
+    }
+
+    /// Mutable parameters in the same order as [`Llama::params`].
+    pub fn params_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        let mut out = vec![("model.embed_tokens.weight".to_string(), &mut self.embed.weight)];
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            let ts = [
+                &mut b.attn_norm.weight,
+                &mut b.q.weight,
+                &mut b.k.weight,
+                &mut b.v.weight,
+                &mut b.o.weight,
+                &mut b.mlp_norm.weight,
+                &mut b.gate.weight,
+                &mut b.up.weight,
+                &mut b.down.weight,
+            ];
+            out.extend(block_names(i).into_iter().zip(ts));
+        }
+        out.push(("model.norm.weight".into(), &mut self.norm.weight));
+        out.push(("lm_head.weight".into(), &mut self.lm_head.weight));
+        out
+    }
+
+    /// The block linears, for scale updates and telemetry.
+    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
+        self.blocks
+            .iter_mut()
+            .flat_map(|b| [&mut b.q, &mut b.k, &mut b.v, &mut b.o, &mut b.gate, &mut b.up, &mut b.down])
+    }
+
+    /// End of an optimizer step: roll delayed-scaling histories (no-op for other recipes).
+    pub fn update_scales(&mut self) {
+        self.linears_mut().for_each(Linear::update_scales);
+    }
+
+    fn check_tokens(&self, tokens: &[u32], b: usize, t: usize) -> Result<()> {
+        if b == 0 || t == 0 || tokens.len() != b * t {
+            return Err(Error::Shape(format!("{} tokens for batch {b} x sequence {t}", tokens.len())));
+        }
+        if t > self.cfg.max_position_embeddings {
+            return Err(Error::Shape(format!(
+                "sequence {t} exceeds max_position_embeddings {}",
+                self.cfg.max_position_embeddings
+            )));
+        }
+        Ok(())
+    }
+
+    /// Forward and loss on `tokens (B, T)` with next-token `targets (B, T)`:
+    /// returns the mean cross-entropy and what backward needs.
+    pub fn forward(&mut self, tokens: &[u32], targets: &[u32], b: usize, t: usize) -> Result<(f64, LlamaSaved)> {
+        self.check_tokens(tokens, b, t)?;
+        if targets.len() != tokens.len() {
+            return Err(Error::Shape(format!("{} targets for {} tokens", targets.len(), tokens.len())));
+        }
+        let mut x = self.embed.forward(tokens)?; // (B*T, C)
+        let mut saved_blocks = Vec::with_capacity(self.blocks.len());
+        let rope = &self.rope;
+        for blk in &mut self.blocks {
+            let (y, s) = block_forward(blk, rope, &x, b, t, &self.cfg)?;
+            x = y;
+            saved_blocks.push(s);
+        }
+        let (h, norm) = self.norm.forward(&x)?; // (B*T, C)
+        let (logits, head) = self.lm_head.forward(&h, true)?; // (B*T, V)
+        let (loss, d_logits) = cross_entropy(&logits, targets)?;
+        if !loss.is_finite() {
+            return Err(Error::NonFinite(format!("loss is {loss}")));
+        }
+        Ok((loss, LlamaSaved { tokens: tokens.to_vec(), blocks: saved_blocks, norm, head, d_logits }))
+    }
+
+    /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward).
+    pub fn logits(&mut self, tokens: &[u32], b: usize, t: usize) -> Result<Tensor> {
+        self.check_tokens(tokens, b, t)?;
+        let mut x = self.embed.forward(tokens)?;
+        let rope = &self.rope;
+        for blk in &mut self.blocks {
+            x = block_forward(blk, rope, &x, b, t, &self.cfg)?.0;
+        }
+        let (h, _) = self.norm.forward(&x)?;
+        Ok(self.lm_head.forward(&h, false)?.0)
+    }
+
+    /// Backward of the loss: gradients in [`Llama::params`] order (f32, or f64 for an f64 model).
+    pub fn backward(&mut self, saved: LlamaSaved) -> Result<Vec<(String, Tensor)>> {
+        let LlamaSaved { tokens, blocks, norm, head, d_logits } = saved;
+        let b_head = self.lm_head.backward(head, &d_logits)?;
+        let dh = b_head.d_input.ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
+        let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
+        let mut block_grads = Vec::with_capacity(self.blocks.len());
+        for (blk, s) in self.blocks.iter_mut().zip(blocks).rev() {
+            let (dprev, g) = block_backward(blk, &self.rope, s, &dx)?;
+            dx = dprev;
+            block_grads.push(g);
+        }
+        block_grads.reverse();
+        let d_embed = self.embed.backward(&tokens, &dx)?;
+        let mut grads = vec![d_embed];
+        grads.extend(block_grads.into_iter().flatten());
+        grads.push(d_norm);
+        grads.push(b_head.d_weight.ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?);
+        let names = Llama::param_shapes(&self.cfg).into_iter().map(|(n, _)| n);
+        Ok(names.zip(grads).collect())
+    }
+}
+
+fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
+    t.ok_or_else(|| Error::Shape(format!("missing gradient: {what}")))
+}
+
+/// `x (B*T, C) -> (B*T, C)` through one block.
+fn block_forward(blk: &mut Block, rope: &Rope, x: &Tensor, b: usize, t: usize, cfg: &LlamaConfig) -> Result<(Tensor, BlockSaved)> {
+    let (hq, hkv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim());
+    let (h, attn_norm) = blk.attn_norm.forward(x)?; // (B*T, C)
+    let (q, sq) = blk.q.forward(&h, true)?; // (B*T, Hq*D)
+    let (k, sk) = blk.k.forward(&h, true)?; // (B*T, Hkv*D)
+    let (v, sv) = blk.v.forward(&h, true)?; // (B*T, Hkv*D)
+    let q = rope.forward(&q.reshape(&[b, t, hq, d])?)?; // (B, T, Hq, D)
+    let k = rope.forward(&k.reshape(&[b, t, hkv, d])?)?; // (B, T, Hkv, D)
+    let v = v.reshape(&[b, t, hkv, d])?;
+    let (a, attn) = attention_forward(&q, &k, &v)?; // (B, T, Hq, D)
+    let (o, so) = blk.o.forward(&a.reshape(&[b * t, hq * d])?, true)?; // (B*T, C)
+    let x1 = cpu::add(x, &o)?;
+    let (h2, mlp_norm) = blk.mlp_norm.forward(&x1)?;
+    let (g, sg) = blk.gate.forward(&h2, true)?; // (B*T, F)
+    let (u, su) = blk.up.forward(&h2, true)?; // (B*T, F)
+    let (act, swiglu) = swiglu_forward(&g, &u)?; // (B*T, F)
+    let (dn, sd) = blk.down.forward(&act, true)?; // (B*T, C)
+    let x2 = cpu::add(&x1, &dn)?;
+    let attn_shape = [b, t, hq, d];
+    let saved = BlockSaved { attn_shape, attn_norm, q: sq, k: sk, v: sv, attn, o: so, mlp_norm, gate: sg, up: su, swiglu, down: sd };
+    Ok((x2, saved))
+}
+
+/// Backward of one block from `dx2 (B*T, C)`: the input gradient and the
+/// nine parameter gradients in [`block_names`] order.
+fn block_backward(blk: &mut Block, rope: &Rope, s: BlockSaved, dx2: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+    let bt = dx2.shape()[0];
+    let down = blk.down.backward(s.down, dx2)?;
+    let (dg, du) = swiglu_backward(s.swiglu, &need(down.d_input, "down input")?)?;
+    let gate = blk.gate.backward(s.gate, &dg)?;
+    let up = blk.up.backward(s.up, &du)?;
+    let dh2 = cpu::add(&need(gate.d_input, "gate input")?, &need(up.d_input, "up input")?)?;
+    let (dx1_norm, d_mlp_norm) = blk.mlp_norm.backward(s.mlp_norm, &dh2)?;
+    let dx1 = cpu::add(dx2, &dx1_norm)?;
+    let o = blk.o.backward(s.o, &dx1)?;
+    let da = need(o.d_input, "o input")?.reshape(&s.attn_shape)?; // (B, T, Hq, D)
+    let (dq, dk, dv) = attention_backward(s.attn, &da)?;
+    let dq = rope.backward(&dq)?;
+    let dk = rope.backward(&dk)?;
+    let flat = |t: Tensor| -> Result<Tensor> {
+        let n = t.numel() / bt;
+        Ok(t.reshape(&[bt, n])?)
+    };
+    let q = blk.q.backward(s.q, &flat(dq)?)?;
+    let k = blk.k.backward(s.k, &flat(dk)?)?;
+    let v = blk.v.backward(s.v, &flat(dv)?)?;
+    let dh = cpu::add(&cpu::add(&need(q.d_input, "q input")?, &need(k.d_input, "k input")?)?, &need(v.d_input, "v input")?)?;
+    let (dx_norm, d_attn_norm) = blk.attn_norm.backward(s.attn_norm, &dh)?;
+    let dx = cpu::add(&dx1, &dx_norm)?;
+    let grads = vec![
+        d_attn_norm,
+        need(q.d_weight, "q_proj")?,
+        need(k.d_weight, "k_proj")?,
+        need(v.d_weight, "v_proj")?,
+        need(o.d_weight, "o_proj")?,
+        d_mlp_norm,
+        need(gate.d_weight, "gate_proj")?,
+        need(up.d_weight, "up_proj")?,
+        need(down.d_weight, "down_proj")?,
+    ];
+    Ok((dx, grads))
+}

@@ -1,0 +1,189 @@
+//! Checkpoints: safetensors with Hugging Face Llama names plus `config.json`,
+//! and the optimizer state in a second file. Every file is written atomically
+//! (temp file, fsync, rename), and a checkpoint directory appears only whole
+//! (written under a temporary name, then renamed).
+//!
+//! Layout of `dir/`:
+//! - `model.safetensors`: the weights (`model.embed_tokens.weight`, ...)
+//! - `config.json`: `LlamaConfig` in Hugging Face's form
+//! - `optimizer.safetensors`: per parameter `<name>.master`, `<name>.exp_avg`,
+//!   `<name>.exp_avg_sq` (f32), metadata `step` and `trainer` (JSON)
+
+use crate::optim::{AdamW, AdamWConfig, ParamState};
+use crate::{Error, Result};
+use half::{bf16, f16};
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::{DType, Tensor};
+use safetensors::tensor::{Dtype, TensorView};
+use safetensors::SafeTensors;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Write `bytes` to `path` atomically: a temp file beside it, fsync, rename, fsync the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let io = |e: std::io::Error| Error::Checkpoint(format!("writing {}: {e}", path.display()));
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(io)?;
+        f.write_all(bytes).map_err(io)?;
+        f.sync_all().map_err(io)?;
+    }
+    std::fs::rename(&tmp, path).map_err(io)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all(); // not every filesystem allows fsync on a directory
+    }
+    Ok(())
+}
+
+fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
+    match t.dtype() {
+        DType::F32 => (Dtype::F32, t.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::F64 => (Dtype::F64, t.to_f64_vec().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::Bf16 => (
+            Dtype::BF16,
+            t.as_bf16().unwrap_or_default().iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+        ),
+    }
+}
+
+/// Serialize named tensors (with optional string metadata) to safetensors bytes.
+pub fn serialize(tensors: &[(String, Tensor)], meta: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+    let owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, t)| {
+            let (d, b) = to_bytes(t);
+            (n.clone(), d, t.shape().to_vec(), b)
+        })
+        .collect();
+    let mut views = Vec::with_capacity(owned.len());
+    for (n, d, s, b) in &owned {
+        let v = TensorView::new(*d, s.clone(), b).map_err(|e| Error::Checkpoint(format!("tensor {n}: {e}")))?;
+        views.push((n.clone(), v));
+    }
+    safetensors::serialize(views, meta).map_err(|e| Error::Checkpoint(format!("serialize: {e}")))
+}
+
+/// Read every tensor of a safetensors file into f32/bf16/f64 tensors (f16 widens to f32).
+pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<String, String>)> {
+    let bytes = std::fs::read(path).map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
+    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
+    let meta = header.metadata().clone().unwrap_or_default();
+    let mut out = HashMap::new();
+    for (name, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        let d = view.data();
+        let t = match view.dtype() {
+            Dtype::F32 => Tensor::from_f32(&shape, d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            Dtype::F64 => Tensor::from_f64(
+                &shape,
+                d.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+            ),
+            Dtype::BF16 => Tensor::from_bf16(&shape, d.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()),
+            Dtype::F16 => Tensor::from_f32(&shape, d.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()),
+            other => return Err(bad(format!("tensor {name} has dtype {other:?}; expected F32, BF16, F16 or F64"))),
+        }
+        .map_err(|e| bad(format!("tensor {name}: {e}")))?;
+        out.insert(name, t);
+    }
+    Ok((out, meta))
+}
+
+/// Save the model weights and `config.json` into `dir` (created if needed).
+pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
+    let tensors: Vec<(String, Tensor)> = model.params().into_iter().map(|(n, t)| (n, t.clone())).collect();
+    let dtype = tensors.first().map(|(_, t)| t.dtype()).unwrap_or(DType::F32);
+    write_atomic(&dir.join("model.safetensors"), &serialize(&tensors, None)?)?;
+    let mut cfg = serde_json::to_value(&model.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
+    if let Some(o) = cfg.as_object_mut() {
+        o.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        o.insert("model_type".into(), "llama".into());
+        let td = match dtype {
+            DType::Bf16 => "bfloat16",
+            DType::F64 => "float64",
+            DType::F32 => "float32",
+        };
+        o.insert("torch_dtype".into(), td.into());
+    }
+    let text = serde_json::to_string_pretty(&cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
+    write_atomic(&dir.join("config.json"), text.as_bytes())
+}
+
+/// Read `config.json` from a checkpoint directory.
+pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
+    let p = dir.join("config.json");
+    let text = std::fs::read_to_string(&p).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    serde_json::from_str(&text).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
+}
+
+/// Load the weights of a checkpoint directory, converted to `dtype`; errors name the tensor.
+pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>> {
+    let (w, _) = read_tensors(&dir.join("model.safetensors"))?;
+    Ok(w.into_iter().map(|(n, t)| (n, t.to_dtype(dtype))).collect())
+}
+
+/// Save the optimizer state with `trainer` metadata (JSON text) into `dir`.
+pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str) -> Result<()> {
+    let mut tensors = Vec::with_capacity(3 * opt.states.len());
+    for s in &opt.states {
+        for (suffix, v) in [("master", &s.master), ("exp_avg", &s.m), ("exp_avg_sq", &s.v)] {
+            tensors.push((format!("{}.{suffix}", s.name), Tensor::from_f32(&s.shape, v.clone())?));
+        }
+    }
+    let meta = HashMap::from([
+        ("step".to_string(), opt.step.to_string()),
+        ("adamw".to_string(), serde_json::to_string(&opt.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?),
+        ("trainer".to_string(), trainer.to_string()),
+    ]);
+    write_atomic(&dir.join("optimizer.safetensors"), &serialize(&tensors, Some(meta))?)
+}
+
+/// Load the optimizer state for `model`'s parameters; returns it and the trainer metadata.
+pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
+    let path = dir.join("optimizer.safetensors");
+    let (mut t, meta) = read_tensors(&path)?;
+    let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
+    let step = meta.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("missing step".into()))?;
+    let cfg: AdamWConfig = meta
+        .get("adamw")
+        .and_then(|s| serde_json::from_str(s).ok())
+        .ok_or_else(|| bad("missing adamw config".into()))?;
+    let mut states = Vec::new();
+    for (name, p) in model.params() {
+        let mut take = |suffix: &str| -> Result<Vec<f32>> {
+            let key = format!("{name}.{suffix}");
+            let v = t.remove(&key).ok_or_else(|| bad(format!("missing tensor {key}")))?;
+            if v.shape() != p.shape() {
+                return Err(bad(format!("tensor {key} has shape {:?}, parameter is {:?}", v.shape(), p.shape())));
+            }
+            Ok(v.to_f32_vec())
+        };
+        let (master, m, v) = (take("master")?, take("exp_avg")?, take("exp_avg_sq")?);
+        states.push(ParamState { name: name.clone(), shape: p.shape().to_vec(), master, m, v, decay: p.shape().len() >= 2 });
+    }
+    let trainer = meta.get("trainer").cloned().unwrap_or_default();
+    Ok((AdamW { cfg, states, step }, trainer))
+}
+
+/// Write a full checkpoint to `parent/name` so that it appears only whole:
+/// files go to a temporary sibling directory that is renamed at the end.
+pub fn save_checkpoint(parent: &Path, name: &str, model: &Llama, opt: &AdamW, trainer: &str) -> Result<PathBuf> {
+    let io = |e: std::io::Error| Error::Checkpoint(format!("{}: {e}", parent.display()));
+    std::fs::create_dir_all(parent).map_err(io)?;
+    let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    save_model(&tmp, model)?;
+    save_optimizer(&tmp, opt, trainer)?;
+    let dst = parent.join(name);
+    if dst.exists() {
+        std::fs::remove_dir_all(&dst).map_err(io)?;
+    }
+    std::fs::rename(&tmp, &dst).map_err(io)?;
+    write_atomic(&parent.join("latest"), name.as_bytes())?;
+    Ok(dst)
+}

@@ -1,0 +1,164 @@
+//! Training data: a byte-level tokenizer, text or pre-tokenized token files,
+//! a train/validation split, and deterministic batch sampling.
+//!
+//! Batches are drawn by a generator seeded from `(seed, step)`, so a resumed
+//! run sees exactly the batches the uninterrupted run would have seen without
+//! saving any generator state.
+
+use crate::{Error, Result};
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+
+/// Tiny Shakespeare (public domain), the embedded default corpus.
+pub const DEFAULT_CORPUS: &str = include_str!("../data/tinyshakespeare.txt");
+
+/// Byte-level tokenizer: token id = byte value, vocabulary of 256.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByteTokenizer;
+
+impl ByteTokenizer {
+    /// Vocabulary size.
+    pub const VOCAB: usize = 256;
+
+    /// Encode text into token ids.
+    pub fn encode(&self, text: &str) -> Vec<u32> {
+        text.bytes().map(u32::from).collect()
+    }
+
+    /// Decode token ids (ids above 255 and invalid UTF-8 show as U+FFFD).
+    pub fn decode(&self, tokens: &[u32]) -> String {
+        let bytes: Vec<u8> = tokens.iter().map(|&t| u8::try_from(t).unwrap_or(b'?')).collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// A tokenized corpus split into training and validation streams.
+#[derive(Clone, Debug)]
+pub struct Dataset {
+    /// Training tokens.
+    pub train: Vec<u32>,
+    /// Validation tokens (the last `val_fraction` of the stream).
+    pub val: Vec<u32>,
+    /// Vocabulary size the tokens index into.
+    pub vocab: usize,
+}
+
+impl Dataset {
+    /// Split `tokens` into train and the trailing `val_fraction` for validation.
+    pub fn from_tokens(tokens: Vec<u32>, vocab: usize, val_fraction: f64) -> Result<Dataset> {
+        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+            return Err(Error::Data(format!("token {t} at position {i} is outside the vocabulary of {vocab}")));
+        }
+        let n_val = ((tokens.len() as f64) * val_fraction.clamp(0.0, 0.5)) as usize;
+        let split = tokens.len() - n_val;
+        let val = tokens[split..].to_vec();
+        let mut train = tokens;
+        train.truncate(split);
+        Ok(Dataset { train, val, vocab })
+    }
+
+    /// The embedded Tiny Shakespeare corpus, byte-level, 10% validation.
+    pub fn default_corpus() -> Dataset {
+        let tokens = ByteTokenizer.encode(DEFAULT_CORPUS);
+        // Byte ids are always < 256, so this cannot fail.
+        Dataset::from_tokens(tokens, ByteTokenizer::VOCAB, 0.1).unwrap_or_else(|_| unreachable!())
+    }
+
+    /// Load a text file, a directory of `.txt` files (sorted by name), or a
+    /// pre-tokenized `.bin` file of little-endian u16 (or u32 with `.u32.bin`).
+    pub fn load(path: &Path, vocab: usize, val_fraction: f64) -> Result<Dataset> {
+        let io = |e: std::io::Error| Error::Data(format!("{}: {e}", path.display()));
+        let name = path.to_string_lossy();
+        let tokens = if path.is_dir() {
+            let mut files: Vec<_> = std::fs::read_dir(path)
+                .map_err(io)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "txt"))
+                .collect();
+            files.sort();
+            if files.is_empty() {
+                return Err(Error::Data(format!("{}: no .txt files in this directory", path.display())));
+            }
+            let mut text = String::new();
+            for f in files {
+                text.push_str(&std::fs::read_to_string(&f).map_err(|e| Error::Data(format!("{}: {e}", f.display())))?);
+            }
+            ByteTokenizer.encode(&text)
+        } else if name.ends_with(".u32.bin") {
+            let b = std::fs::read(path).map_err(io)?;
+            if b.len() % 4 != 0 {
+                return Err(Error::Data(format!("{name}: {} bytes is not a whole number of u32 tokens", b.len())));
+            }
+            b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        } else if name.ends_with(".bin") {
+            let b = std::fs::read(path).map_err(io)?;
+            if b.len() % 2 != 0 {
+                return Err(Error::Data(format!("{name}: {} bytes is not a whole number of u16 tokens", b.len())));
+            }
+            b.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect()
+        } else {
+            ByteTokenizer.encode(&std::fs::read_to_string(path).map_err(io)?)
+        };
+        Dataset::from_tokens(tokens, vocab, val_fraction)
+    }
+
+    /// A batch of `batch` windows of `seq + 1` tokens from `split`, drawn by a
+    /// generator seeded with `(seed, step)`: returns inputs and targets, each
+    /// `batch * seq` tokens, row-major `(B, T)`.
+    pub fn batch(&self, split: Split, batch: usize, seq: usize, seed: u64, step: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+        let data = match split {
+            Split::Train => &self.train,
+            Split::Val => &self.val,
+        };
+        if data.len() <= seq + 1 {
+            return Err(Error::Data(format!(
+                "the {split:?} split has {} tokens, fewer than one window of {} (lower --seq or add data)",
+                data.len(),
+                seq + 1
+            )));
+        }
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ split as u64);
+        let mut x = Vec::with_capacity(batch * seq);
+        let mut y = Vec::with_capacity(batch * seq);
+        for _ in 0..batch {
+            let start = rng.random_range(0..data.len() - seq - 1);
+            x.extend_from_slice(&data[start..start + seq]);
+            y.extend_from_slice(&data[start + 1..start + seq + 1]);
+        }
+        Ok((x, y))
+    }
+}
+
+/// Which stream to draw from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Split {
+    /// Training stream.
+    Train = 0,
+    /// Validation stream.
+    Val = 1,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_shifted_windows_and_reproducible() {
+        let d = Dataset::default_corpus();
+        assert!(d.train.len() > 900_000 && d.val.len() > 100_000);
+        let (x, y) = d.batch(Split::Train, 3, 16, 7, 42).unwrap();
+        assert_eq!((x.len(), y.len()), (48, 48));
+        assert_eq!(&x[1..16], &y[..15], "targets are inputs shifted by one");
+        assert_eq!(d.batch(Split::Train, 3, 16, 7, 42).unwrap(), (x.clone(), y));
+        assert_ne!(d.batch(Split::Train, 3, 16, 7, 43).unwrap().0, x);
+        assert_eq!(ByteTokenizer.decode(&ByteTokenizer.encode("First Citizen:")), "First Citizen:");
+    }
+
+    #[test]
+    fn bad_data_is_an_error() {
+        assert!(Dataset::from_tokens(vec![1, 2, 300], 256, 0.1).is_err());
+        let d = Dataset::from_tokens(vec![1; 10], 256, 0.1).unwrap();
+        assert!(d.batch(Split::Train, 1, 16, 0, 0).is_err());
+        assert!(Dataset::load(Path::new("/nonexistent/file.txt"), 256, 0.1).is_err());
+    }
+}

@@ -1,0 +1,51 @@
+//! Metrics as JSON lines: one object per logged step or evaluation.
+
+use crate::Result;
+use std::io::Write;
+use std::path::Path;
+
+/// What one training step reports.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct StepMetrics {
+    /// Step index (1-based: steps completed).
+    pub step: u64,
+    /// Mean training loss over the step's micro-batches.
+    pub loss: f64,
+    /// Validation loss, on evaluation steps.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
+    /// Learning rate used.
+    pub lr: f32,
+    /// Global gradient norm before clipping.
+    pub grad_norm: f32,
+    /// Tokens per second of this step.
+    pub tokens_per_s: f64,
+    /// Seconds since the run started.
+    pub elapsed_s: f64,
+    /// Bytes the forward kept for backward (summed over micro-batches' peak).
+    pub saved_bytes: usize,
+}
+
+/// Appends JSON lines to a file.
+pub struct MetricsWriter {
+    file: std::fs::File,
+}
+
+impl MetricsWriter {
+    /// Open (append) `path`, creating its directory.
+    pub fn open(path: &Path) -> Result<MetricsWriter> {
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let file = std::fs::OpenOptions::new().create(true).append(true).open(path)?;
+        Ok(MetricsWriter { file })
+    }
+
+    /// Write one record.
+    pub fn write<T: serde::Serialize>(&mut self, record: &T) -> Result<()> {
+        let line = serde_json::to_string(record).map_err(|e| crate::Error::Train(e.to_string()))?;
+        writeln!(self.file, "{line}")?;
+        self.file.flush()?;
+        Ok(())
+    }
+}

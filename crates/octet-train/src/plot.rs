@@ -1,0 +1,98 @@
+//! Loss curves as PNG (plotters, bitmap backend).
+//!
+//! Text needs a TrueType font: the first of a few common system paths (or
+//! `OCTET_FONT`) is registered once. Without one, the curves are drawn with no
+//! labels rather than failing the run.
+
+use crate::{Error, Result};
+use plotters::prelude::*;
+use std::path::Path;
+use std::sync::OnceLock;
+
+const FONT_PATHS: [&str; 4] = [
+    "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/TTF/DejaVuSans.ttf",
+    "/usr/share/fonts/dejavu/DejaVuSans.ttf",
+    "/usr/share/fonts/truetype/liberation/LiberationSans-Regular.ttf",
+];
+
+/// Register a sans-serif font once; whether one is available.
+fn font_ready() -> bool {
+    static READY: OnceLock<bool> = OnceLock::new();
+    *READY.get_or_init(|| {
+        let env = std::env::var("OCTET_FONT").ok();
+        let found = env.iter().map(String::as_str).chain(FONT_PATHS).find_map(|p| std::fs::read(p).ok());
+        match found {
+            Some(bytes) => {
+                let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+                plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok()
+            }
+            None => false,
+        }
+    })
+}
+
+/// One named curve of `(x, y)` points.
+pub struct Series {
+    /// Legend label.
+    pub name: String,
+    /// Points, x ascending.
+    pub points: Vec<(f64, f64)>,
+}
+
+/// Draw `series` into a PNG at `path` (800x500) with a title and axis labels.
+pub fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<()> {
+    let err = |e: String| Error::Train(format!("plot {}: {e}", path.display()));
+    let pts = series.iter().flat_map(|s| s.points.iter()).filter(|p| p.1.is_finite());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
+    for &(x, y) in pts {
+        x0 = x0.min(x);
+        x1 = x1.max(x);
+        y0 = y0.min(y);
+        y1 = y1.max(y);
+    }
+    if x0 > x1 {
+        return Err(err("no finite points to plot".into()));
+    }
+    if x1 == x0 {
+        x1 = x0 + 1.0;
+    }
+    let pad = ((y1 - y0) * 0.05).max(1e-6);
+    let text = font_ready();
+    let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let mut builder = ChartBuilder::on(&root);
+    builder.margin(15);
+    if text {
+        builder.caption(title, ("sans-serif", 22)).x_label_area_size(40).y_label_area_size(60);
+    }
+    let mut chart = builder.build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad)).map_err(|e| err(e.to_string()))?;
+    let mut mesh = chart.configure_mesh();
+    if text {
+        mesh.x_desc(x_label).y_desc(y_label);
+    } else {
+        mesh.disable_x_axis().disable_y_axis();
+    }
+    mesh.draw().map_err(|e| err(e.to_string()))?;
+    for (i, s) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        let line = chart
+            .draw_series(LineSeries::new(s.points.iter().copied().filter(|p| p.1.is_finite()), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?;
+        if text {
+            line.label(s.name.clone())
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        }
+    }
+    if text {
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .label_font(("sans-serif", 14))
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+    }
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}

@@ -1,0 +1,342 @@
+//! The training loop: batches, forward, backward, AdamW, evaluation,
+//! checkpoints, metrics and a final text sample.
+//!
+//! Determinism: batches come from `(seed, step)`, initialisation from `seed`,
+//! and every kernel is deterministic on the CPU, so a run resumed from a
+//! checkpoint reproduces the uninterrupted run's losses exactly.
+
+use crate::checkpoint;
+use crate::data::{ByteTokenizer, Dataset, Split};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::{lr_at, AdamW, AdamWConfig};
+use crate::plot::{line_plot, Series};
+use crate::{Error, Result};
+use octet_fp8::{BackwardMode, Recipe};
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::{DType, Tensor};
+use rand::{Rng, SeedableRng};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Everything a run is configured by (serialised into checkpoints).
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TrainConfig {
+    /// Run name: outputs go to `out_dir/name`.
+    pub name: String,
+    /// Parent directory of runs.
+    pub out_dir: PathBuf,
+    /// Model preset (`tiny`, `small`, `medium`, `1b`), unless `model_config` is given.
+    pub model: String,
+    /// Explicit model dimensions (overrides `model`).
+    pub model_config: Option<LlamaConfig>,
+    /// Training data: a text file, a directory of .txt, or a .bin token file; `None` = embedded corpus.
+    pub data: Option<PathBuf>,
+    /// `bf16` (high precision, no FP8) or an FP8 recipe name (`Recipe::NAMES`).
+    pub recipe: String,
+    /// Backward mode of FP8 recipes.
+    pub backward: String,
+    /// Sequences per micro-batch.
+    pub batch: usize,
+    /// Tokens per sequence.
+    pub seq: usize,
+    /// Micro-batches per optimizer step.
+    pub grad_accum: usize,
+    /// Optimizer steps.
+    pub steps: u64,
+    /// Peak learning rate.
+    pub lr: f32,
+    /// Final learning rate of the cosine.
+    pub min_lr: f32,
+    /// Warmup steps.
+    pub warmup: u64,
+    /// AdamW settings.
+    pub adamw: AdamWConfig,
+    /// Seed of initialisation and batches.
+    pub seed: u64,
+    /// Evaluate every this many steps (and at the end).
+    pub eval_every: u64,
+    /// Validation batches per evaluation.
+    pub eval_batches: usize,
+    /// Checkpoint every this many steps (0 = only at the end).
+    pub ckpt_every: u64,
+    /// Tokens of generated text at the end (0 = none).
+    pub sample_tokens: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            name: "default".into(),
+            out_dir: PathBuf::from("runs"),
+            model: "small".into(),
+            model_config: None,
+            data: None,
+            recipe: "tensorwise".into(),
+            backward: "quantized".into(),
+            batch: 8,
+            seq: 128,
+            grad_accum: 1,
+            steps: 300,
+            lr: 3e-3,
+            min_lr: 3e-4,
+            warmup: 30,
+            adamw: AdamWConfig::default(),
+            seed: 1337,
+            eval_every: 50,
+            eval_batches: 8,
+            ckpt_every: 0,
+            sample_tokens: 200,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The model dimensions this config asks for.
+    pub fn llama_config(&self) -> Result<LlamaConfig> {
+        let mut cfg = match &self.model_config {
+            Some(c) => c.clone(),
+            None => LlamaConfig::preset(&self.model)?,
+        };
+        cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq);
+        Ok(cfg)
+    }
+
+    /// The recipe (`None` for the high-precision baseline), validated with the backward mode.
+    pub fn recipe(&self) -> Result<Option<Recipe>> {
+        if self.recipe == "bf16" || self.recipe == "hp" {
+            return Ok(None);
+        }
+        let r = Recipe::from_name(&self.recipe)?.with_backward(BackwardMode::from_name(&self.backward)?)?;
+        Ok(Some(r))
+    }
+
+    /// Check the numbers make sense.
+    pub fn validate(&self) -> Result<()> {
+        if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 || self.steps == 0 {
+            return Err(Error::Train("batch, seq, grad_accum and steps must be at least 1".into()));
+        }
+        if !(self.lr > 0.0 && self.lr.is_finite()) {
+            return Err(Error::Train(format!("learning rate {} must be positive", self.lr)));
+        }
+        self.recipe()?;
+        self.llama_config()?;
+        Ok(())
+    }
+}
+
+/// What the loop reports to its caller after each step (for a progress bar).
+pub trait Observer {
+    /// Called after every optimizer step.
+    fn step(&mut self, m: &StepMetrics, total: u64);
+    /// Free-form messages (evaluation, checkpoints).
+    fn note(&mut self, msg: &str);
+}
+
+/// An observer that prints nothing.
+pub struct Quiet;
+impl Observer for Quiet {
+    fn step(&mut self, _: &StepMetrics, _: u64) {}
+    fn note(&mut self, _: &str) {}
+}
+
+/// Summary of a finished run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct RunSummary {
+    /// Output directory.
+    pub dir: PathBuf,
+    /// Recipe string (`bf16` or the recipe's display form).
+    pub recipe: String,
+    /// Final training loss (last step).
+    pub final_loss: f64,
+    /// Final validation loss.
+    pub final_val_loss: f64,
+    /// Mean tokens per second over the run (excluding evaluation).
+    pub tokens_per_s: f64,
+    /// Largest saved-for-backward bytes of a step.
+    pub peak_saved_bytes: usize,
+    /// Every step's training loss (for resume checks and plots).
+    pub losses: Vec<f64>,
+    /// Generated sample text.
+    pub sample: String,
+    /// Parameters.
+    pub params: usize,
+}
+
+/// Mean validation loss over `n` deterministic batches.
+pub fn evaluate(model: &mut Llama, data: &Dataset, cfg: &TrainConfig, n: usize) -> Result<f64> {
+    let mut total = 0.0;
+    for i in 0..n {
+        let (x, y) = data.batch(Split::Val, cfg.batch, cfg.seq, cfg.seed, i as u64)?;
+        let logits = model.logits(&x, cfg.batch, cfg.seq)?;
+        total += octet_nn::loss::cross_entropy(&logits, &y)?.0;
+    }
+    Ok(total / n.max(1) as f64)
+}
+
+/// Sample `n` tokens after `prompt` with temperature and top-k (no KV cache: the
+/// context is re-run each token, fine for the short samples printed at the end).
+pub fn sample(model: &mut Llama, prompt: &[u32], n: usize, temperature: f32, top_k: usize, seed: u64) -> Result<Vec<u32>> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut toks = prompt.to_vec();
+    let ctx = model.cfg.max_position_embeddings;
+    for _ in 0..n {
+        let start = toks.len().saturating_sub(ctx);
+        let window = &toks[start..];
+        let logits = model.logits(window, 1, window.len())?;
+        let v = model.cfg.vocab_size;
+        let last: Vec<f32> = logits.to_f32_vec()[(window.len() - 1) * v..].to_vec();
+        let mut idx: Vec<usize> = (0..v).collect();
+        idx.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
+        idx.truncate(top_k.max(1));
+        let t = temperature.max(1e-3);
+        let m = last[idx[0]];
+        let w: Vec<f64> = idx.iter().map(|&i| (((last[i] - m) / t) as f64).exp()).collect();
+        let mut r = rng.random::<f64>() * w.iter().sum::<f64>();
+        let mut pick = idx[0];
+        for (&i, &wi) in idx.iter().zip(&w) {
+            if r < wi {
+                pick = i;
+                break;
+            }
+            r -= wi;
+        }
+        toks.push(pick as u32);
+    }
+    Ok(toks[prompt.len()..].to_vec())
+}
+
+fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) -> Result<()> {
+    match acc {
+        None => *acc = Some(g),
+        Some(a) => {
+            for ((_, x), (_, y)) in a.iter_mut().zip(g) {
+                *x = octet_tensor::cpu::add(x, &y)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Train from scratch, or resume from `resume` (a checkpoint directory).
+pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -> Result<RunSummary> {
+    cfg.validate()?;
+    let recipe = cfg.recipe()?;
+    let recipe_name = recipe.map_or("bf16".to_string(), |r| r.to_string());
+    let data = match &cfg.data {
+        Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
+        None => Dataset::default_corpus(),
+    };
+    let dir = cfg.out_dir.join(&cfg.name);
+    std::fs::create_dir_all(&dir)?;
+    let (mut model, mut opt) = match resume {
+        Some(ck) => {
+            let mcfg = checkpoint::load_config(ck)?;
+            let weights = checkpoint::load_weights(ck, DType::F32)?;
+            let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
+            let (opt, _) = checkpoint::load_optimizer(ck, &model)?;
+            opt.write_back(model.params_mut())?;
+            obs.note(&format!("resumed from {} at step {}", ck.display(), opt.step));
+            (model, opt)
+        }
+        None => {
+            let model = Llama::new_random(&cfg.llama_config()?, DType::F32, recipe, cfg.seed)?;
+            let opt = AdamW::new(&model.params(), cfg.adamw);
+            (model, opt)
+        }
+    };
+    let params = model.cfg.num_params();
+    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
+    let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
+    let t0 = Instant::now();
+    let mut losses = Vec::new();
+    let mut curve: Vec<(f64, f64)> = Vec::new();
+    let mut val_curve: Vec<(f64, f64)> = Vec::new();
+    let (mut tok_total, mut time_total, mut peak_saved) = (0usize, 0f64, 0usize);
+    let mut last_val = f64::NAN;
+    let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
+    while opt.step < cfg.steps {
+        let step = opt.step;
+        let ts = Instant::now();
+        let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
+        let mut grads = None;
+        let mut loss_sum = 0.0;
+        for micro in 0..cfg.grad_accum {
+            let (x, y) = data.batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, step * cfg.grad_accum as u64 + micro as u64)?;
+            let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| match e {
+                octet_nn::Error::NonFinite(m) => Error::NonFinite(format!("step {}: {m}", step + 1)),
+                e => e.into(),
+            })?;
+            peak_saved = peak_saved.max(saved.bytes());
+            loss_sum += loss;
+            add_grads(&mut grads, model.backward(saved)?)?;
+        }
+        let mut grads = grads.unwrap_or_default();
+        if cfg.grad_accum > 1 {
+            let s = 1.0 / cfg.grad_accum as f32;
+            for (_, g) in grads.iter_mut() {
+                *g = Tensor::from_f32(g.shape(), g.to_f32_vec().iter().map(|v| v * s).collect())?;
+            }
+        }
+        let grad_norm = opt.step(&grads, lr).map_err(|e| match e {
+            Error::NonFinite(m) => Error::NonFinite(format!("step {}: {m}; the last good checkpoint is kept", step + 1)),
+            e => e,
+        })?;
+        opt.write_back(model.params_mut())?;
+        model.update_scales();
+        let dt = ts.elapsed().as_secs_f64();
+        tok_total += tokens_per_step;
+        time_total += dt;
+        let loss = loss_sum / cfg.grad_accum as f64;
+        losses.push(loss);
+        curve.push((opt.step as f64, loss));
+        let mut m = StepMetrics {
+            step: opt.step,
+            loss,
+            val_loss: None,
+            lr,
+            grad_norm,
+            tokens_per_s: tokens_per_step as f64 / dt,
+            elapsed_s: t0.elapsed().as_secs_f64(),
+            saved_bytes: peak_saved,
+        };
+        let last = opt.step == cfg.steps;
+        if (cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last {
+            last_val = evaluate(&mut model, &data, cfg, cfg.eval_batches)?;
+            m.val_loss = Some(last_val);
+            val_curve.push((opt.step as f64, last_val));
+            obs.note(&format!("step {}: val loss {last_val:.4}", opt.step));
+        }
+        metrics.write(&m)?;
+        obs.step(&m, cfg.steps);
+        if (cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last {
+            let p = checkpoint::save_checkpoint(&dir.join("checkpoints"), &format!("step_{:06}", opt.step), &model, &opt, &trainer_json)?;
+            obs.note(&format!("checkpoint {}", p.display()));
+        }
+    }
+    let series = [
+        Series { name: format!("train ({recipe_name})"), points: curve },
+        Series { name: "validation".into(), points: val_curve },
+    ];
+    if let Err(e) = line_plot(&dir.join("loss.png"), "octet training loss", "step", "cross-entropy (nats/byte)", &series) {
+        obs.note(&format!("no plot: {e}"));
+    }
+    let sample_text = if cfg.sample_tokens > 0 {
+        let prompt = ByteTokenizer.encode("ROMEO:\n");
+        let toks = sample(&mut model, &prompt, cfg.sample_tokens, 0.8, 40, cfg.seed)?;
+        ByteTokenizer.decode(&toks)
+    } else {
+        String::new()
+    };
+    Ok(RunSummary {
+        dir,
+        recipe: recipe_name,
+        final_loss: losses.last().copied().unwrap_or(f64::NAN),
+        final_val_loss: last_val,
+        tokens_per_s: if time_total > 0.0 { tok_total as f64 / time_total } else { 0.0 },
+        peak_saved_bytes: peak_saved,
+        losses,
+        sample: sample_text,
+        params,
+    })
+}
