@@ -115,6 +115,10 @@ pub struct QuantData {
     pub block: (usize, usize),
     /// One scale per block.
     pub scales: Scales,
+    /// Elements whose scaled magnitude exceeded the format's max and were clamped.
+    pub saturated: usize,
+    /// Non-zero elements that quantized to zero.
+    pub underflowed: usize,
 }
 
 impl QuantData {
@@ -272,6 +276,30 @@ impl QuantizedTensor {
     }
 }
 
+/// Numerics telemetry of one quantization: how much of the tensor the format lost.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Telemetry {
+    /// Amax of the source tensor.
+    pub amax: f32,
+    /// Share of elements clamped to the format's max.
+    pub saturated: f64,
+    /// Share of non-zero elements flushed to zero.
+    pub underflowed: f64,
+}
+
+impl QuantizedTensor {
+    /// Telemetry from the row-wise copy (the column-wise one if only it was made).
+    pub fn telemetry(&self) -> Telemetry {
+        let n = (self.rows * self.cols).max(1) as f64;
+        let q = self.rowwise.as_ref().or(self.colwise.as_ref());
+        Telemetry {
+            amax: self.amax,
+            saturated: q.map_or(0.0, |q| q.saturated as f64 / n),
+            underflowed: q.map_or(0.0, |q| q.underflowed as f64 / n),
+        }
+    }
+}
+
 /// Row-major transpose of a `(rows, cols)` matrix.
 pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
     let mut out = Vec::with_capacity(x.len());
@@ -393,7 +421,6 @@ fn quantize_copy<T: ToF32>(
         cols
     };
     let mut data = vec![0u8; rows * stride];
-    let nb = gr * gc;
     let global = match spec.rule {
         ScaleRule::Nvfp4 => scale_from_amax(amax, Format::E4M3, 0, false)
             .map(|s| s * Format::E2M1.max())
@@ -403,6 +430,7 @@ fn quantize_copy<T: ToF32>(
     };
     let mut f32_scales = Vec::new();
     let mut codes = Vec::new();
+    let (mut saturated, mut underflowed) = (0usize, 0usize);
     for br in 0..gr {
         for bc in 0..gc {
             let (r0, r1) = (br * block.0, ((br + 1) * block.0).min(rows));
@@ -463,6 +491,14 @@ fn quantize_copy<T: ToF32>(
                     let dst = &mut data[r * stride + c0..r * stride + c1];
                     encode_slice(f, src, mul, dst, Overflow::Saturate, spec.rounding, base);
                 }
+                // Telemetry: values clamped to +-max, and non-zero values that became zero.
+                let row = &data[r * stride..(r + 1) * stride];
+                for (j, v) in src.iter().enumerate() {
+                    let v = v.to_f32_exact();
+                    saturated += usize::from((v * mul).abs() > f.max());
+                    let mag = if f == Format::E2M1 { fp4_code(row, c0 + j) & 0x7 } else { row[c0 + j] & 0x7F };
+                    underflowed += usize::from(v != 0.0 && mag == 0);
+                }
             }
         }
     }
@@ -471,19 +507,5 @@ fn quantize_copy<T: ToF32>(
         ScaleRule::E8M0 => Scales::E8M0(codes),
         ScaleRule::Nvfp4 => Scales::Nvfp4 { codes, global },
     };
-    debug_assert_eq!(
-        match &scales {
-            Scales::F32(v) => v.len(),
-            Scales::E8M0(v) | Scales::Nvfp4 { codes: v, .. } => v.len(),
-        },
-        nb
-    );
-    Ok(QuantData {
-        rows,
-        cols,
-        format: f,
-        data,
-        block,
-        scales,
-    })
+    Ok(QuantData { rows, cols, format: f, data, block, scales, saturated, underflowed })
 }

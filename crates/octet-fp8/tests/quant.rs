@@ -346,13 +346,16 @@ fn all_zero_tensor_quantizes_to_zeros_with_unit_scale() {
 #[test]
 fn delayed_scale_saturates_out_of_range_values() {
     // A stale delayed scale can be too large for this step's data: values clamp to +-max.
-    let x = vec![1.0f32, -2.0, 1000.0, -5000.0];
+    let x = vec![1.0f32, -2.0, 1000.0, -5000.0, 1e-6, 0.0];
     let spec = QuantSpec {
         format: Format::E4M3,
         granularity: octet_fp8::Granularity::Tensor,
         rule: ScaleRule::Fixed(1.0),
         rounding: Rounding::NearestEven,
     };
-    let q = quantize(&x, 1, 4, &spec, &spec, Usage::ROW, None).unwrap();
-    assert_eq!(q.dequantize().unwrap(), vec![1.0, -2.0, 448.0, -448.0]);
+    let q = quantize(&x, 1, 6, &spec, &spec, Usage::ROW, None).unwrap();
+    assert_eq!(q.dequantize().unwrap(), vec![1.0, -2.0, 448.0, -448.0, 0.0, 0.0]);
+    // Telemetry counts the two clamped values and the one non-zero value flushed to zero.
+    let row = q.rowwise.unwrap();
+    assert_eq!((row.saturated, row.underflowed), (2, 1));
 }
