@@ -16,7 +16,8 @@ pub mod tolerance;
 
 pub use format::{Format, Overflow, Rounding};
 pub use quant::{
-    quantize, Granularity, Layout, QuantData, QuantSpec, QuantizedTensor, ScaleRule, Scales, Usage,
+    quantize, Granularity, Layout, QuantData, QuantSpec, QuantizedTensor, ScaleRule, Scales,
+    Telemetry, Usage,
 };
 pub use recipe::{AmaxAlgo, BackwardMode, DelayedState, Recipe, Role, Scaling};
 

@@ -496,7 +496,11 @@ fn quantize_copy<T: ToF32>(
                 for (j, v) in src.iter().enumerate() {
                     let v = v.to_f32_exact();
                     saturated += usize::from((v * mul).abs() > f.max());
-                    let mag = if f == Format::E2M1 { fp4_code(row, c0 + j) & 0x7 } else { row[c0 + j] & 0x7F };
+                    let mag = if f == Format::E2M1 {
+                        fp4_code(row, c0 + j) & 0x7
+                    } else {
+                        row[c0 + j] & 0x7F
+                    };
                     underflowed += usize::from(v != 0.0 && mag == 0);
                 }
             }
@@ -507,5 +511,14 @@ fn quantize_copy<T: ToF32>(
         ScaleRule::E8M0 => Scales::E8M0(codes),
         ScaleRule::Nvfp4 => Scales::Nvfp4 { codes, global },
     };
-    Ok(QuantData { rows, cols, format: f, data, block, scales, saturated, underflowed })
+    Ok(QuantData {
+        rows,
+        cols,
+        format: f,
+        data,
+        block,
+        scales,
+        saturated,
+        underflowed,
+    })
 }

@@ -354,7 +354,10 @@ fn delayed_scale_saturates_out_of_range_values() {
         rounding: Rounding::NearestEven,
     };
     let q = quantize(&x, 1, 6, &spec, &spec, Usage::ROW, None).unwrap();
-    assert_eq!(q.dequantize().unwrap(), vec![1.0, -2.0, 448.0, -448.0, 0.0, 0.0]);
+    assert_eq!(
+        q.dequantize().unwrap(),
+        vec![1.0, -2.0, 448.0, -448.0, 0.0, 0.0]
+    );
     // Telemetry counts the two clamped values and the one non-zero value flushed to zero.
     let row = q.rowwise.unwrap();
     assert_eq!((row.saturated, row.underflowed), (2, 1));

@@ -5,9 +5,17 @@
 //! `saved.bytes()` is exact.
 #![warn(missing_docs)]
 
+pub mod attention;
+pub mod embedding;
 pub mod linear;
+pub mod llama;
+pub mod loss;
+pub mod norm;
+pub mod rope;
+pub mod swiglu;
 
 pub use linear::{Linear, LinearGrads, LinearSaved};
+pub use llama::{Llama, LlamaConfig};
 
 /// Errors of layers.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -21,6 +29,12 @@ pub enum Error {
     /// A quantization or recipe error.
     #[error(transparent)]
     Quant(#[from] octet_fp8::Error),
+    /// A model configuration that cannot be built (or weights that do not fit it).
+    #[error("model config: {0}")]
+    Config(String),
+    /// A NaN or inf where a finite value is required.
+    #[error("non-finite: {0}")]
+    NonFinite(String),
 }
 
 /// Result alias.

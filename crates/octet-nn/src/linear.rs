@@ -19,7 +19,9 @@
 //! | `dequantized` | `x` row-wise FP8 (the forward's copy) | `W` row-wise FP8 (the forward's copy) |
 
 use crate::{Error, Result};
-use octet_fp8::{BackwardMode, DelayedState, Layout, QuantizedTensor, Recipe, Role, Usage};
+use octet_fp8::{
+    BackwardMode, DelayedState, Layout, QuantizedTensor, Recipe, Role, Telemetry, Usage,
+};
 use octet_tensor::{cpu, DType, Tensor};
 use std::sync::Arc;
 
@@ -29,6 +31,8 @@ struct ScaleStates {
     input: Option<DelayedState>,
     weight: Option<DelayedState>,
     grad_output: Option<DelayedState>,
+    /// Telemetry of the last quantization of each role (input, weight, grad_output).
+    telemetry: [Option<Telemetry>; 3],
 }
 
 impl ScaleStates {
@@ -153,6 +157,11 @@ impl Linear {
             Role::Weight => self.states.weight.as_ref(),
             Role::GradOutput => self.states.grad_output.as_ref(),
         }
+    }
+
+    /// Amax, saturated and underflowed shares of the last quantization of `role` (FP8 recipes only).
+    pub fn telemetry(&self, role: Role) -> Option<Telemetry> {
+        self.states.telemetry[role as usize]
     }
 
     /// End of an optimizer step: roll the delayed-scaling histories into new scales (no-op otherwise).
@@ -356,5 +365,6 @@ fn quantize_role(
     if let Some(s) = states.get(role) {
         s.record(q.amax);
     }
+    states.telemetry[role as usize] = Some(q.telemetry());
     Ok(q)
 }

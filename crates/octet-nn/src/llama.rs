@@ -15,7 +15,7 @@ use crate::norm::{RmsNorm, RmsNormSaved};
 use crate::rope::Rope;
 use crate::swiglu::{swiglu_backward, swiglu_forward, SwigluSaved};
 use crate::{Error, Result};
-use octet_fp8::Recipe;
+use octet_fp8::{Recipe, Role, Telemetry};
 use octet_tensor::{cpu, DType, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -55,7 +55,11 @@ impl LlamaConfig {
             "small" => (128, 352, 4, 4, 2, 256),
             "medium" => (512, 1408, 8, 8, 4, 1024),
             "1b" => (2048, 5632, 16, 16, 16, 2048),
-            other => return Err(Error::Config(format!("unknown model preset '{other}' (tiny, small, medium, 1b)"))),
+            other => {
+                return Err(Error::Config(format!(
+                    "unknown model preset '{other}' (tiny, small, medium, 1b)"
+                )))
+            }
         };
         let cfg = LlamaConfig {
             vocab_size: 256,
@@ -81,23 +85,36 @@ impl LlamaConfig {
     /// Check the dimensions fit together.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
-        if self.vocab_size == 0 || self.hidden_size == 0 || self.num_hidden_layers == 0 || self.intermediate_size == 0 {
+        if self.vocab_size == 0
+            || self.hidden_size == 0
+            || self.num_hidden_layers == 0
+            || self.intermediate_size == 0
+        {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
         if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
-            return bad(format!("hidden_size {} is not a multiple of {} heads", self.hidden_size, self.num_attention_heads));
+            return bad(format!(
+                "hidden_size {} is not a multiple of {} heads",
+                self.hidden_size, self.num_attention_heads
+            ));
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0 {
+        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        {
             return bad(format!(
                 "{} query heads are not a multiple of {} key/value heads",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
         if self.head_dim() % 2 != 0 {
-            return bad(format!("head_dim {} must be even for rotary embeddings", self.head_dim()));
+            return bad(format!(
+                "head_dim {} must be even for rotary embeddings",
+                self.head_dim()
+            ));
         }
         if self.tie_word_embeddings {
-            return bad("tied embeddings are not supported yet: set tie_word_embeddings = false".into());
+            return bad(
+                "tied embeddings are not supported yet: set tie_word_embeddings = false".into(),
+            );
         }
         Ok(())
     }
@@ -214,7 +231,17 @@ impl Llama {
         let kv = cfg.num_key_value_heads * cfg.head_dim();
         let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, c])];
         for i in 0..cfg.num_hidden_layers {
-            let shapes = [vec![c], vec![c, c], vec![kv, c], vec![kv, c], vec![c, c], vec![c], vec![f, c], vec![f, c], vec![c, f]];
+            let shapes = [
+                vec![c],
+                vec![c, c],
+                vec![kv, c],
+                vec![kv, c],
+                vec![c, c],
+                vec![c],
+                vec![f, c],
+                vec![f, c],
+                vec![c, f],
+            ];
             out.extend(block_names(i).into_iter().zip(shapes));
         }
         out.push(("model.norm.weight".into(), vec![c]));
@@ -224,7 +251,12 @@ impl Llama {
 
     /// A randomly initialised model (normal(0, 0.02) matrices, the output
     /// projections scaled by 1/sqrt(2L) as GPT-2 does, unit norm gains).
-    pub fn new_random(cfg: &LlamaConfig, dtype: DType, recipe: Option<Recipe>, seed: u64) -> Result<Llama> {
+    pub fn new_random(
+        cfg: &LlamaConfig,
+        dtype: DType,
+        recipe: Option<Recipe>,
+        seed: u64,
+    ) -> Result<Llama> {
         cfg.validate()?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let resid = 0.02 / (2.0 * cfg.num_hidden_layers as f64).sqrt();
@@ -234,8 +266,19 @@ impl Llama {
             let data: Vec<f64> = if shape.len() == 1 {
                 vec![1.0; n]
             } else {
-                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") { resid } else { 0.02 };
-                (0..n).map(|_| std * <StandardNormal as Distribution<f64>>::sample(&StandardNormal, &mut rng)).collect()
+                let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+                    resid
+                } else {
+                    0.02
+                };
+                (0..n)
+                    .map(|_| {
+                        std * <StandardNormal as Distribution<f64>>::sample(
+                            &StandardNormal,
+                            &mut rng,
+                        )
+                    })
+                    .collect()
             };
             weights.insert(name, Tensor::from_f64(&shape, data)?.to_dtype(dtype));
         }
@@ -244,19 +287,30 @@ impl Llama {
 
     /// A model from named weights (e.g. a checkpoint); every tensor must be
     /// present with its exact shape, and no unknown tensor may remain.
-    pub fn from_weights(cfg: &LlamaConfig, mut w: HashMap<String, Tensor>, recipe: Option<Recipe>) -> Result<Llama> {
+    pub fn from_weights(
+        cfg: &LlamaConfig,
+        mut w: HashMap<String, Tensor>,
+        recipe: Option<Recipe>,
+    ) -> Result<Llama> {
         cfg.validate()?;
         let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            let t = w.remove(name).ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
+            let t = w
+                .remove(name)
+                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
             if t.shape() != shape {
-                return Err(Error::Config(format!("tensor {name} has shape {:?}, expected {shape:?}", t.shape())));
+                return Err(Error::Config(format!(
+                    "tensor {name} has shape {:?}, expected {shape:?}",
+                    t.shape()
+                )));
             }
             Ok(t)
         };
         let shapes = Llama::param_shapes(cfg);
         let mut it = shapes.iter();
         let mut next = || -> Result<Tensor> {
-            let (n, s) = it.next().ok_or_else(|| Error::Config("parameter list exhausted".into()))?;
+            let (n, s) = it
+                .next()
+                .ok_or_else(|| Error::Config("parameter list exhausted".into()))?;
             take(n, s)
         };
         let eps = cfg.rms_norm_eps;
@@ -281,10 +335,19 @@ impl Llama {
         drop(next);
         drop(take);
         if let Some(extra) = w.keys().next() {
-            return Err(Error::Config(format!("unexpected tensor {extra} for this config")));
+            return Err(Error::Config(format!(
+                "unexpected tensor {extra} for this config"
+            )));
         }
         let rope = Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)?;
-        Ok(Llama { cfg: cfg.clone(), embed, blocks, norm, lm_head, rope })
+        Ok(Llama {
+            cfg: cfg.clone(),
+            embed,
+            blocks,
+            norm,
+            lm_head,
+            rope,
+        })
     }
 
     /// Parameters in order, with their Hugging Face names.
@@ -311,7 +374,10 @@ impl Llama {
 
     /// Mutable parameters in the same order as [`Llama::params`].
     pub fn params_mut(&mut self) -> Vec<(String, &mut Tensor)> {
-        let mut out = vec![("model.embed_tokens.weight".to_string(), &mut self.embed.weight)];
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            &mut self.embed.weight,
+        )];
         for (i, b) in self.blocks.iter_mut().enumerate() {
             let ts = [
                 &mut b.attn_norm.weight,
@@ -333,9 +399,42 @@ impl Llama {
 
     /// The block linears, for scale updates and telemetry.
     fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.blocks
-            .iter_mut()
-            .flat_map(|b| [&mut b.q, &mut b.k, &mut b.v, &mut b.o, &mut b.gate, &mut b.up, &mut b.down])
+        self.blocks.iter_mut().flat_map(|b| {
+            [
+                &mut b.q,
+                &mut b.k,
+                &mut b.v,
+                &mut b.o,
+                &mut b.gate,
+                &mut b.up,
+                &mut b.down,
+            ]
+        })
+    }
+
+    /// Numerics telemetry of every block linear's last quantization:
+    /// `(module name, role, amax / saturated / underflowed)`. Empty without an FP8 recipe.
+    pub fn telemetry(&self) -> Vec<(String, Role, Telemetry)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter().enumerate() {
+            let mods = [
+                ("self_attn.q_proj", &b.q),
+                ("self_attn.k_proj", &b.k),
+                ("self_attn.v_proj", &b.v),
+                ("self_attn.o_proj", &b.o),
+                ("mlp.gate_proj", &b.gate),
+                ("mlp.up_proj", &b.up),
+                ("mlp.down_proj", &b.down),
+            ];
+            for (name, l) in mods {
+                for role in Role::ALL {
+                    if let Some(t) = l.telemetry(role) {
+                        out.push((format!("model.layers.{i}.{name}"), role, t));
+                    }
+                }
+            }
+        }
+        out
     }
 
     /// End of an optimizer step: roll delayed-scaling histories (no-op for other recipes).
@@ -345,7 +444,10 @@ impl Llama {
 
     fn check_tokens(&self, tokens: &[u32], b: usize, t: usize) -> Result<()> {
         if b == 0 || t == 0 || tokens.len() != b * t {
-            return Err(Error::Shape(format!("{} tokens for batch {b} x sequence {t}", tokens.len())));
+            return Err(Error::Shape(format!(
+                "{} tokens for batch {b} x sequence {t}",
+                tokens.len()
+            )));
         }
         if t > self.cfg.max_position_embeddings {
             return Err(Error::Shape(format!(
@@ -358,10 +460,20 @@ impl Llama {
 
     /// Forward and loss on `tokens (B, T)` with next-token `targets (B, T)`:
     /// returns the mean cross-entropy and what backward needs.
-    pub fn forward(&mut self, tokens: &[u32], targets: &[u32], b: usize, t: usize) -> Result<(f64, LlamaSaved)> {
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        b: usize,
+        t: usize,
+    ) -> Result<(f64, LlamaSaved)> {
         self.check_tokens(tokens, b, t)?;
         if targets.len() != tokens.len() {
-            return Err(Error::Shape(format!("{} targets for {} tokens", targets.len(), tokens.len())));
+            return Err(Error::Shape(format!(
+                "{} targets for {} tokens",
+                targets.len(),
+                tokens.len()
+            )));
         }
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
@@ -377,7 +489,16 @@ impl Llama {
         if !loss.is_finite() {
             return Err(Error::NonFinite(format!("loss is {loss}")));
         }
-        Ok((loss, LlamaSaved { tokens: tokens.to_vec(), blocks: saved_blocks, norm, head, d_logits }))
+        Ok((
+            loss,
+            LlamaSaved {
+                tokens: tokens.to_vec(),
+                blocks: saved_blocks,
+                norm,
+                head,
+                d_logits,
+            },
+        ))
     }
 
     /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward).
@@ -394,9 +515,17 @@ impl Llama {
 
     /// Backward of the loss: gradients in [`Llama::params`] order (f32, or f64 for an f64 model).
     pub fn backward(&mut self, saved: LlamaSaved) -> Result<Vec<(String, Tensor)>> {
-        let LlamaSaved { tokens, blocks, norm, head, d_logits } = saved;
+        let LlamaSaved {
+            tokens,
+            blocks,
+            norm,
+            head,
+            d_logits,
+        } = saved;
         let b_head = self.lm_head.backward(head, &d_logits)?;
-        let dh = b_head.d_input.ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
+        let dh = b_head
+            .d_input
+            .ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
         let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
         let mut block_grads = Vec::with_capacity(self.blocks.len());
         for (blk, s) in self.blocks.iter_mut().zip(blocks).rev() {
@@ -409,7 +538,11 @@ impl Llama {
         let mut grads = vec![d_embed];
         grads.extend(block_grads.into_iter().flatten());
         grads.push(d_norm);
-        grads.push(b_head.d_weight.ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?);
+        grads.push(
+            b_head
+                .d_weight
+                .ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?,
+        );
         let names = Llama::param_shapes(&self.cfg).into_iter().map(|(n, _)| n);
         Ok(names.zip(grads).collect())
     }
@@ -420,8 +553,19 @@ fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
 }
 
 /// `x (B*T, C) -> (B*T, C)` through one block.
-fn block_forward(blk: &mut Block, rope: &Rope, x: &Tensor, b: usize, t: usize, cfg: &LlamaConfig) -> Result<(Tensor, BlockSaved)> {
-    let (hq, hkv, d) = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim());
+fn block_forward(
+    blk: &mut Block,
+    rope: &Rope,
+    x: &Tensor,
+    b: usize,
+    t: usize,
+    cfg: &LlamaConfig,
+) -> Result<(Tensor, BlockSaved)> {
+    let (hq, hkv, d) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim(),
+    );
     let (h, attn_norm) = blk.attn_norm.forward(x)?; // (B*T, C)
     let (q, sq) = blk.q.forward(&h, true)?; // (B*T, Hq*D)
     let (k, sk) = blk.k.forward(&h, true)?; // (B*T, Hkv*D)
@@ -439,19 +583,40 @@ fn block_forward(blk: &mut Block, rope: &Rope, x: &Tensor, b: usize, t: usize, c
     let (dn, sd) = blk.down.forward(&act, true)?; // (B*T, C)
     let x2 = cpu::add(&x1, &dn)?;
     let attn_shape = [b, t, hq, d];
-    let saved = BlockSaved { attn_shape, attn_norm, q: sq, k: sk, v: sv, attn, o: so, mlp_norm, gate: sg, up: su, swiglu, down: sd };
+    let saved = BlockSaved {
+        attn_shape,
+        attn_norm,
+        q: sq,
+        k: sk,
+        v: sv,
+        attn,
+        o: so,
+        mlp_norm,
+        gate: sg,
+        up: su,
+        swiglu,
+        down: sd,
+    };
     Ok((x2, saved))
 }
 
 /// Backward of one block from `dx2 (B*T, C)`: the input gradient and the
 /// nine parameter gradients in [`block_names`] order.
-fn block_backward(blk: &mut Block, rope: &Rope, s: BlockSaved, dx2: &Tensor) -> Result<(Tensor, Vec<Tensor>)> {
+fn block_backward(
+    blk: &mut Block,
+    rope: &Rope,
+    s: BlockSaved,
+    dx2: &Tensor,
+) -> Result<(Tensor, Vec<Tensor>)> {
     let bt = dx2.shape()[0];
     let down = blk.down.backward(s.down, dx2)?;
     let (dg, du) = swiglu_backward(s.swiglu, &need(down.d_input, "down input")?)?;
     let gate = blk.gate.backward(s.gate, &dg)?;
     let up = blk.up.backward(s.up, &du)?;
-    let dh2 = cpu::add(&need(gate.d_input, "gate input")?, &need(up.d_input, "up input")?)?;
+    let dh2 = cpu::add(
+        &need(gate.d_input, "gate input")?,
+        &need(up.d_input, "up input")?,
+    )?;
     let (dx1_norm, d_mlp_norm) = blk.mlp_norm.backward(s.mlp_norm, &dh2)?;
     let dx1 = cpu::add(dx2, &dx1_norm)?;
     let o = blk.o.backward(s.o, &dx1)?;
@@ -466,7 +631,10 @@ fn block_backward(blk: &mut Block, rope: &Rope, s: BlockSaved, dx2: &Tensor) -> 
     let q = blk.q.backward(s.q, &flat(dq)?)?;
     let k = blk.k.backward(s.k, &flat(dk)?)?;
     let v = blk.v.backward(s.v, &flat(dv)?)?;
-    let dh = cpu::add(&cpu::add(&need(q.d_input, "q input")?, &need(k.d_input, "k input")?)?, &need(v.d_input, "v input")?)?;
+    let dh = cpu::add(
+        &cpu::add(&need(q.d_input, "q input")?, &need(k.d_input, "k input")?)?,
+        &need(v.d_input, "v input")?,
+    )?;
     let (dx_norm, d_attn_norm) = blk.attn_norm.backward(s.attn_norm, &dh)?;
     let dx = cpu::add(&dx1, &dx_norm)?;
     let grads = vec![

@@ -276,12 +276,24 @@ pub fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
 /// Elementwise `a + b` (same shapes), in f64 for f64 `a` and f32 otherwise, in `a`'s dtype.
 pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
     if a.shape() != b.shape() {
-        return Err(Error::Shape(format!("add: {:?} vs {:?}", a.shape(), b.shape())));
+        return Err(Error::Shape(format!(
+            "add: {:?} vs {:?}",
+            a.shape(),
+            b.shape()
+        )));
     }
     match a.as_f64() {
-        Some(av) => Tensor::from_f64(a.shape(), av.iter().zip(b.to_f64_vec()).map(|(x, y)| x + y).collect()),
+        Some(av) => Tensor::from_f64(
+            a.shape(),
+            av.iter().zip(b.to_f64_vec()).map(|(x, y)| x + y).collect(),
+        ),
         None => {
-            let v = a.to_f32_vec().iter().zip(b.to_f32_vec()).map(|(x, y)| x + y).collect();
+            let v = a
+                .to_f32_vec()
+                .iter()
+                .zip(b.to_f32_vec())
+                .map(|(x, y)| x + y)
+                .collect();
             Tensor::from_f32_as(a.shape(), v, a.dtype())
         }
     }

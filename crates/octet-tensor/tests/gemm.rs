@@ -39,17 +39,28 @@ fn sgemm_every_transposition_within_the_accumulation_bound() {
     let gamma = k as f64 * u / (1.0 - k as f64 * u);
     let at = octet_fp8::quant::transpose(&a, m, k); // (k, m)
     let bt = octet_fp8::quant::transpose(&b, n, k); // (k, n)
-    let cases = [(&a, false, &b, true), (&at, true, &b, true), (&a, false, &bt, false), (&at, true, &bt, false)];
+    let cases = [
+        (&a, false, &b, true),
+        (&at, true, &b, true),
+        (&a, false, &bt, false),
+        (&at, true, &bt, false),
+    ];
     for (ai, ta, bi, tb) in cases {
         let c = sgemm(m, n, k, ai, ta, bi, tb);
         for i in 0..m * n {
-            assert!(((c[i] as f64) - want[i]).abs() <= gamma * abs[i], "ta={ta} tb={tb} [{i}]");
+            assert!(
+                ((c[i] as f64) - want[i]).abs() <= gamma * abs[i],
+                "ta={ta} tb={tb} [{i}]"
+            );
         }
     }
     // f64 GEMM: the same bound with u = 2^-53.
     let c64 = gemm(m, n, k, &a64, false, &b64, true);
     for i in 0..m * n {
-        assert!((c64[i] - want[i]).abs() <= 1e-13 * abs[i].max(1.0), "f64 [{i}]");
+        assert!(
+            (c64[i] - want[i]).abs() <= 1e-13 * abs[i].max(1.0),
+            "f64 [{i}]"
+        );
     }
 }
 
@@ -74,13 +85,22 @@ fn fp8_gemm_equals_the_product_of_what_the_codes_represent() {
             let s = r.spec(Role::Weight, Layout::Rowwise, ds, 0).unwrap();
             quantize(&b, n, k, &s, &s, Usage::ROW, None).unwrap()
         };
-        let c = fp8_gemm(qa.get(Layout::Rowwise).unwrap(), qb.get(Layout::Rowwise).unwrap()).unwrap();
+        let c = fp8_gemm(
+            qa.get(Layout::Rowwise).unwrap(),
+            qb.get(Layout::Rowwise).unwrap(),
+        )
+        .unwrap();
         let da: Vec<f64> = qa.dequantize().unwrap().iter().map(|&v| v as f64).collect();
         let db: Vec<f64> = qb.dequantize().unwrap().iter().map(|&v| v as f64).collect();
         let (want, abs) = reference(&da, &db, m, n, k);
         let bound = (k + 3 * k.div_ceil(16)) as f64 * 2f64.powi(-24);
         for i in 0..m * n {
-            assert!(((c[i] as f64) - want[i]).abs() <= bound * abs[i] + 1e-30, "{name} [{i}]: {} vs {}", c[i], want[i]);
+            assert!(
+                ((c[i] as f64) - want[i]).abs() <= bound * abs[i] + 1e-30,
+                "{name} [{i}]: {} vs {}",
+                c[i],
+                want[i]
+            );
         }
     }
 }
@@ -95,5 +115,9 @@ fn shape_errors_are_values() {
     let s = r.spec(Role::Input, Layout::Rowwise, None, 0).unwrap();
     let qa = quantize(&gaussian(12, 7), 3, 4, &s, &s, Usage::ROW, None).unwrap();
     let qb = quantize(&gaussian(15, 8), 5, 3, &s, &s, Usage::ROW, None).unwrap();
-    assert!(fp8_gemm(qa.get(Layout::Rowwise).unwrap(), qb.get(Layout::Rowwise).unwrap()).is_err());
+    assert!(fp8_gemm(
+        qa.get(Layout::Rowwise).unwrap(),
+        qb.get(Layout::Rowwise).unwrap()
+    )
+    .is_err());
 }

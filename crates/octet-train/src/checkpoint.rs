@@ -25,7 +25,10 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let io = |e: std::io::Error| Error::Checkpoint(format!("writing {}: {e}", path.display()));
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     {
         let mut f = std::fs::File::create(&tmp).map_err(io)?;
@@ -41,17 +44,36 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
     match t.dtype() {
-        DType::F32 => (Dtype::F32, t.to_f32_vec().iter().flat_map(|v| v.to_le_bytes()).collect()),
-        DType::F64 => (Dtype::F64, t.to_f64_vec().iter().flat_map(|v| v.to_le_bytes()).collect()),
+        DType::F32 => (
+            Dtype::F32,
+            t.to_f32_vec()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
+        DType::F64 => (
+            Dtype::F64,
+            t.to_f64_vec()
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect(),
+        ),
         DType::Bf16 => (
             Dtype::BF16,
-            t.as_bf16().unwrap_or_default().iter().flat_map(|v| v.to_bits().to_le_bytes()).collect(),
+            t.as_bf16()
+                .unwrap_or_default()
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
         ),
     }
 }
 
 /// Serialize named tensors (with optional string metadata) to safetensors bytes.
-pub fn serialize(tensors: &[(String, Tensor)], meta: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
+pub fn serialize(
+    tensors: &[(String, Tensor)],
+    meta: Option<HashMap<String, String>>,
+) -> Result<Vec<u8>> {
     let owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
         .iter()
         .map(|(n, t)| {
@@ -61,7 +83,8 @@ pub fn serialize(tensors: &[(String, Tensor)], meta: Option<HashMap<String, Stri
         .collect();
     let mut views = Vec::with_capacity(owned.len());
     for (n, d, s, b) in &owned {
-        let v = TensorView::new(*d, s.clone(), b).map_err(|e| Error::Checkpoint(format!("tensor {n}: {e}")))?;
+        let v = TensorView::new(*d, s.clone(), b)
+            .map_err(|e| Error::Checkpoint(format!("tensor {n}: {e}")))?;
         views.push((n.clone(), v));
     }
     safetensors::serialize(views, meta).map_err(|e| Error::Checkpoint(format!("serialize: {e}")))
@@ -69,9 +92,11 @@ pub fn serialize(tensors: &[(String, Tensor)], meta: Option<HashMap<String, Stri
 
 /// Read every tensor of a safetensors file into f32/bf16/f64 tensors (f16 widens to f32).
 pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<String, String>)> {
-    let bytes = std::fs::read(path).map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
+    let bytes =
+        std::fs::read(path).map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-    let st = SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut out = HashMap::new();
@@ -79,14 +104,35 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<Str
         let shape = view.shape().to_vec();
         let d = view.data();
         let t = match view.dtype() {
-            Dtype::F32 => Tensor::from_f32(&shape, d.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+            Dtype::F32 => Tensor::from_f32(
+                &shape,
+                d.chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
             Dtype::F64 => Tensor::from_f64(
                 &shape,
-                d.chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8]))).collect(),
+                d.chunks_exact(8)
+                    .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                    .collect(),
             ),
-            Dtype::BF16 => Tensor::from_bf16(&shape, d.chunks_exact(2).map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]]))).collect()),
-            Dtype::F16 => Tensor::from_f32(&shape, d.chunks_exact(2).map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32()).collect()),
-            other => return Err(bad(format!("tensor {name} has dtype {other:?}; expected F32, BF16, F16 or F64"))),
+            Dtype::BF16 => Tensor::from_bf16(
+                &shape,
+                d.chunks_exact(2)
+                    .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])))
+                    .collect(),
+            ),
+            Dtype::F16 => Tensor::from_f32(
+                &shape,
+                d.chunks_exact(2)
+                    .map(|c| f16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+                    .collect(),
+            ),
+            other => {
+                return Err(bad(format!(
+                    "tensor {name} has dtype {other:?}; expected F32, BF16, F16 or F64"
+                )))
+            }
         }
         .map_err(|e| bad(format!("tensor {name}: {e}")))?;
         out.insert(name, t);
@@ -96,12 +142,22 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<Str
 
 /// Save the model weights and `config.json` into `dir` (created if needed).
 pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
-    let tensors: Vec<(String, Tensor)> = model.params().into_iter().map(|(n, t)| (n, t.clone())).collect();
-    let dtype = tensors.first().map(|(_, t)| t.dtype()).unwrap_or(DType::F32);
+    let tensors: Vec<(String, Tensor)> = model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let dtype = tensors
+        .first()
+        .map(|(_, t)| t.dtype())
+        .unwrap_or(DType::F32);
     write_atomic(&dir.join("model.safetensors"), &serialize(&tensors, None)?)?;
     let mut cfg = serde_json::to_value(&model.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
     if let Some(o) = cfg.as_object_mut() {
-        o.insert("architectures".into(), serde_json::json!(["LlamaForCausalLM"]));
+        o.insert(
+            "architectures".into(),
+            serde_json::json!(["LlamaForCausalLM"]),
+        );
         o.insert("model_type".into(), "llama".into());
         let td = match dtype {
             DType::Bf16 => "bfloat16",
@@ -117,7 +173,8 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
 /// Read `config.json` from a checkpoint directory.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
-    let text = std::fs::read_to_string(&p).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let text = std::fs::read_to_string(&p)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
     serde_json::from_str(&text).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
 }
 
@@ -131,16 +188,29 @@ pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>>
 pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str) -> Result<()> {
     let mut tensors = Vec::with_capacity(3 * opt.states.len());
     for s in &opt.states {
-        for (suffix, v) in [("master", &s.master), ("exp_avg", &s.m), ("exp_avg_sq", &s.v)] {
-            tensors.push((format!("{}.{suffix}", s.name), Tensor::from_f32(&s.shape, v.clone())?));
+        for (suffix, v) in [
+            ("master", &s.master),
+            ("exp_avg", &s.m),
+            ("exp_avg_sq", &s.v),
+        ] {
+            tensors.push((
+                format!("{}.{suffix}", s.name),
+                Tensor::from_f32(&s.shape, v.clone())?,
+            ));
         }
     }
     let meta = HashMap::from([
         ("step".to_string(), opt.step.to_string()),
-        ("adamw".to_string(), serde_json::to_string(&opt.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?),
+        (
+            "adamw".to_string(),
+            serde_json::to_string(&opt.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?,
+        ),
         ("trainer".to_string(), trainer.to_string()),
     ]);
-    write_atomic(&dir.join("optimizer.safetensors"), &serialize(&tensors, Some(meta))?)
+    write_atomic(
+        &dir.join("optimizer.safetensors"),
+        &serialize(&tensors, Some(meta))?,
+    )
 }
 
 /// Load the optimizer state for `model`'s parameters; returns it and the trainer metadata.
@@ -148,7 +218,10 @@ pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
     let path = dir.join("optimizer.safetensors");
     let (mut t, meta) = read_tensors(&path)?;
     let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
-    let step = meta.get("step").and_then(|s| s.parse().ok()).ok_or_else(|| bad("missing step".into()))?;
+    let step = meta
+        .get("step")
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| bad("missing step".into()))?;
     let cfg: AdamWConfig = meta
         .get("adamw")
         .and_then(|s| serde_json::from_str(s).ok())
@@ -157,14 +230,27 @@ pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
     for (name, p) in model.params() {
         let mut take = |suffix: &str| -> Result<Vec<f32>> {
             let key = format!("{name}.{suffix}");
-            let v = t.remove(&key).ok_or_else(|| bad(format!("missing tensor {key}")))?;
+            let v = t
+                .remove(&key)
+                .ok_or_else(|| bad(format!("missing tensor {key}")))?;
             if v.shape() != p.shape() {
-                return Err(bad(format!("tensor {key} has shape {:?}, parameter is {:?}", v.shape(), p.shape())));
+                return Err(bad(format!(
+                    "tensor {key} has shape {:?}, parameter is {:?}",
+                    v.shape(),
+                    p.shape()
+                )));
             }
             Ok(v.to_f32_vec())
         };
         let (master, m, v) = (take("master")?, take("exp_avg")?, take("exp_avg_sq")?);
-        states.push(ParamState { name: name.clone(), shape: p.shape().to_vec(), master, m, v, decay: p.shape().len() >= 2 });
+        states.push(ParamState {
+            name: name.clone(),
+            shape: p.shape().to_vec(),
+            master,
+            m,
+            v,
+            decay: p.shape().len() >= 2,
+        });
     }
     let trainer = meta.get("trainer").cloned().unwrap_or_default();
     Ok((AdamW { cfg, states, step }, trainer))
@@ -172,7 +258,13 @@ pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
 
 /// Write a full checkpoint to `parent/name` so that it appears only whole:
 /// files go to a temporary sibling directory that is renamed at the end.
-pub fn save_checkpoint(parent: &Path, name: &str, model: &Llama, opt: &AdamW, trainer: &str) -> Result<PathBuf> {
+pub fn save_checkpoint(
+    parent: &Path,
+    name: &str,
+    model: &Llama,
+    opt: &AdamW,
+    trainer: &str,
+) -> Result<PathBuf> {
     let io = |e: std::io::Error| Error::Checkpoint(format!("{}: {e}", parent.display()));
     std::fs::create_dir_all(parent).map_err(io)?;
     let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));

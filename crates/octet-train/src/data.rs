@@ -27,7 +27,10 @@ impl ByteTokenizer {
 
     /// Decode token ids (ids above 255 and invalid UTF-8 show as U+FFFD).
     pub fn decode(&self, tokens: &[u32]) -> String {
-        let bytes: Vec<u8> = tokens.iter().map(|&t| u8::try_from(t).unwrap_or(b'?')).collect();
+        let bytes: Vec<u8> = tokens
+            .iter()
+            .map(|&t| u8::try_from(t).unwrap_or(b'?'))
+            .collect();
         String::from_utf8_lossy(&bytes).into_owned()
     }
 }
@@ -46,8 +49,14 @@ pub struct Dataset {
 impl Dataset {
     /// Split `tokens` into train and the trailing `val_fraction` for validation.
     pub fn from_tokens(tokens: Vec<u32>, vocab: usize, val_fraction: f64) -> Result<Dataset> {
-        if let Some((i, &t)) = tokens.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
-            return Err(Error::Data(format!("token {t} at position {i} is outside the vocabulary of {vocab}")));
+        if let Some((i, &t)) = tokens
+            .iter()
+            .enumerate()
+            .find(|(_, &t)| t as usize >= vocab)
+        {
+            return Err(Error::Data(format!(
+                "token {t} at position {i} is outside the vocabulary of {vocab}"
+            )));
         }
         let n_val = ((tokens.len() as f64) * val_fraction.clamp(0.0, 0.5)) as usize;
         let split = tokens.len() - n_val;
@@ -77,25 +86,41 @@ impl Dataset {
                 .collect();
             files.sort();
             if files.is_empty() {
-                return Err(Error::Data(format!("{}: no .txt files in this directory", path.display())));
+                return Err(Error::Data(format!(
+                    "{}: no .txt files in this directory",
+                    path.display()
+                )));
             }
             let mut text = String::new();
             for f in files {
-                text.push_str(&std::fs::read_to_string(&f).map_err(|e| Error::Data(format!("{}: {e}", f.display())))?);
+                text.push_str(
+                    &std::fs::read_to_string(&f)
+                        .map_err(|e| Error::Data(format!("{}: {e}", f.display())))?,
+                );
             }
             ByteTokenizer.encode(&text)
         } else if name.ends_with(".u32.bin") {
             let b = std::fs::read(path).map_err(io)?;
             if b.len() % 4 != 0 {
-                return Err(Error::Data(format!("{name}: {} bytes is not a whole number of u32 tokens", b.len())));
+                return Err(Error::Data(format!(
+                    "{name}: {} bytes is not a whole number of u32 tokens",
+                    b.len()
+                )));
             }
-            b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+            b.chunks_exact(4)
+                .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect()
         } else if name.ends_with(".bin") {
             let b = std::fs::read(path).map_err(io)?;
             if b.len() % 2 != 0 {
-                return Err(Error::Data(format!("{name}: {} bytes is not a whole number of u16 tokens", b.len())));
+                return Err(Error::Data(format!(
+                    "{name}: {} bytes is not a whole number of u16 tokens",
+                    b.len()
+                )));
             }
-            b.chunks_exact(2).map(|c| u32::from(u16::from_le_bytes([c[0], c[1]]))).collect()
+            b.chunks_exact(2)
+                .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
+                .collect()
         } else {
             ByteTokenizer.encode(&std::fs::read_to_string(path).map_err(io)?)
         };
@@ -105,7 +130,14 @@ impl Dataset {
     /// A batch of `batch` windows of `seq + 1` tokens from `split`, drawn by a
     /// generator seeded with `(seed, step)`: returns inputs and targets, each
     /// `batch * seq` tokens, row-major `(B, T)`.
-    pub fn batch(&self, split: Split, batch: usize, seq: usize, seed: u64, step: u64) -> Result<(Vec<u32>, Vec<u32>)> {
+    pub fn batch(
+        &self,
+        split: Split,
+        batch: usize,
+        seq: usize,
+        seed: u64,
+        step: u64,
+    ) -> Result<(Vec<u32>, Vec<u32>)> {
         let data = match split {
             Split::Train => &self.train,
             Split::Val => &self.val,
@@ -117,7 +149,9 @@ impl Dataset {
                 seq + 1
             )));
         }
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ split as u64);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(
+            seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ split as u64,
+        );
         let mut x = Vec::with_capacity(batch * seq);
         let mut y = Vec::with_capacity(batch * seq);
         for _ in 0..batch {
@@ -151,7 +185,10 @@ mod tests {
         assert_eq!(&x[1..16], &y[..15], "targets are inputs shifted by one");
         assert_eq!(d.batch(Split::Train, 3, 16, 7, 42).unwrap(), (x.clone(), y));
         assert_ne!(d.batch(Split::Train, 3, 16, 7, 43).unwrap().0, x);
-        assert_eq!(ByteTokenizer.decode(&ByteTokenizer.encode("First Citizen:")), "First Citizen:");
+        assert_eq!(
+            ByteTokenizer.decode(&ByteTokenizer.encode("First Citizen:")),
+            "First Citizen:"
+        );
     }
 
     #[test]

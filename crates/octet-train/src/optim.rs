@@ -21,7 +21,13 @@ pub struct AdamWConfig {
 
 impl Default for AdamWConfig {
     fn default() -> Self {
-        AdamWConfig { beta1: 0.9, beta2: 0.95, eps: 1e-8, weight_decay: 0.1, grad_clip: 1.0 }
+        AdamWConfig {
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.1,
+            grad_clip: 1.0,
+        }
     }
 }
 
@@ -67,26 +73,47 @@ impl AdamW {
                 decay: t.shape().len() >= 2,
             })
             .collect();
-        AdamW { cfg, states, step: 0 }
+        AdamW {
+            cfg,
+            states,
+            step: 0,
+        }
     }
 
     /// One update with learning rate `lr` from gradients in parameter order.
     /// Returns the global gradient norm before clipping.
     pub fn step(&mut self, grads: &[(String, Tensor)], lr: f32) -> Result<f32> {
         if grads.len() != self.states.len() {
-            return Err(Error::Train(format!("{} gradients for {} parameters", grads.len(), self.states.len())));
+            return Err(Error::Train(format!(
+                "{} gradients for {} parameters",
+                grads.len(),
+                self.states.len()
+            )));
         }
         let gs: Vec<Vec<f32>> = grads.iter().map(|(_, g)| g.to_f32_vec()).collect();
-        for ((name, g), s) in grads.iter().zip(&self.states).zip(&gs) {
+        for ((name, g), s) in grads.iter().zip(&self.states) {
             if *name != s.name || g.numel() != s.master.len() {
-                return Err(Error::Train(format!("gradient {name} {:?} does not match parameter {}", g.shape(), s.name)));
+                return Err(Error::Train(format!(
+                    "gradient {name} {:?} does not match parameter {}",
+                    g.shape(),
+                    s.name
+                )));
             }
         }
-        let norm = gs.iter().flatten().map(|&g| (g as f64) * (g as f64)).sum::<f64>().sqrt() as f32;
+        let norm = gs
+            .iter()
+            .flatten()
+            .map(|&g| (g as f64) * (g as f64))
+            .sum::<f64>()
+            .sqrt() as f32;
         if !norm.is_finite() {
             return Err(Error::NonFinite(format!("gradient norm is {norm}")));
         }
-        let clip = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip { self.cfg.grad_clip / norm } else { 1.0 };
+        let clip = if self.cfg.grad_clip > 0.0 && norm > self.cfg.grad_clip {
+            self.cfg.grad_clip / norm
+        } else {
+            1.0
+        };
         self.step += 1;
         let c = self.cfg;
         let t = self.step as i32;
@@ -108,7 +135,10 @@ impl AdamW {
     pub fn write_back(&self, params: Vec<(String, &mut Tensor)>) -> Result<()> {
         for ((name, t), s) in params.into_iter().zip(&self.states) {
             if name != s.name {
-                return Err(Error::Train(format!("parameter order changed: {name} vs {}", s.name)));
+                return Err(Error::Train(format!(
+                    "parameter order changed: {name} vs {}",
+                    s.name
+                )));
             }
             *t = Tensor::from_f32_as(&s.shape, s.master.clone(), t.dtype())?;
         }
@@ -134,7 +164,11 @@ mod tests {
     #[test]
     fn adamw_first_step_moves_by_lr_against_the_gradient_sign() {
         let w = Tensor::from_f32(&[2, 2], vec![1.0, -1.0, 0.5, 2.0]).unwrap();
-        let cfg = AdamWConfig { weight_decay: 0.0, grad_clip: 0.0, ..Default::default() };
+        let cfg = AdamWConfig {
+            weight_decay: 0.0,
+            grad_clip: 0.0,
+            ..Default::default()
+        };
         let mut opt = AdamW::new(&[("w".into(), &w)], cfg);
         let g = Tensor::from_f32(&[2, 2], vec![0.3, -2.0, 1e-3, -5.0]).unwrap();
         opt.step(&[("w".into(), g)], 0.1).unwrap();
@@ -152,7 +186,10 @@ mod tests {
         let g = Tensor::from_f32(&[1, 2], vec![3.0, 4.0]).unwrap();
         assert_eq!(opt.step(&[("w".into(), g)], 0.1).unwrap(), 5.0);
         let nan = Tensor::from_f32(&[1, 2], vec![f32::NAN, 1.0]).unwrap();
-        assert!(matches!(opt.step(&[("w".into(), nan)], 0.1), Err(Error::NonFinite(_))));
+        assert!(matches!(
+            opt.step(&[("w".into(), nan)], 0.1),
+            Err(Error::NonFinite(_))
+        ));
         let wrong = Tensor::from_f32(&[1, 3], vec![1.0; 3]).unwrap();
         assert!(opt.step(&[("w".into(), wrong)], 0.1).is_err());
     }

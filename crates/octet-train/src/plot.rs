@@ -21,7 +21,11 @@ fn font_ready() -> bool {
     static READY: OnceLock<bool> = OnceLock::new();
     *READY.get_or_init(|| {
         let env = std::env::var("OCTET_FONT").ok();
-        let found = env.iter().map(String::as_str).chain(FONT_PATHS).find_map(|p| std::fs::read(p).ok());
+        let found = env
+            .iter()
+            .map(String::as_str)
+            .chain(FONT_PATHS)
+            .find_map(|p| std::fs::read(p).ok());
         match found {
             Some(bytes) => {
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
@@ -41,9 +45,18 @@ pub struct Series {
 }
 
 /// Draw `series` into a PNG at `path` (800x500) with a title and axis labels.
-pub fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series: &[Series]) -> Result<()> {
+pub fn line_plot(
+    path: &Path,
+    title: &str,
+    x_label: &str,
+    y_label: &str,
+    series: &[Series],
+) -> Result<()> {
     let err = |e: String| Error::Train(format!("plot {}: {e}", path.display()));
-    let pts = series.iter().flat_map(|s| s.points.iter()).filter(|p| p.1.is_finite());
+    let pts = series
+        .iter()
+        .flat_map(|s| s.points.iter())
+        .filter(|p| p.1.is_finite());
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
         x0 = x0.min(x);
@@ -64,9 +77,14 @@ pub fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series:
     let mut builder = ChartBuilder::on(&root);
     builder.margin(15);
     if text {
-        builder.caption(title, ("sans-serif", 22)).x_label_area_size(40).y_label_area_size(60);
+        builder
+            .caption(title, ("sans-serif", 22))
+            .x_label_area_size(40)
+            .y_label_area_size(60);
     }
-    let mut chart = builder.build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad)).map_err(|e| err(e.to_string()))?;
+    let mut chart = builder
+        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+        .map_err(|e| err(e.to_string()))?;
     let mut mesh = chart.configure_mesh();
     if text {
         mesh.x_desc(x_label).y_desc(y_label);
@@ -77,11 +95,15 @@ pub fn line_plot(path: &Path, title: &str, x_label: &str, y_label: &str, series:
     for (i, s) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         let line = chart
-            .draw_series(LineSeries::new(s.points.iter().copied().filter(|p| p.1.is_finite()), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                s.points.iter().copied().filter(|p| p.1.is_finite()),
+                color.stroke_width(2),
+            ))
             .map_err(|e| err(e.to_string()))?;
         if text {
-            line.label(s.name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            line.label(s.name.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         }
     }
     if text {

@@ -62,6 +62,8 @@ pub struct TrainConfig {
     pub ckpt_every: u64,
     /// Tokens of generated text at the end (0 = none).
     pub sample_tokens: usize,
+    /// Write per-layer amax / saturation / underflow telemetry every this many steps (0 = never).
+    pub telemetry_every: u64,
 }
 
 impl Default for TrainConfig {
@@ -87,6 +89,7 @@ impl Default for TrainConfig {
             eval_batches: 8,
             ckpt_every: 0,
             sample_tokens: 200,
+            telemetry_every: 50,
         }
     }
 }
@@ -107,17 +110,23 @@ impl TrainConfig {
         if self.recipe == "bf16" || self.recipe == "hp" {
             return Ok(None);
         }
-        let r = Recipe::from_name(&self.recipe)?.with_backward(BackwardMode::from_name(&self.backward)?)?;
+        let r = Recipe::from_name(&self.recipe)?
+            .with_backward(BackwardMode::from_name(&self.backward)?)?;
         Ok(Some(r))
     }
 
     /// Check the numbers make sense.
     pub fn validate(&self) -> Result<()> {
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 || self.steps == 0 {
-            return Err(Error::Train("batch, seq, grad_accum and steps must be at least 1".into()));
+            return Err(Error::Train(
+                "batch, seq, grad_accum and steps must be at least 1".into(),
+            ));
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
-            return Err(Error::Train(format!("learning rate {} must be positive", self.lr)));
+            return Err(Error::Train(format!(
+                "learning rate {} must be positive",
+                self.lr
+            )));
         }
         self.recipe()?;
         self.llama_config()?;
@@ -176,7 +185,14 @@ pub fn evaluate(model: &mut Llama, data: &Dataset, cfg: &TrainConfig, n: usize) 
 
 /// Sample `n` tokens after `prompt` with temperature and top-k (no KV cache: the
 /// context is re-run each token, fine for the short samples printed at the end).
-pub fn sample(model: &mut Llama, prompt: &[u32], n: usize, temperature: f32, top_k: usize, seed: u64) -> Result<Vec<u32>> {
+pub fn sample(
+    model: &mut Llama,
+    prompt: &[u32],
+    n: usize,
+    temperature: f32,
+    top_k: usize,
+    seed: u64,
+) -> Result<Vec<u32>> {
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut toks = prompt.to_vec();
     let ctx = model.cfg.max_position_embeddings;
@@ -191,7 +207,10 @@ pub fn sample(model: &mut Llama, prompt: &[u32], n: usize, temperature: f32, top
         idx.truncate(top_k.max(1));
         let t = temperature.max(1e-3);
         let m = last[idx[0]];
-        let w: Vec<f64> = idx.iter().map(|&i| (((last[i] - m) / t) as f64).exp()).collect();
+        let w: Vec<f64> = idx
+            .iter()
+            .map(|&i| (((last[i] - m) / t) as f64).exp())
+            .collect();
         let mut r = rng.random::<f64>() * w.iter().sum::<f64>();
         let mut pick = idx[0];
         for (&i, &wi) in idx.iter().zip(&w) {
@@ -219,7 +238,11 @@ fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) 
 }
 
 /// Train from scratch, or resume from `resume` (a checkpoint directory).
-pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -> Result<RunSummary> {
+pub fn train(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    obs: &mut dyn Observer,
+) -> Result<RunSummary> {
     cfg.validate()?;
     let recipe = cfg.recipe()?;
     let recipe_name = recipe.map_or("bf16".to_string(), |r| r.to_string());
@@ -236,7 +259,11 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -
             let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
             let (opt, _) = checkpoint::load_optimizer(ck, &model)?;
             opt.write_back(model.params_mut())?;
-            obs.note(&format!("resumed from {} at step {}", ck.display(), opt.step));
+            obs.note(&format!(
+                "resumed from {} at step {}",
+                ck.display(),
+                opt.step
+            ));
             (model, opt)
         }
         None => {
@@ -262,11 +289,21 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -
         let mut grads = None;
         let mut loss_sum = 0.0;
         for micro in 0..cfg.grad_accum {
-            let (x, y) = data.batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, step * cfg.grad_accum as u64 + micro as u64)?;
-            let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| match e {
-                octet_nn::Error::NonFinite(m) => Error::NonFinite(format!("step {}: {m}", step + 1)),
-                e => e.into(),
-            })?;
+            let (x, y) = data.batch(
+                Split::Train,
+                cfg.batch,
+                cfg.seq,
+                cfg.seed,
+                step * cfg.grad_accum as u64 + micro as u64,
+            )?;
+            let (loss, saved) = model
+                .forward(&x, &y, cfg.batch, cfg.seq)
+                .map_err(|e| match e {
+                    octet_nn::Error::NonFinite(m) => {
+                        Error::NonFinite(format!("step {}: {m}", step + 1))
+                    }
+                    e => e.into(),
+                })?;
             peak_saved = peak_saved.max(saved.bytes());
             loss_sum += loss;
             add_grads(&mut grads, model.backward(saved)?)?;
@@ -279,7 +316,10 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -
             }
         }
         let grad_norm = opt.step(&grads, lr).map_err(|e| match e {
-            Error::NonFinite(m) => Error::NonFinite(format!("step {}: {m}; the last good checkpoint is kept", step + 1)),
+            Error::NonFinite(m) => Error::NonFinite(format!(
+                "step {}: {m}; the last good checkpoint is kept",
+                step + 1
+            )),
             e => e,
         })?;
         opt.write_back(model.params_mut())?;
@@ -308,17 +348,48 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -
             obs.note(&format!("step {}: val loss {last_val:.4}", opt.step));
         }
         metrics.write(&m)?;
+        if cfg.telemetry_every > 0 && opt.step % cfg.telemetry_every == 0 {
+            let layers: Vec<serde_json::Value> = model
+                .telemetry()
+                .into_iter()
+                .map(|(name, role, t)| {
+                    serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
+                        "saturated": t.saturated, "underflowed": t.underflowed})
+                })
+                .collect();
+            if !layers.is_empty() {
+                metrics.write(&serde_json::json!({"step": opt.step, "telemetry": layers}))?;
+            }
+        }
         obs.step(&m, cfg.steps);
         if (cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last {
-            let p = checkpoint::save_checkpoint(&dir.join("checkpoints"), &format!("step_{:06}", opt.step), &model, &opt, &trainer_json)?;
+            let p = checkpoint::save_checkpoint(
+                &dir.join("checkpoints"),
+                &format!("step_{:06}", opt.step),
+                &model,
+                &opt,
+                &trainer_json,
+            )?;
             obs.note(&format!("checkpoint {}", p.display()));
         }
     }
     let series = [
-        Series { name: format!("train ({recipe_name})"), points: curve },
-        Series { name: "validation".into(), points: val_curve },
+        Series {
+            name: format!("train ({recipe_name})"),
+            points: curve,
+        },
+        Series {
+            name: "validation".into(),
+            points: val_curve,
+        },
     ];
-    if let Err(e) = line_plot(&dir.join("loss.png"), "octet training loss", "step", "cross-entropy (nats/byte)", &series) {
+    if let Err(e) = line_plot(
+        &dir.join("loss.png"),
+        "octet training loss",
+        "step",
+        "cross-entropy (nats/byte)",
+        &series,
+    ) {
         obs.note(&format!("no plot: {e}"));
     }
     let sample_text = if cfg.sample_tokens > 0 {
@@ -333,7 +404,11 @@ pub fn train(cfg: &TrainConfig, resume: Option<&Path>, obs: &mut dyn Observer) -
         recipe: recipe_name,
         final_loss: losses.last().copied().unwrap_or(f64::NAN),
         final_val_loss: last_val,
-        tokens_per_s: if time_total > 0.0 { tok_total as f64 / time_total } else { 0.0 },
+        tokens_per_s: if time_total > 0.0 {
+            tok_total as f64 / time_total
+        } else {
+            0.0
+        },
         peak_saved_bytes: peak_saved,
         losses,
         sample: sample_text,

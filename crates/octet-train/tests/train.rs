@@ -39,12 +39,20 @@ fn whole_model_gradients_match_finite_differences_in_f64() {
     // Larger weights than the default 0.02 so every path carries signal.
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     for (_, t) in model.params_mut() {
-        let v: Vec<f64> = t.to_f64_vec().iter().map(|x| x + 0.3 * (rng.random::<f64>() - 0.5)).collect();
+        let v: Vec<f64> = t
+            .to_f64_vec()
+            .iter()
+            .map(|x| x + 0.3 * (rng.random::<f64>() - 0.5))
+            .collect();
         *t = Tensor::from_f64(t.shape(), v).unwrap();
     }
     let (b, t) = (2, 5);
-    let tokens: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
-    let targets: Vec<u32> = (0..b * t).map(|_| rng.random_range(0..cfg.vocab_size as u32)).collect();
+    let tokens: Vec<u32> = (0..b * t)
+        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
+        .collect();
+    let targets: Vec<u32> = (0..b * t)
+        .map(|_| rng.random_range(0..cfg.vocab_size as u32))
+        .collect();
     let (_, saved) = model.forward(&tokens, &targets, b, t).unwrap();
     let grads = model.backward(saved).unwrap();
     let h = 1e-5;
@@ -65,7 +73,11 @@ fn whole_model_gradients_match_finite_differences_in_f64() {
             };
             let num = (loss_at(h) - loss_at(-h)) / (2.0 * h);
             let tol = 1e-6 * gv[i].abs() + 1e-9;
-            assert!((num - gv[i]).abs() <= tol, "{name}[{i}]: numeric {num:e} vs analytic {:e}", gv[i]);
+            assert!(
+                (num - gv[i]).abs() <= tol,
+                "{name}[{i}]: numeric {num:e} vs analytic {:e}",
+                gv[i]
+            );
             checked += 1;
         }
     }
@@ -88,13 +100,25 @@ fn checkpoints_round_trip_and_reject_corruption() {
     // A config that does not match the weights names the tensor.
     let mut wrong = cfg.clone();
     wrong.intermediate_size = 16;
-    let err = Llama::from_weights(&wrong, checkpoint::load_weights(&dir, DType::F32).unwrap(), None).unwrap_err();
-    assert!(err.to_string().contains("model.layers.0.mlp.gate_proj.weight"), "{err}");
+    let err = Llama::from_weights(
+        &wrong,
+        checkpoint::load_weights(&dir, DType::F32).unwrap(),
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("model.layers.0.mlp.gate_proj.weight"),
+        "{err}"
+    );
     // A missing tensor is named.
     let mut w = checkpoint::load_weights(&dir, DType::F32).unwrap();
     w.remove("model.norm.weight");
     let err = Llama::from_weights(&cfg, w, None).unwrap_err();
-    assert!(err.to_string().contains("missing tensor model.norm.weight"), "{err}");
+    assert!(
+        err.to_string().contains("missing tensor model.norm.weight"),
+        "{err}"
+    );
     // A truncated file is an error, not a panic.
     let p = dir.join("model.safetensors");
     let bytes = std::fs::read(&p).unwrap();
@@ -128,16 +152,32 @@ fn small_run(name: &str, out: &std::path::Path, recipe: &str) -> TrainConfig {
 fn resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit() {
     let out = tmpdir("resume");
     for recipe in ["bf16", "tensorwise"] {
-        let full = train(&small_run(&format!("full-{recipe}"), &out, recipe), None, &mut Quiet).unwrap();
+        let full = train(
+            &small_run(&format!("full-{recipe}"), &out, recipe),
+            None,
+            &mut Quiet,
+        )
+        .unwrap();
         assert_eq!(full.losses.len(), 6);
         assert!(full.losses.iter().all(|l| l.is_finite()));
-        let ck = out.join(format!("full-{recipe}")).join("checkpoints").join("step_000003");
-        let resumed = train(&small_run(&format!("resumed-{recipe}"), &out, recipe), Some(&ck), &mut Quiet).unwrap();
+        let ck = out
+            .join(format!("full-{recipe}"))
+            .join("checkpoints")
+            .join("step_000003");
+        let resumed = train(
+            &small_run(&format!("resumed-{recipe}"), &out, recipe),
+            Some(&ck),
+            &mut Quiet,
+        )
+        .unwrap();
         assert_eq!(resumed.losses.len(), 3);
         for (a, b) in full.losses[3..].iter().zip(&resumed.losses) {
             assert_eq!(a.to_bits(), b.to_bits(), "{recipe}: {a} vs {b}");
         }
-        assert!(out.join(format!("full-{recipe}")).join("metrics.jsonl").exists());
+        assert!(out
+            .join(format!("full-{recipe}"))
+            .join("metrics.jsonl")
+            .exists());
     }
     let _ = std::fs::remove_dir_all(&out);
 }

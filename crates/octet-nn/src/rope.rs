@@ -1,0 +1,99 @@
+//! Rotary position embedding, Hugging Face Llama convention ("rotate_half":
+//! element `i` pairs with `i + D/2`), positions `0..T`.
+//!
+//! `out[i] = x[i] cos - x[i + D/2] sin`, `out[i + D/2] = x[i + D/2] cos + x[i] sin`
+//! with angle `t * theta^(-2i/D)`. A rotation is orthogonal, so the backward
+//! is the rotation by the opposite angle and nothing needs saving.
+
+use crate::{Error, Result};
+use octet_tensor::cpu::Real;
+use octet_tensor::Tensor;
+use rayon::prelude::*;
+
+/// Precomputed cos/sin tables.
+#[derive(Clone, Debug)]
+pub struct Rope {
+    head_dim: usize,
+    max_seq: usize,
+    cos: Vec<f64>, // (max_seq, D/2)
+    sin: Vec<f64>, // (max_seq, D/2)
+}
+
+impl Rope {
+    /// Tables for `head_dim` (even) up to `max_seq` positions with base `theta`.
+    pub fn new(head_dim: usize, max_seq: usize, theta: f64) -> Result<Rope> {
+        if head_dim == 0 || head_dim % 2 != 0 || max_seq == 0 {
+            return Err(Error::Shape(format!(
+                "RoPE needs an even head_dim and max_seq > 0, got {head_dim}, {max_seq}"
+            )));
+        }
+        let half = head_dim / 2;
+        let (mut cos, mut sin) = (
+            Vec::with_capacity(max_seq * half),
+            Vec::with_capacity(max_seq * half),
+        );
+        for t in 0..max_seq {
+            for i in 0..half {
+                let a = t as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64);
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Ok(Rope {
+            head_dim,
+            max_seq,
+            cos,
+            sin,
+        })
+    }
+
+    fn apply(&self, x: &Tensor, sign: f64) -> Result<Tensor> {
+        let s = x.shape();
+        if s.len() != 4 || s[3] != self.head_dim || s[1] > self.max_seq {
+            return Err(Error::Shape(format!(
+                "RoPE expects (B, T <= {}, H, {}), got {s:?}",
+                self.max_seq, self.head_dim
+            )));
+        }
+        let (t, h, d) = (s[1], s[2], s[3]);
+        fn run<T: Real>(rope: &Rope, x: &[T], t: usize, h: usize, d: usize, sign: f64) -> Vec<T> {
+            let half = d / 2;
+            let mut out = vec![T::zero(); x.len()];
+            // One (T, H, D) sequence per task; position = row index within the sequence.
+            out.par_chunks_mut(t * h * d)
+                .zip(x.par_chunks(t * h * d))
+                .for_each(|(o, xs)| {
+                    for pos in 0..t {
+                        let cs = &rope.cos[pos * half..(pos + 1) * half];
+                        let sn = &rope.sin[pos * half..(pos + 1) * half];
+                        for head in 0..h {
+                            let base = (pos * h + head) * d;
+                            for i in 0..half {
+                                let c = T::from(cs[i]).unwrap_or_else(T::zero);
+                                let s = T::from(sign * sn[i]).unwrap_or_else(T::zero);
+                                let (a, b) = (xs[base + i], xs[base + i + half]);
+                                o[base + i] = a * c - b * s;
+                                o[base + i + half] = b * c + a * s;
+                            }
+                        }
+                    }
+                });
+            out
+        }
+        match x.as_f64() {
+            Some(v) => Tensor::from_f64(s, run(self, v, t, h, d, sign)),
+            None => Tensor::from_f32_as(s, run(self, &x.to_f32_vec(), t, h, d, sign), x.dtype()),
+        }
+        .map_err(Into::into)
+    }
+
+    /// Rotate `x (B, T, H, D)` by each position's angle.
+    pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.apply(x, 1.0)
+    }
+
+    /// Backward of [`Rope::forward`]: rotate `dy (B, T, H, D)` by the opposite angle.
+    pub fn backward(&self, dy: &Tensor) -> Result<Tensor> {
+        self.apply(dy, -1.0)
+    }
+}
