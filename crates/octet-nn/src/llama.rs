@@ -332,8 +332,6 @@ impl Llama {
         }
         let norm = RmsNorm::new(next()?, eps)?;
         let lm_head = Linear::new(next()?, None, None, true)?;
-        drop(next);
-        drop(take);
         if let Some(extra) = w.keys().next() {
             return Err(Error::Config(format!(
                 "unexpected tensor {extra} for this config"

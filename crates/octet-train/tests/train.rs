@@ -62,7 +62,7 @@ fn whole_model_gradients_match_finite_differences_in_f64() {
         let gv = g.to_f64_vec();
         for _ in 0..3 {
             let i = rng.random_range(0..gv.len());
-            let mut loss_at = |delta: f64| {
+            let loss_at = |delta: f64| {
                 let mut m = model.clone();
                 let mut params = m.params_mut();
                 let p = &mut params[pi].1;
