@@ -1,0 +1,247 @@
+//! `octet bench quantize|gemm|linear` on the CPU reference backend.
+//!
+//! Throughput is labelled honestly: GB/s counts the minimum bytes an op must
+//! read and write, GFLOP/s counts 2 M K N per GEMM. Every figure is the
+//! median of several timed runs after a warm-up.
+
+use crate::util::{gaussian, median_secs, parse_shapes, write_json, Table};
+use half::bf16;
+use octet_fp8::convert::{decode_slice, encode_slice};
+use octet_fp8::{BackwardMode, Format, Layout, Overflow, Recipe, Role, Rounding, Usage};
+use octet_nn::Linear;
+use octet_tensor::{cpu, Tensor};
+use serde_json::json;
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    op: Op,
+    /// Write the results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// GEMM/Linear shapes, MxKxN[,MxKxN...].
+    #[arg(long)]
+    shapes: Option<String>,
+    /// Size of the quantize buffer in MiB of f32.
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// Timed repetitions per figure (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Op {
+    Quantize,
+    Gemm,
+    Linear,
+}
+
+pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    let rows = match a.op {
+        Op::Quantize => quantize(&a)?,
+        Op::Gemm => gemm(&a)?,
+        Op::Linear => linear(&a)?,
+    };
+    if let Some(p) = &a.json {
+        write_json(p, &format!("octet bench {:?}", a.op).to_lowercase(), &rows)?;
+    }
+    Ok(())
+}
+
+fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let n = a.mib * (1 << 20) / 4;
+    anyhow::ensure!(n > 0, "--mib must be at least 1");
+    println!(
+        "CPU, {} threads; buffer of {} MiB f32 ({} elements); median of {} runs\n",
+        rayon::current_num_threads(),
+        a.mib,
+        n,
+        a.reps
+    );
+    let x = gaussian(n, 1, 100.0);
+    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+    let mut y = vec![0f32; n];
+    let mut q = vec![0u8; n];
+    let gb = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+    let t_copy = median_secs(a.reps, || y.copy_from_slice(&x));
+    let copy = gb(8 * n, t_copy);
+    let mut out = Vec::new();
+    let mut t = Table::new(&["op", "bytes moved", "ms", "GB/s", "vs copy"]);
+    let mut push = |name: &str, bytes: usize, s: f64| {
+        let g = gb(bytes, s);
+        t.row(vec![
+            name.into(),
+            bytes.to_string(),
+            format!("{:.2}", s * 1e3),
+            format!("{g:.2}"),
+            format!("{:.2}", g / copy),
+        ]);
+        out.push(json!({"op": name, "bytes": bytes, "ms": s * 1e3, "gb_s": g, "ratio_to_copy": g / copy}));
+    };
+    push("copy f32 -> f32", 8 * n, t_copy);
+    let s = median_secs(a.reps, || {
+        encode_slice(
+            Format::E4M3,
+            &x,
+            1.0,
+            &mut q,
+            Overflow::Saturate,
+            Rounding::NearestEven,
+            0,
+        )
+    });
+    push("encode f32 -> e4m3", 5 * n, s);
+    let s = median_secs(a.reps, || {
+        encode_slice(
+            Format::E5M2,
+            &x,
+            1.0,
+            &mut q,
+            Overflow::Saturate,
+            Rounding::NearestEven,
+            0,
+        )
+    });
+    push("encode f32 -> e5m2", 5 * n, s);
+    let s = median_secs(a.reps, || {
+        encode_slice(
+            Format::E4M3,
+            &xb,
+            1.0,
+            &mut q,
+            Overflow::Saturate,
+            Rounding::NearestEven,
+            0,
+        )
+    });
+    push("encode bf16 -> e4m3", 3 * n, s);
+    let s = median_secs(a.reps, || decode_slice(Format::E4M3, &q, 1.0, &mut y));
+    push("decode e4m3 -> f32", 5 * n, s);
+    t.print();
+
+    let (r, c) = (2048, 2048);
+    println!("\nfull reference quantize of a {r}x{c} f32 tensor, row-wise + column-wise copies (amax, scales, cast, transpose)");
+    let xt = gaussian(r * c, 2, 1.0);
+    let mut t = Table::new(&["recipe", "ms", "GB/s (read 4 B, write 2 copies)"]);
+    for name in Recipe::NAMES {
+        let rec = Recipe::from_name(name)?;
+        let ds = (name == "delayed").then_some(100.0);
+        let rs = rec.spec(Role::Input, Layout::Rowwise, ds, 0)?;
+        let cs = rec.spec(Role::Input, Layout::Colwise, ds, 0)?;
+        let mut res = Ok(());
+        let s = median_secs(a.reps.min(3), || {
+            if let Err(e) = octet_fp8::quantize(&xt, r, c, &rs, &cs, Usage::BOTH, None) {
+                res = Err(e);
+            }
+        });
+        res?;
+        let bytes = r * c * (4 + 2 * rec.format(Role::Input).bits() as usize / 8);
+        t.row(vec![
+            name.into(),
+            format!("{:.1}", s * 1e3),
+            format!("{:.2}", gb(bytes, s)),
+        ]);
+        out.push(json!({"op": format!("quantize {name} {r}x{c} both"), "bytes": bytes, "ms": s * 1e3, "gb_s": gb(bytes, s)}));
+    }
+    t.print();
+    Ok(json!(out))
+}
+
+fn gemm(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("512x512x512,1024x1024x1024"))?;
+    println!("CPU, {} threads; FP8 GEMMs are emulated (decode to f32, f32 GEMM per scale block, scale)\n", rayon::current_num_threads());
+    let mut t = Table::new(&["shape", "kernel", "ms", "GFLOP/s", "vs f32"]);
+    let mut out = Vec::new();
+    for (m, k, n) in shapes {
+        let (x, w) = (gaussian(m * k, 1, 1.0), gaussian(n * k, 2, 1.0));
+        let flops = 2.0 * (m * k * n) as f64;
+        let base = median_secs(a.reps, || {
+            std::hint::black_box(cpu::sgemm(m, n, k, &x, false, &w, true));
+        });
+        let shape = format!("{m}x{k}x{n}");
+        t.row(vec![
+            shape.clone(),
+            "f32 sgemm".into(),
+            format!("{:.2}", base * 1e3),
+            format!("{:.1}", flops / base / 1e9),
+            "1.00".into(),
+        ]);
+        out.push(json!({"shape": shape, "kernel": "f32", "ms": base * 1e3, "gflops": flops / base / 1e9}));
+        for name in Recipe::NAMES {
+            let r = Recipe::from_name(name)?;
+            let ds = (name == "delayed").then_some(100.0);
+            let si = r.spec(Role::Input, Layout::Rowwise, ds, 0)?;
+            let sw = r.spec(Role::Weight, Layout::Rowwise, ds, 0)?;
+            let qx = octet_fp8::quantize(&x, m, k, &si, &si, Usage::ROW, None)?;
+            let qw = octet_fp8::quantize(&w, n, k, &sw, &sw, Usage::ROW, None)?;
+            let (qa, qb) = (qx.get(Layout::Rowwise)?, qw.get(Layout::Rowwise)?);
+            let s = median_secs(a.reps, || {
+                std::hint::black_box(cpu::fp8_gemm(qa, qb).ok());
+            });
+            let label = format!("fp8 {name} (emulated)");
+            t.row(vec![
+                shape.clone(),
+                label.clone(),
+                format!("{:.2}", s * 1e3),
+                format!("{:.1}", flops / s / 1e9),
+                format!("{:.2}", base / s),
+            ]);
+            out.push(json!({"shape": shape, "kernel": label, "ms": s * 1e3, "gflops": flops / s / 1e9, "speed_vs_f32": base / s}));
+        }
+    }
+    t.print();
+    Ok(json!(out))
+}
+
+fn linear(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("256x1024x1024"))?;
+    println!("CPU, {} threads; Linear forward + backward (trainable weight, input gradient), FP8 emulated\n", rayon::current_num_threads());
+    let mut t = Table::new(&["shape", "layer", "ms", "vs f32 layer", "saved bytes"]);
+    let mut out = Vec::new();
+    for (m, k, n) in shapes {
+        let x = Tensor::from_f32(&[m, k], gaussian(m * k, 1, 1.0))?;
+        let w = gaussian(n * k, 2, 1.0 / (k as f32).sqrt());
+        let dy = Tensor::from_f32(&[m, n], gaussian(m * n, 3, 1e-2))?;
+        let shape = format!("{m}x{k}x{n}");
+        let mut base = f64::NAN;
+        let mut layers: Vec<(String, Option<Recipe>)> = vec![("f32 (no FP8)".into(), None)];
+        for name in Recipe::NAMES {
+            layers.push((format!("{name} quantized"), Some(Recipe::from_name(name)?)));
+        }
+        layers.push((
+            "tensorwise dequantized".into(),
+            Some(Recipe::from_name("tensorwise")?.with_backward(BackwardMode::Dequantized)?),
+        ));
+        for (label, recipe) in layers {
+            let mut l = Linear::new(Tensor::from_f32(&[n, k], w.clone())?, None, recipe, true)?;
+            let mut saved_bytes = 0;
+            let mut res = Ok(());
+            let s = median_secs(a.reps, || {
+                let r = l.forward(&x, true).and_then(|(_, saved)| {
+                    saved_bytes = saved.bytes();
+                    l.backward(saved, &dy)
+                });
+                if let Err(e) = r {
+                    res = Err(e);
+                }
+            });
+            res?;
+            if recipe.is_none() {
+                base = s;
+            }
+            t.row(vec![
+                shape.clone(),
+                label.clone(),
+                format!("{:.1}", s * 1e3),
+                format!("{:.2}x", base / s),
+                saved_bytes.to_string(),
+            ]);
+            out.push(json!({"shape": shape, "layer": label, "ms": s * 1e3, "speed_vs_f32": base / s, "saved_bytes": saved_bytes}));
+        }
+    }
+    t.print();
+    Ok(json!(out))
+}

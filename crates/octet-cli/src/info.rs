@@ -1,0 +1,51 @@
+//! `octet info`: version, formats, recipes and devices.
+
+use crate::util::Table;
+use octet_fp8::{BackwardMode, Format, Recipe};
+
+pub fn run() -> anyhow::Result<()> {
+    println!(
+        "octet {} ({})",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::ARCH
+    );
+    println!("\nformats");
+    let mut t = Table::new(&["format", "bits", "max", "min normal", "min subnormal"]);
+    for f in Format::ALL {
+        t.row(vec![
+            f.name().into(),
+            f.bits().to_string(),
+            format!("{:e}", f.max()),
+            format!("{:e}", f.min_normal()),
+            format!("{:e}", f.min_subnormal()),
+        ]);
+    }
+    t.print();
+    println!(
+        "\nrecipes (default formats; backward modes: {})",
+        BackwardMode::ALL.map(|m| m.name()).join(", ")
+    );
+    let mut t = Table::new(&["recipe", "roles", "cpu", "backward modes"]);
+    for name in Recipe::NAMES {
+        let r = Recipe::from_name(name)?;
+        let modes: Vec<&str> = BackwardMode::ALL
+            .into_iter()
+            .filter(|&m| r.with_backward(m).is_ok())
+            .map(|m| m.name())
+            .collect();
+        t.row(vec![
+            name.into(),
+            r.to_string(),
+            "emulated (exact reference)".into(),
+            modes.join(", "),
+        ]);
+    }
+    t.print();
+    println!("\ndevices");
+    println!(
+        "  cpu: {} threads (reference backend)",
+        rayon::current_num_threads()
+    );
+    println!("  cuda: not in this build (the CUDA backend is being built; see README)");
+    Ok(())
+}

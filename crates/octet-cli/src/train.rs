@@ -1,0 +1,270 @@
+//! `octet train` and `octet compare`.
+
+use crate::util::Table;
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use octet_train::metrics::StepMetrics;
+use octet_train::plot::{line_plot, Series};
+use octet_train::trainer::{train, Observer, RunSummary, TrainConfig};
+use std::path::PathBuf;
+
+/// Flags of `octet train`; each one given overrides the config file and the defaults.
+#[derive(clap::Args, Default, Clone)]
+pub struct TrainArgs {
+    /// A TOML file with any TrainConfig fields (flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Run name (outputs in runs/<name>).
+    #[arg(long)]
+    name: Option<String>,
+    /// Parent directory of runs.
+    #[arg(long)]
+    out_dir: Option<PathBuf>,
+    /// Model preset: tiny, small, medium, 1b.
+    #[arg(long)]
+    model: Option<String>,
+    /// Training text file, directory of .txt files, or .bin token file (default: embedded Tiny Shakespeare).
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// bf16 (no FP8) or an FP8 recipe: delayed, tensorwise, rowwise, blockwise, mxfp8, nvfp4.
+    #[arg(long)]
+    recipe: Option<String>,
+    /// Backward of FP8 recipes: quantized, high_precision, dequantized.
+    #[arg(long)]
+    backward: Option<String>,
+    /// Sequences per micro-batch.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Tokens per sequence.
+    #[arg(long)]
+    seq: Option<usize>,
+    /// Micro-batches per optimizer step.
+    #[arg(long)]
+    grad_accum: Option<usize>,
+    /// Optimizer steps.
+    #[arg(long)]
+    steps: Option<u64>,
+    /// Peak learning rate.
+    #[arg(long)]
+    lr: Option<f32>,
+    /// Warmup steps.
+    #[arg(long)]
+    warmup: Option<u64>,
+    /// AdamW weight decay.
+    #[arg(long)]
+    weight_decay: Option<f32>,
+    /// Gradient clipping norm (0 disables).
+    #[arg(long)]
+    grad_clip: Option<f32>,
+    /// Seed.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Evaluate every N steps.
+    #[arg(long)]
+    eval_every: Option<u64>,
+    /// Checkpoint every N steps (0: only at the end).
+    #[arg(long)]
+    ckpt_every: Option<u64>,
+    /// Tokens to generate at the end.
+    #[arg(long)]
+    sample_tokens: Option<usize>,
+    /// Resume from a checkpoint directory (runs/<name>/checkpoints/step_N).
+    #[arg(long)]
+    resume: Option<PathBuf>,
+    /// Device: cpu, cuda or auto (this build has the CPU backend only).
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+impl TrainArgs {
+    fn config(&self) -> anyhow::Result<TrainConfig> {
+        let mut c = match &self.config {
+            Some(p) => {
+                let text = std::fs::read_to_string(p)
+                    .with_context(|| format!("reading {}", p.display()))?;
+                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
+            }
+            None => TrainConfig::default(),
+        };
+        macro_rules! set {
+            ($($f:ident),*) => { $(if let Some(v) = &self.$f { c.$f = v.clone(); })* };
+        }
+        set!(
+            name,
+            out_dir,
+            model,
+            recipe,
+            backward,
+            batch,
+            seq,
+            grad_accum,
+            steps,
+            lr,
+            warmup,
+            seed,
+            eval_every,
+            ckpt_every,
+            sample_tokens
+        );
+        if let Some(d) = &self.data {
+            c.data = Some(d.clone());
+        }
+        if let Some(w) = self.weight_decay {
+            c.adamw.weight_decay = w;
+        }
+        if let Some(g) = self.grad_clip {
+            c.adamw.grad_clip = g;
+        }
+        match self.device.as_str() {
+            "cpu" | "auto" => {}
+            "cuda" => anyhow::bail!(
+                "--device cuda: this build has no CUDA backend yet; use --device cpu (or auto)"
+            ),
+            other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+struct Bar {
+    bar: ProgressBar,
+}
+
+impl Observer for Bar {
+    fn step(&mut self, m: &StepMetrics, total: u64) {
+        self.bar.set_length(total);
+        self.bar.set_position(m.step);
+        self.bar
+            .set_message(format!("loss {:.4}  {:.0} tok/s", m.loss, m.tokens_per_s));
+    }
+    fn note(&mut self, msg: &str) {
+        self.bar.println(msg);
+    }
+}
+
+fn bar(prefix: &str) -> Bar {
+    let bar = ProgressBar::new(1);
+    let style = ProgressStyle::with_template(
+        "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_prefix(prefix.to_string());
+    Bar { bar }
+}
+
+fn summary_table(runs: &[RunSummary]) {
+    let base = runs
+        .iter()
+        .find(|r| r.recipe == "bf16")
+        .map(|r| r.final_val_loss);
+    let mut t = Table::new(&[
+        "recipe",
+        "final train",
+        "final val",
+        "val vs bf16",
+        "tokens/s",
+        "peak saved MiB",
+    ]);
+    for r in runs {
+        t.row(vec![
+            r.recipe.clone(),
+            format!("{:.4}", r.final_loss),
+            format!("{:.4}", r.final_val_loss),
+            base.map_or("-".into(), |b| {
+                format!("{:+.2}%", 100.0 * (r.final_val_loss / b - 1.0))
+            }),
+            format!("{:.0}", r.tokens_per_s),
+            format!("{:.2}", r.peak_saved_bytes as f64 / (1 << 20) as f64),
+        ]);
+    }
+    t.print();
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let cfg = a.config()?;
+    let mcfg = cfg.llama_config()?;
+    println!(
+        "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device cpu ({} threads)",
+        cfg.model,
+        mcfg.num_params(),
+        mcfg.hidden_size,
+        mcfg.num_hidden_layers,
+        mcfg.num_attention_heads,
+        mcfg.num_key_value_heads,
+        cfg.recipe,
+        cfg.backward,
+        cfg.batch,
+        cfg.seq,
+        cfg.steps,
+        rayon::current_num_threads()
+    );
+    let mut obs = bar("train");
+    let s = train(&cfg, a.resume.as_deref(), &mut obs)?;
+    obs.bar.finish();
+    println!("\nsample:\n{}\n", s.sample);
+    summary_table(std::slice::from_ref(&s));
+    println!(
+        "\nwrote {}/metrics.jsonl, loss.png, checkpoints/",
+        s.dir.display()
+    );
+    Ok(())
+}
+
+/// Flags of `octet compare`.
+#[derive(clap::Args, Clone)]
+pub struct CompareArgs {
+    /// Recipes to run, comma-separated (bf16 = no FP8).
+    #[arg(
+        long,
+        default_value = "bf16,delayed,tensorwise,rowwise,blockwise,mxfp8,nvfp4"
+    )]
+    recipes: String,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
+    let base = a.train.config()?;
+    let mut runs = Vec::new();
+    let mut series = Vec::new();
+    for recipe in a.recipes.split(',').map(str::trim) {
+        let mut cfg = base.clone();
+        cfg.recipe = recipe.to_string();
+        cfg.name = format!("{}-{recipe}", base.name);
+        cfg.sample_tokens = 0;
+        cfg.validate()?;
+        let mut obs = bar(recipe);
+        let s = train(&cfg, None, &mut obs)?;
+        obs.bar.finish();
+        series.push(Series {
+            name: recipe.to_string(),
+            points: s
+                .losses
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as f64 + 1.0, l))
+                .collect(),
+        });
+        runs.push(s);
+    }
+    println!();
+    summary_table(&runs);
+    let path = base.out_dir.join(format!("{}-compare.png", base.name));
+    line_plot(
+        &path,
+        "training loss by recipe",
+        "step",
+        "cross-entropy (nats/byte)",
+        &series,
+    )?;
+    let json = base.out_dir.join(format!("{}-compare.json", base.name));
+    let rows: Vec<_> = runs
+        .iter()
+        .map(|r| serde_json::json!({"recipe": r.recipe, "final_loss": r.final_loss, "final_val_loss": r.final_val_loss, "tokens_per_s": r.tokens_per_s, "peak_saved_bytes": r.peak_saved_bytes}))
+        .collect();
+    crate::util::write_json(&json, "octet compare", &serde_json::json!(rows))?;
+    println!("wrote {}", path.display());
+    Ok(())
+}
