@@ -30,6 +30,10 @@ pub struct BenchArgs {
     /// Timed repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// cpu, cuda or auto. On cuda, `quantize` and `gemm` run the GPU suite
+    /// (copy floor, fused quantize, bf16 and FP8 cuBLASLt GEMMs) in one run.
+    #[arg(long, default_value = "cpu")]
+    device: String,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -40,6 +44,14 @@ enum Op {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(mut g) = crate::gpu::open(&a.device)? {
+        anyhow::ensure!(
+            !matches!(a.op, Op::Linear),
+            "bench linear runs on the CPU only in this build"
+        );
+        let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("8192x8192x8192,4096x4096x4096,16384x4096x14336,16384x14336x4096,2048x4096x4096,128x4096x4096"))?;
+        return crate::gpu::bench(&mut g, &shapes, a.json.as_deref());
+    }
     let rows = match a.op {
         Op::Quantize => quantize(&a)?,
         Op::Gemm => gemm(&a)?,

@@ -46,6 +46,6 @@ pub fn run() -> anyhow::Result<()> {
         "  cpu: {} threads (reference backend)",
         rayon::current_num_threads()
     );
-    println!("  cuda: not in this build (the CUDA backend is being built; see README)");
+    println!("  {}", crate::gpu::describe());
     Ok(())
 }

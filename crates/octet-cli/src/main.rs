@@ -7,6 +7,7 @@
 
 mod bench;
 mod demo;
+mod gpu;
 mod info;
 mod train;
 mod util;
@@ -32,6 +33,12 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// Version, formats, recipes and devices.
     Info,
+    /// Run the conformance suite (GPU against the CPU reference) on a device.
+    Selftest {
+        /// cuda or auto.
+        #[arg(long, default_value = "cuda")]
+        device: String,
+    },
 }
 
 fn main() {
@@ -42,6 +49,13 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Info => info::run(),
+        Cmd::Selftest { device } => match gpu::open(&device) {
+            Ok(Some(mut g)) => gpu::selftest(&mut g),
+            Ok(None) => Err(anyhow::anyhow!(
+                "selftest compares a GPU with the CPU reference; no GPU is available (the CPU side runs in `cargo test`)"
+            )),
+            Err(e) => Err(e),
+        },
     };
     if let Err(e) = result {
         eprintln!("error: {e:#}");

@@ -1,0 +1,80 @@
+//! The CUDA side of the CLI: `selftest --device cuda`, `bench ... --device cuda`, device listing.
+
+use crate::util::{write_json, Table};
+use octet_cuda::{check, Gpu};
+use serde_json::json;
+use std::path::Path;
+
+/// Open the GPU for `--device`: `cuda` must succeed, `auto` may fall back to the CPU.
+pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
+    match device {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(
+            Gpu::open(0).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?,
+        )),
+        "auto" => Ok(Gpu::open(0).ok()),
+        other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
+    }
+}
+
+/// One line about the GPU, or why there is none.
+pub fn describe() -> String {
+    match Gpu::open(0) {
+        Ok(g) => format!(
+            "cuda: {} (native FP8 GEMMs: tensorwise; other recipes run on the CPU reference for now)",
+            g.info().unwrap_or_else(|e| e.to_string())
+        ),
+        Err(e) => format!("cuda: none ({e})"),
+    }
+}
+
+pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
+    println!("octet selftest on {}\n", gpu.info()?);
+    let cases = check::selftest(gpu)?;
+    let mut t = Table::new(&["case", "result", "worst"]);
+    for c in &cases {
+        t.row(vec![
+            c.name.clone(),
+            if c.pass { "pass" } else { "FAIL" }.into(),
+            c.worst.clone(),
+        ]);
+    }
+    t.print();
+    let failed = cases.iter().filter(|c| !c.pass).count();
+    anyhow::ensure!(
+        failed == 0,
+        "{failed} of {} conformance cases failed",
+        cases.len()
+    );
+    println!("\nall {} cases pass", cases.len());
+    Ok(())
+}
+
+pub fn bench(
+    gpu: &mut Gpu,
+    shapes: &[(usize, usize, usize)],
+    json_path: Option<&Path>,
+) -> anyhow::Result<()> {
+    println!(
+        "octet bench on {}: medians of CUDA-event timings\n",
+        gpu.info()?
+    );
+    let rows = check::bench(gpu, shapes)?;
+    let mut t = Table::new(&["op", "ms", "rate", "unit", "ratio", "vs"]);
+    for r in &rows {
+        t.row(vec![
+            r.name.clone(),
+            format!("{:.3}", r.ms),
+            format!("{:.1}", r.rate),
+            r.unit.into(),
+            format!("{:.2}", r.ratio),
+            r.vs.clone(),
+        ]);
+    }
+    t.print();
+    if let Some(p) = json_path {
+        let v: Vec<_> = rows.iter().map(|r| json!({"op": r.name, "ms": r.ms, "rate": r.rate, "unit": r.unit, "ratio": r.ratio, "vs": r.vs})).collect();
+        write_json(p, "octet bench --device cuda", &json!(v))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,323 @@
+//! cuBLASLt GEMMs, row-major `d (m, n) = a (m, k) @ b (n, k)^T` ("TN": both
+//! operands K-major, the only layout Hopper's FP8 GEMMs take).
+//!
+//! cuBLASLt is column-major: a row-major `(r, c)` matrix is a column-major
+//! `(c, r)` one. So `d^T (n, m) = b (n, k) @ a^T (k, m)` is computed as
+//! cuBLAS `A := b` (column-major `(k, n)`, transposed), `B := a` (column-major
+//! `(k, m)`, not transposed), `D` column-major `(n, m)` = row-major `(m, n)`.
+//! Descriptors, layouts and the heuristic's algorithm are cached per shape.
+
+use crate::{Error, Result};
+use cudarc::cublaslt::{result as lt, sys};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use octet_fp8::Format;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+const WORKSPACE: usize = 32 << 20;
+
+/// Operand types of a GEMM plan.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Kind {
+    /// bf16 x bf16 -> bf16.
+    Bf16,
+    /// FP8 x FP8 -> bf16 with per-tensor scale pointers; `(a format, b format, fast accumulation)`.
+    Fp8(Format, Format, bool),
+}
+
+struct Plan {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    d: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// cuBLASLt handle, workspace and cached plans.
+pub struct Blas {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: HashMap<(Kind, usize, usize, usize), Plan>,
+    stream: Arc<CudaStream>,
+}
+
+fn blas<T>(r: std::result::Result<T, lt::CublasError>, what: &str) -> Result<T> {
+    r.map_err(|e| Error::Blas(format!("{what}: {e:?}")))
+}
+
+fn dtype(f: Format) -> Result<sys::cudaDataType> {
+    match f {
+        Format::E4M3 => Ok(sys::cudaDataType::CUDA_R_8F_E4M3),
+        Format::E5M2 => Ok(sys::cudaDataType::CUDA_R_8F_E5M2),
+        f => Err(Error::Shape(format!(
+            "cuBLASLt FP8 GEMM takes e4m3/e5m2 operands, not {f}"
+        ))),
+    }
+}
+
+impl Blas {
+    /// A handle and a 32 MiB workspace on `stream`.
+    pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+        // SAFETY: probes library presence only.
+        if !unsafe { sys::is_culib_present() } {
+            return Err(Error::Toolkit("libcublasLt could not be loaded".into()));
+        }
+        let handle = blas(lt::create_handle(), "create handle")?;
+        let workspace = stream.alloc_zeros::<u8>(WORKSPACE)?;
+        Ok(Blas {
+            handle,
+            workspace,
+            plans: HashMap::new(),
+            stream: stream.clone(),
+        })
+    }
+
+    fn plan(&mut self, kind: Kind, m: usize, n: usize, k: usize) -> Result<&Plan> {
+        let key = (kind, m, n, k);
+        if !self.plans.contains_key(&key) {
+            let p = self.make_plan(kind, m, n, k)?;
+            self.plans.insert(key, p);
+        }
+        self.plans
+            .get(&key)
+            .ok_or_else(|| Error::Blas("plan cache".into()))
+    }
+
+    fn make_plan(&self, kind: Kind, m: usize, n: usize, k: usize) -> Result<Plan> {
+        use sys::cublasLtMatmulDescAttributes_t as D;
+        let (ta, tb) = match kind {
+            Kind::Bf16 => (
+                sys::cudaDataType::CUDA_R_16BF,
+                sys::cudaDataType::CUDA_R_16BF,
+            ),
+            // cuBLAS A is our b, cuBLAS B is our a.
+            Kind::Fp8(fa, fb, _) => (dtype(fb)?, dtype(fa)?),
+        };
+        let desc = blas(
+            lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType::CUDA_R_32F,
+            ),
+            "desc",
+        )?;
+        // cublasOperation_t values: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 (passed as int32).
+        let t: i32 = 1;
+        let nop: i32 = 0;
+        let set = |attr: D, p: *const c_void, size: usize| {
+            // SAFETY: `p` points to a live value of `size` bytes of the attribute's type.
+            blas(
+                unsafe { lt::set_matmul_desc_attribute(desc, attr, p, size) },
+                "desc attribute",
+            )
+        };
+        set(
+            D::CUBLASLT_MATMUL_DESC_TRANSA,
+            &t as *const _ as *const c_void,
+            std::mem::size_of_val(&t),
+        )?;
+        set(
+            D::CUBLASLT_MATMUL_DESC_TRANSB,
+            &nop as *const _ as *const c_void,
+            std::mem::size_of_val(&nop),
+        )?;
+        if let Kind::Fp8(_, _, fast) = kind {
+            let f: i8 = i8::from(fast);
+            set(
+                D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
+                &f as *const _ as *const c_void,
+                1,
+            )?;
+        }
+        let (m64, n64, k64) = (m as u64, n as u64, k as u64);
+        let a = blas(lt::create_matrix_layout(ta, k64, n64, k as i64), "layout a")?;
+        let b = blas(lt::create_matrix_layout(tb, k64, m64, k as i64), "layout b")?;
+        let d = blas(
+            lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, n64, m64, n as i64),
+            "layout d",
+        )?;
+        let pref = blas(lt::create_matmul_pref(), "preference")?;
+        let ws = WORKSPACE as u64;
+        // SAFETY: attribute value is a u64 as cuBLASLt documents.
+        blas(
+            unsafe {
+                lt::set_matmul_pref_attribute(
+                    pref,
+                    sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                    &ws as *const _ as *const c_void,
+                    8,
+                )
+            },
+            "preference attribute",
+        )?;
+        // SAFETY: every handle passed was created above and is live.
+        let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref) };
+        // SAFETY: created above, not used after.
+        unsafe { lt::destroy_matmul_pref(pref) }.ok();
+        let heur = heur.map_err(|e| Error::Blas(format!("no algorithm for {kind:?} {m}x{k}x{n} (dims must be multiples of 16 for FP8): {e:?}")))?;
+        Ok(Plan {
+            desc,
+            a,
+            b,
+            d,
+            algo: heur.algo,
+        })
+    }
+
+    /// `d (m, n) bf16 = a (m, k) bf16 @ b (n, k)^T` (bf16 as raw u16 bits).
+    pub fn gemm_bf16(
+        &mut self,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        d: &mut CudaSlice<u16>,
+        m: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<()> {
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        self.run(Kind::Bf16, m, n, k, a, b, d, None)
+    }
+
+    /// `d (m, n) bf16 = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from FP8 codes.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8(
+        &mut self,
+        a: &CudaSlice<u8>,
+        a_fmt: Format,
+        a_scale_inv: &CudaSlice<f32>,
+        b: &CudaSlice<u8>,
+        b_fmt: Format,
+        b_scale_inv: &CudaSlice<f32>,
+        d: &mut CudaSlice<u16>,
+        (m, n, k): (usize, usize, usize),
+        fast_accum: bool,
+    ) -> Result<()> {
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        if m % 16 != 0 || n % 16 != 0 || k % 16 != 0 {
+            return Err(Error::Shape(format!(
+                "FP8 GEMM needs dims that are multiples of 16, got m={m} n={n} k={k}"
+            )));
+        }
+        self.run(
+            Kind::Fp8(a_fmt, b_fmt, fast_accum),
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            Some((a_scale_inv, b_scale_inv)),
+        )
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run<T>(
+        &mut self,
+        kind: Kind,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: &CudaSlice<T>,
+        b: &CudaSlice<T>,
+        d: &mut CudaSlice<u16>,
+        scales: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+    ) -> Result<()> {
+        let stream = self.stream.clone();
+        let handle = self.handle;
+        let plan = {
+            let p = self.plan(kind, m, n, k)?;
+            Plan {
+                desc: p.desc,
+                a: p.a,
+                b: p.b,
+                d: p.d,
+                algo: p.algo,
+            }
+        };
+        let (ws_ptr, _ws_guard) = self.workspace.device_ptr_mut(&stream);
+        let ws_ptr = ws_ptr as *mut c_void;
+        let (a_ptr, _g1) = a.device_ptr(&stream);
+        let (b_ptr, _g2) = b.device_ptr(&stream);
+        let (d_ptr, _g3) = d.device_ptr_mut(&stream);
+        let mut guards = Vec::new();
+        if let Some((sa, sb)) = scales {
+            let (pa, ga) = sa.device_ptr(&stream);
+            let (pb, gb) = sb.device_ptr(&stream);
+            guards.push(ga);
+            guards.push(gb);
+            use sys::cublasLtMatmulDescAttributes_t as D;
+            // cuBLAS A is our b, so its scale is b's.
+            for (attr, p) in [
+                (D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, pb),
+                (D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, pa),
+            ] {
+                // SAFETY: the attribute is a device pointer, passed by address.
+                blas(
+                    unsafe {
+                        lt::set_matmul_desc_attribute(
+                            plan.desc,
+                            attr,
+                            &p as *const _ as *const c_void,
+                            8,
+                        )
+                    },
+                    "scale pointer",
+                )?;
+            }
+        }
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: pointers are live device buffers of the checked sizes; the plan matches the shapes.
+        blas(
+            unsafe {
+                lt::matmul(
+                    handle,
+                    plan.desc,
+                    &alpha as *const f32 as *const c_void,
+                    &beta as *const f32 as *const c_void,
+                    b_ptr as *const c_void,
+                    plan.a,
+                    a_ptr as *const c_void,
+                    plan.b,
+                    d_ptr as *const c_void,
+                    plan.d,
+                    d_ptr as *mut c_void,
+                    plan.d,
+                    &plan.algo,
+                    ws_ptr,
+                    WORKSPACE,
+                    stream.cu_stream() as sys::cudaStream_t,
+                )
+            },
+            "matmul",
+        )
+    }
+}
+
+fn check_len(got: usize, want: usize, what: &str) -> Result<()> {
+    if got != want {
+        return Err(Error::Shape(format!(
+            "GEMM operand {what} has {got} elements, expected {want}"
+        )));
+    }
+    Ok(())
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        for (_, p) in self.plans.drain() {
+            // SAFETY: each was created once and is destroyed once here.
+            unsafe {
+                lt::destroy_matrix_layout(p.a).ok();
+                lt::destroy_matrix_layout(p.b).ok();
+                lt::destroy_matrix_layout(p.d).ok();
+                lt::destroy_matmul_desc(p.desc).ok();
+            }
+        }
+        // SAFETY: created in `new`, destroyed once.
+        unsafe { lt::destroy_handle(self.handle) }.ok();
+    }
+}
