@@ -59,7 +59,14 @@ pub fn bench(
         "octet bench on {}: medians of CUDA-event timings\n",
         gpu.info()?
     );
-    let rows = check::bench(gpu, shapes)?;
+    let mut rows = check::bench(gpu, shapes)?;
+    let linear = [
+        (16384, 4096, 14336),
+        (8192, 8192, 8192),
+        (4096, 4096, 4096),
+        (2048, 4096, 4096),
+    ];
+    rows.extend(check::bench_linear(gpu, &linear)?);
     let mut t = Table::new(&["op", "ms", "rate", "unit", "ratio", "vs"]);
     for r in &rows {
         t.row(vec![

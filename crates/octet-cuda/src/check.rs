@@ -192,6 +192,55 @@ pub fn selftest(gpu: &mut Gpu) -> Result<Vec<CaseResult>> {
             worst: format!("rel err {e:.2e}"),
         });
     }
+    // The high-precision backward GEMMs with transposed operands, against the CPU.
+    let (m, k, n) = (192, 320, 256);
+    let (dy, w, x) = (
+        random_bf16(m * n, 21, 1.0),
+        random_bf16(n * k, 22, 1.0),
+        random_bf16(m * k, 23, 1.0),
+    );
+    let f = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    let (ddy, dw_, dx_) = (
+        gpu.stream.clone_htod(&bf16_bits(&dy))?,
+        gpu.stream.clone_htod(&bf16_bits(&w))?,
+        gpu.stream.clone_htod(&bf16_bits(&x))?,
+    );
+    let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; m * k])?;
+    gpu.blas
+        .gemm_bf16_op(&ddy, false, &dw_, false, &mut d, (m, k, n))?;
+    let got: Vec<f32> = gpu
+        .stream
+        .clone_dtoh(&d)?
+        .iter()
+        .map(|&v| bf16::from_bits(v).to_f32())
+        .collect();
+    let e = rel_frobenius(
+        &got,
+        &octet_tensor::cpu::sgemm(m, k, n, &f(&dy), false, &f(&w), false),
+    );
+    out.push(CaseResult {
+        name: format!("gemm bf16 NN (grad_input) {m}x{n}x{k}"),
+        pass: e < 4e-3,
+        worst: format!("rel err {e:.2e}"),
+    });
+    let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; n * k])?;
+    gpu.blas
+        .gemm_bf16_op(&ddy, true, &dx_, false, &mut d, (n, k, m))?;
+    let got: Vec<f32> = gpu
+        .stream
+        .clone_dtoh(&d)?
+        .iter()
+        .map(|&v| bf16::from_bits(v).to_f32())
+        .collect();
+    let e = rel_frobenius(
+        &got,
+        &octet_tensor::cpu::sgemm(n, k, m, &f(&dy), true, &f(&x), false),
+    );
+    out.push(CaseResult {
+        name: format!("gemm bf16 TN-transposed (grad_weight) {n}x{m}x{k}"),
+        pass: e < 4e-3,
+        worst: format!("rel err {e:.2e}"),
+    });
     Ok(out)
 }
 
@@ -237,10 +286,11 @@ pub fn bench(gpu: &mut Gpu, gemm_shapes: &[(usize, usize, usize)]) -> Result<Vec
         ratio: 1.0,
         vs: "copy".into(),
     });
+    let mut qbuf = gpu.alloc_fp8(qr, qc, Format::E4M3)?;
     let q_ms = time_ms(gpu, 3, 20, |g| {
-        g.quantize_tensorwise(&src, qr, qc, Format::E4M3, false)
-            .map(|_| ())
+        g.quantize_tensorwise_into(&src, &mut qbuf, false)
     })?;
+    drop(qbuf);
     let min_gbs = (4 * n) as f64 / q_ms / 1e6;
     let moved_gbs = (6 * n) as f64 / q_ms / 1e6;
     rows.push(BenchRow {
@@ -261,7 +311,37 @@ pub fn bench(gpu: &mut Gpu, gemm_shapes: &[(usize, usize, usize)]) -> Result<Vec
         ratio: moved_gbs / copy_gbs,
         vs: "copy".into(),
     });
-    drop((src, dst));
+    // The two phases apart: amax (2 B/elem read) and cast + transpose (2 B read + 2 B written).
+    let mut amax_bits = gpu.stream.alloc_zeros::<u32>(1)?;
+    let mut flag = gpu.stream.alloc_zeros::<u32>(1)?;
+    let a_ms = time_ms(gpu, 3, 20, |g| {
+        g.launch_amax(&src, &mut amax_bits, &mut flag)
+    })?;
+    let a_gbs = (2 * n) as f64 / a_ms / 1e6;
+    rows.push(BenchRow {
+        name: "  phase 1: amax (2 B/elem)".into(),
+        ms: a_ms,
+        rate: a_gbs,
+        unit: "GB/s",
+        ratio: a_gbs / copy_gbs,
+        vs: "copy".into(),
+    });
+    let mut qrow: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
+    let mut qcol: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
+    let mut si: CudaSlice<f32> = gpu.stream.alloc_zeros(1)?;
+    let c_ms = time_ms(gpu, 3, 20, |g| {
+        g.cast_only(&src, qr, qc, &amax_bits, &mut qrow, &mut qcol, &mut si)
+    })?;
+    let c_gbs = (4 * n) as f64 / c_ms / 1e6;
+    rows.push(BenchRow {
+        name: "  phase 2: cast + transpose (4 B/elem)".into(),
+        ms: c_ms,
+        rate: c_gbs,
+        unit: "GB/s",
+        ratio: c_gbs / copy_gbs,
+        vs: "copy".into(),
+    });
+    drop((src, dst, qrow, qcol));
     for &(m, k, n) in gemm_shapes {
         let flops = 2.0 * (m * k * n) as f64;
         let (a, b) = (random_bf16(m * k, 2, 1.0), random_bf16(n * k, 3, 1.0));
@@ -308,6 +388,95 @@ pub fn bench(gpu: &mut Gpu, gemm_shapes: &[(usize, usize, usize)]) -> Result<Vec
                 rate: t,
                 unit: "TFLOP/s",
                 ratio: t / bf_t,
+                vs: "bf16".into(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// `Linear` forward + backward on the GPU, bf16 against FP8 tensorwise with the
+/// quantized backward, in one run: bf16 is three cuBLASLt GEMMs (`output`,
+/// `grad_input`, `grad_weight`); FP8 is three quantizes (input and weight
+/// E4M3, grad_output E5M2, each row-wise + column-wise) and three FP8 GEMMs
+/// on K-major operands (fast accumulation for `output` and `grad_input`,
+/// not for `grad_weight`).
+pub fn bench_linear(gpu: &mut Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    for &(m, k, n) in shapes {
+        let s = gpu.stream.clone();
+        let x = s.clone_htod(&bf16_bits(&random_bf16(m * k, 11, 2.0)))?; // (M, K)
+        let w = s.clone_htod(&bf16_bits(&random_bf16(n * k, 12, 0.05)))?; // (N, K)
+        let dy = s.clone_htod(&bf16_bits(&random_bf16(m * n, 13, 0.01)))?; // (M, N)
+        let mut y: CudaSlice<u16> = s.alloc_zeros(m * n)?;
+        let mut dx: CudaSlice<u16> = s.alloc_zeros(m * k)?;
+        let mut dw: CudaSlice<u16> = s.alloc_zeros(n * k)?;
+        let flops = 6.0 * (m * k * n) as f64;
+        let bf = time_ms(gpu, 3, 10, |g| {
+            g.blas.gemm_bf16(&x, &w, &mut y, m, n, k)?; // output = input @ weight_t
+            g.blas
+                .gemm_bf16_op(&dy, false, &w, false, &mut dx, (m, k, n))?; // grad_input = grad_output @ weight
+            g.blas
+                .gemm_bf16_op(&dy, true, &x, false, &mut dw, (n, k, m)) // grad_weight = grad_output_t @ input
+        })?;
+        let shape = format!("{m}x{k}x{n}");
+        rows.push(BenchRow {
+            name: format!("linear fwd+bwd bf16 {shape}"),
+            ms: bf,
+            rate: flops / bf / 1e9,
+            unit: "TFLOP/s",
+            ratio: 1.0,
+            vs: "bf16".into(),
+        });
+        let mut qx = gpu.alloc_fp8(m, k, Format::E4M3)?;
+        let mut qw = gpu.alloc_fp8(n, k, Format::E4M3)?;
+        let mut qdy = gpu.alloc_fp8(m, n, Format::E5M2)?;
+        for (label, fast) in [("fast-accum fwd/dgrad", true), ("no fast-accum", false)] {
+            let ms = time_ms(gpu, 3, 10, |g| {
+                g.quantize_tensorwise_into(&x, &mut qx, false)?;
+                g.quantize_tensorwise_into(&w, &mut qw, false)?;
+                let (e4, e5) = (Format::E4M3, Format::E5M2);
+                g.blas.gemm_fp8(
+                    &qx.rowwise,
+                    e4,
+                    &qx.scale_inv,
+                    &qw.rowwise,
+                    e4,
+                    &qw.scale_inv,
+                    &mut y,
+                    (m, n, k),
+                    fast,
+                )?;
+                g.quantize_tensorwise_into(&dy, &mut qdy, false)?;
+                g.blas.gemm_fp8(
+                    &qdy.rowwise,
+                    e5,
+                    &qdy.scale_inv,
+                    &qw.colwise,
+                    e4,
+                    &qw.scale_inv,
+                    &mut dx,
+                    (m, k, n),
+                    fast,
+                )?;
+                g.blas.gemm_fp8(
+                    &qdy.colwise,
+                    e5,
+                    &qdy.scale_inv,
+                    &qx.colwise,
+                    e4,
+                    &qx.scale_inv,
+                    &mut dw,
+                    (n, k, m),
+                    false,
+                )
+            })?;
+            rows.push(BenchRow {
+                name: format!("linear fwd+bwd fp8 tensorwise quantized ({label}) {shape}"),
+                ms,
+                rate: flops / ms / 1e9,
+                unit: "TFLOP/s",
+                ratio: bf / ms,
                 vs: "bf16".into(),
             });
         }

@@ -20,8 +20,13 @@ const WORKSPACE: usize = 32 << 20;
 /// Operand types of a GEMM plan.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// bf16 x bf16 -> bf16.
-    Bf16,
+    /// bf16 x bf16 -> bf16; `ta`: `a` is stored `(k, m)`; `tb`: `b` is stored `(n, k)`.
+    Bf16 {
+        /// `a` stored transposed.
+        ta: bool,
+        /// `b` stored transposed (the TN default).
+        tb: bool,
+    },
     /// FP8 x FP8 -> bf16 with per-tensor scale pointers; `(a format, b format, fast accumulation)`.
     Fp8(Format, Format, bool),
 }
@@ -87,7 +92,7 @@ impl Blas {
     fn make_plan(&self, kind: Kind, m: usize, n: usize, k: usize) -> Result<Plan> {
         use sys::cublasLtMatmulDescAttributes_t as D;
         let (ta, tb) = match kind {
-            Kind::Bf16 => (
+            Kind::Bf16 { .. } => (
                 sys::cudaDataType::CUDA_R_16BF,
                 sys::cudaDataType::CUDA_R_16BF,
             ),
@@ -101,9 +106,14 @@ impl Blas {
             ),
             "desc",
         )?;
-        // cublasOperation_t values: CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 (passed as int32).
-        let t: i32 = 1;
-        let nop: i32 = 0;
+        // Our row-major operands as cuBLAS column-major ones (module docs):
+        // cuBLAS A := our b, cuBLAS B := our a. cublasOperation_t: N = 0, T = 1 (int32).
+        let (our_ta, our_tb) = match kind {
+            Kind::Bf16 { ta, tb } => (ta, tb),
+            Kind::Fp8(..) => (false, true),
+        };
+        let t: i32 = i32::from(our_tb);
+        let nop: i32 = i32::from(our_ta);
         let set = |attr: D, p: *const c_void, size: usize| {
             // SAFETY: `p` points to a live value of `size` bytes of the attribute's type.
             blas(
@@ -130,8 +140,16 @@ impl Blas {
             )?;
         }
         let (m64, n64, k64) = (m as u64, n as u64, k as u64);
-        let a = blas(lt::create_matrix_layout(ta, k64, n64, k as i64), "layout a")?;
-        let b = blas(lt::create_matrix_layout(tb, k64, m64, k as i64), "layout b")?;
+        let a = if our_tb {
+            blas(lt::create_matrix_layout(ta, k64, n64, k as i64), "layout a")?
+        } else {
+            blas(lt::create_matrix_layout(ta, n64, k64, n as i64), "layout a")?
+        };
+        let b = if our_ta {
+            blas(lt::create_matrix_layout(tb, m64, k64, m as i64), "layout b")?
+        } else {
+            blas(lt::create_matrix_layout(tb, k64, m64, k as i64), "layout b")?
+        };
         let d = blas(
             lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, n64, m64, n as i64),
             "layout d",
@@ -177,7 +195,37 @@ impl Blas {
         check_len(a.len(), m * k, "a")?;
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
-        self.run(Kind::Bf16, m, n, k, a, b, d, None)
+        self.run(
+            Kind::Bf16 {
+                ta: false,
+                tb: true,
+            },
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            None,
+        )
+    }
+
+    /// `d (m, n) bf16 = op(a) @ op(b)`: `a` is `(m, k)`, or `(k, m)` when `ta`;
+    /// `b` is `(k, n)`, or `(n, k)` when `tb`. For the high-precision backward GEMMs.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_op(
+        &mut self,
+        a: &CudaSlice<u16>,
+        ta: bool,
+        b: &CudaSlice<u16>,
+        tb: bool,
+        d: &mut CudaSlice<u16>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        self.run(Kind::Bf16 { ta, tb }, m, n, k, a, b, d, None)
     }
 
     /// `d (m, n) bf16 = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from FP8 codes.

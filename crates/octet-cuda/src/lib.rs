@@ -102,6 +102,10 @@ pub struct DeviceFp8 {
     pub colwise: CudaSlice<u8>,
     /// The dequantization scale (one f32).
     pub scale_inv: CudaSlice<f32>,
+    /// The tensor's amax as f32 bits (kept on the device: delayed scaling and telemetry read it there).
+    pub amax_bits: CudaSlice<u32>,
+    /// Non-zero when the input had a NaN or inf.
+    pub nonfinite: CudaSlice<u32>,
 }
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper for its arch-specific instructions).
@@ -156,6 +160,85 @@ impl Gpu {
             cast_e5m2,
             blas,
         })
+    }
+
+    /// Launch the amax reduction of `x` into `amax_bits` (f32 bits) and `nonfinite` (flag).
+    pub fn launch_amax(
+        &self,
+        x: &CudaSlice<u16>,
+        amax_bits: &mut CudaSlice<u32>,
+        nonfinite: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        let n = x.len() as u64;
+        // Enough blocks to fill every SM several times; each thread loops over 4 x 16 B per step.
+        let blocks = ((n / 32 / 256) as u32 + 1).min(132 * 8);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.amax);
+        b.arg(x).arg(&n).arg(amax_bits).arg(nonfinite);
+        // SAFETY: argument types match the kernel signature; the kernel bounds-checks `n`.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Launch the cast + transpose kernel (`cast` is the E4M3 or E5M2 variant).
+    #[allow(clippy::too_many_arguments)]
+    fn launch_cast(
+        &self,
+        cast: &CudaFunction,
+        x: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+        amax_bits: &CudaSlice<u32>,
+        rowwise: &mut CudaSlice<u8>,
+        colwise: &mut CudaSlice<u8>,
+        scale_inv: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        let (r, c) = (rows as i32, cols as i32);
+        let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(cast);
+        b.arg(x)
+            .arg(&r)
+            .arg(&c)
+            .arg(amax_bits)
+            .arg(rowwise)
+            .arg(colwise)
+            .arg(scale_inv);
+        // SAFETY: argument types match; every output element is written by exactly one thread.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// The cast + transpose kernel alone, for benchmarks (E4M3, amax taken as given).
+    #[allow(clippy::too_many_arguments)]
+    pub fn cast_only(
+        &self,
+        x: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+        amax_bits: &CudaSlice<u32>,
+        rowwise: &mut CudaSlice<u8>,
+        colwise: &mut CudaSlice<u8>,
+        scale_inv: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        self.launch_cast(
+            &self.cast_e4m3,
+            x,
+            rows,
+            cols,
+            amax_bits,
+            rowwise,
+            colwise,
+            scale_inv,
+        )
     }
 
     /// Device name, compute capability and memory in GiB.
@@ -214,18 +297,55 @@ impl Gpu {
         check_finite: bool,
         poison: Option<u8>,
     ) -> Result<DeviceFp8> {
-        if rows == 0 || cols == 0 || x.len() != rows * cols {
+        let mut out = self.alloc_fp8(rows, cols, format)?;
+        if let Some(p) = poison {
+            self.stream
+                .memcpy_htod(&vec![p; rows * cols], &mut out.rowwise)?;
+            self.stream
+                .memcpy_htod(&vec![p; rows * cols], &mut out.colwise)?;
+        }
+        self.quantize_tensorwise_into(x, &mut out, check_finite)?;
+        Ok(out)
+    }
+
+    /// Buffers for a quantized `(rows, cols)` tensor (codes undefined until quantized into).
+    pub fn alloc_fp8(&self, rows: usize, cols: usize, format: Format) -> Result<DeviceFp8> {
+        if rows == 0 || cols == 0 || rows > i32::MAX as usize || cols > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "quantize: shape ({rows}, {cols}) is empty or exceeds 32-bit dims"
+            )));
+        }
+        let s = &self.stream;
+        // SAFETY: the codes are written by the cast kernel before anyone reads them.
+        let (rowwise, colwise) =
+            unsafe { (s.alloc::<u8>(rows * cols)?, s.alloc::<u8>(rows * cols)?) };
+        Ok(DeviceFp8 {
+            rows,
+            cols,
+            format,
+            rowwise,
+            colwise,
+            scale_inv: s.alloc_zeros::<f32>(1)?,
+            amax_bits: s.alloc_zeros::<u32>(1)?,
+            nonfinite: s.alloc_zeros::<u32>(1)?,
+        })
+    }
+
+    /// Quantize into preallocated buffers (what a training step does: no allocation per call).
+    pub fn quantize_tensorwise_into(
+        &self,
+        x: &CudaSlice<u16>,
+        out: &mut DeviceFp8,
+        check_finite: bool,
+    ) -> Result<()> {
+        let (rows, cols) = (out.rows, out.cols);
+        if x.len() != rows * cols {
             return Err(Error::Shape(format!(
                 "quantize: {} elements for ({rows}, {cols})",
                 x.len()
             )));
         }
-        if rows > i32::MAX as usize || cols > i32::MAX as usize {
-            return Err(Error::Shape(format!(
-                "quantize: ({rows}, {cols}) exceeds 32-bit dims"
-            )));
-        }
-        let cast = match format {
+        let cast = match out.format {
             Format::E4M3 => &self.cast_e4m3,
             Format::E5M2 => &self.cast_e5m2,
             f => {
@@ -234,56 +354,22 @@ impl Gpu {
                 )))
             }
         };
-        let s = &self.stream;
-        let mut amax_bits = s.alloc_zeros::<u32>(1)?;
-        let mut nonfinite = s.alloc_zeros::<u32>(1)?;
-        let n = (rows * cols) as u64;
-        let blocks = ((n / 8 / 256) as u32 + 1).min(132 * 8);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(&self.amax);
-        b.arg(x).arg(&n).arg(&mut amax_bits).arg(&mut nonfinite);
-        // SAFETY: argument types match the kernel signature; buffers are sized above.
-        unsafe { b.launch(cfg) }?;
-        let (mut rowwise, mut colwise) = match poison {
-            Some(p) => (
-                s.clone_htod(&vec![p; rows * cols])?,
-                s.clone_htod(&vec![p; rows * cols])?,
-            ),
-            // SAFETY: every element is written by the cast kernel before anyone reads it.
-            None => unsafe { (s.alloc::<u8>(rows * cols)?, s.alloc::<u8>(rows * cols)?) },
-        };
-        let mut scale_inv = s.alloc_zeros::<f32>(1)?;
-        let (r, c) = (rows as i32, cols as i32);
-        let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = s.launch_builder(cast);
-        b.arg(x)
-            .arg(&r)
-            .arg(&c)
-            .arg(&amax_bits)
-            .arg(&mut rowwise)
-            .arg(&mut colwise)
-            .arg(&mut scale_inv);
-        // SAFETY: as above; every output element is written by exactly one thread.
-        unsafe { b.launch(cfg) }?;
-        if check_finite && s.clone_dtoh(&nonfinite)?[0] != 0 {
-            return Err(Error::NonFinite);
-        }
-        Ok(DeviceFp8 {
+        self.stream.memset_zeros(&mut out.amax_bits)?;
+        self.stream.memset_zeros(&mut out.nonfinite)?;
+        self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?;
+        self.launch_cast(
+            cast,
+            x,
             rows,
             cols,
-            format,
-            rowwise,
-            colwise,
-            scale_inv,
-        })
+            &out.amax_bits,
+            &mut out.rowwise,
+            &mut out.colwise,
+            &mut out.scale_inv,
+        )?;
+        if check_finite && self.stream.clone_dtoh(&out.nonfinite)?[0] != 0 {
+            return Err(Error::NonFinite);
+        }
+        Ok(())
     }
 }
