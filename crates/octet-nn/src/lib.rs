@@ -35,6 +35,9 @@ pub enum Error {
     /// A NaN or inf where a finite value is required.
     #[error("non-finite: {0}")]
     NonFinite(String),
+    /// An error inside a named layer of a model.
+    #[error("in {0}: {1}")]
+    InLayer(String, Box<Error>),
 }
 
 /// Result alias.

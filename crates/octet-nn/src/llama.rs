@@ -476,8 +476,10 @@ impl Llama {
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
         let rope = &self.rope;
-        for blk in &mut self.blocks {
-            let (y, s) = block_forward(blk, rope, &x, b, t, &self.cfg)?;
+        for (i, blk) in self.blocks.iter_mut().enumerate() {
+            // Name the block where a NaN/inf (or any failure) first shows up.
+            let (y, s) = block_forward(blk, rope, &x, b, t, &self.cfg)
+                .map_err(|e| Error::InLayer(format!("model.layers.{i}"), Box::new(e)))?;
             x = y;
             saved_blocks.push(s);
         }

@@ -296,14 +296,13 @@ pub fn train(
                 cfg.seed,
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
-            let (loss, saved) = model
-                .forward(&x, &y, cfg.batch, cfg.seq)
-                .map_err(|e| match e {
-                    octet_nn::Error::NonFinite(m) => {
-                        Error::NonFinite(format!("step {}: {m}", step + 1))
-                    }
-                    e => e.into(),
-                })?;
+            let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
+                // The step and (inside `e`) the block; checkpoints already written stay as they are.
+                Error::Train(format!(
+                    "step {}: {e}; the last good checkpoint is kept",
+                    step + 1
+                ))
+            })?;
             peak_saved = peak_saved.max(saved.bytes());
             loss_sum += loss;
             add_grads(&mut grads, model.backward(saved)?)?;

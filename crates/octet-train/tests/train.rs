@@ -181,3 +181,32 @@ fn resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_nan_stops_the_step_and_names_the_block() {
+    let cfg = tiny();
+    let mut model = Llama::new_random(
+        &cfg,
+        DType::F32,
+        Some(octet_fp8::Recipe::from_name("tensorwise").unwrap()),
+        1,
+    )
+    .unwrap();
+    // Poison one gain of block 1's attention norm: block 0 is fine, block 1's q_proj input is NaN.
+    for (name, t) in model.params_mut() {
+        if name == "model.layers.1.input_layernorm.weight" {
+            let mut v = t.to_f32_vec();
+            v[0] = f32::NAN;
+            *t = Tensor::from_f32(t.shape(), v).unwrap();
+        }
+    }
+    let tokens: Vec<u32> = (0..8).map(|i| i % 11).collect();
+    let err = model
+        .forward(&tokens, &tokens, 1, 8)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("in model.layers.1") && err.contains("non-finite"),
+        "{err}"
+    );
+}
