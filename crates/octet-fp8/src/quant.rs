@@ -491,11 +491,22 @@ fn quantize_copy<T: ToF32>(
                     let dst = &mut data[r * stride + c0..r * stride + c1];
                     encode_slice(f, src, mul, dst, Overflow::Saturate, spec.rounding, base);
                 }
-                // Telemetry: values clamped to +-max, and non-zero values that became zero.
+                // Telemetry: values that only saturation kept finite (a plain cast would
+                // have overflowed: a value within rounding of max is not counted), and
+                // non-zero values that became zero.
                 let row = &data[r * stride..(r + 1) * stride];
                 for (j, v) in src.iter().enumerate() {
                     let v = v.to_f32_exact();
-                    saturated += usize::from((v * mul).abs() > f.max());
+                    let scaled = v * mul;
+                    let over = match f {
+                        // Half-way from 6 to the next binade (8) rounds up: 7 and above overflow.
+                        Format::E2M1 => scaled.abs() >= 7.0,
+                        _ => {
+                            u32::from(f.encode_rne(scaled, Overflow::Cast) & 0x7F)
+                                > u32::from(f.encode_rne(f.max(), Overflow::Cast))
+                        }
+                    };
+                    saturated += usize::from(over);
                     let mag = if f == Format::E2M1 {
                         fp4_code(row, c0 + j) & 0x7
                     } else {
