@@ -4,7 +4,8 @@
 //! read and write, GFLOP/s counts 2 M K N per GEMM. Every figure is the
 //! median of several timed runs after a warm-up.
 
-use crate::util::{gaussian, median_secs, parse_shapes, write_json, Table};
+use crate::util::{gaussian, median_secs, parse_dims2, parse_shapes, write_json, Table};
+use anyhow::Context;
 use half::bf16;
 use octet_fp8::convert::{decode_slice, encode_slice};
 use octet_fp8::{BackwardMode, Format, Layout, Overflow, Recipe, Role, Rounding, Usage};
@@ -27,6 +28,9 @@ pub struct BenchArgs {
     /// Size of the quantize buffer in MiB of f32.
     #[arg(long, default_value_t = 64)]
     mib: usize,
+    /// Tensor for the full per-recipe quantize in `bench quantize`, RxC.
+    #[arg(long, default_value = "4096x4096")]
+    tensor: String,
     /// Timed repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -49,7 +53,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
             !matches!(a.op, Op::Linear),
             "bench linear runs on the CPU only in this build"
         );
-        let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("8192x8192x8192,4096x4096x4096,16384x4096x14336,16384x14336x4096,2048x4096x4096,128x4096x4096"))?;
+        let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("8192x8192x8192,4096x4096x4096,16384x4096x14336,16384x14336x4096,2048x4096x4096,128x4096x4096")).context("--shapes")?;
         return crate::gpu::bench(&mut g, &shapes, a.json.as_deref());
     }
     let rows = match a.op {
@@ -64,6 +68,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    let (r, c) = parse_dims2(&a.tensor).context("--tensor")?;
     let n = a.mib * (1 << 20) / 4;
     anyhow::ensure!(n > 0, "--mib must be at least 1");
     println!(
@@ -134,7 +139,6 @@ fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     push("decode e4m3 -> f32", 5 * n, s);
     t.print();
 
-    let (r, c) = (2048, 2048);
     println!("\nfull reference quantize of a {r}x{c} f32 tensor, row-wise + column-wise copies (amax, scales, cast, transpose)");
     let xt = gaussian(r * c, 2, 1.0);
     let mut t = Table::new(&["recipe", "ms", "GB/s (read 4 B, write 2 copies)"]);
@@ -163,7 +167,8 @@ fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 }
 
 fn gemm(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("512x512x512,1024x1024x1024"))?;
+    let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("512x512x512,1024x1024x1024"))
+        .context("--shapes")?;
     println!("CPU, {} threads; FP8 GEMMs are emulated (decode to f32, f32 GEMM per scale block, scale)\n", rayon::current_num_threads());
     let mut t = Table::new(&["shape", "kernel", "ms", "GFLOP/s", "vs f32"]);
     let mut out = Vec::new();
@@ -209,7 +214,8 @@ fn gemm(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
 }
 
 fn linear(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("256x1024x1024"))?;
+    let shapes =
+        parse_shapes(a.shapes.as_deref().unwrap_or("256x1024x1024")).context("--shapes")?;
     println!("CPU, {} threads; Linear forward + backward (trainable weight, input gradient), FP8 emulated\n", rayon::current_num_threads());
     let mut t = Table::new(&["shape", "layer", "ms", "vs f32 layer", "saved bytes"]);
     let mut out = Vec::new();

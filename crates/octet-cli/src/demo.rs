@@ -1,11 +1,12 @@
 //! `octet demo`: one linear layer under every recipe and backward mode, with
 //! accuracy (SQNR in dB against f64) and the bytes saved for backward.
 
-use crate::util::{gaussian, Table};
+use crate::util::{gaussian, ref_matmul_nt, transpose, Table};
+use anyhow::Context;
 use octet_fp8::tolerance::sqnr_db;
 use octet_fp8::{BackwardMode, Layout, Recipe, Role, Usage};
 use octet_nn::Linear;
-use octet_tensor::{cpu, DType, Tensor};
+use octet_tensor::{DType, Tensor};
 
 #[derive(clap::Args, Default)]
 pub struct DemoArgs {
@@ -19,15 +20,19 @@ fn f64s(v: &[f32]) -> Vec<f64> {
 }
 
 pub fn run(a: DemoArgs) -> anyhow::Result<()> {
-    let (m, k, n) = crate::util::parse_shapes(&a.shape)?[0];
+    let (m, k, n) = match crate::util::parse_shapes(&a.shape).context("--shape")?[..] {
+        [one] => one,
+        _ => anyhow::bail!("--shape takes one MxKxN, got '{}'", a.shape),
+    };
     let x = gaussian(m * k, 1, 1.0);
     let w = gaussian(n * k, 2, 1.0 / (k as f32).sqrt());
     let dy = gaussian(m * n, 3, 1e-2);
-    // f64 references of the three GEMMs.
+    // f64 references of the three GEMMs on the unquantized data, from the
+    // CLI's own loops (not octet-tensor's kernels).
     let (x64, w64, dy64) = (f64s(&x), f64s(&w), f64s(&dy));
-    let y_ref = cpu::gemm(m, n, k, &x64, false, &w64, true);
-    let dx_ref = cpu::gemm(m, k, n, &dy64, false, &w64, false);
-    let dw_ref = cpu::gemm(n, k, m, &dy64, true, &x64, false);
+    let y_ref = ref_matmul_nt(m, k, n, &x64, &w64); // output = input @ weight_t: (m, n)
+    let dx_ref = ref_matmul_nt(m, n, k, &dy64, &transpose(&w64, n, k)); // grad_input = grad_output @ weight: (m, k)
+    let dw_ref = ref_matmul_nt(n, m, k, &transpose(&dy64, m, n), &transpose(&x64, m, k)); // grad_weight = grad_output_t @ input: (n, k)
 
     println!("octet demo: Linear {m}x{k} @ ({n}x{k})^T, Gaussian data, SQNR in dB against f64 (higher is better)\n");
     println!(

@@ -86,6 +86,11 @@ pub fn today() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
+    date_from_unix(secs)
+}
+
+/// YYYY-MM-DD (UTC) of a Unix time in seconds.
+fn date_from_unix(secs: u64) -> String {
     // Civil-from-days (Howard Hinnant's algorithm).
     let z = (secs / 86400) as i64 + 719_468;
     let era = z.div_euclid(146_097);
@@ -99,25 +104,30 @@ pub fn today() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-/// The machine in a line: architecture, logical CPUs, and the CPU model where Linux says it.
-pub fn machine() -> String {
-    let model = std::fs::read_to_string("/proc/cpuinfo")
+/// The CPU model as Linux names it in /proc/cpuinfo.
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
         .ok()
         .and_then(|s| {
             s.lines()
                 .find(|l| l.starts_with("model name"))
-                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
         })
-        .unwrap_or_else(|| "unknown CPU".into());
-    format!(
-        "{} {} ({} threads)",
-        std::env::consts::ARCH,
-        model,
-        rayon::current_num_threads()
-    )
+        .unwrap_or_else(|| "unknown CPU".into())
 }
 
-/// Write `rows` with run metadata as pretty JSON.
+/// The machine as a JSON object: architecture, OS, worker threads, CPU model.
+pub fn machine() -> serde_json::Value {
+    serde_json::json!({
+        "arch": std::env::consts::ARCH,
+        "os": std::env::consts::OS,
+        "threads": rayon::current_num_threads(),
+        "cpu": cpu_model(),
+    })
+}
+
+/// Write `rows` with run metadata (`date`, `machine`, `command`) as pretty JSON.
 pub fn write_json(path: &Path, command: &str, rows: &serde_json::Value) -> anyhow::Result<()> {
     let doc = serde_json::json!({"date": today(), "machine": machine(), "command": command, "rows": rows});
     let text = serde_json::to_string_pretty(&doc)?;
@@ -125,6 +135,51 @@ pub fn write_json(path: &Path, command: &str, rows: &serde_json::Value) -> anyho
         .with_context(|| format!("writing {}", path.display()))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+/// Transpose of a row-major (rows, cols) matrix.
+pub fn transpose(a: &[f64], rows: usize, cols: usize) -> Vec<f64> {
+    let mut t = vec![0.0; a.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = a[r * cols + c];
+        }
+    }
+    t
+}
+
+/// `a (m, k) @ b^T` with `b` stored (n, k): a plain f64 triple loop, written
+/// here rather than taken from octet-tensor so that the demo's reference does
+/// not share code with the kernels it checks. Returns (m, n).
+pub fn ref_matmul_nt(m: usize, k: usize, n: usize, a: &[f64], b: &[f64]) -> Vec<f64> {
+    assert_eq!((a.len(), b.len()), (m * k, n * k), "ref_matmul_nt shapes");
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0;
+            for p in 0..k {
+                acc += a[i * k + p] * b[j * k + p];
+            }
+            c[i * n + j] = acc;
+        }
+    }
+    c
+}
+
+/// Parse `RxC` into a pair of positive sizes.
+pub fn parse_dims2(s: &str) -> anyhow::Result<(usize, usize)> {
+    let d: Vec<usize> = s
+        .trim()
+        .split('x')
+        .map(|x| {
+            x.parse::<usize>()
+                .with_context(|| format!("'{s}': '{x}' is not a number"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    match d[..] {
+        [r, c] if r > 0 && c > 0 => Ok((r, c)),
+        _ => anyhow::bail!("'{s}': expected RxC with two positive numbers"),
+    }
 }
 
 /// Parse `MxKxN,...` into triples.
@@ -145,4 +200,38 @@ pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shapes_parse_and_reject() {
+        assert_eq!(
+            parse_shapes("512x256x128, 1x2x3").unwrap(),
+            vec![(512, 256, 128), (1, 2, 3)]
+        );
+        for bad in ["", "512x512", "0x4x4", "4x4x4x4", "axbxc", "4x4x4,"] {
+            assert!(parse_shapes(bad).is_err(), "{bad:?} should be rejected");
+        }
+        assert_eq!(parse_dims2("4096x2048").unwrap(), (4096, 2048));
+        assert!(parse_dims2("4096").is_err());
+    }
+
+    #[test]
+    fn reference_gemm_and_transpose() {
+        // (2, 3) @ ((2, 3))^T = (2, 2)
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let b = [1.0, 0.0, -1.0, 2.0, 1.0, 0.5];
+        assert_eq!(ref_matmul_nt(2, 3, 2, &a, &b), vec![-2.0, 5.5, -2.0, 16.0]);
+        assert_eq!(transpose(&a, 2, 3), vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]);
+    }
+
+    #[test]
+    fn dates() {
+        assert_eq!(date_from_unix(0), "1970-01-01");
+        assert_eq!(date_from_unix(951_782_400), "2000-02-29");
+        assert_eq!(date_from_unix(1_767_225_599), "2025-12-31");
+    }
 }
