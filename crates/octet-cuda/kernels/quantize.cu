@@ -1,56 +1,53 @@
-// Per-tensor current scaling of a bf16 (rows, cols) matrix to FP8, in two passes:
-//   1. amax_bf16: |x| max over the tensor (and a flag for NaN/inf), 2 bytes read per element;
-//   2. cast_transpose_bf16_<fmt>: the scale from that amax with the CPU reference's rule, then
-//      row-wise FP8 (rows, cols) and column-wise FP8 (cols, rows) from one read of each 64x64 tile.
-// Minimum traffic: 2 B read (amax) + 2 B read + 2 B written (cast) = 6 B per element.
-#include <cuda_bf16.h>
-#include <cuda_fp8.h>
+// Per-tensor current scaling of a (rows, cols) bf16 or f32 matrix to FP8, in two passes
+// (common.cuh is prepended by the host):
+//   1. amax_<in>: |x| max over the tensor (and a flag for NaN/inf): one read;
+//   2. cast_transpose_<in>_<fmt>: the scale from that amax with the CPU reference's rule, then
+//      row-wise FP8 (rows, cols) and column-wise FP8 (cols, rows) from one read of each 64x64
+//      tile, the transpose going through shared memory.
+// Traffic for bf16: 2 B (amax) + 2 B (cast) read, 2 x 1 B written = 6 B per element. The global
+// amax must be known before the first element is cast, and a 16384x8192 bf16 tensor (256 MiB)
+// does not fit on chip (50 MB L2), so the second read cannot be avoided in general.
+//
+// `reverse` walks the tiles last-to-first: the amax pass ends on the tail of the tensor, which
+// may still sit in L2 when the cast starts there.
 
 #define TILE 64
 
-__device__ __forceinline__ float warp_max(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
-extern "C" __global__ void amax_bf16(const __nv_bfloat16* __restrict__ x, unsigned long long n,
-                                     unsigned int* __restrict__ amax_bits, unsigned int* __restrict__ nonfinite) {
+template <typename T>
+__device__ __forceinline__ void amax_body(const T* __restrict__ x, unsigned long long n,
+                                          unsigned int* __restrict__ amax_bits,
+                                          unsigned int* __restrict__ nonfinite) {
     float m = 0.f;
     int bad = 0;
-    unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
-    unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
-    unsigned long long n8 = n / 8;
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    // Four independent 16-byte loads in flight per thread per step.
+    const unsigned long long tid = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    const unsigned long long n8 = n / 8;
     unsigned long long i = tid;
+    // Four independent 8-element vectors in flight per thread per step.
     for (; i + 3 * stride < n8; i += 4 * stride) {
-        uint4 v[4];
+        float f[4][8];
 #pragma unroll
-        for (int u = 0; u < 4; u++) v[u] = xv[i + u * stride];
+        for (int u = 0; u < 4; u++) In<T>::load8(x + 8 * (i + u * stride), f[u]);
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v[u]);
+        for (int u = 0; u < 4; u++)
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                float f = __bfloat162float(e[j]);
-                bad |= !isfinite(f);
-                m = fmaxf(m, fabsf(f));
+                bad |= nonfinite_f32(f[u][j]);
+                m = fmaxf(m, fabsf(f[u][j]));
             }
-        }
     }
     for (; i < n8; i += stride) {
-        uint4 v = xv[i];
-        const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
+        float f[8];
+        In<T>::load8(x + 8 * i, f);
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            float f = __bfloat162float(e[j]);
-            bad |= !isfinite(f);
-            m = fmaxf(m, fabsf(f));
+            bad |= nonfinite_f32(f[j]);
+            m = fmaxf(m, fabsf(f[j]));
         }
     }
-    for (unsigned long long i = n8 * 8 + tid; i < n; i += stride) {
-        float f = __bfloat162float(x[i]);
-        bad |= !isfinite(f);
+    for (unsigned long long k = n8 * 8 + tid; k < n; k += stride) {
+        float f = In<T>::load1(x + k);
+        bad |= nonfinite_f32(f);
         m = fmaxf(m, fabsf(f));
     }
     __shared__ float smax[32];
@@ -60,63 +57,67 @@ extern "C" __global__ void amax_bf16(const __nv_bfloat16* __restrict__ x, unsign
     if (threadIdx.x < 32) {
         float v = threadIdx.x < (blockDim.x >> 5) ? smax[threadIdx.x] : 0.f;
         v = warp_max(v);
-        // Non-negative floats order like their bit patterns.
+        // Non-negative floats order like their bit patterns (NaN never gets here: fmaxf drops it).
         if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(v));
     }
     if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1u);
 }
 
-// octet_fp8::scale::scale_from_amax with margin 0, no power-of-two rounding.
-__device__ __forceinline__ float scale_from_amax(float amax, float fmax) {
-    if (amax == 0.f) return 1.f;
-    float s = __fdiv_rn(fmax, amax);
-    return isfinite(s) ? s : 3.402823466e38f;
+extern "C" __global__ void __launch_bounds__(256) amax_bf16(const unsigned short* __restrict__ x, unsigned long long n,
+                                                            unsigned int* __restrict__ amax_bits,
+                                                            unsigned int* __restrict__ nonfinite) {
+    amax_body<unsigned short>(x, n, amax_bits, nonfinite);
 }
 
-template <__nv_fp8_interpretation_t FMT>
-__device__ __forceinline__ void cast_transpose(const __nv_bfloat16* __restrict__ x, int rows, int cols,
+extern "C" __global__ void __launch_bounds__(256) amax_f32(const float* __restrict__ x, unsigned long long n,
+                                                           unsigned int* __restrict__ amax_bits,
+                                                           unsigned int* __restrict__ nonfinite) {
+    amax_body<float>(x, n, amax_bits, nonfinite);
+}
+
+template <typename T, int FMT>
+__device__ __forceinline__ void cast_transpose(const T* __restrict__ x, int rows, int cols,
                                                const unsigned int* __restrict__ amax_bits, float fmax,
-                                               unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col,
-                                               float* __restrict__ scale_inv) {
-    __shared__ unsigned char tile[TILE][TILE + 4];
-    const float scale = scale_from_amax(__uint_as_float(*amax_bits), fmax);
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.f, scale);
-    const int r0 = blockIdx.y * TILE, c0 = blockIdx.x * TILE;
+                                               unsigned char* __restrict__ out_row,
+                                               unsigned char* __restrict__ out_col,
+                                               float* __restrict__ scale_inv, int reverse) {
+    // Codes of one 64x64 tile; rows padded by 4 bytes against bank conflicts in the transpose.
+    __shared__ __align__(16) unsigned char tile[TILE][TILE + 4];
+    const float scale = scale_from_amax(__uint_as_float(*amax_bits), fmax, 0);
+    const int bx = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
+    const int by = reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
+    if (bx == 0 && by == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.f, scale);
+    const int r0 = by * TILE, c0 = bx * TILE;
     const int chunk = threadIdx.x & 7;  // 8 chunks of 8 columns
     const bool full = (r0 + TILE <= rows) && (c0 + TILE <= cols) && (cols % 8 == 0);
-    // Load, cast, write row-wise: each thread does 8 consecutive elements of 2 rows.
+    // Load both row passes first (two independent 16-byte loads per thread for bf16).
+    float f[TILE / 32][8];
+#pragma unroll
+    for (int pass = 0; pass < TILE / 32; pass++) {
+        const int r = r0 + (threadIdx.x >> 3) + pass * 32, c = c0 + chunk * 8;
+        if (full) {
+            In<T>::load8(x + (size_t)r * cols + c, f[pass]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                f[pass][j] = (r < rows && c + j < cols) ? In<T>::load1(x + (size_t)r * cols + c + j) : 0.f;
+        }
+    }
 #pragma unroll
     for (int pass = 0; pass < TILE / 32; pass++) {
         const int rr = (threadIdx.x >> 3) + pass * 32;
         const int r = r0 + rr, c = c0 + chunk * 8;
-        float f[8];
+        uint2 q = cast8<FMT>(f[pass], scale);
         if (full) {
-            uint4 v = *reinterpret_cast<const uint4*>(x + (size_t)r * cols + c);
-            const __nv_bfloat16* e = reinterpret_cast<const __nv_bfloat16*>(&v);
-#pragma unroll
-            for (int j = 0; j < 8; j++) f[j] = __bfloat162float(e[j]);
+            *reinterpret_cast<uint2*>(out_row + (size_t)r * cols + c) = q;
         } else {
+            const unsigned char* b = reinterpret_cast<const unsigned char*>(&q);
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                f[j] = (r < rows && c + j < cols) ? __bfloat162float(x[(size_t)r * cols + c + j]) : 0.f;
+                if (r < rows && c + j < cols) out_row[(size_t)r * cols + c + j] = b[j];
         }
-        unsigned char q[8];
-#pragma unroll
-        for (int j = 0; j < 8; j += 2) {
-            float2 p = make_float2(__fmul_rn(f[j], scale), __fmul_rn(f[j + 1], scale));
-            __nv_fp8x2_storage_t s = __nv_cvt_float2_to_fp8x2(p, __NV_SATFINITE, FMT);
-            q[j] = (unsigned char)(s & 0xff);
-            q[j + 1] = (unsigned char)(s >> 8);
-        }
-        if (full) {
-            *reinterpret_cast<uint2*>(out_row + (size_t)r * cols + c) = *reinterpret_cast<uint2*>(q);
-        } else {
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                if (r < rows && c + j < cols) out_row[(size_t)r * cols + c + j] = q[j];
-        }
-#pragma unroll
-        for (int j = 0; j < 8; j++) tile[rr][chunk * 8 + j] = q[j];
+        *reinterpret_cast<unsigned int*>(&tile[rr][chunk * 8]) = q.x;
+        *reinterpret_cast<unsigned int*>(&tile[rr][chunk * 8 + 4]) = q.y;
     }
     __syncthreads();
     // Column-wise: output row = input column; 8 consecutive bytes along the input rows.
@@ -129,7 +130,10 @@ __device__ __forceinline__ void cast_transpose(const __nv_bfloat16* __restrict__
 #pragma unroll
         for (int j = 0; j < 8; j++) q[j] = tile[chunk * 8 + j][cc];
         if (full_t) {
-            *reinterpret_cast<uint2*>(out_col + (size_t)c * rows + r) = *reinterpret_cast<uint2*>(q);
+            uint2 v;
+            v.x = q[0] | (q[1] << 8) | (q[2] << 16) | ((unsigned int)q[3] << 24);
+            v.y = q[4] | (q[5] << 8) | (q[6] << 16) | ((unsigned int)q[7] << 24);
+            *reinterpret_cast<uint2*>(out_col + (size_t)c * rows + r) = v;
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -138,14 +142,15 @@ __device__ __forceinline__ void cast_transpose(const __nv_bfloat16* __restrict__
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) cast_transpose_bf16_e4m3(
-    const __nv_bfloat16* __restrict__ x, int rows, int cols, const unsigned int* __restrict__ amax_bits,
-    unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col, float* __restrict__ scale_inv) {
-    cast_transpose<__NV_E4M3>(x, rows, cols, amax_bits, 448.f, out_row, out_col, scale_inv);
-}
+#define CAST_KERNEL(NAME, T, FMT, FMAX)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256)                                                   \
+        NAME(const T* __restrict__ x, int rows, int cols, const unsigned int* __restrict__ amax_bits,   \
+             unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col,                  \
+             float* __restrict__ scale_inv, int reverse) {                                              \
+        cast_transpose<T, FMT>(x, rows, cols, amax_bits, FMAX, out_row, out_col, scale_inv, reverse);   \
+    }
 
-extern "C" __global__ void __launch_bounds__(256) cast_transpose_bf16_e5m2(
-    const __nv_bfloat16* __restrict__ x, int rows, int cols, const unsigned int* __restrict__ amax_bits,
-    unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col, float* __restrict__ scale_inv) {
-    cast_transpose<__NV_E5M2>(x, rows, cols, amax_bits, 57344.f, out_row, out_col, scale_inv);
-}
+CAST_KERNEL(cast_transpose_bf16_e4m3, unsigned short, FMT_E4M3, 448.f)
+CAST_KERNEL(cast_transpose_bf16_e5m2, unsigned short, FMT_E5M2, 57344.f)
+CAST_KERNEL(cast_transpose_f32_e4m3, float, FMT_E4M3, 448.f)
+CAST_KERNEL(cast_transpose_f32_e5m2, float, FMT_E5M2, 57344.f)

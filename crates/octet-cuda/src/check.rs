@@ -1,11 +1,19 @@
-//! Conformance (GPU against the CPU reference) and benchmarks.
+//! Conformance: the GPU against the CPU reference on the same inputs.
+//!
+//! Quantize must be bit-exact (codes and scales) with `octet_fp8::quantize`;
+//! GEMMs must agree with `octet_tensor::cpu` within f32 accumulation-order
+//! noise. Inputs are fresh pseudo-random data (never all zeros, except the one
+//! case that tests amax = 0), outputs are poisoned before each run so an
+//! element the GPU never writes shows up as a mismatch.
 
-use crate::{Gpu, Result};
-use cudarc::driver::{sys::CUevent_flags, CudaSlice};
+use crate::{Error, Gpu, Result};
+use cudarc::driver::CudaSlice;
 use half::bf16;
 use octet_fp8::{
     Format, Granularity, Layout, QuantData, QuantSpec, Rounding, ScaleRule, Scales, Usage,
 };
+
+pub use crate::bench::{bench, bench_linear, BenchRow};
 
 /// One conformance case.
 #[derive(Clone, Debug)]
@@ -14,472 +22,551 @@ pub struct CaseResult {
     pub name: String,
     /// Whether it passed.
     pub pass: bool,
-    /// The worst error seen (bytes differing, or relative error), as text.
+    /// The worst error seen (bytes differing with the first bad index, or relative error), as text.
     pub worst: String,
 }
 
-/// One benchmark figure.
-#[derive(Clone, Debug)]
-pub struct BenchRow {
-    /// Operation and shape.
-    pub name: String,
-    /// Median milliseconds.
-    pub ms: f64,
-    /// Throughput with its unit (`TFLOP/s` or `GB/s`).
-    pub rate: f64,
-    /// Unit of `rate`.
-    pub unit: &'static str,
-    /// Ratio to the floor or baseline named in `vs`.
-    pub ratio: f64,
-    /// What `ratio` compares against.
-    pub vs: String,
+/// Uniform values in `[-scale, scale)` from a counter hash (fast, reproducible, never all zero).
+pub fn random_bf16(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
+    random_f32(n, seed, scale)
+        .into_iter()
+        .map(bf16::from_f32)
+        .collect()
 }
 
-/// Uniform values in [-scale, scale) from a counter hash (fast, reproducible, never all zero).
-pub fn random_bf16(n: usize, seed: u64, scale: f32) -> Vec<bf16> {
+/// Uniform f32 values in `[-scale, scale)` from a counter hash.
+pub fn random_f32(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let u = octet_fp8::format::sr_bits(seed, i as u64) as f32 / 4_294_967_296.0;
-            bf16::from_f32((2.0 * u - 1.0) * scale)
+            (2.0 * u - 1.0) * scale
         })
         .collect()
 }
 
-fn bf16_bits(v: &[bf16]) -> Vec<u16> {
+/// Log-uniform magnitudes over `2^-30 .. 2^6` with random signs, about 3% exact
+/// zeros: exercises FP8 subnormals, underflow to zero and both signs.
+pub fn random_wide_f32(n: usize, seed: u64) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let r = octet_fp8::format::sr_bits(seed, i as u64);
+            if r % 32 == 0 {
+                return 0.0;
+            }
+            let e = (r >> 8) as f32 / 16_777_216.0 * 36.0 - 30.0;
+            let v = e.exp2();
+            if r & 1 == 1 {
+                -v
+            } else {
+                v
+            }
+        })
+        .collect()
+}
+
+pub(crate) fn bf16_bits(v: &[bf16]) -> Vec<u16> {
     v.iter().map(|x| x.to_bits()).collect()
 }
 
-fn tensorwise(format: Format) -> QuantSpec {
+fn spec(format: Format, granularity: Granularity, power_of_two: bool) -> QuantSpec {
     QuantSpec {
         format,
-        granularity: Granularity::Tensor,
-        rule: ScaleRule::Amax {
-            power_of_two: false,
-        },
+        granularity,
+        rule: ScaleRule::Amax { power_of_two },
         rounding: Rounding::NearestEven,
     }
 }
 
-fn rel_frobenius(got: &[f32], want: &[f32]) -> f64 {
-    let (mut e, mut s) = (0f64, 0f64);
-    for (&g, &w) in got.iter().zip(want) {
-        e += ((g - w) as f64).powi(2);
-        s += (w as f64).powi(2);
-    }
-    if got.iter().any(|v| !v.is_finite()) {
+/// `||got - want|| / ||want||` in f64; infinite if `got` has a NaN/inf (an unwritten, poisoned element).
+pub fn rel_frobenius(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
         return f64::INFINITY;
     }
-    (e / s).sqrt()
+    let (mut e, mut s) = (0f64, 0f64);
+    for (&g, &w) in got.iter().zip(want) {
+        e += (g as f64 - w as f64).powi(2);
+        s += (w as f64).powi(2);
+    }
+    (e / s.max(f64::MIN_POSITIVE)).sqrt()
 }
 
-/// Host copy of a device quantized tensor's row-wise copy as a CPU [`QuantData`].
-fn to_host(gpu: &Gpu, q: &crate::DeviceFp8, layout: Layout) -> Result<QuantData> {
-    let s = &gpu.stream;
-    let (rows, cols, data) = match layout {
-        Layout::Rowwise => (q.rows, q.cols, s.clone_dtoh(&q.rowwise)?),
-        Layout::Colwise => (q.cols, q.rows, s.clone_dtoh(&q.colwise)?),
+/// Mismatching bytes: count and the first index, as text (`"0 of N"` when equal).
+fn byte_diff(got: &[u8], want: &[u8]) -> (usize, String) {
+    if got.len() != want.len() {
+        return (
+            usize::MAX,
+            format!("length {} vs {}", got.len(), want.len()),
+        );
+    }
+    let bad = got.iter().zip(want).filter(|(a, b)| a != b).count();
+    let first = got.iter().zip(want).position(|(a, b)| a != b);
+    let text = match first {
+        None => format!("0 of {} differ", got.len()),
+        Some(i) => format!(
+            "{bad} of {} differ, first at {i}: gpu {:#04x} cpu {:#04x}",
+            got.len(),
+            got[i],
+            want[i]
+        ),
     };
-    let si = s.clone_dtoh(&q.scale_inv)?;
+    (bad, text)
+}
+
+fn f32_bits_equal(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Compare one GPU copy (codes + f32 scales) with the CPU's; returns (pass, text).
+fn compare_copy(got: &[u8], got_scales: &[f32], want: &QuantData, what: &str) -> (bool, String) {
+    let (bad, text) = byte_diff(got, &want.data);
+    let scales_ok = match &want.scales {
+        Scales::F32(v) => f32_bits_equal(got_scales, v),
+        _ => false,
+    };
+    (
+        bad == 0 && scales_ok,
+        format!(
+            "{what}: {text}, scales {}",
+            if scales_ok { "equal" } else { "DIFFER" }
+        ),
+    )
+}
+
+fn host_data(
+    gpu: &Gpu,
+    rows: usize,
+    cols: usize,
+    format: Format,
+    data: &CudaSlice<u8>,
+    scale_inv: &CudaSlice<f32>,
+) -> Result<QuantData> {
     Ok(QuantData {
         rows,
         cols,
-        format: q.format,
-        data,
+        format,
+        data: gpu.download(data)?,
         block: (rows, cols),
-        scales: Scales::F32(si),
+        scales: Scales::F32(gpu.download(scale_inv)?),
         saturated: 0,
         underflowed: 0,
     })
 }
 
-/// The conformance suite: quantize bit-exact against the CPU, FP8 and bf16 GEMMs within tolerance.
-pub fn selftest(gpu: &mut Gpu) -> Result<Vec<CaseResult>> {
+/// Host copy of a device per-tensor quantized tensor's `layout` copy as a CPU [`QuantData`].
+pub fn to_host(gpu: &Gpu, q: &crate::DeviceFp8, layout: Layout) -> Result<QuantData> {
+    match layout {
+        Layout::Rowwise => host_data(gpu, q.rows, q.cols, q.format, &q.rowwise, &q.scale_inv),
+        Layout::Colwise => host_data(gpu, q.cols, q.rows, q.format, &q.colwise, &q.scale_inv),
+    }
+}
+
+/// The conformance suite: quantize bit-exact against the CPU, FP8 and bf16
+/// GEMMs within tolerance, and the bad-input errors. Takes about a second.
+pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
-    // Quantize: ragged shapes too; outputs poisoned (0x7F = NaN in E4M3) before each run.
-    for (i, &(rows, cols)) in [
-        (256, 512),
-        (217, 300),
-        (64, 64),
-        (1, 16),
-        (1000, 8),
-        (333, 1000),
-    ]
-    .iter()
-    .enumerate()
-    {
+    quantize_cases(gpu, &mut out)?;
+    block_cases(gpu, &mut out)?;
+    block_variant_cases(gpu, &mut out)?;
+    gemm_fp8_cases(gpu, &mut out)?;
+    gemm_bf16_cases(gpu, &mut out)?;
+    error_cases(gpu, &mut out)?;
+    Ok(out)
+}
+
+const SHAPES: [(usize, usize); 7] = [
+    (256, 512),
+    (217, 300),
+    (64, 64),
+    (1, 16),
+    (1000, 8),
+    (333, 1000),
+    (128, 4096),
+];
+
+/// Inputs named by kind: uniform, wide dynamic range, all zeros, tiny amax.
+fn input(kind: &str, n: usize, seed: u64) -> Vec<f32> {
+    match kind {
+        "uniform" => random_f32(n, seed, 3.0),
+        "wide" => random_wide_f32(n, seed),
+        "zeros" => vec![0.0; n],
+        // amax ~1e-39 (a bf16/f32 subnormal): max / amax overflows f32, the scale is f32::MAX.
+        _ => random_f32(n, seed, 1e-39),
+    }
+}
+
+fn quantize_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let mut cases: Vec<((usize, usize), &str)> = SHAPES.iter().map(|&s| (s, "uniform")).collect();
+    cases.extend([
+        ((217, 300), "wide"),
+        ((256, 512), "wide"),
+        ((64, 128), "zeros"),
+        ((64, 128), "tiny"),
+    ]);
+    for (i, &((rows, cols), kind)) in cases.iter().enumerate() {
+        let xf = input(kind, rows * cols, 100 + i as u64);
+        let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
         for format in [Format::E4M3, Format::E5M2] {
-            let x = random_bf16(rows * cols, 100 + i as u64, 3.0);
-            let spec = tensorwise(format);
-            let want = octet_fp8::quantize(&x, rows, cols, &spec, &spec, Usage::BOTH, None)?;
-            let dx = gpu.stream.clone_htod(&bf16_bits(&x))?;
-            let got = gpu.quantize_tensorwise_poisoned(&dx, rows, cols, format, 0x7F)?;
-            let (gr, gc) = (
-                to_host(gpu, &got, Layout::Rowwise)?,
-                to_host(gpu, &got, Layout::Colwise)?,
+            let sp = spec(format, Granularity::Tensor, false);
+            for dtype in ["bf16", "f32"] {
+                let (want, got) = if dtype == "bf16" {
+                    let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+                    let dx = gpu.upload(&bf16_bits(&xb))?;
+                    (
+                        want,
+                        gpu.quantize_tensorwise_poisoned(&dx, rows, cols, format, 0x7F)?,
+                    )
+                } else {
+                    let want = octet_fp8::quantize(&xf, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+                    let dx = gpu.upload(&xf)?;
+                    (
+                        want,
+                        gpu.quantize_tensorwise_poisoned(&dx, rows, cols, format, 0x7F)?,
+                    )
+                };
+                let (pr, tr) = compare_copy(
+                    &gpu.download(&got.rowwise)?,
+                    &gpu.download(&got.scale_inv)?,
+                    want.get(Layout::Rowwise)?,
+                    "row",
+                );
+                let (pc, tc) = compare_copy(
+                    &gpu.download(&got.colwise)?,
+                    &gpu.download(&got.scale_inv)?,
+                    want.get(Layout::Colwise)?,
+                    "col",
+                );
+                let amax = f32::from_bits(gpu.download(&got.amax_bits)?[0]);
+                let amax_ok = amax.to_bits() == want.amax.to_bits();
+                out.push(CaseResult {
+                    name: format!("quantize tensorwise {dtype}->{format} {rows}x{cols} {kind}"),
+                    pass: pr && pc && amax_ok,
+                    worst: format!(
+                        "{tr}; {tc}; amax {}",
+                        if amax_ok { "equal" } else { "DIFFERS" }
+                    ),
+                });
+            }
+        }
+    }
+    // A NaN must be reported, not turned into a scale.
+    let mut x = random_bf16(64 * 64, 5, 1.0);
+    x[1234] = bf16::NAN;
+    let dx = gpu.upload(&bf16_bits(&x))?;
+    let r = gpu.quantize_tensorwise(&dx, 64, 64, Format::E4M3, true);
+    out.push(CaseResult {
+        name: "quantize tensorwise with a NaN -> NonFinite error".into(),
+        pass: matches!(r, Err(Error::NonFinite)),
+        worst: match r {
+            Err(e) => e.to_string(),
+            Ok(_) => "no error".into(),
+        },
+    });
+    Ok(())
+}
+
+fn block_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let g = Granularity::Tile { rows: 1, cols: 128 };
+    let mut cases: Vec<((usize, usize), &str, bool)> =
+        SHAPES.iter().map(|&s| (s, "uniform", false)).collect();
+    cases.extend([
+        ((256, 384), "wide", false),
+        ((217, 300), "wide", true),
+        ((256, 512), "uniform", true),
+        ((128, 256), "zeros", false),
+    ]);
+    for (i, &((rows, cols), kind, p2)) in cases.iter().enumerate() {
+        let xf = input(kind, rows * cols, 300 + i as u64);
+        let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
+        let dx = gpu.upload(&bf16_bits(&xb))?;
+        for format in [Format::E4M3, Format::E5M2] {
+            let sp = spec(format, g, p2);
+            let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+            let mut q = gpu.alloc_block_fp8(rows, cols, format)?;
+            let p = vec![0x7Fu8; rows * cols];
+            gpu.stream.memcpy_htod(&p, &mut q.rowwise)?;
+            gpu.stream.memcpy_htod(&p, &mut q.colwise)?;
+            gpu.stream
+                .memcpy_htod(&vec![f32::NAN; q.row_scale_inv.len()], &mut q.row_scale_inv)?;
+            gpu.stream
+                .memcpy_htod(&vec![f32::NAN; q.col_scale_inv.len()], &mut q.col_scale_inv)?;
+            gpu.quantize_block1x128_into(&dx, &mut q, p2, true)?;
+            let (pr, tr) = compare_copy(
+                &gpu.download(&q.rowwise)?,
+                &gpu.download(&q.row_scale_inv)?,
+                want.get(Layout::Rowwise)?,
+                "row",
             );
-            let (wr, wc) = (want.get(Layout::Rowwise)?, want.get(Layout::Colwise)?);
-            let bad_r = gr.data.iter().zip(&wr.data).filter(|(a, b)| a != b).count();
-            let bad_c = gc.data.iter().zip(&wc.data).filter(|(a, b)| a != b).count();
-            let scale_ok = gr.scales == wr.scales;
+            let (pc, tc) = compare_copy(
+                &gpu.download(&q.colwise)?,
+                &gpu.download(&q.col_scale_inv)?,
+                want.get(Layout::Colwise)?,
+                "col",
+            );
             out.push(CaseResult {
-                name: format!("quantize tensorwise bf16->{format} {rows}x{cols} (row+col)"),
-                pass: bad_r == 0 && bad_c == 0 && scale_ok,
-                worst: format!(
-                    "{bad_r}+{bad_c} bytes differ, scale_inv {}",
-                    if scale_ok { "equal" } else { "differs" }
+                name: format!(
+                    "quantize 1x128 bf16->{format} {rows}x{cols} {kind}{}",
+                    if p2 { " pow2" } else { "" }
                 ),
+                pass: pr && pc,
+                worst: format!("{tr}; {tc}"),
             });
         }
     }
-    // GEMMs: the output is bf16, so each element carries a rounding of 2^-9
-    // relative; the relative Frobenius error of correct results sits near
-    // 2^-9 / sqrt(3) = 1.1e-3. Tolerance 4e-3.
+    Ok(())
+}
+
+/// The direct-store 1x128 variant (benchmark A/B) writes the same bytes as the default.
+fn block_variant_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (i, &(rows, cols)) in [(256usize, 512usize), (217, 300)].iter().enumerate() {
+        let x = bf16_bits(&random_bf16(rows * cols, 500 + i as u64, 2.0));
+        let dx = gpu.upload(&x)?;
+        let a = gpu.quantize_block1x128(&dx, rows, cols, Format::E4M3, false, true)?;
+        let mut b = gpu.alloc_block_fp8(rows, cols, Format::E4M3)?;
+        let p = vec![0x7Fu8; rows * cols];
+        gpu.stream.memcpy_htod(&p, &mut b.rowwise)?;
+        gpu.stream.memcpy_htod(&p, &mut b.colwise)?;
+        gpu.quantize_block1x128_direct_into(&dx, &mut b)?;
+        let (br, tr) = byte_diff(&gpu.download(&b.rowwise)?, &gpu.download(&a.rowwise)?);
+        let (bc, tc) = byte_diff(&gpu.download(&b.colwise)?, &gpu.download(&a.colwise)?);
+        let scales = f32_bits_equal(
+            &gpu.download(&b.row_scale_inv)?,
+            &gpu.download(&a.row_scale_inv)?,
+        ) && f32_bits_equal(
+            &gpu.download(&b.col_scale_inv)?,
+            &gpu.download(&a.col_scale_inv)?,
+        );
+        out.push(CaseResult {
+            name: format!("quantize 1x128 direct-store variant = staged {rows}x{cols}"),
+            pass: br == 0 && bc == 0 && scales,
+            worst: format!(
+                "row: {tr}; col: {tc}; scales {}",
+                if scales { "equal" } else { "DIFFER" }
+            ),
+        });
+    }
+    Ok(())
+}
+
+fn download_f32<D: crate::GemmOut>(gpu: &Gpu, d: &CudaSlice<D>) -> Result<Vec<f32>> {
+    Ok(gpu.download(d)?.into_iter().map(D::to_f32).collect())
+}
+
+/// Elements of a bf16 output outside `2^-8 |w| + atol` of the f32 reference `w`
+/// (a correct bf16 rounding is within `2^-9 |w|`; `atol` covers the
+/// accumulation error, which does not shrink with `|w|` where a sum cancels).
+/// Returns the count and the worst ratio of error to bound.
+fn bf16_outside(got: &[f32], want: &[f32], atol: f64) -> (usize, f64) {
+    let mut bad = 0;
+    let mut worst = 0f64;
+    for (&g, &w) in got.iter().zip(want) {
+        let bound = (w as f64).abs() / 256.0 + atol;
+        let r = ((g as f64) - (w as f64)).abs() / bound;
+        if r.is_nan() || r > 1.0 {
+            bad += 1;
+        }
+        worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+    }
+    (bad, worst)
+}
+
+fn rms(v: &[f32]) -> f64 {
+    (v.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / v.len().max(1) as f64).sqrt()
+}
+
+// FP8 GEMM tolerances, f32 output against the CPU's f32 accumulation of the same
+// exact FP8 products (`octet_tensor::cpu::fp8_gemm`). If the GPU accumulated in
+// f32 the error would be order noise, ~1e-6. Measured on an H100 (cuBLASLt 13,
+// 2026-11-22): 0.88e-4 to 1.09e-4 without fast accumulation at every k from 256
+// to 8192 (Hopper's FP8 tensor cores keep partial sums in reduced precision
+// before cuBLASLt promotes them to f32, so the error is per chunk, not per k),
+// and 1.4e-4 (k=256) to 9.6e-4 (k=4096) with fast accumulation, which never
+// promotes and so grows with k. Bounds: twice the worst measured value.
+const FP8_TOL: f64 = 2e-4;
+const FP8_FAST_TOL: f64 = 2e-3;
+// A bf16 output adds its rounding (relative 2^-9 per element, ~1.7e-3 Frobenius).
+const BF16_OUT_TOL: f64 = 4e-3;
+
+fn gemm_fp8_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for &(m, k, n, fa, fb) in &[
         (256, 512, 384, Format::E4M3, Format::E4M3),
         (1024, 1024, 1024, Format::E4M3, Format::E4M3),
         (512, 256, 128, Format::E5M2, Format::E4M3),
+        (128, 8192, 256, Format::E4M3, Format::E4M3),
+        (256, 4096, 512, Format::E4M3, Format::E5M2),
     ] {
-        let (a, b) = (random_bf16(m * k, 7, 2.0), random_bf16(n * k, 8, 0.5));
-        let (da, db) = (
-            gpu.stream.clone_htod(&bf16_bits(&a))?,
-            gpu.stream.clone_htod(&bf16_bits(&b))?,
+        let (a, b) = (
+            random_bf16(m * k, 7 + k as u64, 2.0),
+            random_bf16(n * k, 8 + m as u64, 0.5),
         );
+        let (da, db) = (gpu.upload(&bf16_bits(&a))?, gpu.upload(&bf16_bits(&b))?);
         let qa = gpu.quantize_tensorwise(&da, m, k, fa, true)?;
         let qb = gpu.quantize_tensorwise(&db, n, k, fb, true)?;
-        let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; m * n])?; // poison: bf16 NaN
-        gpu.blas.gemm_fp8(
-            &qa.rowwise,
-            fa,
-            &qa.scale_inv,
-            &qb.rowwise,
-            fb,
-            &qb.scale_inv,
-            &mut d,
-            (m, n, k),
-            false,
-        )?;
-        let got: Vec<f32> = gpu
-            .stream
-            .clone_dtoh(&d)?
-            .iter()
-            .map(|&v| bf16::from_bits(v).to_f32())
-            .collect();
         let want = octet_tensor::cpu::fp8_gemm(
             &to_host(gpu, &qa, Layout::Rowwise)?,
             &to_host(gpu, &qb, Layout::Rowwise)?,
         )?;
+        for fast in [false, true] {
+            let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; m * n])?;
+            gpu.gemm_fp8(
+                qa.rowwise_operand(),
+                qb.rowwise_operand(),
+                &mut d,
+                (m, n, k),
+                fast,
+            )?;
+            let e = rel_frobenius(&download_f32(gpu, &d)?, &want);
+            let tol = if fast { FP8_FAST_TOL } else { FP8_TOL };
+            out.push(CaseResult {
+                name: format!(
+                    "gemm fp8 {fa}x{fb} {m}x{k}x{n} ->f32{} vs CPU fp8_gemm",
+                    if fast { " fast-accum" } else { "" }
+                ),
+                pass: e < tol,
+                worst: format!("rel Frobenius {e:.2e} (tol {tol:.0e})"),
+            });
+        }
+        // bf16 output: each element within its rounding plus the accumulation error.
+        let mut d: CudaSlice<u16> = gpu.upload(&vec![0xFFFFu16; m * n])?;
+        gpu.gemm_fp8(
+            qa.rowwise_operand(),
+            qb.rowwise_operand(),
+            &mut d,
+            (m, n, k),
+            false,
+        )?;
+        let got = download_f32(gpu, &d)?;
+        let (bad, worst) = bf16_outside(&got, &want, 10.0 * FP8_TOL * rms(&want));
         let e = rel_frobenius(&got, &want);
         out.push(CaseResult {
-            name: format!("gemm fp8 {fa}x{fb} {m}x{k}x{n} vs CPU emulation"),
-            pass: e < 4e-3,
-            worst: format!("rel err {e:.2e}"),
-        });
-        let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; m * n])?;
-        gpu.blas.gemm_bf16(&da, &db, &mut d, m, n, k)?;
-        let got: Vec<f32> = gpu
-            .stream
-            .clone_dtoh(&d)?
-            .iter()
-            .map(|&v| bf16::from_bits(v).to_f32())
-            .collect();
-        let af: Vec<f32> = a.iter().map(|v| v.to_f32()).collect();
-        let bf: Vec<f32> = b.iter().map(|v| v.to_f32()).collect();
-        let want = octet_tensor::cpu::sgemm(m, n, k, &af, false, &bf, true);
-        let e = rel_frobenius(&got, &want);
-        out.push(CaseResult {
-            name: format!("gemm bf16 {m}x{k}x{n} vs CPU f32"),
-            pass: e < 4e-3,
-            worst: format!("rel err {e:.2e}"),
+            name: format!("gemm fp8 {fa}x{fb} {m}x{k}x{n} ->bf16 vs CPU fp8_gemm"),
+            pass: bad == 0 && e < BF16_OUT_TOL,
+            worst: format!(
+                "rel Frobenius {e:.2e}; {bad} of {} outside 2^-8|w|+2e-3 rms (worst {worst:.2} of bound)",
+                m * n
+            ),
         });
     }
-    // The high-precision backward GEMMs with transposed operands, against the CPU.
+    // The backward operands: grad_weight-like D (k, n) = X^T (k, m) @ Y (m, n)
+    // from the column-wise copies of X (m, k) and Y (m, n).
+    let (m, k, n) = (384, 256, 512);
+    let (x, y) = (random_bf16(m * k, 31, 1.0), random_bf16(m * n, 32, 0.1));
+    let (dx, dy) = (gpu.upload(&bf16_bits(&x))?, gpu.upload(&bf16_bits(&y))?);
+    let qx = gpu.quantize_tensorwise(&dx, m, k, Format::E4M3, true)?;
+    let qy = gpu.quantize_tensorwise(&dy, m, n, Format::E5M2, true)?;
+    let want = octet_tensor::cpu::fp8_gemm(
+        &to_host(gpu, &qx, Layout::Colwise)?,
+        &to_host(gpu, &qy, Layout::Colwise)?,
+    )?;
+    let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; k * n])?;
+    gpu.gemm_fp8(
+        qx.colwise_operand(),
+        qy.colwise_operand(),
+        &mut d,
+        (k, n, m),
+        false,
+    )?;
+    let e = rel_frobenius(&download_f32(gpu, &d)?, &want);
+    out.push(CaseResult {
+        name: format!("gemm fp8 e4m3xe5m2 col-wise operands (X^T Y) {k}x{m}x{n} ->f32"),
+        pass: e < FP8_TOL,
+        worst: format!("rel Frobenius {e:.2e} (tol {FP8_TOL:.0e})"),
+    });
+    Ok(())
+}
+
+// bf16 GEMM with f32 output against the CPU's f32 GEMM of the same bf16 values:
+// products are exact in f32, only the summation order differs. Measured on an
+// H100: 1.3e-7 (k=136) to 8.8e-7 (k=1024).
+const BF16_F32_TOL: f64 = 1e-5;
+
+fn gemm_bf16_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let f = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
+    for &(m, k, n) in &[(256, 512, 384), (1024, 1024, 1024), (200, 136, 120)] {
+        let (a, b) = (random_bf16(m * k, 41, 2.0), random_bf16(n * k, 42, 0.5));
+        let (da, db) = (gpu.upload(&bf16_bits(&a))?, gpu.upload(&bf16_bits(&b))?);
+        let want = octet_tensor::cpu::sgemm(m, n, k, &f(&a), false, &f(&b), true);
+        let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; m * n])?;
+        gpu.gemm_bf16(&da, &db, &mut d, (m, n, k))?;
+        let e = rel_frobenius(&download_f32(gpu, &d)?, &want);
+        out.push(CaseResult {
+            name: format!("gemm bf16 TN {m}x{k}x{n} ->f32 vs CPU f32"),
+            pass: e < BF16_F32_TOL,
+            worst: format!("rel Frobenius {e:.2e} (tol {BF16_F32_TOL:.0e})"),
+        });
+        let mut d: CudaSlice<u16> = gpu.upload(&vec![0xFFFFu16; m * n])?;
+        gpu.gemm_bf16(&da, &db, &mut d, (m, n, k))?;
+        let got = download_f32(gpu, &d)?;
+        let (bad, worst) = bf16_outside(&got, &want, 10.0 * BF16_F32_TOL * rms(&want));
+        let e = rel_frobenius(&got, &want);
+        out.push(CaseResult {
+            name: format!("gemm bf16 TN {m}x{k}x{n} ->bf16 vs CPU f32"),
+            pass: bad == 0 && e < BF16_OUT_TOL,
+            worst: format!(
+                "rel Frobenius {e:.2e}; {bad} of {} outside 2^-8|w|+1e-4 rms (worst {worst:.2} of bound)",
+                m * n
+            ),
+        });
+    }
+    // The high-precision backward GEMMs with transposed operands.
     let (m, k, n) = (192, 320, 256);
     let (dy, w, x) = (
         random_bf16(m * n, 21, 1.0),
         random_bf16(n * k, 22, 1.0),
         random_bf16(m * k, 23, 1.0),
     );
-    let f = |v: &[bf16]| v.iter().map(|e| e.to_f32()).collect::<Vec<f32>>();
-    let (ddy, dw_, dx_) = (
-        gpu.stream.clone_htod(&bf16_bits(&dy))?,
-        gpu.stream.clone_htod(&bf16_bits(&w))?,
-        gpu.stream.clone_htod(&bf16_bits(&x))?,
+    let (ddy, dw, dx) = (
+        gpu.upload(&bf16_bits(&dy))?,
+        gpu.upload(&bf16_bits(&w))?,
+        gpu.upload(&bf16_bits(&x))?,
     );
-    let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; m * k])?;
-    gpu.blas
-        .gemm_bf16_op(&ddy, false, &dw_, false, &mut d, (m, k, n))?;
-    let got: Vec<f32> = gpu
-        .stream
-        .clone_dtoh(&d)?
-        .iter()
-        .map(|&v| bf16::from_bits(v).to_f32())
-        .collect();
+    let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; m * k])?;
+    gpu.gemm_bf16_op((&ddy, false), (&dw, false), &mut d, (m, k, n))?;
     let e = rel_frobenius(
-        &got,
+        &download_f32(gpu, &d)?,
         &octet_tensor::cpu::sgemm(m, k, n, &f(&dy), false, &f(&w), false),
     );
     out.push(CaseResult {
-        name: format!("gemm bf16 NN (grad_input) {m}x{n}x{k}"),
-        pass: e < 4e-3,
-        worst: format!("rel err {e:.2e}"),
+        name: format!("gemm bf16 NN (grad_input) {m}x{n}x{k} ->f32"),
+        pass: e < BF16_F32_TOL,
+        worst: format!("rel Frobenius {e:.2e}"),
     });
-    let mut d = gpu.stream.clone_htod(&vec![0xFFFFu16; n * k])?;
-    gpu.blas
-        .gemm_bf16_op(&ddy, true, &dx_, false, &mut d, (n, k, m))?;
-    let got: Vec<f32> = gpu
-        .stream
-        .clone_dtoh(&d)?
-        .iter()
-        .map(|&v| bf16::from_bits(v).to_f32())
-        .collect();
+    let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; n * k])?;
+    gpu.gemm_bf16_op((&ddy, true), (&dx, false), &mut d, (n, k, m))?;
     let e = rel_frobenius(
-        &got,
+        &download_f32(gpu, &d)?,
         &octet_tensor::cpu::sgemm(n, k, m, &f(&dy), true, &f(&x), false),
     );
     out.push(CaseResult {
-        name: format!("gemm bf16 TN-transposed (grad_weight) {n}x{m}x{k}"),
-        pass: e < 4e-3,
-        worst: format!("rel err {e:.2e}"),
+        name: format!("gemm bf16 TN-transposed (grad_weight) {n}x{m}x{k} ->f32"),
+        pass: e < BF16_F32_TOL,
+        worst: format!("rel Frobenius {e:.2e}"),
     });
-    Ok(out)
+    Ok(())
 }
 
-/// Median milliseconds of `reps` runs of `f` on the GPU stream, timed with events after `warm` runs.
-fn time_ms(
-    gpu: &mut Gpu,
-    warm: usize,
-    reps: usize,
-    mut f: impl FnMut(&mut Gpu) -> Result<()>,
-) -> Result<f64> {
-    for _ in 0..warm {
-        f(gpu)?;
-    }
-    let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps {
-        let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(&gpu.stream)?;
-        f(gpu)?;
-        end.record(&gpu.stream)?;
-        end.synchronize()?;
-        t.push(start.elapsed_ms(&end)? as f64);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
-}
-
-/// Copy bandwidth, quantize throughput and GEMM rates, side by side in one run.
-pub fn bench(gpu: &mut Gpu, gemm_shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
-    let mut rows = Vec::new();
-    // Device-to-device copy of 256 MiB: the memory-bound floor.
-    let (qr, qc) = (16384usize, 8192usize);
-    let n = qr * qc;
-    let src: CudaSlice<u16> = gpu.stream.clone_htod(&bf16_bits(&random_bf16(n, 1, 4.0)))?;
-    let mut dst: CudaSlice<u16> = gpu.stream.alloc_zeros(n)?;
-    let copy_ms = time_ms(gpu, 3, 20, |g| Ok(g.stream.memcpy_dtod(&src, &mut dst)?))?;
-    let copy_gbs = (4 * n) as f64 / copy_ms / 1e6;
-    rows.push(BenchRow {
-        name: format!("copy d2d bf16 {qr}x{qc} (read+write)"),
-        ms: copy_ms,
-        rate: copy_gbs,
-        unit: "GB/s",
-        ratio: 1.0,
-        vs: "copy".into(),
+fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let q = gpu.quantize_tensorwise(
+        &gpu.upload(&bf16_bits(&random_bf16(24 * 32, 9, 1.0)))?,
+        24,
+        32,
+        Format::E4M3,
+        true,
+    )?;
+    let mut d: CudaSlice<u16> = gpu.alloc_zeros(24 * 24, "d")?;
+    let r = gpu.gemm_fp8(
+        q.rowwise_operand(),
+        q.rowwise_operand(),
+        &mut d,
+        (24, 24, 32),
+        false,
+    );
+    out.push(CaseResult {
+        name: "gemm fp8 with m=24 (not a multiple of 16) -> shape error".into(),
+        pass: matches!(r, Err(Error::Shape(_))),
+        worst: match r {
+            Err(e) => e.to_string(),
+            Ok(_) => "no error".into(),
+        },
     });
-    let mut qbuf = gpu.alloc_fp8(qr, qc, Format::E4M3)?;
-    let q_ms = time_ms(gpu, 3, 20, |g| {
-        g.quantize_tensorwise_into(&src, &mut qbuf, false)
-    })?;
-    drop(qbuf);
-    let min_gbs = (4 * n) as f64 / q_ms / 1e6;
-    let moved_gbs = (6 * n) as f64 / q_ms / 1e6;
-    rows.push(BenchRow {
-        name: format!(
-            "quantize tensorwise bf16->e4m3 row+col {qr}x{qc}, on minimum bytes (4 B/elem)"
-        ),
-        ms: q_ms,
-        rate: min_gbs,
-        unit: "GB/s",
-        ratio: min_gbs / copy_gbs,
-        vs: "copy".into(),
-    });
-    rows.push(BenchRow {
-        name: "same, on bytes moved (6 B/elem: amax read + cast read + 2 writes)".into(),
-        ms: q_ms,
-        rate: moved_gbs,
-        unit: "GB/s",
-        ratio: moved_gbs / copy_gbs,
-        vs: "copy".into(),
-    });
-    // The two phases apart: amax (2 B/elem read) and cast + transpose (2 B read + 2 B written).
-    let mut amax_bits = gpu.stream.alloc_zeros::<u32>(1)?;
-    let mut flag = gpu.stream.alloc_zeros::<u32>(1)?;
-    let a_ms = time_ms(gpu, 3, 20, |g| {
-        g.launch_amax(&src, &mut amax_bits, &mut flag)
-    })?;
-    let a_gbs = (2 * n) as f64 / a_ms / 1e6;
-    rows.push(BenchRow {
-        name: "  phase 1: amax (2 B/elem)".into(),
-        ms: a_ms,
-        rate: a_gbs,
-        unit: "GB/s",
-        ratio: a_gbs / copy_gbs,
-        vs: "copy".into(),
-    });
-    let mut qrow: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
-    let mut qcol: CudaSlice<u8> = gpu.stream.alloc_zeros(n)?;
-    let mut si: CudaSlice<f32> = gpu.stream.alloc_zeros(1)?;
-    let c_ms = time_ms(gpu, 3, 20, |g| {
-        g.cast_only(&src, qr, qc, &amax_bits, &mut qrow, &mut qcol, &mut si)
-    })?;
-    let c_gbs = (4 * n) as f64 / c_ms / 1e6;
-    rows.push(BenchRow {
-        name: "  phase 2: cast + transpose (4 B/elem)".into(),
-        ms: c_ms,
-        rate: c_gbs,
-        unit: "GB/s",
-        ratio: c_gbs / copy_gbs,
-        vs: "copy".into(),
-    });
-    drop((src, dst, qrow, qcol));
-    for &(m, k, n) in gemm_shapes {
-        let flops = 2.0 * (m * k * n) as f64;
-        let (a, b) = (random_bf16(m * k, 2, 1.0), random_bf16(n * k, 3, 1.0));
-        let (da, db) = (
-            gpu.stream.clone_htod(&bf16_bits(&a))?,
-            gpu.stream.clone_htod(&bf16_bits(&b))?,
-        );
-        drop((a, b));
-        let mut d: CudaSlice<u16> = gpu.stream.alloc_zeros(m * n)?;
-        let bf = time_ms(gpu, 3, 10, |g| g.blas.gemm_bf16(&da, &db, &mut d, m, n, k))?;
-        let bf_t = flops / bf / 1e9;
-        rows.push(BenchRow {
-            name: format!("gemm bf16 {m}x{k}x{n}"),
-            ms: bf,
-            rate: bf_t,
-            unit: "TFLOP/s",
-            ratio: 1.0,
-            vs: "bf16".into(),
-        });
-        let qa = gpu.quantize_tensorwise(&da, m, k, Format::E4M3, true)?;
-        let qb = gpu.quantize_tensorwise(&db, n, k, Format::E4M3, true)?;
-        drop((da, db));
-        for fast in [false, true] {
-            let ms = time_ms(gpu, 3, 10, |g| {
-                g.blas.gemm_fp8(
-                    &qa.rowwise,
-                    Format::E4M3,
-                    &qa.scale_inv,
-                    &qb.rowwise,
-                    Format::E4M3,
-                    &qb.scale_inv,
-                    &mut d,
-                    (m, n, k),
-                    fast,
-                )
-            })?;
-            let t = flops / ms / 1e9;
-            rows.push(BenchRow {
-                name: format!(
-                    "gemm fp8 e4m3 tensorwise{} {m}x{k}x{n}",
-                    if fast { " fast-accum" } else { "" }
-                ),
-                ms,
-                rate: t,
-                unit: "TFLOP/s",
-                ratio: t / bf_t,
-                vs: "bf16".into(),
-            });
-        }
-    }
-    Ok(rows)
-}
-
-/// `Linear` forward + backward on the GPU, bf16 against FP8 tensorwise with the
-/// quantized backward, in one run: bf16 is three cuBLASLt GEMMs (`output`,
-/// `grad_input`, `grad_weight`); FP8 is three quantizes (input and weight
-/// E4M3, grad_output E5M2, each row-wise + column-wise) and three FP8 GEMMs
-/// on K-major operands (fast accumulation for `output` and `grad_input`,
-/// not for `grad_weight`).
-pub fn bench_linear(gpu: &mut Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
-    let mut rows = Vec::new();
-    for &(m, k, n) in shapes {
-        let s = gpu.stream.clone();
-        let x = s.clone_htod(&bf16_bits(&random_bf16(m * k, 11, 2.0)))?; // (M, K)
-        let w = s.clone_htod(&bf16_bits(&random_bf16(n * k, 12, 0.05)))?; // (N, K)
-        let dy = s.clone_htod(&bf16_bits(&random_bf16(m * n, 13, 0.01)))?; // (M, N)
-        let mut y: CudaSlice<u16> = s.alloc_zeros(m * n)?;
-        let mut dx: CudaSlice<u16> = s.alloc_zeros(m * k)?;
-        let mut dw: CudaSlice<u16> = s.alloc_zeros(n * k)?;
-        let flops = 6.0 * (m * k * n) as f64;
-        let bf = time_ms(gpu, 3, 10, |g| {
-            g.blas.gemm_bf16(&x, &w, &mut y, m, n, k)?; // output = input @ weight_t
-            g.blas
-                .gemm_bf16_op(&dy, false, &w, false, &mut dx, (m, k, n))?; // grad_input = grad_output @ weight
-            g.blas
-                .gemm_bf16_op(&dy, true, &x, false, &mut dw, (n, k, m)) // grad_weight = grad_output_t @ input
-        })?;
-        let shape = format!("{m}x{k}x{n}");
-        rows.push(BenchRow {
-            name: format!("linear fwd+bwd bf16 {shape}"),
-            ms: bf,
-            rate: flops / bf / 1e9,
-            unit: "TFLOP/s",
-            ratio: 1.0,
-            vs: "bf16".into(),
-        });
-        let mut qx = gpu.alloc_fp8(m, k, Format::E4M3)?;
-        let mut qw = gpu.alloc_fp8(n, k, Format::E4M3)?;
-        let mut qdy = gpu.alloc_fp8(m, n, Format::E5M2)?;
-        for (label, fast) in [("fast-accum fwd/dgrad", true), ("no fast-accum", false)] {
-            let ms = time_ms(gpu, 3, 10, |g| {
-                g.quantize_tensorwise_into(&x, &mut qx, false)?;
-                g.quantize_tensorwise_into(&w, &mut qw, false)?;
-                let (e4, e5) = (Format::E4M3, Format::E5M2);
-                g.blas.gemm_fp8(
-                    &qx.rowwise,
-                    e4,
-                    &qx.scale_inv,
-                    &qw.rowwise,
-                    e4,
-                    &qw.scale_inv,
-                    &mut y,
-                    (m, n, k),
-                    fast,
-                )?;
-                g.quantize_tensorwise_into(&dy, &mut qdy, false)?;
-                g.blas.gemm_fp8(
-                    &qdy.rowwise,
-                    e5,
-                    &qdy.scale_inv,
-                    &qw.colwise,
-                    e4,
-                    &qw.scale_inv,
-                    &mut dx,
-                    (m, k, n),
-                    fast,
-                )?;
-                g.blas.gemm_fp8(
-                    &qdy.colwise,
-                    e5,
-                    &qdy.scale_inv,
-                    &qx.colwise,
-                    e4,
-                    &qx.scale_inv,
-                    &mut dw,
-                    (n, k, m),
-                    false,
-                )
-            })?;
-            rows.push(BenchRow {
-                name: format!("linear fwd+bwd fp8 tensorwise quantized ({label}) {shape}"),
-                ms,
-                rate: flops / ms / 1e9,
-                unit: "TFLOP/s",
-                ratio: bf / ms,
-                vs: "bf16".into(),
-            });
-        }
-    }
-    Ok(rows)
+    Ok(())
 }

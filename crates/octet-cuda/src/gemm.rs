@@ -17,18 +17,57 @@ use std::sync::Arc;
 
 const WORKSPACE: usize = 32 << 20;
 
-/// Operand types of a GEMM plan.
+/// Output element type of a GEMM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum OutType {
+    /// bf16 (stored as `u16` bits).
+    Bf16,
+    /// f32 (for checks against the CPU's f32 accumulation without an output rounding).
+    F32,
+}
+
+/// A device element type a GEMM can write: `u16` (bf16 bits) or `f32`.
+pub trait GemmOut: cudarc::driver::DeviceRepr + Copy + Default {
+    /// The matching [`OutType`].
+    const OUT: OutType;
+    /// The value as f32 (exact).
+    fn to_f32(self) -> f32;
+}
+impl GemmOut for u16 {
+    const OUT: OutType = OutType::Bf16;
+    fn to_f32(self) -> f32 {
+        half::bf16::from_bits(self).to_f32()
+    }
+}
+impl GemmOut for f32 {
+    const OUT: OutType = OutType::F32;
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+/// Operand and output types of a GEMM plan (the plan cache key, with the shape).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kind {
-    /// bf16 x bf16 -> bf16; `ta`: `a` is stored `(k, m)`; `tb`: `b` is stored `(n, k)`.
+    /// bf16 x bf16; `ta`: `a` is stored `(k, m)`; `tb`: `b` is stored `(n, k)`.
     Bf16 {
         /// `a` stored transposed.
         ta: bool,
         /// `b` stored transposed (the TN default).
         tb: bool,
+        /// Output type.
+        out: OutType,
     },
-    /// FP8 x FP8 -> bf16 with per-tensor scale pointers; `(a format, b format, fast accumulation)`.
-    Fp8(Format, Format, bool),
+    /// FP8 x FP8 with per-tensor scale pointers: `(a format, b format, fast accumulation, output)`.
+    Fp8(Format, Format, bool, OutType),
+}
+
+impl Kind {
+    fn out(self) -> OutType {
+        match self {
+            Kind::Bf16 { out, .. } | Kind::Fp8(_, _, _, out) => out,
+        }
+    }
 }
 
 struct Plan {
@@ -39,13 +78,18 @@ struct Plan {
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
-/// cuBLASLt handle, workspace and cached plans.
+/// cuBLASLt handle, workspace and cached plans. Used behind the [`crate::Gpu`]'s mutex.
 pub struct Blas {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
     plans: HashMap<(Kind, usize, usize, usize), Plan>,
     stream: Arc<CudaStream>,
 }
+
+// SAFETY: the handle, descriptors and layouts are plain cuBLASLt objects that
+// may be used from any thread as long as no two threads use them at once; the
+// owning `Gpu` keeps `Blas` behind a `Mutex`.
+unsafe impl Send for Blas {}
 
 fn blas<T>(r: std::result::Result<T, lt::CublasError>, what: &str) -> Result<T> {
     r.map_err(|e| Error::Blas(format!("{what}: {e:?}")))
@@ -78,6 +122,11 @@ impl Blas {
         })
     }
 
+    /// How many (kind, shape) plans are cached.
+    pub fn cached_plans(&self) -> usize {
+        self.plans.len()
+    }
+
     fn plan(&mut self, kind: Kind, m: usize, n: usize, k: usize) -> Result<&Plan> {
         let key = (kind, m, n, k);
         if !self.plans.contains_key(&key) {
@@ -97,7 +146,7 @@ impl Blas {
                 sys::cudaDataType::CUDA_R_16BF,
             ),
             // cuBLAS A is our b, cuBLAS B is our a.
-            Kind::Fp8(fa, fb, _) => (dtype(fb)?, dtype(fa)?),
+            Kind::Fp8(fa, fb, _, _) => (dtype(fb)?, dtype(fa)?),
         };
         let desc = blas(
             lt::create_matmul_desc(
@@ -109,7 +158,7 @@ impl Blas {
         // Our row-major operands as cuBLAS column-major ones (module docs):
         // cuBLAS A := our b, cuBLAS B := our a. cublasOperation_t: N = 0, T = 1 (int32).
         let (our_ta, our_tb) = match kind {
-            Kind::Bf16 { ta, tb } => (ta, tb),
+            Kind::Bf16 { ta, tb, .. } => (ta, tb),
             Kind::Fp8(..) => (false, true),
         };
         let t: i32 = i32::from(our_tb);
@@ -131,7 +180,7 @@ impl Blas {
             &nop as *const _ as *const c_void,
             std::mem::size_of_val(&nop),
         )?;
-        if let Kind::Fp8(_, _, fast) = kind {
+        if let Kind::Fp8(_, _, fast, _) = kind {
             let f: i8 = i8::from(fast);
             set(
                 D::CUBLASLT_MATMUL_DESC_FAST_ACCUM,
@@ -150,10 +199,12 @@ impl Blas {
         } else {
             blas(lt::create_matrix_layout(tb, k64, m64, k as i64), "layout b")?
         };
-        let d = blas(
-            lt::create_matrix_layout(sys::cudaDataType::CUDA_R_16BF, n64, m64, n as i64),
-            "layout d",
-        )?;
+        let dt = match kind.out() {
+            OutType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
+            OutType::F32 => sys::cudaDataType::CUDA_R_32F,
+        };
+        // C and D share one layout (beta = 0: C is never read).
+        let d = blas(lt::create_matrix_layout(dt, n64, m64, n as i64), "layout d")?;
         let pref = blas(lt::create_matmul_pref(), "preference")?;
         let ws = WORKSPACE as u64;
         // SAFETY: attribute value is a u64 as cuBLASLt documents.
@@ -172,7 +223,21 @@ impl Blas {
         let heur = unsafe { lt::get_matmul_algo_heuristic(self.handle, desc, a, b, d, d, pref) };
         // SAFETY: created above, not used after.
         unsafe { lt::destroy_matmul_pref(pref) }.ok();
-        let heur = heur.map_err(|e| Error::Blas(format!("no algorithm for {kind:?} {m}x{k}x{n} (dims must be multiples of 16 for FP8): {e:?}")))?;
+        let heur = match heur {
+            Ok(h) => h,
+            Err(e) => {
+                // SAFETY: created above and not stored anywhere.
+                unsafe {
+                    lt::destroy_matrix_layout(a).ok();
+                    lt::destroy_matrix_layout(b).ok();
+                    lt::destroy_matrix_layout(d).ok();
+                    lt::destroy_matmul_desc(desc).ok();
+                }
+                return Err(Error::Blas(format!(
+                    "no cuBLASLt algorithm for {kind:?} m={m} n={n} k={k}: {e:?}"
+                )));
+            }
+        };
         Ok(Plan {
             desc,
             a,
@@ -182,55 +247,51 @@ impl Blas {
         })
     }
 
-    /// `d (m, n) bf16 = a (m, k) bf16 @ b (n, k)^T` (bf16 as raw u16 bits).
-    pub fn gemm_bf16(
+    /// `d (m, n) = a (m, k) @ b (n, k)^T`, bf16 operands (raw `u16` bits), f32
+    /// accumulation, output bf16 (`u16`) or f32.
+    pub fn gemm_bf16<D: GemmOut>(
         &mut self,
         a: &CudaSlice<u16>,
         b: &CudaSlice<u16>,
-        d: &mut CudaSlice<u16>,
+        d: &mut CudaSlice<D>,
         m: usize,
         n: usize,
         k: usize,
     ) -> Result<()> {
-        check_len(a.len(), m * k, "a")?;
-        check_len(b.len(), n * k, "b")?;
-        check_len(d.len(), m * n, "d")?;
-        self.run(
-            Kind::Bf16 {
-                ta: false,
-                tb: true,
-            },
-            m,
-            n,
-            k,
-            a,
-            b,
-            d,
-            None,
-        )
+        self.gemm_bf16_op(a, false, b, true, d, (m, n, k))
     }
 
-    /// `d (m, n) bf16 = op(a) @ op(b)`: `a` is `(m, k)`, or `(k, m)` when `ta`;
+    /// `d (m, n) = op(a) @ op(b)`: `a` is `(m, k)`, or `(k, m)` when `ta`;
     /// `b` is `(k, n)`, or `(n, k)` when `tb`. For the high-precision backward GEMMs.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_bf16_op(
+    pub fn gemm_bf16_op<D: GemmOut>(
         &mut self,
         a: &CudaSlice<u16>,
         ta: bool,
         b: &CudaSlice<u16>,
         tb: bool,
-        d: &mut CudaSlice<u16>,
+        d: &mut CudaSlice<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
+        check_dims(m, n, k)?;
         check_len(a.len(), m * k, "a")?;
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
-        self.run(Kind::Bf16 { ta, tb }, m, n, k, a, b, d, None)
+        let kind = Kind::Bf16 {
+            ta,
+            tb,
+            out: D::OUT,
+        };
+        self.run(kind, m, n, k, a, b, d, None)
     }
 
-    /// `d (m, n) bf16 = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from FP8 codes.
+    /// `d (m, n) = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from
+    /// FP8 codes, both operands K-major ("TN"); output bf16 (`u16`) or f32.
+    /// `m`, `n`, `k` must be multiples of 16 (cuBLASLt's FP8 alignment).
+    /// `fast_accum` lets the tensor cores keep partial sums in their own,
+    /// reduced precision instead of promoting them to f32 periodically.
     #[allow(clippy::too_many_arguments)]
-    pub fn gemm_fp8(
+    pub fn gemm_fp8<D: GemmOut>(
         &mut self,
         a: &CudaSlice<u8>,
         a_fmt: Format,
@@ -238,32 +299,32 @@ impl Blas {
         b: &CudaSlice<u8>,
         b_fmt: Format,
         b_scale_inv: &CudaSlice<f32>,
-        d: &mut CudaSlice<u16>,
+        d: &mut CudaSlice<D>,
         (m, n, k): (usize, usize, usize),
         fast_accum: bool,
     ) -> Result<()> {
+        check_dims(m, n, k)?;
         check_len(a.len(), m * k, "a")?;
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
+        check_len(a_scale_inv.len(), 1, "a scale_inv")?;
+        check_len(b_scale_inv.len(), 1, "b scale_inv")?;
         if m % 16 != 0 || n % 16 != 0 || k % 16 != 0 {
             return Err(Error::Shape(format!(
-                "FP8 GEMM needs dims that are multiples of 16, got m={m} n={n} k={k}"
+                "FP8 GEMM needs dims that are multiples of 16, got m={m} n={n} k={k} (pad the operands)"
             )));
         }
-        self.run(
-            Kind::Fp8(a_fmt, b_fmt, fast_accum),
-            m,
-            n,
-            k,
-            a,
-            b,
-            d,
-            Some((a_scale_inv, b_scale_inv)),
-        )
+        if (a_fmt, b_fmt) == (Format::E5M2, Format::E5M2) {
+            return Err(Error::Shape(
+                "cuBLASLt has no E5M2 x E5M2 GEMM; quantize one operand to E4M3".into(),
+            ));
+        }
+        let kind = Kind::Fp8(a_fmt, b_fmt, fast_accum, D::OUT);
+        self.run(kind, m, n, k, a, b, d, Some((a_scale_inv, b_scale_inv)))
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn run<T>(
+    fn run<T, D>(
         &mut self,
         kind: Kind,
         m: usize,
@@ -271,7 +332,7 @@ impl Blas {
         k: usize,
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
-        d: &mut CudaSlice<u16>,
+        d: &mut CudaSlice<D>,
         scales: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
     ) -> Result<()> {
         let stream = self.stream.clone();
@@ -343,6 +404,16 @@ impl Blas {
             "matmul",
         )
     }
+}
+
+fn check_dims(m: usize, n: usize, k: usize) -> Result<()> {
+    let max = i32::MAX as usize;
+    if m == 0 || n == 0 || k == 0 || m > max || n > max || k > max {
+        return Err(Error::Shape(format!(
+            "GEMM dims must be in 1..=2^31-1, got m={m} n={n} k={k}"
+        )));
+    }
+    Ok(())
 }
 
 fn check_len(got: usize, want: usize, what: &str) -> Result<()> {

@@ -1,44 +1,67 @@
 //! octet-cuda: the CUDA backend.
 //!
-//! Libraries (libcuda, NVRTC, cuBLASLt) are loaded at run time, so the crate
-//! builds without a toolkit and a machine without a GPU gets an error value,
-//! never a crash. Kernels are CUDA C compiled by NVRTC for the device's
-//! architecture and cached on disk ([`nvrtc`]); all GEMMs go through
-//! cuBLASLt ([`gemm`]). [`check`] holds the conformance cases (GPU against
-//! the CPU reference) and the benchmarks.
+//! Libraries (libcuda, NVRTC, cuBLASLt) are loaded at run time (cudarc with
+//! dynamic loading), so the crate builds without a toolkit, and a machine
+//! without a GPU gets an [`Error`] value from [`Gpu::open`], never a crash.
+//! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC for the device's
+//! architecture and cached on disk ([`nvrtc`]); all GEMMs go through cuBLASLt
+//! ([`gemm`]). [`check`] holds the conformance cases (GPU against the CPU
+//! reference of `octet-fp8`/`octet-tensor`), [`bench`] the benchmarks.
+//!
+//! ```no_run
+//! # fn main() -> octet_cuda::Result<()> {
+//! let gpu = octet_cuda::Gpu::open(0)?;
+//! println!("{}", gpu.device_info()?);
+//! let cases = octet_cuda::selftest(&gpu)?;
+//! assert!(cases.iter().all(|c| c.pass));
+//! # Ok(()) }
+//! ```
 #![warn(missing_docs)]
 
+pub mod bench;
 pub mod check;
 pub mod gemm;
 pub mod nvrtc;
+mod quantize;
 
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg,
-};
-use half::bf16;
-use octet_fp8::Format;
-use std::sync::Arc;
+pub use bench::{bench, bench_linear, BenchRow};
+pub use check::{selftest, CaseResult};
+pub use gemm::{GemmOut, OutType};
+pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput};
 
-/// Errors of the CUDA backend.
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Errors of the CUDA backend. Each says what is missing or wrong and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No usable GPU or driver.
     #[error("no usable CUDA device: {0}")]
     NoDevice(String),
-    /// A toolkit piece (NVRTC, headers, cuBLASLt) is missing.
+    /// A toolkit piece (NVRTC, cuBLASLt, headers) is missing.
     #[error("CUDA toolkit: {0}")]
     Toolkit(String),
     /// NVRTC rejected a kernel; the log says why.
-    #[error("NVRTC could not compile {name}: {log}")]
+    #[error("NVRTC could not compile {name} for {arch}:\n{log}")]
     Compile {
         /// Kernel file.
         name: String,
+        /// Target architecture.
+        arch: &'static str,
         /// Compiler log.
         log: String,
     },
     /// A driver call failed.
     #[error("CUDA driver: {0}")]
     Driver(String),
+    /// A device allocation failed.
+    #[error("out of GPU memory: {bytes} bytes asked for ({what})")]
+    OutOfMemory {
+        /// Bytes of the failed allocation.
+        bytes: usize,
+        /// What the buffer was for.
+        what: String,
+    },
     /// cuBLASLt refused or failed.
     #[error("cuBLASLt: {0}")]
     Blas(String),
@@ -46,7 +69,7 @@ pub enum Error {
     #[error("shape: {0}")]
     Shape(String),
     /// NaN/inf in a tensor that needs a finite amax.
-    #[error("non-finite values in the input: FP8 scales need finite data")]
+    #[error("non-finite values in the input: FP8 scales need finite data (look for the NaN/inf upstream)")]
     NonFinite,
     /// An error of the CPU reference.
     #[error(transparent)]
@@ -68,12 +91,94 @@ impl From<cudarc::driver::DriverError> for Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
-const QUANTIZE_SRC: &str = include_str!("../kernels/quantize.cu");
+macro_rules! kernel_source {
+    ($file:literal) => {
+        concat!(
+            include_str!("../kernels/common.cuh"),
+            include_str!(concat!("../kernels/", $file))
+        )
+    };
+}
 
-/// Every kernel source, by name (for the compile check).
-pub const KERNEL_SOURCES: [(&str, &str); 1] = [("quantize", QUANTIZE_SRC)];
+/// Every kernel source by name, each with `kernels/common.cuh` in front: what
+/// NVRTC compiles (and what CI compiles for `sm_90a`).
+pub const KERNEL_SOURCES: [(&str, &str); 2] = [
+    ("quantize", kernel_source!("quantize.cu")),
+    ("block_quantize", kernel_source!("block_quantize.cu")),
+];
 
-/// An opened GPU with its stream, kernels and cuBLASLt handle.
+/// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
+/// architecture-specific instructions; `sm_89` and later are needed for the
+/// FP8 conversion instructions).
+pub fn arch_for(cc: (i32, i32)) -> Result<&'static str> {
+    Ok(match cc {
+        (9, 0) => "sm_90a",
+        (8, 9) => "sm_89",
+        (10, 0) => "sm_100a",
+        (10, 3) => "sm_103a",
+        (12, 0) => "sm_120a",
+        other => {
+            return Err(Error::NoDevice(format!(
+                "compute capability {}.{} has no FP8 conversion instructions (octet needs 8.9, 9.0, 10.x or 12.0)",
+                other.0, other.1
+            )))
+        }
+    })
+}
+
+/// What [`Gpu::device_info`] reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GpuInfo {
+    /// Device ordinal.
+    pub ordinal: usize,
+    /// Marketing name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub name: String,
+    /// `(major, minor)` compute capability.
+    pub compute_capability: (i32, i32),
+    /// The NVRTC target kernels are compiled for.
+    pub arch: &'static str,
+    /// Total device memory in bytes.
+    pub total_mem: usize,
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// NVRTC `(major, minor)`.
+    pub nvrtc: (i32, i32),
+}
+
+impl std::fmt::Display for GpuInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, NVRTC {}.{}",
+            self.name,
+            self.ordinal,
+            self.compute_capability.0,
+            self.compute_capability.1,
+            self.arch,
+            self.sm_count,
+            self.total_mem as f64 / (1u64 << 30) as f64,
+            self.nvrtc.0,
+            self.nvrtc.1
+        )
+    }
+}
+
+pub(crate) struct Kernels {
+    pub amax_bf16: CudaFunction,
+    pub amax_f32: CudaFunction,
+    pub cast_bf16_e4m3: CudaFunction,
+    pub cast_bf16_e5m2: CudaFunction,
+    pub cast_f32_e4m3: CudaFunction,
+    pub cast_f32_e5m2: CudaFunction,
+    pub block_bf16_e4m3: CudaFunction,
+    pub block_bf16_e5m2: CudaFunction,
+    pub block_direct_bf16_e4m3: CudaFunction,
+}
+
+/// An opened GPU: its context and stream, compiled kernels and cuBLASLt state.
+///
+/// All work goes to one stream in order; methods that launch work return
+/// without waiting unless they say otherwise.
 pub struct Gpu {
     /// The context.
     pub ctx: Arc<CudaContext>,
@@ -81,62 +186,48 @@ pub struct Gpu {
     pub stream: Arc<CudaStream>,
     /// `(major, minor)` compute capability.
     pub cc: (i32, i32),
-    amax: CudaFunction,
-    cast_e4m3: CudaFunction,
-    cast_e5m2: CudaFunction,
-    /// The cuBLASLt state (handle, workspace, cached plans).
-    pub blas: gemm::Blas,
-}
-
-/// A per-tensor quantized bf16 matrix on the device.
-pub struct DeviceFp8 {
-    /// Rows.
-    pub rows: usize,
-    /// Columns.
-    pub cols: usize,
-    /// Element format.
-    pub format: Format,
-    /// `(rows, cols)` codes.
-    pub rowwise: CudaSlice<u8>,
-    /// `(cols, rows)` codes.
-    pub colwise: CudaSlice<u8>,
-    /// The dequantization scale (one f32).
-    pub scale_inv: CudaSlice<f32>,
-    /// The tensor's amax as f32 bits (kept on the device: delayed scaling and telemetry read it there).
-    pub amax_bits: CudaSlice<u32>,
-    /// Non-zero when the input had a NaN or inf.
-    pub nonfinite: CudaSlice<u32>,
-}
-
-/// The NVRTC target for a compute capability (`sm_90a` on Hopper for its arch-specific instructions).
-pub fn arch_for(cc: (i32, i32)) -> Result<&'static str> {
-    Ok(match cc {
-        (9, 0) => "sm_90a",
-        (8, 9) => "sm_89",
-        (10, 0) => "sm_100a",
-        (12, 0) => "sm_120a",
-        (8, 0) => "sm_80",
-        (8, 6) => "sm_86",
-        other => {
-            return Err(Error::NoDevice(format!(
-                "compute capability {}.{} is not supported",
-                other.0, other.1
-            )))
-        }
-    })
+    /// Streaming multiprocessors.
+    pub sm_count: i32,
+    /// Walk the cast kernel's tiles last-to-first, so that it starts on the
+    /// part of the tensor the amax pass read last (likely still in L2).
+    /// Bit-identical either way; only the speed differs (see NOTES.md).
+    pub reverse_cast: bool,
+    pub(crate) ordinal: usize,
+    pub(crate) arch: &'static str,
+    pub(crate) k: Kernels,
+    blas: Mutex<gemm::Blas>,
 }
 
 impl Gpu {
-    /// Open GPU `ordinal`: load the driver, compile (or fetch cached) kernels, create cuBLASLt.
+    /// Open GPU `ordinal`: load the driver, compile (or fetch from the cache)
+    /// the kernels, create the cuBLASLt handle and workspace.
+    ///
+    /// Errors, never panics: no driver ([`Error::NoDevice`]), no such device,
+    /// an architecture without FP8 conversions, NVRTC or cuBLASLt missing
+    /// ([`Error::Toolkit`]), a kernel that does not compile ([`Error::Compile`]).
     pub fn open(ordinal: usize) -> Result<Gpu> {
+        // cudarc's dynamic loader panics when a library or symbol is missing:
+        // presence is probed first, and any panic left becomes an error here.
+        match std::panic::catch_unwind(|| Gpu::open_inner(ordinal)) {
+            Ok(r) => r,
+            Err(p) => Err(Error::NoDevice(format!(
+                "CUDA libraries failed to load: {}",
+                nvrtc::panic_text(p)
+            ))),
+        }
+    }
+
+    fn open_inner(ordinal: usize) -> Result<Gpu> {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::NoDevice(
-                "libcuda could not be loaded (no NVIDIA driver on this machine)".into(),
+                "libcuda could not be loaded (no NVIDIA driver on this machine); use --device cpu"
+                    .into(),
             ));
         }
-        let n = CudaContext::device_count().map_err(|e| Error::NoDevice(format!("{e:?}")))?;
-        if ordinal >= n as usize {
+        let n = CudaContext::device_count()
+            .map_err(|e| Error::NoDevice(format!("the driver found no device: {e:?}")))?;
+        if ordinal >= n.max(0) as usize {
             return Err(Error::NoDevice(format!(
                 "device {ordinal} asked for, {n} present"
             )));
@@ -144,232 +235,181 @@ impl Gpu {
         let ctx = CudaContext::new(ordinal)?;
         let stream = ctx.default_stream();
         let cc = ctx.compute_capability()?;
+        let sm_count = ctx.attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )?;
         let arch = arch_for(cc)?;
-        let ptx = nvrtc::compile("quantize", QUANTIZE_SRC, arch)?;
-        let module = ctx.load_module(ptx)?;
-        let amax = module.load_function("amax_bf16")?;
-        let cast_e4m3 = module.load_function("cast_transpose_bf16_e4m3")?;
-        let cast_e5m2 = module.load_function("cast_transpose_bf16_e5m2")?;
-        let blas = gemm::Blas::new(&stream)?;
+        let load = |name: &str, src: &str, fns: &[&str]| -> Result<Vec<CudaFunction>> {
+            let module = ctx.load_module(nvrtc::compile(name, src, arch)?)?;
+            fns.iter().map(|f| Ok(module.load_function(f)?)).collect()
+        };
+        let q = load(
+            "quantize",
+            KERNEL_SOURCES[0].1,
+            &[
+                "amax_bf16",
+                "amax_f32",
+                "cast_transpose_bf16_e4m3",
+                "cast_transpose_bf16_e5m2",
+                "cast_transpose_f32_e4m3",
+                "cast_transpose_f32_e5m2",
+            ],
+        )?;
+        let b = load(
+            "block_quantize",
+            KERNEL_SOURCES[1].1,
+            &[
+                "block1x128_cast_transpose_bf16_e4m3",
+                "block1x128_cast_transpose_bf16_e5m2",
+                "block1x128_direct_cast_transpose_bf16_e4m3",
+            ],
+        )?;
+        let mut q = q.into_iter();
+        let mut b = b.into_iter();
+        let next = |it: &mut std::vec::IntoIter<CudaFunction>| {
+            it.next()
+                .ok_or_else(|| Error::Driver("kernel function list".into()))
+        };
+        let k = Kernels {
+            amax_bf16: next(&mut q)?,
+            amax_f32: next(&mut q)?,
+            cast_bf16_e4m3: next(&mut q)?,
+            cast_bf16_e5m2: next(&mut q)?,
+            cast_f32_e4m3: next(&mut q)?,
+            cast_f32_e5m2: next(&mut q)?,
+            block_bf16_e4m3: next(&mut b)?,
+            block_bf16_e5m2: next(&mut b)?,
+            block_direct_bf16_e4m3: next(&mut b)?,
+        };
+        let blas = Mutex::new(gemm::Blas::new(&stream)?);
         Ok(Gpu {
             ctx,
             stream,
             cc,
-            amax,
-            cast_e4m3,
-            cast_e5m2,
+            sm_count,
+            reverse_cast: true,
+            ordinal,
+            arch,
+            k,
             blas,
         })
     }
 
-    /// Launch the amax reduction of `x` into `amax_bits` (f32 bits) and `nonfinite` (flag).
-    pub fn launch_amax(
-        &self,
-        x: &CudaSlice<u16>,
-        amax_bits: &mut CudaSlice<u32>,
-        nonfinite: &mut CudaSlice<u32>,
-    ) -> Result<()> {
-        let n = x.len() as u64;
-        // Enough blocks to fill every SM several times; each thread loops over 4 x 16 B per step.
-        let blocks = ((n / 32 / 256) as u32 + 1).min(132 * 8);
-        let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(&self.amax);
-        b.arg(x).arg(&n).arg(amax_bits).arg(nonfinite);
-        // SAFETY: argument types match the kernel signature; the kernel bounds-checks `n`.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
-
-    /// Launch the cast + transpose kernel (`cast` is the E4M3 or E5M2 variant).
-    #[allow(clippy::too_many_arguments)]
-    fn launch_cast(
-        &self,
-        cast: &CudaFunction,
-        x: &CudaSlice<u16>,
-        rows: usize,
-        cols: usize,
-        amax_bits: &CudaSlice<u32>,
-        rowwise: &mut CudaSlice<u8>,
-        colwise: &mut CudaSlice<u8>,
-        scale_inv: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        let (r, c) = (rows as i32, cols as i32);
-        let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        let mut b = self.stream.launch_builder(cast);
-        b.arg(x)
-            .arg(&r)
-            .arg(&c)
-            .arg(amax_bits)
-            .arg(rowwise)
-            .arg(colwise)
-            .arg(scale_inv);
-        // SAFETY: argument types match; every output element is written by exactly one thread.
-        unsafe { b.launch(cfg) }?;
-        Ok(())
-    }
-
-    /// The cast + transpose kernel alone, for benchmarks (E4M3, amax taken as given).
-    #[allow(clippy::too_many_arguments)]
-    pub fn cast_only(
-        &self,
-        x: &CudaSlice<u16>,
-        rows: usize,
-        cols: usize,
-        amax_bits: &CudaSlice<u32>,
-        rowwise: &mut CudaSlice<u8>,
-        colwise: &mut CudaSlice<u8>,
-        scale_inv: &mut CudaSlice<f32>,
-    ) -> Result<()> {
-        self.launch_cast(
-            &self.cast_e4m3,
-            x,
-            rows,
-            cols,
-            amax_bits,
-            rowwise,
-            colwise,
-            scale_inv,
-        )
-    }
-
-    /// Device name, compute capability and memory in GiB.
-    pub fn info(&self) -> Result<String> {
-        let name = self.ctx.name()?;
-        let mem = self.ctx.total_mem()? as f64 / (1u64 << 30) as f64;
-        Ok(format!(
-            "{name}, compute capability {}.{}, {mem:.1} GiB",
-            self.cc.0, self.cc.1
-        ))
-    }
-
-    /// Copy host bf16 to the device.
-    pub fn upload_bf16(&self, x: &[bf16]) -> Result<CudaSlice<u16>> {
-        let bits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
-        Ok(self.stream.clone_htod(&bits)?)
-    }
-
-    /// Per-tensor current scaling of a bf16 `(rows, cols)` matrix to E4M3 or
-    /// E5M2, row-wise and column-wise copies, with the CPU reference's scale rule.
-    /// Two kernels: amax (one read), then cast + transpose (one read, two writes).
-    ///
-    /// With `check_finite`, a NaN/inf in `x` is reported as [`Error::NonFinite`]
-    /// (one 4-byte device-to-host read, which waits for the kernels); without,
-    /// nothing synchronises (for benchmarks and pipelines that check later).
-    pub fn quantize_tensorwise(
-        &self,
-        x: &CudaSlice<u16>,
-        rows: usize,
-        cols: usize,
-        format: Format,
-        check_finite: bool,
-    ) -> Result<DeviceFp8> {
-        self.quantize_impl(x, rows, cols, format, check_finite, None)
-    }
-
-    /// [`Gpu::quantize_tensorwise`] with both outputs filled with `poison` first
-    /// (conformance tests use it to catch elements the kernel never writes).
-    pub fn quantize_tensorwise_poisoned(
-        &self,
-        x: &CudaSlice<u16>,
-        rows: usize,
-        cols: usize,
-        format: Format,
-        poison: u8,
-    ) -> Result<DeviceFp8> {
-        self.quantize_impl(x, rows, cols, format, true, Some(poison))
-    }
-
-    fn quantize_impl(
-        &self,
-        x: &CudaSlice<u16>,
-        rows: usize,
-        cols: usize,
-        format: Format,
-        check_finite: bool,
-        poison: Option<u8>,
-    ) -> Result<DeviceFp8> {
-        let mut out = self.alloc_fp8(rows, cols, format)?;
-        if let Some(p) = poison {
-            self.stream
-                .memcpy_htod(&vec![p; rows * cols], &mut out.rowwise)?;
-            self.stream
-                .memcpy_htod(&vec![p; rows * cols], &mut out.colwise)?;
-        }
-        self.quantize_tensorwise_into(x, &mut out, check_finite)?;
-        Ok(out)
-    }
-
-    /// Buffers for a quantized `(rows, cols)` tensor (codes undefined until quantized into).
-    pub fn alloc_fp8(&self, rows: usize, cols: usize, format: Format) -> Result<DeviceFp8> {
-        if rows == 0 || cols == 0 || rows > i32::MAX as usize || cols > i32::MAX as usize {
-            return Err(Error::Shape(format!(
-                "quantize: shape ({rows}, {cols}) is empty or exceeds 32-bit dims"
-            )));
-        }
-        let s = &self.stream;
-        // SAFETY: the codes are written by the cast kernel before anyone reads them.
-        let (rowwise, colwise) =
-            unsafe { (s.alloc::<u8>(rows * cols)?, s.alloc::<u8>(rows * cols)?) };
-        Ok(DeviceFp8 {
-            rows,
-            cols,
-            format,
-            rowwise,
-            colwise,
-            scale_inv: s.alloc_zeros::<f32>(1)?,
-            amax_bits: s.alloc_zeros::<u32>(1)?,
-            nonfinite: s.alloc_zeros::<u32>(1)?,
+    /// Name, compute capability, NVRTC target, SMs and memory.
+    pub fn device_info(&self) -> Result<GpuInfo> {
+        Ok(GpuInfo {
+            ordinal: self.ordinal,
+            name: self.ctx.name()?,
+            compute_capability: self.cc,
+            arch: self.arch,
+            total_mem: self.ctx.total_mem()?,
+            sm_count: self.sm_count,
+            nvrtc: nvrtc::nvrtc_version()?,
         })
     }
 
-    /// Quantize into preallocated buffers (what a training step does: no allocation per call).
-    pub fn quantize_tensorwise_into(
+    /// [`Gpu::device_info`] as one line of text.
+    pub fn info(&self) -> Result<String> {
+        Ok(self.device_info()?.to_string())
+    }
+
+    /// The cuBLASLt state (handle, workspace, plan cache), locked.
+    pub fn blas(&self) -> Result<MutexGuard<'_, gemm::Blas>> {
+        self.blas
+            .lock()
+            .map_err(|_| Error::Blas("a previous GEMM panicked while holding the handle".into()))
+    }
+
+    /// Wait for all work queued on the stream.
+    pub fn synchronize(&self) -> Result<()> {
+        Ok(self.stream.synchronize()?)
+    }
+
+    /// A zero-filled device buffer of `n` elements; out-of-memory names the bytes.
+    pub fn alloc_zeros<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(
         &self,
-        x: &CudaSlice<u16>,
-        out: &mut DeviceFp8,
-        check_finite: bool,
+        n: usize,
+        what: &str,
+    ) -> Result<CudaSlice<T>> {
+        self.stream
+            .alloc_zeros::<T>(n)
+            .map_err(|e| oom(e, n * std::mem::size_of::<T>(), what))
+    }
+
+    /// Copy a host slice to a new device buffer.
+    pub fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {
+        self.stream
+            .clone_htod(x)
+            .map_err(|e| oom(e, std::mem::size_of_val(x), "upload"))
+    }
+
+    /// Copy host bf16 to the device (as `u16` bits, what the kernels and GEMMs take).
+    pub fn upload_bf16(&self, x: &[half::bf16]) -> Result<CudaSlice<u16>> {
+        let bits: Vec<u16> = x.iter().map(|v| v.to_bits()).collect();
+        self.upload(&bits)
+    }
+
+    /// Copy a device buffer back to the host (waits for the stream).
+    pub fn download<T: DeviceRepr + Default + Clone>(&self, x: &CudaSlice<T>) -> Result<Vec<T>> {
+        Ok(self.stream.clone_dtoh(x)?)
+    }
+
+    /// `d (m, n) = a (m, k) @ b (n, k)^T` in bf16 with f32 accumulation
+    /// (see [`gemm::Blas::gemm_bf16`]); `d` is bf16 (`u16`) or f32.
+    pub fn gemm_bf16<D: GemmOut>(
+        &self,
+        a: &CudaSlice<u16>,
+        b: &CudaSlice<u16>,
+        d: &mut CudaSlice<D>,
+        (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
-        let (rows, cols) = (out.rows, out.cols);
-        if x.len() != rows * cols {
-            return Err(Error::Shape(format!(
-                "quantize: {} elements for ({rows}, {cols})",
-                x.len()
-            )));
+        self.blas()?.gemm_bf16(a, b, d, m, n, k)
+    }
+
+    /// `d (m, n) = op(a) @ op(b)` in bf16 (see [`gemm::Blas::gemm_bf16_op`]).
+    pub fn gemm_bf16_op<D: GemmOut>(
+        &self,
+        (a, ta): (&CudaSlice<u16>, bool),
+        (b, tb): (&CudaSlice<u16>, bool),
+        d: &mut CudaSlice<D>,
+        mnk: (usize, usize, usize),
+    ) -> Result<()> {
+        self.blas()?.gemm_bf16_op(a, ta, b, tb, d, mnk)
+    }
+
+    /// `d (m, n) = a (m, k) @ b (n, k)^T` from two per-tensor FP8 operands,
+    /// both K-major, with their `scale_inv` as cuBLASLt's A/B scale pointers
+    /// (see [`gemm::Blas::gemm_fp8`]); `d` is bf16 (`u16`) or f32.
+    pub fn gemm_fp8<D: GemmOut>(
+        &self,
+        a: Fp8Operand<'_>,
+        b: Fp8Operand<'_>,
+        d: &mut CudaSlice<D>,
+        (m, n, k): (usize, usize, usize),
+        fast_accum: bool,
+    ) -> Result<()> {
+        self.blas()?.gemm_fp8(
+            a.data,
+            a.format,
+            a.scale_inv,
+            b.data,
+            b.format,
+            b.scale_inv,
+            d,
+            (m, n, k),
+            fast_accum,
+        )
+    }
+}
+
+/// A driver error from an allocation, as [`Error::OutOfMemory`] when it is one.
+pub(crate) fn oom(e: cudarc::driver::DriverError, bytes: usize, what: &str) -> Error {
+    if e.0 == cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        Error::OutOfMemory {
+            bytes,
+            what: what.into(),
         }
-        let cast = match out.format {
-            Format::E4M3 => &self.cast_e4m3,
-            Format::E5M2 => &self.cast_e5m2,
-            f => {
-                return Err(Error::Shape(format!(
-                    "tensorwise quantize on the GPU supports e4m3 and e5m2, not {f}"
-                )))
-            }
-        };
-        self.stream.memset_zeros(&mut out.amax_bits)?;
-        self.stream.memset_zeros(&mut out.nonfinite)?;
-        self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?;
-        self.launch_cast(
-            cast,
-            x,
-            rows,
-            cols,
-            &out.amax_bits,
-            &mut out.rowwise,
-            &mut out.colwise,
-            &mut out.scale_inv,
-        )?;
-        if check_finite && self.stream.clone_dtoh(&out.nonfinite)?[0] != 0 {
-            return Err(Error::NonFinite);
-        }
-        Ok(())
+    } else {
+        e.into()
     }
 }

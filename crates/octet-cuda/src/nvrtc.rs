@@ -1,13 +1,23 @@
 //! Run-time compilation of CUDA C with NVRTC, cached on disk.
 //!
-//! The cache key hashes the kernel source, the target architecture, the
-//! options and the NVRTC version; a compiled PTX is written to a temporary
-//! file and renamed into place, so concurrent processes (one per GPU rank)
-//! never read a half-written entry.
+//! The cache key hashes the kernel name, source, target architecture, options
+//! and NVRTC version ([`cache_key`]). A compiled PTX is written to a uniquely
+//! named temporary file in the cache directory, synced, and renamed into place
+//! ([`write_atomic`]), so concurrent processes (one per GPU rank) and threads
+//! never read a half-written entry: a reader sees either no file or a whole one.
+//!
+//! Every function that may call into libnvrtc checks first that the library
+//! can be loaded, and the calls run under `catch_unwind`: cudarc's dynamic
+//! loader panics on a missing symbol, and that must reach the caller as an
+//! [`Error::Toolkit`] value, not a crash.
 
 use crate::{Error, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Options every kernel is compiled with (part of the cache key).
+pub const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
 
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases).
 pub fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -23,15 +33,33 @@ pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     h
 }
 
-/// Directories that may hold `cuda_fp8.h`, in order: `OCTET_CUDA_INCLUDE`,
-/// `$CUDA_HOME/include`, `$CUDA_PATH/include`, `/usr/local/cuda/include`.
-pub fn include_candidates() -> Vec<PathBuf> {
+/// The cache key of one compilation: hash of (name, source, arch, options, NVRTC version).
+pub fn cache_key(name: &str, src: &str, arch: &str, opts: &[&str], version: (i32, i32)) -> u64 {
+    fnv1a(&[
+        name.as_bytes(),
+        src.as_bytes(),
+        arch.as_bytes(),
+        opts.join(" ").as_bytes(),
+        format!("{}.{}", version.0, version.1).as_bytes(),
+    ])
+}
+
+/// The cache file of one compilation inside `dir`: `<name>-<arch>-<key>.ptx`.
+pub fn cache_path(dir: &Path, name: &str, arch: &str, key: u64) -> PathBuf {
+    dir.join(format!("{name}-{arch}-{key:016x}.ptx"))
+}
+
+/// Directories that may hold the CUDA headers, in order, from an environment
+/// lookup: `OCTET_CUDA_INCLUDE`, `$CUDA_HOME/include`, `$CUDA_PATH/include`,
+/// `/usr/local/cuda/include`. Empty variables are skipped.
+pub fn include_candidates_from(env: impl Fn(&str) -> Option<String>) -> Vec<PathBuf> {
     let mut v = Vec::new();
-    if let Ok(p) = std::env::var("OCTET_CUDA_INCLUDE") {
+    let get = |k: &str| env(k).filter(|s| !s.is_empty());
+    if let Some(p) = get("OCTET_CUDA_INCLUDE") {
         v.push(PathBuf::from(p));
     }
     for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Ok(p) = std::env::var(var) {
+        if let Some(p) = get(var) {
             v.push(Path::new(&p).join("include"));
         }
     }
@@ -39,121 +67,343 @@ pub fn include_candidates() -> Vec<PathBuf> {
     v
 }
 
-/// The first candidate directory that has `cuda_fp8.h`.
+/// [`include_candidates_from`] over the process environment.
+pub fn include_candidates() -> Vec<PathBuf> {
+    include_candidates_from(|k| std::env::var(k).ok())
+}
+
+/// The first of `candidates` that holds `cuda_fp8.h` (the marker of a CUDA include directory).
+pub fn first_include(candidates: &[PathBuf]) -> Option<PathBuf> {
+    candidates
+        .iter()
+        .find(|d| d.join("cuda_fp8.h").is_file())
+        .cloned()
+}
+
+/// The CUDA include directory, or an error listing where it was looked for.
+///
+/// octet's own kernels need no header (see `kernels/common.cuh`), so
+/// [`compile`] goes on without one; this is for kernels that include
+/// `<cuda_fp8.h>` or `<cuda_bf16.h>`.
 pub fn find_include() -> Result<PathBuf> {
     let c = include_candidates();
-    c.iter().find(|d| d.join("cuda_fp8.h").is_file()).cloned().ok_or_else(|| {
+    first_include(&c).ok_or_else(|| {
         Error::Toolkit(format!(
             "cuda_fp8.h not found in {}; set OCTET_CUDA_INCLUDE or CUDA_HOME to the CUDA include directory",
-            c.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
+            c.iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ))
     })
 }
 
-/// The kernel cache directory: `OCTET_CACHE`, else `$XDG_CACHE_HOME/octet/kernels`, else `~/.cache/octet/kernels`.
-pub fn cache_dir() -> PathBuf {
-    if let Ok(p) = std::env::var("OCTET_CACHE") {
+/// The kernel cache directory from an environment lookup: `OCTET_CACHE`, else
+/// `$XDG_CACHE_HOME/octet/kernels`, else `$HOME/.cache/octet/kernels`, else
+/// the system temporary directory's `octet/kernels`.
+pub fn cache_dir_from(env: impl Fn(&str) -> Option<String>) -> PathBuf {
+    let get = |k: &str| env(k).filter(|s| !s.is_empty());
+    if let Some(p) = get("OCTET_CACHE") {
         return PathBuf::from(p);
     }
-    let base = std::env::var("XDG_CACHE_HOME")
+    let base = get("XDG_CACHE_HOME")
         .map(PathBuf::from)
-        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache")))
-        .unwrap_or_else(|_| std::env::temp_dir());
+        .or_else(|| get("HOME").map(|h| Path::new(&h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
     base.join("octet").join("kernels")
 }
 
-/// Write `bytes` to `path` through a temporary file and a rename.
+/// [`cache_dir_from`] over the process environment.
+pub fn cache_dir() -> PathBuf {
+    cache_dir_from(|k| std::env::var(k).ok())
+}
+
+static TMP_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// Write `bytes` to `path` atomically: a temporary file unique to this
+/// process and call, in the same directory, written, synced, then renamed
+/// over `path`. On error the temporary file is removed.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir)?;
     let tmp = dir.join(format!(
-        ".{}.{}.tmp",
+        ".{}.{}.{}.tmp",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("k"),
-        std::process::id()
+        std::process::id(),
+        TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
     ));
-    {
+    let res = (|| {
         use std::io::Write;
         let mut f = std::fs::File::create(&tmp)?;
         f.write_all(bytes)?;
         f.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if res.is_err() {
+        let _ = std::fs::remove_file(&tmp);
     }
-    std::fs::rename(&tmp, path)
+    res
 }
 
-/// The NVRTC version as `(major, minor)`.
-pub fn nvrtc_version() -> Result<(i32, i32)> {
-    // SAFETY: checked presence of the library before calling into it.
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        return Err(Error::Toolkit(
-            "libnvrtc could not be loaded (install the CUDA runtime compiler, NVRTC 13)".into(),
-        ));
-    }
-    let (mut a, mut b) = (0, 0);
-    // SAFETY: plain out-parameters.
-    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
-    Ok((a, b))
-}
-
-/// Compile `src` for `arch` (e.g. `sm_90a`), through the cache.
-pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
-    let (maj, min) = nvrtc_version()?;
-    let include = find_include()?;
-    let opts = vec!["--std=c++17".to_string(), "-default-device".to_string()];
-    let key = fnv1a(&[
-        src.as_bytes(),
-        arch.as_bytes(),
-        opts.join(" ").as_bytes(),
-        format!("{maj}.{min}").as_bytes(),
-    ]);
-    let path = cache_dir().join(format!("{name}-{arch}-{key:016x}.ptx"));
+/// Compile through the cache in `dir`: return the cached text for `key`, or
+/// run `compiler` and store what it returns. A failed cache write costs a
+/// recompile next time, nothing more. Returns the text and whether it was a hit.
+pub fn cached(
+    dir: &Path,
+    name: &str,
+    arch: &str,
+    key: u64,
+    compiler: impl FnOnce() -> Result<String>,
+) -> Result<(String, bool)> {
+    let path = cache_path(dir, name, arch, key);
     if let Ok(text) = std::fs::read_to_string(&path) {
-        return Ok(Ptx::from_src(text));
+        if !text.is_empty() {
+            return Ok((text, true));
+        }
     }
+    let text = compiler()?;
+    let _ = write_atomic(&path, text.as_bytes());
+    Ok((text, false))
+}
+
+/// Turn a panic payload into text.
+pub(crate) fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
+    p.downcast_ref::<String>()
+        .cloned()
+        .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
+/// The NVRTC version as `(major, minor)`, or [`Error::Toolkit`] when libnvrtc cannot be loaded.
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    std::panic::catch_unwind(|| {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(Error::Toolkit(
+                "libnvrtc could not be loaded (install NVRTC 13: the CUDA toolkit, or the pip wheel nvidia-cuda-nvrtc, on LD_LIBRARY_PATH)".into(),
+            ));
+        }
+        let (mut a, mut b) = (0, 0);
+        // SAFETY: plain out-parameters.
+        let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut a, &mut b) };
+        if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(Error::Toolkit(format!("nvrtcVersion failed: {r:?}")));
+        }
+        Ok((a, b))
+    })
+    .unwrap_or_else(|p| Err(Error::Toolkit(format!("libnvrtc: {}", panic_text(p)))))
+}
+
+/// Compile `src` for `arch` (e.g. `sm_90a`, passed as `--gpu-architecture`)
+/// through the on-disk cache ([`cache_dir`]). A compile failure returns
+/// [`Error::Compile`] with NVRTC's log.
+pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
+    let version = nvrtc_version()?;
+    let key = cache_key(name, src, arch, &OPTIONS, version);
+    let (text, _hit) = cached(&cache_dir(), name, arch, key, || {
+        compile_uncached(name, src, arch)
+    })?;
+    Ok(Ptx::from_src(text))
+}
+
+/// Compile with NVRTC, skipping the cache; returns the PTX text.
+pub fn compile_uncached(name: &str, src: &str, arch: &'static str) -> Result<String> {
+    nvrtc_version()?;
+    let include = first_include(&include_candidates());
     let co = CompileOptions {
         arch: Some(arch),
-        include_paths: vec![include.display().to_string()],
-        options: opts,
+        include_paths: include.iter().map(|p| p.display().to_string()).collect(),
+        options: OPTIONS.iter().map(|s| s.to_string()).collect(),
         name: Some(format!("{name}.cu")),
         ..Default::default()
     };
-    let ptx = compile_ptx_with_opts(src, co).map_err(|e| Error::Compile {
-        name: name.into(),
-        log: format!("{e:?}"),
+    let res = std::panic::catch_unwind(|| compile_ptx_with_opts(src, co))
+        .map_err(|p| Error::Toolkit(format!("NVRTC: {}", panic_text(p))))?;
+    let ptx = res.map_err(|e| {
+        let log = match e {
+            CompileError::CompileError { log, .. } => {
+                let mut log = log.to_string_lossy().into_owned();
+                if include.is_none() && log.contains("cannot open source file") {
+                    log.push_str(&format!(
+                        "\n(no CUDA include directory found in {:?}; set OCTET_CUDA_INCLUDE)",
+                        include_candidates()
+                    ));
+                }
+                log
+            }
+            other => format!("{other:?}"),
+        };
+        Error::Compile {
+            name: name.into(),
+            arch,
+            log,
+        }
     })?;
-    if let Some(bytes) = ptx.as_bytes() {
-        // A failed cache write costs a recompile next time, nothing more.
-        let text = bytes.split(|&b| b == 0).next().unwrap_or(bytes);
-        let _ = write_atomic(&path, text);
-    }
-    Ok(ptx)
+    let bytes = ptx
+        .as_bytes()
+        .ok_or_else(|| Error::Toolkit("NVRTC returned no PTX image".into()))?;
+    let bytes = bytes.split(|&b| b == 0).next().unwrap_or(bytes);
+    String::from_utf8(bytes.to_vec()).map_err(|e| Error::Toolkit(format!("PTX is not UTF-8: {e}")))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!(
+            "octet-nvrtc-{tag}-{}-{}",
+            std::process::id(),
+            TMP_COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
 
     #[test]
     fn hash_is_stable_and_separates_parts() {
         assert_eq!(fnv1a(&[b"abc"]), fnv1a(&[b"abc"]));
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
-        assert_ne!(fnv1a(&[b"k", b"sm_90a"]), fnv1a(&[b"k", b"sm_89"]));
+        // Pinned: the key must not change between Rust releases or runs.
+        assert_eq!(fnv1a(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(&[b""]), fnv1a(&[b""]));
+    }
+
+    #[test]
+    fn cache_key_depends_on_every_part() {
+        let base = cache_key("k", "src", "sm_90a", &OPTIONS, (13, 0));
+        assert_eq!(base, cache_key("k", "src", "sm_90a", &OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("j", "src", "sm_90a", &OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("k", "src ", "sm_90a", &OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("k", "src", "sm_89", &OPTIONS, (13, 0)));
+        assert_ne!(base, cache_key("k", "src", "sm_90a", &["-O3"], (13, 0)));
+        assert_ne!(base, cache_key("k", "src", "sm_90a", &OPTIONS, (13, 1)));
+        let p = cache_path(Path::new("/c"), "k", "sm_90a", base);
+        assert!(p.to_str().unwrap().starts_with("/c/k-sm_90a-"));
+        assert!(p.to_str().unwrap().ends_with(".ptx"));
     }
 
     #[test]
     fn atomic_write_replaces_whole_files() {
-        let d = std::env::temp_dir().join(format!("octet-cache-test-{}", std::process::id()));
-        let p = d.join("k.ptx");
+        let d = tmpdir("atomic");
+        let p = d.join("sub").join("k.ptx");
         write_atomic(&p, b"first").unwrap();
         write_atomic(&p, b"second").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"second");
-        let leftovers = std::fs::read_dir(&d).unwrap().count();
-        assert_eq!(leftovers, 1, "no temporary files remain");
+        assert_eq!(std::fs::read_dir(p.parent().unwrap()).unwrap().count(), 1);
         let _ = std::fs::remove_dir_all(&d);
     }
 
     #[test]
-    fn include_candidates_follow_the_environment_order() {
-        let c = include_candidates();
-        assert_eq!(c.last().unwrap(), Path::new("/usr/local/cuda/include"));
+    fn concurrent_writers_leave_one_whole_file_and_no_temporaries() {
+        let d = tmpdir("race");
+        let p = d.join("k.ptx");
+        let bodies: Vec<Vec<u8>> = (0..8u8).map(|i| vec![b'a' + i; 1 << 16]).collect();
+        std::thread::scope(|s| {
+            for b in &bodies {
+                let p = &p;
+                s.spawn(move || {
+                    for _ in 0..20 {
+                        write_atomic(p, b).unwrap();
+                        // A reader never sees a torn file.
+                        let got = std::fs::read(p).unwrap();
+                        assert_eq!(got.len(), 1 << 16);
+                        assert!(got.iter().all(|&c| c == got[0]));
+                    }
+                });
+            }
+        });
+        assert_eq!(std::fs::read_dir(&d).unwrap().count(), 1);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn cache_hits_skip_the_compiler_and_misses_store() {
+        let d = tmpdir("cache");
+        let mut calls = 0;
+        let (t, hit) = cached(&d, "k", "sm_90a", 42, || {
+            calls += 1;
+            Ok("ptx text".into())
+        })
+        .unwrap();
+        assert_eq!((t.as_str(), hit), ("ptx text", false));
+        let (t, hit) = cached(&d, "k", "sm_90a", 42, || {
+            calls += 1;
+            Ok("other".into())
+        })
+        .unwrap();
+        assert_eq!((t.as_str(), hit, calls), ("ptx text", true, 1));
+        // Another key misses; a compile error is passed through and stores nothing.
+        let e = cached(&d, "k", "sm_90a", 43, || {
+            Err(Error::Compile {
+                name: "k".into(),
+                arch: "sm_90a",
+                log: "bad".into(),
+            })
+        });
+        assert!(matches!(e, Err(Error::Compile { .. })));
+        assert!(!cache_path(&d, "k", "sm_90a", 43).exists());
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn include_discovery_follows_the_documented_order() {
+        let env: HashMap<&str, &str> = [
+            ("OCTET_CUDA_INCLUDE", "/o"),
+            ("CUDA_HOME", "/h"),
+            ("CUDA_PATH", "/p"),
+        ]
+        .into();
+        let c = include_candidates_from(|k| env.get(k).map(|s| s.to_string()));
+        let want: Vec<PathBuf> = ["/o", "/h/include", "/p/include", "/usr/local/cuda/include"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(c, want);
+        let c = include_candidates_from(|k| (k == "CUDA_PATH").then(|| "/p".to_string()));
+        assert_eq!(c[0], PathBuf::from("/p/include"));
+        // Empty variables are ignored.
+        let c = include_candidates_from(|_| Some(String::new()));
+        assert_eq!(c, vec![PathBuf::from("/usr/local/cuda/include")]);
+        // The first directory holding cuda_fp8.h wins.
+        let d = tmpdir("inc");
+        let (a, b) = (d.join("a"), d.join("b"));
+        std::fs::create_dir_all(&a).unwrap();
+        std::fs::create_dir_all(&b).unwrap();
+        std::fs::write(b.join("cuda_fp8.h"), "").unwrap();
+        assert_eq!(first_include(&[a.clone(), b.clone()]), Some(b.clone()));
+        std::fs::write(a.join("cuda_fp8.h"), "").unwrap();
+        assert_eq!(first_include(&[a.clone(), b]), Some(a));
+        assert_eq!(first_include(&[d.join("none")]), None);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn cache_dir_follows_the_documented_order() {
+        let env: HashMap<&str, &str> = [
+            ("OCTET_CACHE", "/oc"),
+            ("XDG_CACHE_HOME", "/x"),
+            ("HOME", "/home/u"),
+        ]
+        .into();
+        let look = |skip: &'static [&'static str]| {
+            let env = env.clone();
+            move |k: &str| {
+                (!skip.contains(&k))
+                    .then(|| env.get(k).map(|s| s.to_string()))
+                    .flatten()
+            }
+        };
+        assert_eq!(cache_dir_from(look(&[])), PathBuf::from("/oc"));
+        assert_eq!(
+            cache_dir_from(look(&["OCTET_CACHE"])),
+            PathBuf::from("/x/octet/kernels")
+        );
+        assert_eq!(
+            cache_dir_from(look(&["OCTET_CACHE", "XDG_CACHE_HOME"])),
+            PathBuf::from("/home/u/.cache/octet/kernels")
+        );
     }
 }

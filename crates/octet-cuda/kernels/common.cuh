@@ -1,0 +1,95 @@
+// Shared device helpers of octet's CUDA kernels. Header-free on purpose: NVRTC
+// compiles these without the toolkit's include directory (bf16 is widened by
+// a shift, FP8 is written with inline PTX), so CI only needs libnvrtc.
+//
+// This file is pasted in front of each kernel source by the host (see
+// `KERNEL_SOURCES` in lib.rs), not #included, so every kernel is one
+// self-contained string whose hash keys the cache.
+
+// bf16 bits -> f32: exact (bf16 is the upper half of an f32).
+__device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }
+
+// NaN or inf, on the bits (no math header needed).
+__device__ __forceinline__ int nonfinite_f32(float f) {
+    return (__float_as_uint(f) & 0x7f800000u) == 0x7f800000u;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Element formats, as template arguments.
+#define FMT_E4M3 0
+#define FMT_E5M2 1
+
+// Two floats -> two FP8 codes with round-to-nearest-even and saturation to the
+// format's max (octet_fp8's Overflow::Saturate; NaN stays NaN). `lo` lands in
+// the low byte, i.e. at the lower address. PTX takes the high element first.
+template <int FMT>
+__device__ __forceinline__ unsigned int cvt_fp8x2(float lo, float hi) {
+    unsigned short r;
+    if (FMT == FMT_E4M3) {
+        asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    } else {
+        asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    }
+    return r;
+}
+
+// Eight floats times `scale` (one IEEE f32 multiply each, as the CPU does) -> 8 codes.
+template <int FMT>
+__device__ __forceinline__ uint2 cast8(const float f[8], float scale) {
+    uint2 o;
+    o.x = cvt_fp8x2<FMT>(__fmul_rn(f[0], scale), __fmul_rn(f[1], scale)) |
+          (cvt_fp8x2<FMT>(__fmul_rn(f[2], scale), __fmul_rn(f[3], scale)) << 16);
+    o.y = cvt_fp8x2<FMT>(__fmul_rn(f[4], scale), __fmul_rn(f[5], scale)) |
+          (cvt_fp8x2<FMT>(__fmul_rn(f[6], scale), __fmul_rn(f[7], scale)) << 16);
+    return o;
+}
+
+// octet_fp8::scale::scale_from_amax(amax, fmt, margin = 0, power_of_two):
+// amax 0 -> 1; fmax / amax in IEEE f32 division; a non-finite quotient -> f32::MAX;
+// with pow2, rounded down to a power of two (scale::floor_pow2).
+__device__ __forceinline__ float scale_from_amax(float amax, float fmax, int pow2) {
+    if (amax == 0.f) return 1.f;
+    float s = __fdiv_rn(fmax, amax);
+    if (nonfinite_f32(s)) s = 3.402823466e38f;
+    if (pow2) {
+        unsigned int b = __float_as_uint(s);
+        if ((b >> 23) == 0) {
+            b = 1u << (31 - __clz(b));
+        } else {
+            b &= 0xff800000u;
+        }
+        s = __uint_as_float(b);
+    }
+    return s;
+}
+
+// Input element types: `unsigned short` holds bf16 bits, `float` is f32.
+// load8 reads 8 consecutive elements (16-byte aligned vector loads).
+template <typename T> struct In;
+template <> struct In<unsigned short> {
+    static __device__ __forceinline__ void load8(const unsigned short* p, float f[8]) {
+        uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+        f[0] = bf16_lo(v.x); f[1] = bf16_hi(v.x);
+        f[2] = bf16_lo(v.y); f[3] = bf16_hi(v.y);
+        f[4] = bf16_lo(v.z); f[5] = bf16_hi(v.z);
+        f[6] = bf16_lo(v.w); f[7] = bf16_hi(v.w);
+    }
+    static __device__ __forceinline__ float load1(const unsigned short* p) {
+        return bf16_lo(*p);
+    }
+};
+template <> struct In<float> {
+    static __device__ __forceinline__ void load8(const float* p, float f[8]) {
+        float4 a = __ldg(reinterpret_cast<const float4*>(p));
+        float4 b = __ldg(reinterpret_cast<const float4*>(p) + 1);
+        f[0] = a.x; f[1] = a.y; f[2] = a.z; f[3] = a.w;
+        f[4] = b.x; f[5] = b.y; f[6] = b.z; f[7] = b.w;
+    }
+    static __device__ __forceinline__ float load1(const float* p) { return *p; }
+};

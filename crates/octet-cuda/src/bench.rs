@@ -1,0 +1,333 @@
+//! Benchmarks, each next to its floor measured in the same run: memory-bound
+//! kernels against a device-to-device copy, FP8 GEMMs against bf16 GEMMs of
+//! the same shape. Times are medians of CUDA-event timings after warm-up.
+
+use crate::check::{bf16_bits, random_bf16, random_f32};
+use crate::{Gpu, Result};
+use cudarc::driver::{sys::CUevent_flags, CudaSlice};
+use octet_fp8::Format;
+
+/// One benchmark figure.
+#[derive(Clone, Debug)]
+pub struct BenchRow {
+    /// Operation and shape.
+    pub name: String,
+    /// Median milliseconds.
+    pub ms: f64,
+    /// Throughput with its unit (`TFLOP/s` or `GB/s`).
+    pub rate: f64,
+    /// Unit of `rate`.
+    pub unit: &'static str,
+    /// Ratio to the floor or baseline named in `vs`.
+    pub ratio: f64,
+    /// What `ratio` compares against.
+    pub vs: String,
+}
+
+/// Median milliseconds of `reps` runs of `f` on the GPU stream, timed with events after `warm` runs.
+pub fn time_ms(
+    gpu: &Gpu,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut(&Gpu) -> Result<()>,
+) -> Result<f64> {
+    for _ in 0..warm {
+        f(gpu)?;
+    }
+    let mut t = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        start.record(&gpu.stream)?;
+        f(gpu)?;
+        end.record(&gpu.stream)?;
+        end.synchronize()?;
+        t.push(start.elapsed_ms(&end)? as f64);
+    }
+    t.sort_by(f64::total_cmp);
+    Ok(t[t.len() / 2])
+}
+
+fn gbs(bytes: usize, ms: f64) -> f64 {
+    bytes as f64 / ms / 1e6
+}
+
+fn mem_row(name: String, ms: f64, bytes: usize, copy_gbs: f64) -> BenchRow {
+    let rate = gbs(bytes, ms);
+    BenchRow {
+        name,
+        ms,
+        rate,
+        unit: "GB/s",
+        ratio: rate / copy_gbs,
+        vs: "copy".into(),
+    }
+}
+
+/// Copy bandwidth, quantize throughput (16384x8192) and GEMM rates for
+/// `gemm_shapes` `(m, k, n)`, side by side in one run.
+pub fn bench(gpu: &Gpu, gemm_shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
+    let mut rows = bench_quantize(gpu, 16384, 8192)?;
+    rows.extend(bench_gemm(gpu, gemm_shapes)?);
+    Ok(rows)
+}
+
+/// The memory-bound kernels on a `(r, c)` matrix against a device-to-device copy of its bf16 bytes.
+pub fn bench_quantize(gpu: &Gpu, r: usize, c: usize) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    let n = r * c;
+    let src: CudaSlice<u16> = gpu.upload(&bf16_bits(&random_bf16(n, 1, 4.0)))?;
+    let mut dst: CudaSlice<u16> = gpu.alloc_zeros(n, "copy destination")?;
+    let copy_ms = time_ms(gpu, 5, 30, |g| Ok(g.stream.memcpy_dtod(&src, &mut dst)?))?;
+    let copy_gbs = gbs(4 * n, copy_ms);
+    rows.push(BenchRow {
+        name: format!("copy d2d bf16 {r}x{c} (bytes read + written)"),
+        ms: copy_ms,
+        rate: copy_gbs,
+        unit: "GB/s",
+        ratio: 1.0,
+        vs: "copy".into(),
+    });
+    drop(dst);
+    // Per-tensor current scaling: amax pass + cast/transpose pass.
+    let mut q = gpu.alloc_fp8(r, c, Format::E4M3)?;
+    for reverse in [false, true] {
+        let ms = time_ms(gpu, 5, 30, |g| {
+            g.memset_quantize_state(&mut q)?;
+            g.launch_amax(&src, &mut q.amax_bits, &mut q.nonfinite)?;
+            g.launch_cast(
+                &src,
+                (r, c),
+                Format::E4M3,
+                &q.amax_bits,
+                &mut q.rowwise,
+                &mut q.colwise,
+                &mut q.scale_inv,
+                reverse,
+            )
+        })?;
+        let order = if reverse {
+            "reverse tile order"
+        } else {
+            "forward tile order"
+        };
+        rows.push(mem_row(
+            format!("quantize tensorwise bf16->e4m3 row+col {r}x{c}, {order}: on 6 B/elem (2 reads + 2 writes)"),
+            ms,
+            6 * n,
+            copy_gbs,
+        ));
+        rows.push(mem_row(
+            "  same, on 4 B/elem (one read + 2 writes)".to_string(),
+            ms,
+            4 * n,
+            copy_gbs,
+        ));
+    }
+    let a_ms = time_ms(gpu, 5, 30, |g| {
+        g.stream.memset_zeros(&mut q.amax_bits)?;
+        g.launch_amax(&src, &mut q.amax_bits, &mut q.nonfinite)
+    })?;
+    rows.push(mem_row(
+        "  phase 1 alone: amax bf16 (2 B/elem)".into(),
+        a_ms,
+        2 * n,
+        copy_gbs,
+    ));
+    let c_ms = time_ms(gpu, 5, 30, |g| {
+        g.launch_cast(
+            &src,
+            (r, c),
+            Format::E4M3,
+            &q.amax_bits,
+            &mut q.rowwise,
+            &mut q.colwise,
+            &mut q.scale_inv,
+            false,
+        )
+    })?;
+    rows.push(mem_row(
+        "  phase 2 alone: cast + transpose (4 B/elem)".into(),
+        c_ms,
+        4 * n,
+        copy_gbs,
+    ));
+    // The production entry point (E5M2 too), allocation-free.
+    let mut q5 = gpu.alloc_fp8(r, c, Format::E5M2)?;
+    let ms = time_ms(gpu, 5, 30, |g| {
+        g.quantize_tensorwise_into(&src, &mut q5, false)
+    })?;
+    rows.push(mem_row(
+        format!(
+            "quantize_tensorwise_into bf16->e5m2 {r}x{c} (reverse={}): on 6 B/elem",
+            gpu.reverse_cast
+        ),
+        ms,
+        6 * n,
+        copy_gbs,
+    ));
+    drop(q5);
+    // 1x128 blocks: one pass.
+    let mut b = gpu.alloc_block_fp8(r, c, Format::E4M3)?;
+    for rep in ["", " (repeat)"] {
+        let ms = time_ms(gpu, 5, 30, |g| {
+            g.quantize_block1x128_into(&src, &mut b, false, false)
+        })?;
+        rows.push(mem_row(
+            format!("quantize 1x128 bf16->e4m3 row+col {r}x{c}: on 4 B/elem (one pass){rep}"),
+            ms,
+            4 * n,
+            copy_gbs,
+        ));
+    }
+    let ms = time_ms(gpu, 5, 30, |g| {
+        g.quantize_block1x128_direct_into(&src, &mut b)
+    })?;
+    rows.push(mem_row(
+        "  variant: column-wise codes stored from registers, not staged".into(),
+        ms,
+        4 * n,
+        copy_gbs,
+    ));
+    drop((b, q, src));
+    // f32 input: 4 B read twice + 2 x 1 B written = 10 B/elem.
+    let (fr, fc) = (r / 2, c);
+    let nf = fr * fc;
+    let srcf: CudaSlice<f32> = gpu.upload(&random_f32(nf, 2, 4.0))?;
+    let mut qf = gpu.alloc_fp8(fr, fc, Format::E4M3)?;
+    let ms = time_ms(gpu, 5, 30, |g| {
+        g.quantize_tensorwise_into(&srcf, &mut qf, false)
+    })?;
+    rows.push(mem_row(
+        format!("quantize tensorwise f32->e4m3 row+col {fr}x{fc}: on 10 B/elem"),
+        ms,
+        10 * nf,
+        copy_gbs,
+    ));
+    Ok(rows)
+}
+
+/// bf16 and FP8 GEMMs (`(m, k, n)`, TN, bf16 output) in one run; FP8 ratios are against bf16.
+pub fn bench_gemm(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    for &(m, k, n) in shapes {
+        let flops = 2.0 * (m * k * n) as f64;
+        let (da, db) = (
+            gpu.upload(&bf16_bits(&random_bf16(m * k, 2, 1.0)))?,
+            gpu.upload(&bf16_bits(&random_bf16(n * k, 3, 1.0)))?,
+        );
+        let mut d: CudaSlice<u16> = gpu.alloc_zeros(m * n, "GEMM output")?;
+        let bf = time_ms(gpu, 5, 20, |g| g.gemm_bf16(&da, &db, &mut d, (m, n, k)))?;
+        let bf_t = flops / bf / 1e9;
+        rows.push(BenchRow {
+            name: format!("gemm bf16 {m}x{k}x{n}"),
+            ms: bf,
+            rate: bf_t,
+            unit: "TFLOP/s",
+            ratio: 1.0,
+            vs: "bf16".into(),
+        });
+        let qa = gpu.quantize_tensorwise(&da, m, k, Format::E4M3, true)?;
+        let qb = gpu.quantize_tensorwise(&db, n, k, Format::E4M3, true)?;
+        let qa5 = gpu.quantize_tensorwise(&da, m, k, Format::E5M2, true)?;
+        drop((da, db));
+        for (label, a, fast) in [
+            ("e4m3xe4m3", &qa, false),
+            ("e4m3xe4m3 fast-accum", &qa, true),
+            ("e5m2xe4m3", &qa5, false),
+        ] {
+            let ms = time_ms(gpu, 5, 20, |g| {
+                g.gemm_fp8(
+                    a.rowwise_operand(),
+                    qb.rowwise_operand(),
+                    &mut d,
+                    (m, n, k),
+                    fast,
+                )
+            })?;
+            let t = flops / ms / 1e9;
+            rows.push(BenchRow {
+                name: format!("gemm fp8 {label} tensorwise {m}x{k}x{n}"),
+                ms,
+                rate: t,
+                unit: "TFLOP/s",
+                ratio: t / bf_t,
+                vs: "bf16".into(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// `Linear` forward + backward on the GPU, bf16 against FP8 tensorwise with the
+/// quantized backward, in one run: bf16 is three cuBLASLt GEMMs (`output`,
+/// `grad_input`, `grad_weight`); FP8 is three quantizes (input and weight
+/// E4M3, grad_output E5M2, each row-wise + column-wise) and three FP8 GEMMs
+/// on K-major operands (fast accumulation for `output` and `grad_input` in
+/// the first variant, never for `grad_weight`). Shapes are `(M, K, N)`.
+pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<BenchRow>> {
+    let mut rows = Vec::new();
+    for &(m, k, n) in shapes {
+        let x = gpu.upload(&bf16_bits(&random_bf16(m * k, 11, 2.0)))?; // (M, K)
+        let w = gpu.upload(&bf16_bits(&random_bf16(n * k, 12, 0.05)))?; // (N, K)
+        let dy = gpu.upload(&bf16_bits(&random_bf16(m * n, 13, 0.01)))?; // (M, N)
+        let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?; // (M, N)
+        let mut dx: CudaSlice<u16> = gpu.alloc_zeros(m * k, "dx")?; // (M, K)
+        let mut dw: CudaSlice<u16> = gpu.alloc_zeros(n * k, "dw")?; // (N, K)
+        let flops = 6.0 * (m * k * n) as f64;
+        let bf = time_ms(gpu, 3, 10, |g| {
+            g.gemm_bf16(&x, &w, &mut y, (m, n, k))?; // output = input @ weight_t
+            g.gemm_bf16_op((&dy, false), (&w, false), &mut dx, (m, k, n))?; // grad_input = grad_output @ weight
+            g.gemm_bf16_op((&dy, true), (&x, false), &mut dw, (n, k, m)) // grad_weight = grad_output_t @ input
+        })?;
+        let shape = format!("{m}x{k}x{n}");
+        rows.push(BenchRow {
+            name: format!("linear fwd+bwd bf16 {shape}"),
+            ms: bf,
+            rate: flops / bf / 1e9,
+            unit: "TFLOP/s",
+            ratio: 1.0,
+            vs: "bf16".into(),
+        });
+        let mut qx = gpu.alloc_fp8(m, k, Format::E4M3)?;
+        let mut qw = gpu.alloc_fp8(n, k, Format::E4M3)?;
+        let mut qdy = gpu.alloc_fp8(m, n, Format::E5M2)?;
+        for (label, fast) in [("fast-accum fwd/dgrad", true), ("no fast-accum", false)] {
+            let ms = time_ms(gpu, 3, 10, |g| {
+                g.quantize_tensorwise_into(&x, &mut qx, false)?;
+                g.quantize_tensorwise_into(&w, &mut qw, false)?;
+                g.gemm_fp8(
+                    qx.rowwise_operand(),
+                    qw.rowwise_operand(),
+                    &mut y,
+                    (m, n, k),
+                    fast,
+                )?;
+                g.quantize_tensorwise_into(&dy, &mut qdy, false)?;
+                g.gemm_fp8(
+                    qdy.rowwise_operand(),
+                    qw.colwise_operand(),
+                    &mut dx,
+                    (m, k, n),
+                    fast,
+                )?;
+                g.gemm_fp8(
+                    qdy.colwise_operand(),
+                    qx.colwise_operand(),
+                    &mut dw,
+                    (n, k, m),
+                    false,
+                )
+            })?;
+            rows.push(BenchRow {
+                name: format!("linear fwd+bwd fp8 tensorwise quantized ({label}) {shape}"),
+                ms,
+                rate: flops / ms / 1e9,
+                unit: "TFLOP/s",
+                ratio: bf / ms,
+                vs: "bf16".into(),
+            });
+        }
+    }
+    Ok(rows)
+}
