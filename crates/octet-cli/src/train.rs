@@ -118,7 +118,8 @@ impl TrainArgs {
         match self.device.as_str() {
             "cpu" | "auto" => {}
             "cuda" => anyhow::bail!(
-                "--device cuda: this build has no CUDA backend yet; use --device cpu (or auto)"
+                "--device cuda: training on the GPU is not implemented yet (the CUDA backend \
+                 runs `octet selftest` and `octet bench --device cuda`); use --device cpu or auto"
             ),
             other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
         }
