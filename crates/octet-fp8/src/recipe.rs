@@ -18,7 +18,7 @@ use std::collections::VecDeque;
 use std::fmt;
 
 /// Operand role in a linear layer.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Role {
     /// The activation `x` entering the layer.
     Input,
@@ -41,7 +41,7 @@ impl Role {
 }
 
 /// How a delayed-scaling history turns into an amax.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum AmaxAlgo {
     /// The largest amax in the history window.
     Max,
@@ -409,7 +409,7 @@ impl fmt::Display for Recipe {
 /// Each quantization uses [`DelayedState::scale`] and reports the amax it saw
 /// with [`DelayedState::record`]; once per step [`DelayedState::update`]
 /// pushes the step's amax into the history and derives the next scale.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DelayedState {
     history: VecDeque<f32>,
     len: usize,

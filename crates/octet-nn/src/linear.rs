@@ -159,6 +159,20 @@ impl Linear {
         }
     }
 
+    /// Replace the delayed-scaling state of `role` (restoring a checkpoint); an
+    /// error if the layer's recipe is not delayed.
+    pub fn set_delayed_state(&mut self, role: Role, state: DelayedState) -> Result<()> {
+        match self.states.get(role) {
+            Some(s) => {
+                *s = state;
+                Ok(())
+            }
+            None => Err(Error::Shape(format!(
+                "this layer has no delayed-scaling state for {role:?}"
+            ))),
+        }
+    }
+
     /// Amax, saturated and underflowed shares of the last quantization of `role` (FP8 recipes only).
     pub fn telemetry(&self, role: Role) -> Option<Telemetry> {
         self.states.telemetry[role as usize]

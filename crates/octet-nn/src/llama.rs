@@ -15,7 +15,7 @@ use crate::norm::{RmsNorm, RmsNormSaved};
 use crate::rope::Rope;
 use crate::swiglu::{swiglu_backward, swiglu_forward, SwigluSaved};
 use crate::{Error, Result};
-use octet_fp8::{Recipe, Role, Telemetry};
+use octet_fp8::{DelayedState, Recipe, Role, Telemetry};
 use octet_tensor::{cpu, DType, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
@@ -414,8 +414,54 @@ impl Llama {
     /// `(module name, role, amax / saturated / underflowed)`. Empty without an FP8 recipe.
     pub fn telemetry(&self) -> Vec<(String, Role, Telemetry)> {
         let mut out = Vec::new();
+        for (name, l) in self.named_linears() {
+            for role in Role::ALL {
+                if let Some(t) = l.telemetry(role) {
+                    out.push((name.clone(), role, t));
+                }
+            }
+        }
+        out
+    }
+
+    /// Every block linear's delayed-scaling state, `(module name, role, state)`
+    /// (empty unless the recipe is delayed): saved with checkpoints so that a
+    /// resumed run scales exactly as the uninterrupted one.
+    pub fn scaling_state(&self) -> Vec<(String, Role, DelayedState)> {
+        let mut out = Vec::new();
+        for (name, l) in self.named_linears() {
+            for role in Role::ALL {
+                if let Some(s) = l.delayed_state(role) {
+                    out.push((name.clone(), role, s.clone()));
+                }
+            }
+        }
+        out
+    }
+
+    /// Restore states from [`Llama::scaling_state`]; an unknown module name is an error.
+    pub fn set_scaling_state(&mut self, states: Vec<(String, Role, DelayedState)>) -> Result<()> {
+        for (name, role, st) in states {
+            let mut found = false;
+            for (n, l) in self.named_linears_mut() {
+                if n == name {
+                    l.set_delayed_state(role, st.clone())?;
+                    found = true;
+                }
+            }
+            if !found {
+                return Err(Error::Config(format!(
+                    "scaling state for unknown module {name}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn named_linears(&self) -> Vec<(String, &Linear)> {
+        let mut out = Vec::new();
         for (i, b) in self.blocks.iter().enumerate() {
-            let mods = [
+            for (n, l) in [
                 ("self_attn.q_proj", &b.q),
                 ("self_attn.k_proj", &b.k),
                 ("self_attn.v_proj", &b.v),
@@ -423,13 +469,26 @@ impl Llama {
                 ("mlp.gate_proj", &b.gate),
                 ("mlp.up_proj", &b.up),
                 ("mlp.down_proj", &b.down),
-            ];
-            for (name, l) in mods {
-                for role in Role::ALL {
-                    if let Some(t) = l.telemetry(role) {
-                        out.push((format!("model.layers.{i}.{name}"), role, t));
-                    }
-                }
+            ] {
+                out.push((format!("model.layers.{i}.{n}"), l));
+            }
+        }
+        out
+    }
+
+    fn named_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let mut out = Vec::new();
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            for (n, l) in [
+                ("self_attn.q_proj", &mut b.q),
+                ("self_attn.k_proj", &mut b.k),
+                ("self_attn.v_proj", &mut b.v),
+                ("self_attn.o_proj", &mut b.o),
+                ("mlp.gate_proj", &mut b.gate),
+                ("mlp.up_proj", &mut b.up),
+                ("mlp.down_proj", &mut b.down),
+            ] {
+                out.push((format!("model.layers.{i}.{n}"), l));
             }
         }
         out

@@ -12,6 +12,7 @@
 use crate::optim::{AdamW, AdamWConfig, ParamState};
 use crate::{Error, Result};
 use half::{bf16, f16};
+use octet_fp8::{DelayedState, Role};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
@@ -184,8 +185,9 @@ pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>>
     Ok(w.into_iter().map(|(n, t)| (n, t.to_dtype(dtype))).collect())
 }
 
-/// Save the optimizer state with `trainer` metadata (JSON text) into `dir`.
-pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str) -> Result<()> {
+/// Save the optimizer state with `trainer` metadata (JSON text) and the
+/// model's delayed-scaling state (`scaling`, JSON) into `dir`.
+pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str, scaling: &str) -> Result<()> {
     let mut tensors = Vec::with_capacity(3 * opt.states.len());
     for s in &opt.states {
         for (suffix, v) in [
@@ -206,6 +208,7 @@ pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str) -> Result<()> {
             serde_json::to_string(&opt.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?,
         ),
         ("trainer".to_string(), trainer.to_string()),
+        ("scaling".to_string(), scaling.to_string()),
     ]);
     write_atomic(
         &dir.join("optimizer.safetensors"),
@@ -213,8 +216,9 @@ pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str) -> Result<()> {
     )
 }
 
-/// Load the optimizer state for `model`'s parameters; returns it and the trainer metadata.
-pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
+/// Load the optimizer state for `model`'s parameters and restore the model's
+/// delayed-scaling state; returns the optimizer and the trainer metadata.
+pub fn load_optimizer(dir: &Path, model: &mut Llama) -> Result<(AdamW, String)> {
     let path = dir.join("optimizer.safetensors");
     let (mut t, meta) = read_tensors(&path)?;
     let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
@@ -252,6 +256,13 @@ pub fn load_optimizer(dir: &Path, model: &Llama) -> Result<(AdamW, String)> {
             decay: p.shape().len() >= 2,
         });
     }
+    if let Some(text) = meta.get("scaling") {
+        let scaling: Vec<(String, Role, DelayedState)> =
+            serde_json::from_str(text).map_err(|e| bad(format!("scaling state: {e}")))?;
+        model
+            .set_scaling_state(scaling)
+            .map_err(|e| bad(e.to_string()))?;
+    }
     let trainer = meta.get("trainer").cloned().unwrap_or_default();
     Ok((AdamW { cfg, states, step }, trainer))
 }
@@ -270,7 +281,9 @@ pub fn save_checkpoint(
     let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     save_model(&tmp, model)?;
-    save_optimizer(&tmp, opt, trainer)?;
+    let scaling = serde_json::to_string(&model.scaling_state())
+        .map_err(|e| Error::Checkpoint(e.to_string()))?;
+    save_optimizer(&tmp, opt, trainer, &scaling)?;
     let dst = parent.join(name);
     if dst.exists() {
         std::fs::remove_dir_all(&dst).map_err(io)?;

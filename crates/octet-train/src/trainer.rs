@@ -257,7 +257,7 @@ pub fn train(
             let mcfg = checkpoint::load_config(ck)?;
             let weights = checkpoint::load_weights(ck, DType::F32)?;
             let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
-            let (opt, _) = checkpoint::load_optimizer(ck, &model)?;
+            let (opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
             opt.write_back(model.params_mut())?;
             obs.note(&format!(
                 "resumed from {} at step {}",

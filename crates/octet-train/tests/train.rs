@@ -151,7 +151,7 @@ fn small_run(name: &str, out: &std::path::Path, recipe: &str) -> TrainConfig {
 #[test]
 fn resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit() {
     let out = tmpdir("resume");
-    for recipe in ["bf16", "tensorwise"] {
+    for recipe in ["bf16", "tensorwise", "delayed"] {
         let full = train(
             &small_run(&format!("full-{recipe}"), &out, recipe),
             None,
