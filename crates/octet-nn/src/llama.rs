@@ -395,21 +395,6 @@ impl Llama {
         out
     }
 
-    /// The block linears, for scale updates and telemetry.
-    fn linears_mut(&mut self) -> impl Iterator<Item = &mut Linear> {
-        self.blocks.iter_mut().flat_map(|b| {
-            [
-                &mut b.q,
-                &mut b.k,
-                &mut b.v,
-                &mut b.o,
-                &mut b.gate,
-                &mut b.up,
-                &mut b.down,
-            ]
-        })
-    }
-
     /// Numerics telemetry of every block linear's last quantization:
     /// `(module name, role, amax / saturated / underflowed)`. Empty without an FP8 recipe.
     pub fn telemetry(&self) -> Vec<(String, Role, Telemetry)> {
@@ -496,7 +481,9 @@ impl Llama {
 
     /// End of an optimizer step: roll delayed-scaling histories (no-op for other recipes).
     pub fn update_scales(&mut self) {
-        self.linears_mut().for_each(Linear::update_scales);
+        self.named_linears_mut()
+            .into_iter()
+            .for_each(|(_, l)| l.update_scales());
     }
 
     fn check_tokens(&self, tokens: &[u32], b: usize, t: usize) -> Result<()> {
