@@ -317,21 +317,22 @@ impl Recipe {
 
     /// The quantization spec of `role`'s `layout` copy.
     ///
+    /// Both copies scale along their own reduction dimension, so today the
+    /// spec is the same for both layouts in each copy's own coordinates (a
+    /// 1x128 tile of the column-wise copy is a 128x1 tile of the original, as
+    /// DeepSeek-V3 quantizes backward activations; square weight tiles are
+    /// symmetric). `layout` stays in the signature so a recipe can differ per copy.
+    ///
     /// `delayed_scale` is the current scale of the role's [`DelayedState`];
     /// it is required by delayed scaling and rejected otherwise. `salt`
     /// varies stochastic rounding between calls (mixed into the seed).
     pub fn spec(
         &self,
         role: Role,
-        layout: Layout,
+        _layout: Layout,
         delayed_scale: Option<f32>,
         salt: u64,
     ) -> Result<QuantSpec, Error> {
-        // Both copies scale along their own reduction dimension, so the
-        // granularity in each copy's coordinates is the same: a 1x128 tile of
-        // the column-wise copy is a 128x1 tile of the original (DeepSeek-V3's
-        // backward activations), and square weight tiles are symmetric.
-        let _ = layout;
         let granularity = self.scaling.granularity(role);
         let rule = match (self.scaling, delayed_scale) {
             (Scaling::Delayed { .. }, Some(s)) => ScaleRule::Fixed(s),
