@@ -14,7 +14,7 @@ pub struct TrainArgs {
     /// A TOML file with any TrainConfig fields (flags override it).
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Run name (outputs in runs/<name>).
+    /// Run name (outputs in `runs/NAME`).
     #[arg(long)]
     name: Option<String>,
     /// Parent directory of runs.
@@ -68,7 +68,7 @@ pub struct TrainArgs {
     /// Tokens to generate at the end.
     #[arg(long)]
     sample_tokens: Option<usize>,
-    /// Resume from a checkpoint directory (runs/<name>/checkpoints/step_N).
+    /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     resume: Option<PathBuf>,
     /// Device: cpu, cuda or auto (this build has the CPU backend only).

@@ -6,7 +6,7 @@
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC for the device's
 //! architecture and cached on disk ([`nvrtc`]); all GEMMs go through cuBLASLt
 //! ([`gemm`]). [`check`] holds the conformance cases (GPU against the CPU
-//! reference of `octet-fp8`/`octet-tensor`), [`bench`] the benchmarks.
+//! reference of `octet-fp8`/`octet-tensor`), [`bench`](mod@bench) the benchmarks.
 //!
 //! ```no_run
 //! # fn main() -> octet_cuda::Result<()> {

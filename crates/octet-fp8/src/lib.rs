@@ -1,7 +1,7 @@
 //! octet-fp8: the numerical ground truth of octet.
 //!
 //! Pure Rust, no device code: the FP8/FP4 formats and their exact
-//! conversions ([`format`], [`convert`]), the scale rules ([`scale`]),
+//! conversions ([`format`](mod@format), [`convert`]), the scale rules ([`scale`]),
 //! quantized tensors and the reference quantizer ([`quant`]), the scaling
 //! recipes and their state ([`recipe`]), and the shared test tolerances
 //! ([`tolerance`]). Every backend is checked against this crate.

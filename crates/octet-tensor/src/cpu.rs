@@ -13,7 +13,7 @@ pub trait Real: num_traits::Float + Send + Sync + std::fmt::Debug + 'static {}
 impl Real for f32 {}
 impl Real for f64 {}
 
-/// `c (m, n) = op(a) @ op(b)` with f32 accumulation ([`gemm`] over f32).
+/// `c (m, n) = op(a) @ op(b)` with f32 accumulation ([`gemm()`] over f32).
 pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: bool) -> Vec<f32> {
     gemm(m, n, k, a, ta, b, tb)
 }
