@@ -14,7 +14,7 @@ const PAR_MIN: usize = 1 << 16;
 const CHUNK: usize = 1 << 15;
 
 /// A source element type that widens exactly to f32.
-pub trait ToF32: Copy + Send + Sync {
+pub trait ToF32: Copy + Default + Send + Sync {
     /// The exact f32 value.
     fn to_f32_exact(self) -> f32;
 }

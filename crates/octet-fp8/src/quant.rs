@@ -15,6 +15,7 @@ use crate::convert::{encode_fp4_slice, encode_slice, fp4_bytes, fp4_code, ToF32}
 use crate::format::{Format, Overflow, Rounding};
 use crate::scale::{mx_exponent, pow2, scale_from_amax};
 use crate::Error;
+use rayon::prelude::*;
 
 /// Scaling granularity: which elements share a scale.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -301,11 +302,28 @@ impl QuantizedTensor {
 }
 
 /// Row-major transpose of a `(rows, cols)` matrix.
-pub fn transpose<T: Copy>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let mut out = Vec::with_capacity(x.len());
-    for c in 0..cols {
-        out.extend((0..rows).map(|r| x[r * cols + c]));
+///
+/// Tiled (32x32) so that reads and writes both stay in cache lines, and split
+/// across threads by bands of output rows.
+pub fn transpose<T: Copy + Default + Send + Sync>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
+    const B: usize = 32;
+    let mut out = vec![T::default(); rows * cols];
+    if rows == 0 || cols == 0 {
+        return out;
     }
+    out.par_chunks_mut(B * rows)
+        .enumerate()
+        .for_each(|(band, o)| {
+            let c0 = band * B;
+            let c1 = (c0 + B).min(cols);
+            for r0 in (0..rows).step_by(B) {
+                for r in r0..(r0 + B).min(rows) {
+                    for c in c0..c1 {
+                        o[(c - c0) * rows + r] = x[r * cols + c];
+                    }
+                }
+            }
+        });
     out
 }
 
@@ -381,6 +399,13 @@ pub fn quantize<T: ToF32>(
     })
 }
 
+/// What a block stores: an f32 `scale_inv`, or a scale code (E8M0 or E4M3).
+#[derive(Clone, Copy)]
+enum Stored {
+    F32(f32),
+    Code(u8),
+}
+
 /// Quantize one `(rows, cols)` copy. Inputs are known finite; `amax` is the tensor amax.
 fn quantize_copy<T: ToF32>(
     x: &[T],
@@ -420,7 +445,6 @@ fn quantize_copy<T: ToF32>(
     } else {
         cols
     };
-    let mut data = vec![0u8; rows * stride];
     let global = match spec.rule {
         ScaleRule::Nvfp4 => scale_from_amax(amax, Format::E4M3, 0, false)
             .map(|s| s * Format::E2M1.max())
@@ -428,95 +452,123 @@ fn quantize_copy<T: ToF32>(
             .unwrap_or(f32::MAX),
         _ => 1.0,
     };
-    let mut f32_scales = Vec::new();
-    let mut codes = Vec::new();
-    let (mut saturated, mut underflowed) = (0usize, 0usize);
-    for br in 0..gr {
-        for bc in 0..gc {
+    // Phase 1, per block (in parallel): the amax, the multiplier applied
+    // before the cast, and what is stored (an f32 scale_inv or a scale code).
+    let per_block: Vec<(f32, Stored)> = (0..gr * gc)
+        .into_par_iter()
+        .map(|b| {
+            let (br, bc) = (b / gc, b % gc);
             let (r0, r1) = (br * block.0, ((br + 1) * block.0).min(rows));
             let (c0, c1) = (bc * block.1, ((bc + 1) * block.1).min(cols));
-            // Block amax (inputs are finite: checked by the caller).
             // A per-tensor block takes the tensor amax, which may be a
-            // cross-rank (all-reduced) one.
-            let mut bmax = 0f32;
-            if spec.granularity == Granularity::Tensor {
-                bmax = amax;
+            // cross-rank (all-reduced) one. Inputs are finite (checked by the caller).
+            let bmax = if spec.granularity == Granularity::Tensor {
+                amax
             } else {
-                for r in r0..r1 {
-                    for v in &x[r * cols + c0..r * cols + c1] {
-                        bmax = bmax.max(v.to_f32_exact().abs());
-                    }
-                }
-            }
-            // The multiplier applied before the cast.
-            let mul = match spec.rule {
+                (r0..r1)
+                    .flat_map(|r| &x[r * cols + c0..r * cols + c1])
+                    .fold(0f32, |m, v| m.max(v.to_f32_exact().abs()))
+            };
+            Ok(match spec.rule {
                 ScaleRule::Amax { power_of_two } => {
                     let s =
                         scale_from_amax(bmax, f, 0, power_of_two).ok_or(Error::BadAmax(bmax))?;
-                    f32_scales.push(1.0 / s);
-                    s
+                    (s, Stored::F32(1.0 / s))
                 }
                 ScaleRule::Fixed(s) => {
                     if !(s.is_finite() && s > 0.0) {
                         return Err(Error::BadScale(s));
                     }
-                    f32_scales.push(1.0 / s);
-                    s
+                    (s, Stored::F32(1.0 / s))
                 }
                 ScaleRule::E8M0 => {
                     let e = mx_exponent(bmax, f).ok_or(Error::BadAmax(bmax))?;
-                    codes.push((e + 127) as u8);
-                    pow2(-e)
+                    (pow2(-e), Stored::Code((e + 127) as u8))
                 }
                 ScaleRule::Nvfp4 => {
                     let code = Format::E4M3
                         .encode_rne(bmax / Format::E2M1.max() * global, Overflow::Saturate);
-                    codes.push(code);
                     let d = Format::E4M3.decode(code);
-                    if d == 0.0 {
-                        0.0
-                    } else {
-                        global / d
-                    }
+                    (if d == 0.0 { 0.0 } else { global / d }, Stored::Code(code))
                 }
-            };
-            for r in r0..r1 {
+            })
+        })
+        .collect::<Result<_, Error>>()?;
+    // Phase 2, per row (in parallel): cast each block's stretch, and count
+    // telemetry: values that only saturation kept finite (a plain cast would
+    // have overflowed; a value within rounding of max is not counted) and
+    // non-zero values that became zero.
+    let max_code = u32::from(f.encode_rne(f.max(), Overflow::Cast));
+    let mut data = vec![0u8; rows * stride];
+    let (saturated, underflowed) = data
+        .par_chunks_mut(stride)
+        .enumerate()
+        .map(|(r, row)| {
+            let (mut sat, mut under) = (0usize, 0usize);
+            for bc in 0..gc {
+                let (c0, c1) = (bc * block.1, ((bc + 1) * block.1).min(cols));
+                let mul = per_block[(r / block.0) * gc + bc].0;
                 let src = &x[r * cols + c0..r * cols + c1];
                 let base = (r * cols + c0) as u64;
                 if f == Format::E2M1 {
-                    // Blocks of FP4 start on even columns (block widths are even) so pairs never straddle.
-                    let dst = &mut data[r * stride + c0 / 2..r * stride + fp4_bytes(c1)];
-                    encode_fp4_slice(src, mul, dst, spec.rounding, base);
+                    // FP4 blocks start on even columns (block widths are even): pairs never straddle.
+                    encode_fp4_slice(
+                        src,
+                        mul,
+                        &mut row[c0 / 2..fp4_bytes(c1)],
+                        spec.rounding,
+                        base,
+                    );
                 } else {
-                    let dst = &mut data[r * stride + c0..r * stride + c1];
-                    encode_slice(f, src, mul, dst, Overflow::Saturate, spec.rounding, base);
+                    encode_slice(
+                        f,
+                        src,
+                        mul,
+                        &mut row[c0..c1],
+                        Overflow::Saturate,
+                        spec.rounding,
+                        base,
+                    );
                 }
-                // Telemetry: values that only saturation kept finite (a plain cast would
-                // have overflowed: a value within rounding of max is not counted), and
-                // non-zero values that became zero.
-                let row = &data[r * stride..(r + 1) * stride];
                 for (j, v) in src.iter().enumerate() {
                     let v = v.to_f32_exact();
                     let scaled = v * mul;
-                    let over = match f {
+                    sat += usize::from(match f {
                         // Half-way from 6 to the next binade (8) rounds up: 7 and above overflow.
                         Format::E2M1 => scaled.abs() >= 7.0,
-                        _ => {
-                            u32::from(f.encode_rne(scaled, Overflow::Cast) & 0x7F)
-                                > u32::from(f.encode_rne(f.max(), Overflow::Cast))
-                        }
-                    };
-                    saturated += usize::from(over);
+                        _ => u32::from(f.encode_rne(scaled, Overflow::Cast) & 0x7F) > max_code,
+                    });
                     let mag = if f == Format::E2M1 {
                         fp4_code(row, c0 + j) & 0x7
                     } else {
                         row[c0 + j] & 0x7F
                     };
-                    underflowed += usize::from(v != 0.0 && mag == 0);
+                    under += usize::from(v != 0.0 && mag == 0);
                 }
             }
-        }
-    }
+            (sat, under)
+        })
+        .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    let f32_scales: Vec<f32> = per_block
+        .iter()
+        .filter_map(|(_, s)| {
+            if let Stored::F32(v) = s {
+                Some(*v)
+            } else {
+                None
+            }
+        })
+        .collect();
+    let codes: Vec<u8> = per_block
+        .iter()
+        .filter_map(|(_, s)| {
+            if let Stored::Code(c) = s {
+                Some(*c)
+            } else {
+                None
+            }
+        })
+        .collect();
     let scales = match spec.rule {
         ScaleRule::Amax { .. } | ScaleRule::Fixed(_) => Scales::F32(f32_scales),
         ScaleRule::E8M0 => Scales::E8M0(codes),
