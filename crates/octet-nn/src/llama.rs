@@ -42,7 +42,7 @@ pub struct LlamaConfig {
     pub rms_norm_eps: f64,
     /// RoPE base.
     pub rope_theta: f64,
-    /// Whether the LM head shares the embedding matrix (not supported yet).
+    /// Whether the LM head shares the embedding matrix (then there is no `lm_head.weight`).
     #[serde(default)]
     pub tie_word_embeddings: bool,
 }
@@ -111,11 +111,6 @@ impl LlamaConfig {
                 self.head_dim()
             ));
         }
-        if self.tie_word_embeddings {
-            return bad(
-                "tied embeddings are not supported yet: set tie_word_embeddings = false".into(),
-            );
-        }
         Ok(())
     }
 
@@ -124,7 +119,8 @@ impl LlamaConfig {
         let (c, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let kv = self.num_key_value_heads * self.head_dim();
         let block = 2 * c + 2 * c * c + 2 * c * kv + 3 * c * f;
-        2 * v * c + self.num_hidden_layers * block + c
+        let heads = if self.tie_word_embeddings { 1 } else { 2 };
+        heads * v * c + self.num_hidden_layers * block + c
     }
 }
 
@@ -245,7 +241,9 @@ impl Llama {
             out.extend(block_names(i).into_iter().zip(shapes));
         }
         out.push(("model.norm.weight".into(), vec![c]));
-        out.push(("lm_head.weight".into(), vec![v, c]));
+        if !cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), vec![v, c]));
+        }
         out
     }
 
@@ -331,7 +329,22 @@ impl Llama {
             });
         }
         let norm = RmsNorm::new(next()?, eps)?;
-        let lm_head = Linear::new(next()?, None, None, true)?;
+        let head_weight = if cfg.tie_word_embeddings {
+            embed.weight.clone()
+        } else {
+            next()?
+        };
+        let lm_head = Linear::new(head_weight, None, None, true)?;
+        if cfg.tie_word_embeddings {
+            // Some exporters write the shared matrix twice: accept it only if it is the same.
+            if let Some(t) = w.remove("lm_head.weight") {
+                if t != embed.weight {
+                    return Err(Error::Config(
+                        "tie_word_embeddings is set but lm_head.weight differs from model.embed_tokens.weight".into(),
+                    ));
+                }
+            }
+        }
         if let Some(extra) = w.keys().next() {
             return Err(Error::Config(format!(
                 "unexpected tensor {extra} for this config"
@@ -366,7 +379,9 @@ impl Llama {
             out.extend(block_names(i).into_iter().zip(ts));
         }
         out.push(("model.norm.weight".into(), &self.norm.weight));
-        out.push(("lm_head.weight".into(), &self.lm_head.weight));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), &self.lm_head.weight));
+        }
         out
     }
 
@@ -391,7 +406,9 @@ impl Llama {
             out.extend(block_names(i).into_iter().zip(ts));
         }
         out.push(("model.norm.weight".into(), &mut self.norm.weight));
-        out.push(("lm_head.weight".into(), &mut self.lm_head.weight));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), &mut self.lm_head.weight));
+        }
         out
     }
 
@@ -519,6 +536,7 @@ impl Llama {
                 tokens.len()
             )));
         }
+        self.sync_tied_head();
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
         let rope = &self.rope;
@@ -547,9 +565,18 @@ impl Llama {
         ))
     }
 
+    /// With tied embeddings the head reads the embedding matrix as it is now
+    /// (the optimizer updates only the embedding).
+    fn sync_tied_head(&mut self) {
+        if self.cfg.tie_word_embeddings {
+            self.lm_head.weight = self.embed.weight.clone();
+        }
+    }
+
     /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward).
     pub fn logits(&mut self, tokens: &[u32], b: usize, t: usize) -> Result<Tensor> {
         self.check_tokens(tokens, b, t)?;
+        self.sync_tied_head();
         let mut x = self.embed.forward(tokens)?;
         let rope = &self.rope;
         for blk in &mut self.blocks {
@@ -580,15 +607,20 @@ impl Llama {
             block_grads.push(g);
         }
         block_grads.reverse();
-        let d_embed = self.embed.backward(&tokens, &dx)?;
+        let d_head = b_head
+            .d_weight
+            .ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?;
+        let mut d_embed = self.embed.backward(&tokens, &dx)?;
+        if self.cfg.tie_word_embeddings {
+            // One matrix, two uses: its gradient is the sum of both.
+            d_embed = cpu::add(&d_embed, &d_head)?;
+        }
         let mut grads = vec![d_embed];
         grads.extend(block_grads.into_iter().flatten());
         grads.push(d_norm);
-        grads.push(
-            b_head
-                .d_weight
-                .ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?,
-        );
+        if !self.cfg.tie_word_embeddings {
+            grads.push(d_head);
+        }
         let names = Llama::param_shapes(&self.cfg).into_iter().map(|(n, _)| n);
         Ok(names.zip(grads).collect())
     }

@@ -34,7 +34,17 @@ fn whole_model_gradients_match_finite_differences_in_f64() {
     // at h = 1e-5 for these O(1) third derivatives, rounding ~ 1e-16 * |L| / h
     // ~ 1e-11; a 1e-6 relative (1e-9 absolute) tolerance leaves three orders
     // of magnitude to both.
-    let cfg = tiny();
+    for tied in [false, true] {
+        let cfg = LlamaConfig {
+            tie_word_embeddings: tied,
+            ..tiny()
+        };
+        check_model_gradients(&cfg);
+    }
+}
+
+fn check_model_gradients(cfg: &LlamaConfig) {
+    let cfg = cfg.clone();
     let mut model = Llama::new_random(&cfg, DType::F64, None, 3).unwrap();
     // Larger weights than the default 0.02 so every path carries signal.
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
@@ -209,4 +219,39 @@ fn a_nan_stops_the_step_and_names_the_block() {
         err.contains("in model.layers.1") && err.contains("non-finite"),
         "{err}"
     );
+}
+
+#[test]
+fn tied_embeddings_load_with_or_without_a_duplicate_head() {
+    let cfg = LlamaConfig {
+        tie_word_embeddings: true,
+        ..tiny()
+    };
+    let model = Llama::new_random(&cfg, DType::F32, None, 4).unwrap();
+    assert!(model.params().iter().all(|(n, _)| n != "lm_head.weight"));
+    let weights: std::collections::HashMap<String, Tensor> = model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    assert!(Llama::from_weights(&cfg, weights.clone(), None).is_ok());
+    let mut dup = weights.clone();
+    dup.insert(
+        "lm_head.weight".into(),
+        weights["model.embed_tokens.weight"].clone(),
+    );
+    assert!(
+        Llama::from_weights(&cfg, dup.clone(), None).is_ok(),
+        "an equal duplicate head is accepted"
+    );
+    let e = &weights["model.embed_tokens.weight"];
+    let other: Vec<f32> = e.to_f32_vec().iter().map(|v| v + 1.0).collect();
+    dup.insert(
+        "lm_head.weight".into(),
+        Tensor::from_f32(e.shape(), other).unwrap(),
+    );
+    let err = Llama::from_weights(&cfg, dup, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("lm_head.weight differs"), "{err}");
 }
