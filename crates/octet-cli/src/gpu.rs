@@ -21,10 +21,27 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
 pub fn describe() -> String {
     match Gpu::open(0) {
         Ok(g) => format!(
-            "cuda: {} (native FP8 GEMMs: tensorwise; other recipes run on the CPU reference for now)",
+            "cuda: {} (per recipe: see the recipes table)",
             g.info().unwrap_or_else(|e| e.to_string())
         ),
         Err(e) => format!("cuda: none ({e})"),
+    }
+}
+
+/// What the CUDA backend of this build does for a recipe (the same on every GPU
+/// it supports, sm_89 and later; block-scaled MX/NVFP4 GEMMs would need sm_100).
+pub fn recipe_support(name: &str) -> &'static str {
+    match name {
+        "tensorwise" => "native: fused quantize + cuBLASLt FP8 GEMM",
+        "delayed" => "native cuBLASLt FP8 GEMM; quantize on the CPU path",
+        "blockwise" => {
+            "native 1x128 quantize; GEMM not yet (128x128 and cuBLASLt block scaling to come)"
+        }
+        "rowwise" => "not yet (CPU reference)",
+        "mxfp8" | "nvfp4" => {
+            "not yet (CPU reference; native GEMMs need sm_100, emulated elsewhere)"
+        }
+        _ => "not yet (CPU reference)",
     }
 }
 

@@ -25,7 +25,13 @@ pub fn run() -> anyhow::Result<()> {
         "\nrecipes (default formats; backward modes: {})",
         BackwardMode::ALL.map(|m| m.name()).join(", ")
     );
-    let mut t = Table::new(&["recipe", "roles", "cpu", "backward modes"]);
+    let mut t = Table::new(&[
+        "recipe",
+        "roles",
+        "cpu",
+        "cuda (this build)",
+        "backward modes",
+    ]);
     for name in Recipe::NAMES {
         let r = Recipe::from_name(name)?;
         let modes: Vec<&str> = BackwardMode::ALL
@@ -37,6 +43,7 @@ pub fn run() -> anyhow::Result<()> {
             name.into(),
             r.to_string(),
             "emulated (exact reference)".into(),
+            crate::gpu::recipe_support(name).into(),
             modes.join(", "),
         ]);
     }
