@@ -75,15 +75,22 @@ extern "C" __global__ void __launch_bounds__(256) amax_f32(const float* __restri
     amax_body<float>(x, n, amax_bits, nonfinite);
 }
 
-template <typename T, int FMT>
+// GIVEN = false: current scaling, the scale comes from the amax pass (`amax_bits` is read).
+// GIVEN = true: delayed scaling, the scale is given (`scale_in`, from the amax history) and
+// this one pass records the tensor's amax into `amax_bits` (and NaN/inf into `nonfinite`) for
+// the next history update: 2 B read + 2 B written per bf16 element, the true minimum.
+template <typename T, int FMT, bool GIVEN>
 __device__ __forceinline__ void cast_transpose(const T* __restrict__ x, int rows, int cols,
-                                               const unsigned int* __restrict__ amax_bits, float fmax,
+                                               unsigned int* __restrict__ amax_bits,
+                                               const float* __restrict__ scale_in,
+                                               unsigned int* __restrict__ nonfinite, float fmax,
                                                unsigned char* __restrict__ out_row,
                                                unsigned char* __restrict__ out_col,
                                                float* __restrict__ scale_inv, int reverse) {
     // Codes of one 64x64 tile; rows padded by 4 bytes against bank conflicts in the transpose.
     __shared__ __align__(16) unsigned char tile[TILE][TILE + 4];
-    const float scale = scale_from_amax(__uint_as_float(*amax_bits), fmax, 0);
+    __shared__ float smax[8];
+    const float scale = GIVEN ? *scale_in : scale_from_amax(__uint_as_float(*amax_bits), fmax, 0);
     const int bx = reverse ? gridDim.x - 1 - blockIdx.x : blockIdx.x;
     const int by = reverse ? gridDim.y - 1 - blockIdx.y : blockIdx.y;
     if (bx == 0 && by == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.f, scale);
@@ -101,6 +108,25 @@ __device__ __forceinline__ void cast_transpose(const T* __restrict__ x, int rows
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 f[pass][j] = (r < rows && c + j < cols) ? In<T>::load1(x + (size_t)r * cols + c + j) : 0.f;
+        }
+    }
+    if (GIVEN) {
+        // This tile's amax (out-of-range elements were loaded as 0) and NaN/inf flag.
+        float m = 0.f;
+        int bad = 0;
+#pragma unroll
+        for (int pass = 0; pass < TILE / 32; pass++)
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                bad |= nonfinite_f32(f[pass][j]);
+                m = fmaxf(m, fabsf(f[pass][j]));
+            }
+        m = warp_max(m);
+        if ((threadIdx.x & 31) == 0) smax[threadIdx.x >> 5] = m;
+        if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1u);
+        if (threadIdx.x < 32) {
+            float v = warp_max(threadIdx.x < 8 ? smax[threadIdx.x] : 0.f);
+            if (threadIdx.x == 0) atomicMax(amax_bits, __float_as_uint(v));
         }
     }
 #pragma unroll
@@ -147,8 +173,22 @@ __device__ __forceinline__ void cast_transpose(const T* __restrict__ x, int rows
         NAME(const T* __restrict__ x, int rows, int cols, const unsigned int* __restrict__ amax_bits,   \
              unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col,                  \
              float* __restrict__ scale_inv, int reverse) {                                              \
-        cast_transpose<T, FMT>(x, rows, cols, amax_bits, FMAX, out_row, out_col, scale_inv, reverse);   \
+        cast_transpose<T, FMT, false>(x, rows, cols, const_cast<unsigned int*>(amax_bits), nullptr,     \
+                                      nullptr, FMAX, out_row, out_col, scale_inv, reverse);             \
     }
+
+#define CAST_GIVEN_KERNEL(NAME, FMT, FMAX)                                                                \
+    extern "C" __global__ void __launch_bounds__(256)                                                   \
+        NAME(const unsigned short* __restrict__ x, int rows, int cols, unsigned int* __restrict__ amax_bits, \
+             const float* __restrict__ scale_in, unsigned int* __restrict__ nonfinite,                   \
+             unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col,                  \
+             float* __restrict__ scale_inv, int reverse) {                                              \
+        cast_transpose<unsigned short, FMT, true>(x, rows, cols, amax_bits, scale_in, nonfinite, FMAX,  \
+                                                  out_row, out_col, scale_inv, reverse);                \
+    }
+
+CAST_GIVEN_KERNEL(cast_transpose_given_bf16_e4m3, FMT_E4M3, 448.f)
+CAST_GIVEN_KERNEL(cast_transpose_given_bf16_e5m2, FMT_E5M2, 57344.f)
 
 CAST_KERNEL(cast_transpose_bf16_e4m3, unsigned short, FMT_E4M3, 448.f)
 CAST_KERNEL(cast_transpose_bf16_e5m2, unsigned short, FMT_E5M2, 57344.f)

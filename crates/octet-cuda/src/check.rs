@@ -248,6 +248,57 @@ fn quantize_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             }
         }
     }
+    // Delayed scaling: a given scale (large enough that values above 2 in
+    // magnitude saturate), one pass, the tensor's amax recorded for the history.
+    for (i, &(rows, cols)) in [(256usize, 512usize), (217, 300), (1, 16), (1000, 8)]
+        .iter()
+        .enumerate()
+    {
+        let xb: Vec<bf16> = input("uniform", rows * cols, 300 + i as u64)
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        for format in [Format::E4M3, Format::E5M2] {
+            let scale = format.max() / 2.0;
+            let sp = QuantSpec {
+                rule: ScaleRule::Fixed(scale),
+                ..spec(format, Granularity::Tensor, false)
+            };
+            let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+            let dx = gpu.upload(&bf16_bits(&xb))?;
+            let dscale = gpu.upload(&[scale])?;
+            let mut got = gpu.alloc_fp8(rows, cols, format)?;
+            let p = vec![0x7Fu8; rows * cols];
+            gpu.stream.memcpy_htod(&p, &mut got.rowwise)?;
+            gpu.stream.memcpy_htod(&p, &mut got.colwise)?;
+            gpu.quantize_given_scale_into(&dx, &dscale, &mut got, true)?;
+            let si = gpu.download(&got.scale_inv)?;
+            let (pr, tr) = compare_copy(
+                &gpu.download(&got.rowwise)?,
+                &si,
+                want.get(Layout::Rowwise)?,
+                "row",
+            );
+            let (pc, tc) = compare_copy(
+                &gpu.download(&got.colwise)?,
+                &si,
+                want.get(Layout::Colwise)?,
+                "col",
+            );
+            let amax = f32::from_bits(gpu.download(&got.amax_bits)?[0]);
+            let amax_ok = amax.to_bits() == want.amax.to_bits();
+            out.push(CaseResult {
+                name: format!(
+                    "quantize given scale (delayed) bf16->{format} {rows}x{cols}, one pass"
+                ),
+                pass: pr && pc && amax_ok,
+                worst: format!(
+                    "{tr}; {tc}; amax {}",
+                    if amax_ok { "equal" } else { "DIFFERS" }
+                ),
+            });
+        }
+    }
     // A NaN must be reported, not turned into a scale.
     let mut x = random_bf16(64 * 64, 5, 1.0);
     x[1234] = bf16::NAN;

@@ -170,6 +170,8 @@ pub(crate) struct Kernels {
     pub cast_bf16_e5m2: CudaFunction,
     pub cast_f32_e4m3: CudaFunction,
     pub cast_f32_e5m2: CudaFunction,
+    pub given_bf16_e4m3: CudaFunction,
+    pub given_bf16_e5m2: CudaFunction,
     pub block_bf16_e4m3: CudaFunction,
     pub block_bf16_e5m2: CudaFunction,
     pub block_direct_bf16_e4m3: CudaFunction,
@@ -253,6 +255,8 @@ impl Gpu {
                 "cast_transpose_bf16_e5m2",
                 "cast_transpose_f32_e4m3",
                 "cast_transpose_f32_e5m2",
+                "cast_transpose_given_bf16_e4m3",
+                "cast_transpose_given_bf16_e5m2",
             ],
         )?;
         let b = load(
@@ -277,6 +281,8 @@ impl Gpu {
             cast_bf16_e5m2: next(&mut q)?,
             cast_f32_e4m3: next(&mut q)?,
             cast_f32_e5m2: next(&mut q)?,
+            given_bf16_e4m3: next(&mut q)?,
+            given_bf16_e5m2: next(&mut q)?,
             block_bf16_e4m3: next(&mut b)?,
             block_bf16_e5m2: next(&mut b)?,
             block_direct_bf16_e4m3: next(&mut b)?,

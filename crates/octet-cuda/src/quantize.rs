@@ -304,6 +304,71 @@ impl Gpu {
         Ok(())
     }
 
+    /// Delayed scaling of a bf16 `(rows, cols)` matrix in one pass: cast both
+    /// copies with the given `scale` (a one-element device buffer, set from the
+    /// amax history) and record this tensor's amax in `out.amax_bits` (and
+    /// NaN/inf in `out.nonfinite`) for the next history update. 2 B read and
+    /// 2 B written per element: no amax pass, because the scale is known first.
+    pub fn quantize_given_scale_into(
+        &self,
+        x: &CudaSlice<u16>,
+        scale: &CudaSlice<f32>,
+        out: &mut DeviceFp8,
+        check_finite: bool,
+    ) -> Result<()> {
+        check_shape(out.rows, out.cols, x.len())?;
+        if scale.is_empty() {
+            return Err(Error::Shape("quantize: empty scale buffer".into()));
+        }
+        let kernel = match out.format {
+            Format::E4M3 => &self.k.given_bf16_e4m3,
+            Format::E5M2 => &self.k.given_bf16_e5m2,
+            f => {
+                return Err(Error::Shape(format!(
+                    "GPU quantize supports e4m3 and e5m2, not {f}"
+                )))
+            }
+        };
+        if out.rows.div_ceil(64) > 65535 {
+            return Err(Error::Shape(format!(
+                "quantize: {} rows exceed the grid limit (65535 x 64)",
+                out.rows
+            )));
+        }
+        self.memset_quantize_state(out)?;
+        let (r, c, rev) = (
+            out.rows as i32,
+            out.cols as i32,
+            i32::from(self.reverse_cast),
+        );
+        let cfg = LaunchConfig {
+            grid_dim: (
+                out.cols.div_ceil(64) as u32,
+                out.rows.div_ceil(64) as u32,
+                1,
+            ),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(kernel);
+        b.arg(x)
+            .arg(&r)
+            .arg(&c)
+            .arg(&mut out.amax_bits)
+            .arg(scale)
+            .arg(&mut out.nonfinite)
+            .arg(&mut out.rowwise)
+            .arg(&mut out.colwise)
+            .arg(&mut out.scale_inv)
+            .arg(&rev);
+        // SAFETY: argument types match the kernel; every output element is written by one thread.
+        unsafe { b.launch(cfg) }?;
+        if check_finite && self.stream.clone_dtoh(&out.nonfinite)?[0] != 0 {
+            return Err(Error::NonFinite);
+        }
+        Ok(())
+    }
+
     /// Buffers for a 1x128 block-scaled `(rows, cols)` tensor.
     pub fn alloc_block_fp8(
         &self,
