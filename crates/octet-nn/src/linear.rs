@@ -57,6 +57,9 @@ pub struct Linear {
     recipe: Option<Recipe>,
     states: ScaleStates,
     calls: u64,
+    /// A weight quantized elsewhere (an FP8 all-gather, a frozen FP8 store),
+    /// used by forward instead of quantizing `weight`.
+    quantized_weight: Option<Arc<QuantizedTensor>>,
 }
 
 /// What [`Linear::forward`] keeps for [`Linear::backward`]: exactly the fields backward reads.
@@ -132,6 +135,7 @@ impl Linear {
             recipe,
             states,
             calls: 0,
+            quantized_weight: None,
         })
     }
 
@@ -185,6 +189,40 @@ impl Linear {
                 s.update();
             }
         }
+    }
+
+    /// Use `q` as the quantized weight of the following forwards instead of
+    /// quantizing [`Linear::weight`]: the weight gathered in FP8 by sharded
+    /// data parallel, which is exactly what this layer would have made from the
+    /// whole weight. It must be `(N, K)` with a row-wise copy, and a column-wise
+    /// one if the quantized backward needs the input gradient. Its amax feeds
+    /// the delayed-scaling history as a locally made one would. `None` returns
+    /// to quantizing `weight`.
+    pub fn set_quantized_weight(&mut self, q: Option<Arc<QuantizedTensor>>) -> Result<()> {
+        if let Some(q) = &q {
+            if self.recipe.is_none() {
+                return Err(Error::Shape(
+                    "a quantized weight needs an FP8 recipe on the layer".into(),
+                ));
+            }
+            if (q.rows, q.cols) != (self.out_features(), self.in_features()) {
+                return Err(Error::Shape(format!(
+                    "quantized weight is ({}, {}), the layer is ({}, {})",
+                    q.rows,
+                    q.cols,
+                    self.out_features(),
+                    self.in_features()
+                )));
+            }
+            q.get(Layout::Rowwise)?;
+        }
+        self.quantized_weight = q;
+        Ok(())
+    }
+
+    /// The weight set by [`Linear::set_quantized_weight`], if any.
+    pub fn quantized_weight(&self) -> Option<&Arc<QuantizedTensor>> {
+        self.quantized_weight.as_ref()
     }
 
     /// Forward: `y (M, N) = x (M, K) @ W^T + b`, in `x`'s dtype.
@@ -242,20 +280,51 @@ impl Linear {
                 };
                 let (states, calls) = (&mut self.states, &mut self.calls);
                 let qx = quantize_role(states, calls, recipe, Role::Input, x, x_usage)?;
-                let qw = quantize_role(states, calls, recipe, Role::Weight, &self.weight, w_usage)?;
+                let (qw, external) = match &self.quantized_weight {
+                    Some(q) => {
+                        if w_usage.colwise && q.colwise.is_none() {
+                            return Err(Error::Shape(
+                                "the quantized weight lacks the column-wise copy the quantized backward needs".into(),
+                            ));
+                        }
+                        *calls += 1;
+                        if let Some(s) = states.get(Role::Weight) {
+                            s.record(q.amax);
+                        }
+                        states.telemetry[Role::Weight as usize] = Some(q.telemetry());
+                        (q.clone(), true)
+                    }
+                    None => {
+                        let q = quantize_role(
+                            states,
+                            calls,
+                            recipe,
+                            Role::Weight,
+                            &self.weight,
+                            w_usage,
+                        )?;
+                        (Arc::new(q), false)
+                    }
+                };
                 let y = cpu::fp8_gemm(qx.get(Layout::Rowwise)?, qw.get(Layout::Rowwise)?)?;
                 let y = Tensor::from_f32(&[m, n], y)?;
+                // An external weight is shared, not copied: saved keeps a reference.
+                let keep_w = |usage: Usage| match external {
+                    true => qw,
+                    false => match Arc::try_unwrap(qw) {
+                        Ok(q) => Arc::new(q.retain(usage)),
+                        Err(shared) => shared,
+                    },
+                };
                 match mode {
                     BackwardMode::Quantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::COL));
-                        saved.weight_q =
-                            input_requires_grad.then(|| Arc::new(qw.retain(Usage::COL)));
+                        saved.weight_q = input_requires_grad.then(|| keep_w(Usage::COL));
                     }
                     BackwardMode::HighPrecision => saved.input = need_w.then(|| x.clone()),
                     BackwardMode::Dequantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::ROW));
-                        saved.weight_q =
-                            input_requires_grad.then(|| Arc::new(qw.retain(Usage::ROW)));
+                        saved.weight_q = input_requires_grad.then(|| keep_w(Usage::ROW));
                     }
                 }
                 y

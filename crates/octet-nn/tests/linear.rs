@@ -408,3 +408,64 @@ fn bad_input_is_an_error() {
     .is_err());
     assert!(Tensor::from_f32(&[3, 3], vec![1.0; 8]).is_err());
 }
+
+#[test]
+fn an_externally_quantized_weight_gives_the_same_results_as_quantizing_locally() {
+    // What FSDP's FP8 all-gather hands the layer is the weight quantized with
+    // the layer's own spec: the layer must then compute exactly what it computes
+    // when it quantizes the weight itself (weights round to nearest, so the
+    // call counter does not matter).
+    let c = case(48, 160, 64, 91);
+    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8"] {
+        for mode in [BackwardMode::Quantized, BackwardMode::Dequantized] {
+            let recipe = Recipe::from_name(name)
+                .unwrap()
+                .with_backward(mode)
+                .unwrap();
+            let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+            let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+            let mut local = layer(&c, Some(recipe), true, true);
+            let (y0, s0) = local.forward(&x, true).unwrap();
+            let g0 = local.backward(s0, &dy).unwrap();
+
+            let mut ext = layer(&c, Some(recipe), true, true);
+            let spec = recipe.spec(Role::Weight, Layout::Rowwise, None, 0).unwrap();
+            let q = cpu::quantize(&ext.weight, &spec, &spec, Usage::BOTH, None).unwrap();
+            ext.set_quantized_weight(Some(std::sync::Arc::new(q)))
+                .unwrap();
+            let (y1, s1) = ext.forward(&x, true).unwrap();
+            let g1 = ext.backward(s1, &dy).unwrap();
+            let label = format!("{name} {mode:?}");
+            assert_bitwise_eq_f32(&y0.to_f32_vec(), &y1.to_f32_vec(), &label);
+            let (dx0, dx1) = (g0.d_input.unwrap(), g1.d_input.unwrap());
+            assert_bitwise_eq_f32(&dx0.to_f32_vec(), &dx1.to_f32_vec(), &label);
+            let (dw0, dw1) = (g0.d_weight.unwrap(), g1.d_weight.unwrap());
+            assert_bitwise_eq_f32(&dw0.to_f32_vec(), &dw1.to_f32_vec(), &label);
+        }
+    }
+    // A wrong shape or a missing copy is an error, not a wrong answer.
+    let mut l = layer(
+        &c,
+        Some(Recipe::from_name("tensorwise").unwrap()),
+        true,
+        false,
+    );
+    let spec = Recipe::from_name("tensorwise")
+        .unwrap()
+        .spec(Role::Weight, Layout::Rowwise, None, 0)
+        .unwrap();
+    let wrong = Tensor::from_f32(&[c.n, c.k - 16], vec![0.5; c.n * (c.k - 16)]).unwrap();
+    let q = cpu::quantize(&wrong, &spec, &spec, Usage::BOTH, None).unwrap();
+    assert!(l
+        .set_quantized_weight(Some(std::sync::Arc::new(q)))
+        .is_err());
+    let row_only = cpu::quantize(&l.weight, &spec, &spec, Usage::ROW, None).unwrap();
+    l.set_quantized_weight(Some(std::sync::Arc::new(row_only)))
+        .unwrap();
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    assert!(
+        l.forward(&x, true).is_err(),
+        "quantized backward needs the column-wise copy"
+    );
+    assert!(l.forward(&x, false).is_ok());
+}

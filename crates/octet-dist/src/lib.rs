@@ -1,0 +1,1 @@
+//! Sharded data parallel (FSDP-style) for octet: work in progress.
