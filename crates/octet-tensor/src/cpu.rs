@@ -46,6 +46,19 @@ pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], t
     c
 }
 
+/// `c (m, n) = a (m, k) @ b^T` for `b (n, k)`, both row-major, on the calling
+/// thread only (for callers that already split work across threads).
+///
+/// # Panics
+/// If a slice length disagrees with its shape (callers check shapes first).
+pub fn gemm_serial(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    assert_eq!(a.len(), m * k, "gemm_serial: a is not {m}x{k}");
+    assert_eq!(b.len(), n * k, "gemm_serial: b is not {n}x{k}");
+    let mut c = vec![0f32; m * n];
+    gemm_strided_par(m, n, k, a, (k, 1), b, (1, k), &mut c, Parallelism::None);
+    c
+}
+
 /// `c (m, n) = a @ b` with explicit (row stride, column stride) in elements for `a (m, k)` and `b (k, n)`;
 /// `c` is row-major and overwritten.
 #[allow(clippy::too_many_arguments)]
@@ -58,6 +71,27 @@ fn gemm_strided<T: Real>(
     b: &[T],
     (b_rs, b_cs): (usize, usize),
     c: &mut [T],
+) {
+    let par = if m * n * k >= PAR_FLOPS {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    gemm_strided_par(m, n, k, a, (a_rs, a_cs), b, (b_rs, b_cs), c, par);
+}
+
+/// [`gemm_strided`] with the parallelism given.
+#[allow(clippy::too_many_arguments)]
+fn gemm_strided_par<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    (a_rs, a_cs): (usize, usize),
+    b: &[T],
+    (b_rs, b_cs): (usize, usize),
+    c: &mut [T],
+    par: Parallelism,
 ) {
     assert!(c.len() >= m * n);
     if m == 0 || n == 0 {
@@ -76,11 +110,6 @@ fn gemm_strided<T: Real>(
         (k - 1) * b_rs + (n - 1) * b_cs < b.len(),
         "gemm: b too short for its strides"
     );
-    let par = if m * n * k >= PAR_FLOPS {
-        Parallelism::Rayon(rayon::current_num_threads())
-    } else {
-        Parallelism::None
-    };
     // SAFETY: the asserts above keep every index the strides reach inside `a`, `b` and `c`;
     // `c` is exclusively borrowed and does not alias `a` or `b`.
     unsafe {

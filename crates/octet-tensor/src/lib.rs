@@ -9,6 +9,7 @@
 #![warn(missing_docs)]
 
 pub mod cpu;
+pub mod mixed;
 mod tensor;
 
 pub use tensor::{DType, Tensor};

@@ -1,0 +1,140 @@
+//! Weight-only FP8 products against the f64 product of the dequantized weight.
+
+use half::bf16;
+use octet_fp8::Format;
+use octet_tensor::mixed::{
+    error_bound, matmul_weights, mixed_matmul, Fp8Weight, WeightRef, WeightScaling,
+};
+use octet_tensor::Tensor;
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal) * std)
+        .collect()
+}
+
+/// Check `y` against the f64 product of `x` and the dequantized `w` (both `(.., k)`),
+/// element by element, with `bound(abs_sum)`.
+fn check(y: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, slack: usize, label: &str) {
+    let mut worst = 0f64;
+    for i in 0..m {
+        for j in 0..n {
+            let (mut s, mut abs) = (0f64, 0f64);
+            for p in 0..k {
+                let t = x[i * k + p] as f64 * w[j * k + p] as f64;
+                s += t;
+                abs += t.abs();
+            }
+            let err = (y[i * n + j] as f64 - s).abs();
+            let bound = error_bound(k + slack, abs) + f64::MIN_POSITIVE;
+            assert!(
+                err <= bound,
+                "{label}: ({i}, {j}) err {err:e} > bound {bound:e} (y {} want {s})",
+                y[i * n + j]
+            );
+            worst = worst.max(err / bound);
+        }
+    }
+    assert!(
+        worst > 0.0,
+        "{label}: every element exact: the test inputs are too easy"
+    );
+}
+
+#[test]
+fn mixed_products_match_the_f64_product_of_the_dequantized_weight() {
+    // K and N not multiples of 8, 128 or the tile; M on both sides of the
+    // streaming / tiled switch (16).
+    let mut seed = 7;
+    for &(k, n) in &[(200usize, 131usize), (300, 70), (256, 257)] {
+        let w = gaussian(n * k, seed, 0.05);
+        for format in [Format::E4M3, Format::E5M2] {
+            for scaling in [
+                WeightScaling::Tensor,
+                WeightScaling::Channel,
+                WeightScaling::Block128,
+            ] {
+                let q = Fp8Weight::quantize(&w, n, k, format, scaling).unwrap();
+                let wd = q.dequantize();
+                for m in [1usize, 3, 16, 17, 40] {
+                    seed += 1;
+                    let x = gaussian(m * k, seed, 1.0);
+                    let label = format!("{format:?} {scaling:?} m={m} k={k} n={n}");
+                    let y =
+                        mixed_matmul(&Tensor::from_f32(&[m, k], x.clone()).unwrap(), &q).unwrap();
+                    assert_eq!(y.shape(), [m, n]);
+                    // The tiled path multiplies the factor into the panel (one more
+                    // rounding) and sums in the GEMM's order: bound by k terms.
+                    let slack = if m > 16 { k + 2 } else { 0 };
+                    check(&y.to_f32_vec(), &x, &wd, m, n, k, slack, &label);
+                    // bf16 activations: the same product of the bf16-rounded x.
+                    let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+                    let xr: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
+                    let yb = mixed_matmul(&Tensor::from_bf16(&[m, k], xb).unwrap(), &q).unwrap();
+                    check(
+                        &yb.to_f32_vec(),
+                        &xr,
+                        &wd,
+                        m,
+                        n,
+                        k,
+                        slack,
+                        &format!("{label} bf16 x"),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_bf16_and_f32_baselines_compute_the_same_product() {
+    let (m, k, n) = (4, 136, 50);
+    let w = gaussian(n * k, 3, 0.1);
+    let x = gaussian(m * k, 4, 1.0);
+    let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
+    let y = matmul_weights(&xt, &WeightRef::F32(&w, n, k)).unwrap();
+    check(&y.to_f32_vec(), &x, &w, m, n, k, 0, "f32 weights");
+    let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+    let wr: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
+    let y = matmul_weights(&xt, &WeightRef::Bf16(&wb, n, k)).unwrap();
+    check(&y.to_f32_vec(), &x, &wr, m, n, k, 0, "bf16 weights");
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let w = gaussian(16 * 32, 1, 1.0);
+    let q = Fp8Weight::quantize(&w, 16, 32, Format::E4M3, WeightScaling::Tensor).unwrap();
+    let x = Tensor::from_f32(&[2, 31], vec![1.0; 62]).unwrap();
+    let e = mixed_matmul(&x, &q).unwrap_err().to_string();
+    assert!(e.contains("31 features"), "{e}");
+    assert!(Fp8Weight::quantize(&w, 16, 32, Format::E2M1, WeightScaling::Tensor).is_err());
+    assert!(Fp8Weight::quantize(&w, 16, 31, Format::E4M3, WeightScaling::Tensor).is_err());
+    // A NaN in the weight becomes a NaN code: refused when the weight is built.
+    let mut bad = w.clone();
+    bad[37] = f32::NAN;
+    let e = Fp8Weight::quantize(&bad, 16, 32, Format::E4M3, WeightScaling::Channel)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("NaN"), "{e}");
+    assert!(WeightScaling::from_name("columns").is_err());
+    let empty = Tensor::from_f32(&[0, 32], vec![]).unwrap();
+    assert!(mixed_matmul(&empty, &q).is_err());
+}
+
+#[test]
+fn bytes_are_the_codes_plus_scales() {
+    let (n, k) = (300, 260);
+    let w = gaussian(n * k, 9, 0.02);
+    for (scaling, scales) in [
+        (WeightScaling::Tensor, 1),
+        (WeightScaling::Channel, n),
+        (WeightScaling::Block128, 3 * 3),
+    ] {
+        let q = Fp8Weight::quantize(&w, n, k, Format::E4M3, scaling).unwrap();
+        assert_eq!(q.bytes(), n * k + 4 * scales, "{scaling:?}");
+    }
+}
