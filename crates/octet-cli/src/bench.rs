@@ -34,6 +34,12 @@ pub struct BenchArgs {
     /// Timed repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
+    /// `bench mixed`: rows of the activation, M[,M...].
+    #[arg(long)]
+    m: Option<String>,
+    /// `bench mixed`: weight shapes, KxN[,KxN...].
+    #[arg(long)]
+    kn: Option<String>,
     /// cpu, cuda or auto. On cuda, `quantize` and `gemm` run the GPU suite
     /// (copy floor, fused quantize, bf16 and FP8 cuBLASLt GEMMs) in one run.
     #[arg(long, default_value = "cpu")]
@@ -45,6 +51,8 @@ enum Op {
     Quantize,
     Gemm,
     Linear,
+    /// Weight-only FP8 products (FP8 weights upcast in the kernel) beside bf16 and f32 weights.
+    Mixed,
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -60,6 +68,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Op::Quantize => quantize(&a)?,
         Op::Gemm => gemm(&a)?,
         Op::Linear => linear(&a)?,
+        Op::Mixed => mixed(&a)?,
     };
     if let Some(p) = &a.json {
         write_json(p, &format!("octet bench {:?}", a.op).to_lowercase(), &rows)?;
@@ -261,5 +270,106 @@ fn linear(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         }
     }
     t.print();
+    Ok(json!(out))
+}
+
+/// Parse `1,4,16`.
+fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
+    s.split(',')
+        .map(|t| {
+            t.trim()
+                .parse::<usize>()
+                .with_context(|| format!("'{t}' is not a count"))
+        })
+        .collect()
+}
+
+fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
+    use octet_tensor::mixed::{matmul_weights, Fp8Weight, WeightRef, WeightScaling};
+    let ms = parse_list(a.m.as_deref().unwrap_or("1,4,16,64")).context("--m")?;
+    let kns: Vec<(usize, usize)> =
+        a.kn.as_deref()
+            .unwrap_or("4096x4096,4096x14336")
+            .split(',')
+            .map(parse_dims2)
+            .collect::<anyhow::Result<_>>()
+            .context("--kn")?;
+    // The memory floor: a copy of a buffer well beyond the caches.
+    let big = 64 << 20;
+    let src = gaussian(big / 4, 5, 1.0);
+    let mut dst = vec![0f32; big / 4];
+    let copy_gb = 2.0 * big as f64 / median_secs(a.reps, || dst.copy_from_slice(&src)) / 1e9;
+    println!(
+        "CPU, {} threads; y (M, N) = x (M, K) f32 @ W^T; the same kernel over FP8 (E4M3, per-channel scales), bf16 and f32 weights; \
+         weight GB/s counts the weight bytes read once; copy of 64 MiB: {copy_gb:.1} GB/s (read + write)\n",
+        rayon::current_num_threads()
+    );
+    let mut t = Table::new(&[
+        "KxN",
+        "M",
+        "weights",
+        "ms",
+        "weight GB/s",
+        "vs copy",
+        "fp8 speedup",
+    ]);
+    let mut out = Vec::new();
+    for (k, n) in kns {
+        let w = gaussian(n * k, 2, 1.0 / (k as f32).sqrt());
+        let q = Fp8Weight::quantize(&w, n, k, Format::E4M3, WeightScaling::Channel)?;
+        let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
+        for &m in &ms {
+            let x = Tensor::from_f32(&[m, k], gaussian(m * k, 3, 1.0))?;
+            let kinds: [(&str, WeightRef<'_>, usize); 3] = [
+                ("fp8 e4m3", WeightRef::Fp8(&q), q.bytes()),
+                ("bf16", WeightRef::Bf16(&wb, n, k), 2 * n * k),
+                ("f32", WeightRef::F32(&w, n, k), 4 * n * k),
+            ];
+            let mut times = Vec::new();
+            for (label, wr, bytes) in &kinds {
+                let mut res = Ok(());
+                let s = median_secs(a.reps, || {
+                    if let Err(e) = matmul_weights(&x, wr).map(std::hint::black_box) {
+                        res = Err(e);
+                    }
+                });
+                res?;
+                times.push(s);
+                let gbs = *bytes as f64 / s / 1e9;
+                let speed = times[0] / s;
+                t.row(vec![
+                    format!("{k}x{n}"),
+                    m.to_string(),
+                    label.to_string(),
+                    format!("{:.3}", s * 1e3),
+                    format!("{gbs:.1}"),
+                    format!("{:.2}", gbs / (copy_gb / 2.0)),
+                    if *label == "fp8 e4m3" {
+                        "-".into()
+                    } else {
+                        format!("{:.2}x", 1.0 / speed)
+                    },
+                ]);
+                out.push(json!({"k": k, "n": n, "m": m, "weights": label, "ms": s * 1e3, "weight_gb_s": gbs, "copy_gb_s": copy_gb, "fp8_speedup": 1.0 / speed}));
+            }
+            // The plain high-precision product (gemm crate, f32 weights) for reference.
+            let xs = x.to_f32_vec();
+            let s = median_secs(a.reps, || {
+                std::hint::black_box(cpu::sgemm(m, n, k, &xs, false, &w, true));
+            });
+            t.row(vec![
+                format!("{k}x{n}"),
+                m.to_string(),
+                "f32 sgemm (gemm crate)".into(),
+                format!("{:.3}", s * 1e3),
+                format!("{:.1}", (4 * n * k) as f64 / s / 1e9),
+                "-".into(),
+                format!("{:.2}x", s / times[0]),
+            ]);
+            out.push(json!({"k": k, "n": n, "m": m, "weights": "f32 sgemm", "ms": s * 1e3, "fp8_speedup": s / times[0]}));
+        }
+    }
+    t.print();
+    println!("\nfp8 speedup = time of that row / time of the FP8 row at the same shape (>1: FP8 is faster)");
     Ok(json!(out))
 }

@@ -135,9 +135,11 @@ impl Fp8Weight {
             (r, c) if r >= n && c >= k => WeightScaling::Tensor,
             (1, c) if c >= k => WeightScaling::Channel,
             (128, 128) => WeightScaling::Block128,
-            other => return Err(Error::Unsupported(format!(
+            other => {
+                return Err(Error::Unsupported(format!(
                 "weight-only products take tensor, per-row or 128x128 scales, not {other:?} blocks"
-            ))),
+            )))
+            }
         };
         let want = match scaling {
             WeightScaling::Tensor => 1,
@@ -229,11 +231,12 @@ impl Fp8Weight {
 }
 
 /// Bound on `|y - y_f64|` for one output of [`mixed_matmul`] over `k` terms
-/// whose absolute products sum to `abs_sum`: f32 accumulation in 8 lanes of
-/// `ceil(k/8)` terms each, a 3-level lane sum and the scale multiply, each
-/// step rounding with relative error at most `2^-24`.
+/// whose absolute products sum to `abs_sum`: f32 accumulation in 32 lanes of
+/// `ceil(k/32)` terms each per 128-column chunk, a 5-level lane sum, the sum
+/// over chunks and the scale multiplies. Each step rounds with relative error
+/// at most `2^-24`; the chunk sums add `ceil(k/128)` steps.
 pub fn error_bound(k: usize, abs_sum: f64) -> f64 {
-    (k.div_ceil(8) + 5) as f64 * 2f64.powi(-24) * abs_sum
+    (k.div_ceil(32) + k.div_ceil(128) + 8) as f64 * 2f64.powi(-24) * abs_sum
 }
 
 /// Weights the same kernel runs over, for comparisons: FP8 codes, bf16 or f32.
@@ -310,44 +313,32 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
 const SMALL_M: usize = 16;
 /// Output channels per tile of the tiled kernel (decoded into a small f32 panel).
 const TILE_N: usize = 64;
-/// Columns of `K` decoded per step of the streaming kernel (fits L1 with `x`'s slice).
-const CHUNK_K: usize = 128;
+/// Columns per scale block of 128x128 block scaling.
+const BLOCK: usize = 128;
 
-/// Streaming kernel: rows of `W` split across threads; each row is decoded
-/// `CHUNK_K` codes at a time into an L1-resident buffer and multiplied with
-/// the `M` rows of `x`. Block scales apply per 128-column block.
+/// Streaming kernel: rows of `W` split across threads. With one row of `x`
+/// each weight row is decoded in registers and multiplied at once; with more,
+/// it is decoded once into an L2-resident f32 row and multiplied with each row
+/// of `x` by the same dot product, so both give identical results.
 fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
-    // y^T (N, M): each thread writes whole rows of it, then one transpose.
+    // y^T (N, M): each task writes whole rows of it, then one transpose.
     let mut yt = vec![0f32; n * m];
     let rows_per_task = (n / (4 * rayon::current_num_threads().max(1))).clamp(1, 256);
     yt.par_chunks_mut(rows_per_task * m)
         .enumerate()
         .for_each(|(task, out)| {
-            let mut buf = [0f32; CHUNK_K];
-            let mut acc = vec![0f32; m];
-            let mut block_acc = vec![0f32; m];
+            let mut buf = vec![0f32; if m > 1 { k } else { 0 }];
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let row = task * rows_per_task + r;
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                let mut k0 = 0;
-                while k0 < k {
-                    let len = CHUNK_K.min(k - k0);
-                    // One chunk never straddles a 128 block: CHUNK_K = 128.
-                    let (factor, scaled) = decode_chunk(w, row, k0, &mut buf[..len]);
-                    block_acc.iter_mut().for_each(|a| *a = 0.0);
-                    for i in 0..m {
-                        block_acc[i] = dot(&buf[..len], &x[i * k + k0..i * k + k0 + len]);
-                    }
-                    match scaled {
-                        // Block scales: scale each block's partial sum.
-                        true => (0..m).for_each(|i| acc[i] += block_acc[i] * factor),
-                        false => (0..m).for_each(|i| acc[i] += block_acc[i]),
-                    }
-                    k0 += len;
-                }
+                let blocks = block_factors(w, row);
                 let post = row_factor(w, row);
-                for i in 0..m {
-                    yrow[i] = acc[i] * post;
+                if m == 1 {
+                    yrow[0] = dot_row(w, row, &x[..k], blocks) * post;
+                } else {
+                    decode_row(w, row, &mut buf);
+                    for i in 0..m {
+                        yrow[i] = dot_f32(&buf, &x[i * k..(i + 1) * k], blocks) * post;
+                    }
                 }
             }
         });
@@ -365,7 +356,17 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
             let rows = TILE_N.min(n - r0);
             let mut panel = vec![0f32; rows * k];
             for r in 0..rows {
-                decode_row_scaled(w, r0 + r, &mut panel[r * k..(r + 1) * k]);
+                let out = &mut panel[r * k..(r + 1) * k];
+                decode_row(w, r0 + r, out);
+                let post = row_factor(w, r0 + r);
+                match block_factors(w, r0 + r) {
+                    Some(f) => out
+                        .iter_mut()
+                        .enumerate()
+                        .for_each(|(c, v)| *v *= f[c / BLOCK] * post),
+                    None if post != 1.0 => out.iter_mut().for_each(|v| *v *= post),
+                    None => {}
+                }
             }
             cpu::gemm_serial(m, rows, k, x, &panel)
         })
@@ -381,8 +382,9 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
     y
 }
 
-/// The factor applied after the sum over `K` (per tensor or channel; 1 for block scales,
-/// which apply per block inside the loop). Includes E4M3's `2^8` from the decode trick.
+/// The factor applied after the sum over `K` (per tensor or channel; 1 for
+/// block scales, which apply per block inside the sum). Includes E4M3's `2^8`
+/// from the decode trick.
 fn row_factor(w: &WeightRef<'_>, row: usize) -> f32 {
     match w {
         WeightRef::Fp8(q) => {
@@ -397,6 +399,17 @@ fn row_factor(w: &WeightRef<'_>, row: usize) -> f32 {
     }
 }
 
+/// The factors of `row`'s 128-column blocks under block scaling.
+fn block_factors<'a>(w: &WeightRef<'a>, row: usize) -> Option<&'a [f32]> {
+    match w {
+        WeightRef::Fp8(q) if q.scaling == WeightScaling::Block128 => {
+            let kb = q.k.div_ceil(BLOCK);
+            Some(&q.factors[(row / BLOCK) * kb..(row / BLOCK + 1) * kb])
+        }
+        _ => None,
+    }
+}
+
 /// `2^8` for E4M3 codes decoded through f16 (see the module docs), 1 otherwise.
 fn e4m3_fixup(format: Format) -> f32 {
     if format == Format::E4M3 {
@@ -406,45 +419,17 @@ fn e4m3_fixup(format: Format) -> f32 {
     }
 }
 
-/// Decode `out.len()` weights of `row` from column `k0` into `out` (unscaled
-/// codes, E4M3 as `value * 2^-8`); returns the block factor and whether it
-/// applies per block.
-fn decode_chunk(w: &WeightRef<'_>, row: usize, k0: usize, out: &mut [f32]) -> (f32, bool) {
+/// Decode `row` into `out` without its scales (E4M3 as `value * 2^-8`).
+fn decode_row(w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
+    let k = out.len();
     match w {
-        WeightRef::Fp8(q) => {
-            let src = &q.codes[row * q.k + k0..row * q.k + k0 + out.len()];
-            decode_fp8(q.format, src, out);
-            match q.scaling {
-                WeightScaling::Block128 => (q.factor(row, k0), true),
-                _ => (1.0, false),
-            }
-        }
-        WeightRef::Bf16(v, _, k) => {
-            let src = &v[row * k + k0..row * k + k0 + out.len()];
-            for (o, s) in out.iter_mut().zip(src) {
+        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes[row * k..(row + 1) * k], out),
+        WeightRef::Bf16(v, ..) => {
+            for (o, s) in out.iter_mut().zip(&v[row * k..(row + 1) * k]) {
                 *o = s.to_f32();
             }
-            (1.0, false)
         }
-        WeightRef::F32(v, _, k) => {
-            out.copy_from_slice(&v[row * k + k0..row * k + k0 + out.len()]);
-            (1.0, false)
-        }
-    }
-}
-
-/// Decode a whole row with every factor applied (the tiled kernel's panel).
-fn decode_row_scaled(w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
-    let k = out.len();
-    let mut k0 = 0;
-    while k0 < k {
-        let len = CHUNK_K.min(k - k0);
-        let (f, block) = decode_chunk(w, row, k0, &mut out[k0..k0 + len]);
-        let f = if block { f } else { 1.0 } * row_factor(w, row);
-        if f != 1.0 {
-            out[k0..k0 + len].iter_mut().for_each(|v| *v *= f);
-        }
-        k0 += len;
+        WeightRef::F32(v, ..) => out.copy_from_slice(&v[row * k..(row + 1) * k]),
     }
 }
 
@@ -465,31 +450,73 @@ fn decode_fp8(format: Format, src: &[u8], out: &mut [f32]) {
     }
 }
 
-/// `sum a_i b_i` in f32 over 8 lanes (the same order with and without SIMD).
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+/// `sum_i w[row, i] * x[i]` with the weight decoded in registers
+/// (bit-identical to [`decode_row`] then [`dot_f32`]).
+fn dot_row(w: &WeightRef<'_>, row: usize, x: &[f32], blocks: Option<&[f32]>) -> f32 {
+    let k = x.len();
     #[cfg(target_arch = "x86_64")]
     {
         if simd::available() {
-            // SAFETY: the CPU has AVX2 and FMA (checked at run time).
-            return unsafe { simd::dot(a, b) };
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+            unsafe {
+                return match w {
+                    WeightRef::Fp8(q) => {
+                        let src = &q.codes[row * k..(row + 1) * k];
+                        match q.format {
+                            Format::E4M3 => simd::dot_e4m3(src, x, blocks),
+                            _ => simd::dot_e5m2(src, x, blocks),
+                        }
+                    }
+                    WeightRef::Bf16(v, ..) => simd::dot_bf16(&v[row * k..(row + 1) * k], x, blocks),
+                    WeightRef::F32(v, ..) => simd::dot_f32(&v[row * k..(row + 1) * k], x, blocks),
+                };
+            }
         }
     }
-    let mut lanes = [0f32; 8];
-    let full = a.len() / 8 * 8;
-    for i in (0..full).step_by(8) {
-        for l in 0..8 {
-            lanes[l] = a[i + l].mul_add(b[i + l], lanes[l]);
-        }
-    }
-    for i in full..a.len() {
-        lanes[i - full] = a[i].mul_add(b[i], lanes[i - full]);
-    }
-    sum8(lanes)
+    let mut buf = vec![0f32; k];
+    decode_row(w, row, &mut buf);
+    dot_f32(&buf, x, blocks)
 }
 
-/// The lane sum both paths use: ((0+4)+(2+6)) + ((1+5)+(3+7)).
-fn sum8(l: [f32; 8]) -> f32 {
-    let a = [l[0] + l[4], l[1] + l[5], l[2] + l[6], l[3] + l[7]];
+/// The dot product every kernel uses, over decoded weights `w` and `x`.
+///
+/// Order, which the SIMD paths follow exactly: the sum runs over blocks (128
+/// columns under block scaling, else all of `K`); within a block element `i`
+/// accumulates by FMA into lane `i % 32` of 32 fresh lanes; each lane then
+/// enters the running total as `total[l] = lanes[l] * factor + total[l]`
+/// (one FMA; factor 1 without block scales); the 32 totals are summed by [`sum32`].
+fn dot_f32(w: &[f32], x: &[f32], blocks: Option<&[f32]>) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if simd::available() {
+            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
+            return unsafe { simd::dot_f32(w, x, blocks) };
+        }
+    }
+    let n = w.len().min(x.len());
+    let block = if blocks.is_some() { BLOCK } else { n.max(1) };
+    let mut total = [0f32; 32];
+    for (b, start) in (0..n).step_by(block).enumerate() {
+        let mut lanes = [0f32; 32];
+        for i in start..(start + block).min(n) {
+            lanes[i % 32] = w[i].mul_add(x[i], lanes[i % 32]);
+        }
+        let f = blocks.map_or(1.0, |f| f[b]);
+        for l in 0..32 {
+            total[l] = lanes[l].mul_add(f, total[l]);
+        }
+    }
+    sum32(&total)
+}
+
+/// The lane sum every path uses: the four groups of 8 lanes added pairwise,
+/// then ((0+4)+(2+6)) + ((1+5)+(3+7)) over the 8 results.
+fn sum32(l: &[f32; 32]) -> f32 {
+    let mut v = [0f32; 8];
+    for j in 0..8 {
+        v[j] = (l[j] + l[8 + j]) + (l[16 + j] + l[24 + j]);
+    }
+    let a = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
     let b = [a[0] + a[2], a[1] + a[3]];
     b[0] + b[1]
 }
@@ -505,60 +532,155 @@ mod simd {
             && is_x86_feature_detected!("f16c")
     }
 
-    /// Decode FP8 codes through their f16 bit patterns.
+    /// Decode FP8 codes through their f16 bit patterns (E4M3 as `value * 2^-8`).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn decode_fp8(e4m3: bool, src: &[u8], out: &mut [f32]) {
         let n = src.len().min(out.len());
-        let full = n / 8 * 8;
-        let sign = _mm_set1_epi16(0x80);
-        let rest = _mm_set1_epi16(0x7f);
+        let full = n / 16 * 16;
         let mut i = 0;
         while i < full {
-            let bytes = _mm_loadl_epi64(src.as_ptr().add(i) as *const __m128i);
-            let h = _mm_cvtepu8_epi16(bytes);
-            let half = if e4m3 {
-                // s eeee mmm -> s 0eeee mmm 0000000
-                _mm_or_si128(
-                    _mm_slli_epi16(_mm_and_si128(h, sign), 8),
-                    _mm_slli_epi16(_mm_and_si128(h, rest), 7),
-                )
-            } else {
-                _mm_slli_epi16(h, 8)
-            };
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(half));
-            i += 8;
+            let p = src.as_ptr().add(i);
+            let (a, b) = if e4m3 { e4m3x16(p) } else { e5m2x16(p) };
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), a);
+            _mm256_storeu_ps(out.as_mut_ptr().add(i + 8), b);
+            i += 16;
         }
         for j in full..n {
-            let c = src[j] as u16;
-            let bits = if e4m3 {
-                ((c & 0x80) << 8) | ((c & 0x7f) << 7)
+            out[j] = if e4m3 {
+                e4m3_one(src[j])
             } else {
-                c << 8
+                e5m2_one(src[j])
             };
-            out[j] = half::f16::from_bits(bits).to_f32();
         }
     }
 
-    /// 8-lane FMA dot product, lanes summed as [`super::sum8`] does.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
-        let n = a.len().min(b.len());
-        let full = n / 8 * 8;
-        let mut acc = _mm256_setzero_ps();
-        let mut i = 0;
-        while i < full {
-            let va = _mm256_loadu_ps(a.as_ptr().add(i));
-            let vb = _mm256_loadu_ps(b.as_ptr().add(i));
-            acc = _mm256_fmadd_ps(va, vb, acc);
-            i += 8;
-        }
-        let mut lanes = [0f32; 8];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
-        for j in full..n {
-            lanes[j - full] = a[j].mul_add(b[j], lanes[j - full]);
-        }
-        super::sum8(lanes)
+    /// Split 16 f16 bit patterns into two vectors of 8 f32.
+    #[inline(always)]
+    unsafe fn halves_to_f32(h: __m256i) -> (__m256, __m256) {
+        (
+            _mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+            _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)),
+        )
     }
+
+    /// 16 E4M3 codes as `value * 2^-8`: sign-extend to 16 bits, shift left by
+    /// 7, clear bit 14 (giving s 0eeee mmm 0000000), convert from f16.
+    #[inline(always)]
+    unsafe fn e4m3x16(p: *const u8) -> (__m256, __m256) {
+        let v = _mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i));
+        halves_to_f32(_mm256_and_si256(
+            _mm256_slli_epi16(v, 7),
+            _mm256_set1_epi16(0xbf80u16 as i16),
+        ))
+    }
+
+    /// 16 E5M2 codes: each is the top byte of its f16.
+    #[inline(always)]
+    unsafe fn e5m2x16(p: *const u8) -> (__m256, __m256) {
+        let v = _mm256_cvtepu8_epi16(_mm_loadu_si128(p as *const __m128i));
+        halves_to_f32(_mm256_slli_epi16(v, 8))
+    }
+
+    /// 16 bf16 values: each is the top half of its f32.
+    #[inline(always)]
+    unsafe fn bf16x16(p: *const half::bf16) -> (__m256, __m256) {
+        let v = _mm256_loadu_si256(p as *const __m256i);
+        let lo = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(v));
+        let hi = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1));
+        (
+            _mm256_castsi256_ps(_mm256_slli_epi32(lo, 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(hi, 16)),
+        )
+    }
+
+    /// 16 f32 values.
+    #[inline(always)]
+    unsafe fn f32x16(p: *const f32) -> (__m256, __m256) {
+        (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    }
+
+    fn e4m3_one(c: u8) -> f32 {
+        let c = c as u16;
+        half::f16::from_bits(((c & 0x80) << 8) | ((c & 0x7f) << 7)).to_f32()
+    }
+
+    fn e5m2_one(c: u8) -> f32 {
+        half::f16::from_bits((c as u16) << 8).to_f32()
+    }
+
+    /// [`super::dot_f32`]'s order over weights decoded 16 at a time by `$x16`
+    /// and one at a time by `$one` (the tail of a block).
+    macro_rules! dot_kernel {
+        ($(#[$doc:meta])* $name:ident, $t:ty, $x16:ident, $one:expr) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx2,fma,f16c")]
+            pub unsafe fn $name(w: &[$t], x: &[f32], blocks: Option<&[f32]>) -> f32 {
+                let n = w.len().min(x.len());
+                let block = if blocks.is_some() { super::BLOCK } else { n.max(1) };
+                let (pw, px) = (w.as_ptr(), x.as_ptr());
+                let mut total = [_mm256_setzero_ps(); 4];
+                let mut start = 0;
+                let mut b = 0;
+                while start < n {
+                    let end = (start + block).min(n);
+                    let full = start + (end - start) / 32 * 32;
+                    let mut acc = [_mm256_setzero_ps(); 4];
+                    let mut i = start;
+                    while i < full {
+                        let (w0, w1) = $x16(pw.add(i));
+                        let (w2, w3) = $x16(pw.add(i + 16));
+                        acc[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(px.add(i)), acc[0]);
+                        acc[1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(px.add(i + 8)), acc[1]);
+                        acc[2] = _mm256_fmadd_ps(w2, _mm256_loadu_ps(px.add(i + 16)), acc[2]);
+                        acc[3] = _mm256_fmadd_ps(w3, _mm256_loadu_ps(px.add(i + 24)), acc[3]);
+                        i += 32;
+                    }
+                    if full < end {
+                        // The block's tail, one element at a time into its lane.
+                        let mut lanes = [0f32; 32];
+                        for c in 0..4 {
+                            _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * c), acc[c]);
+                        }
+                        for j in full..end {
+                            let wj: f32 = $one(w[j]);
+                            lanes[j % 32] = wj.mul_add(x[j], lanes[j % 32]);
+                        }
+                        for c in 0..4 {
+                            acc[c] = _mm256_loadu_ps(lanes.as_ptr().add(8 * c));
+                        }
+                    }
+                    let f = _mm256_set1_ps(blocks.map_or(1.0, |f| f[b]));
+                    for c in 0..4 {
+                        total[c] = _mm256_fmadd_ps(acc[c], f, total[c]);
+                    }
+                    start = end;
+                    b += 1;
+                }
+                let mut lanes = [0f32; 32];
+                for c in 0..4 {
+                    _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * c), total[c]);
+                }
+                super::sum32(&lanes)
+            }
+        };
+    }
+
+    dot_kernel!(
+        /// f32 weights.
+        dot_f32, f32, f32x16, |v: f32| v
+    );
+    dot_kernel!(
+        /// E4M3 codes, decoded as `value * 2^-8`.
+        dot_e4m3, u8, e4m3x16, e4m3_one
+    );
+    dot_kernel!(
+        /// E5M2 codes.
+        dot_e5m2, u8, e5m2x16, e5m2_one
+    );
+    dot_kernel!(
+        /// bf16 weights.
+        dot_bf16, half::bf16, bf16x16, |v: half::bf16| v.to_f32()
+    );
 }
 
 #[cfg(test)]
@@ -582,44 +704,63 @@ mod tests {
                     codes[i]
                 );
             }
-            #[cfg(target_arch = "x86_64")]
-            if simd::available() {
-                let mut got = vec![0f32; codes.len()];
-                // SAFETY: checked just above.
-                unsafe { simd::decode_fp8(format == Format::E4M3, &codes, &mut got) };
-                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                    assert_eq!(
-                        (g * fix).to_bits(),
-                        w.to_bits(),
-                        "simd {format:?} code {:#x}",
-                        codes[i]
-                    );
-                }
-            }
         }
     }
 
-    /// The SIMD dot product sums in the scalar path's order: bit-identical.
+    /// The scalar reference of [`dot_f32`]'s order, written out again.
+    fn scalar_dot(w: &[f32], x: &[f32], blocks: Option<&[f32]>) -> f32 {
+        let n = w.len();
+        let block = if blocks.is_some() { BLOCK } else { n };
+        let mut total = [0f32; 32];
+        for b in 0..n.div_ceil(block) {
+            let mut lanes = [0f32; 32];
+            for i in b * block..((b + 1) * block).min(n) {
+                lanes[i % 32] = w[i].mul_add(x[i], lanes[i % 32]);
+            }
+            let f = blocks.map_or(1.0, |f| f[b]);
+            for l in 0..32 {
+                total[l] = lanes[l].mul_add(f, total[l]);
+            }
+        }
+        sum32(&total)
+    }
+
+    /// Register-decoded dots equal decode-then-dot equal the scalar order, bit for bit.
     #[test]
-    fn simd_and_scalar_dots_agree_bit_for_bit() {
-        #[cfg(target_arch = "x86_64")]
-        if simd::available() {
-            for len in [1usize, 7, 8, 9, 100, 128] {
-                let a: Vec<f32> = (0..len)
-                    .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.37)
-                    .collect();
-                let b: Vec<f32> = (0..len)
-                    .map(|i| ((i * 53 % 13) as f32 - 6.0) * 1.13)
-                    .collect();
-                let mut lanes = [0f32; 8];
-                let full = len / 8 * 8;
-                for i in 0..len {
-                    let l = if i < full { i % 8 } else { i - full };
-                    lanes[l] = a[i].mul_add(b[i], lanes[l]);
+    fn dots_follow_the_documented_order_bit_for_bit() {
+        for k in [1usize, 31, 32, 33, 128, 205, 300] {
+            let w: Vec<f32> = (0..2 * k)
+                .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
+                .collect();
+            let x: Vec<f32> = (0..k)
+                .map(|i| ((i * 104729 % 997) as f32 - 498.0) * 1e-2)
+                .collect();
+            let wb: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
+            for format in [Format::E4M3, Format::E5M2] {
+                for scaling in [WeightScaling::Tensor, WeightScaling::Block128] {
+                    let q = Fp8Weight::quantize(&w, 2, k, format, scaling).unwrap();
+                    for wr in [
+                        WeightRef::Fp8(&q),
+                        WeightRef::Bf16(&wb, 2, k),
+                        WeightRef::F32(&w, 2, k),
+                    ] {
+                        let blocks = block_factors(&wr, 1);
+                        let mut buf = vec![0f32; k];
+                        decode_row(&wr, 1, &mut buf);
+                        let want = scalar_dot(&buf, &x, blocks);
+                        let label = format!("{format:?} {scaling:?} k {k}");
+                        assert_eq!(
+                            dot_f32(&buf, &x, blocks).to_bits(),
+                            want.to_bits(),
+                            "{label}"
+                        );
+                        assert_eq!(
+                            dot_row(&wr, 1, &x, blocks).to_bits(),
+                            want.to_bits(),
+                            "{label}"
+                        );
+                    }
                 }
-                // SAFETY: checked just above.
-                let s = unsafe { simd::dot(&a, &b) };
-                assert_eq!(s.to_bits(), sum8(lanes).to_bits(), "len {len}");
             }
         }
     }
