@@ -18,6 +18,7 @@ fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
 
 /// Check `y` against the f64 product of `x` and the dequantized `w` (both `(.., k)`),
 /// element by element, with `bound(abs_sum)`.
+#[allow(clippy::too_many_arguments)]
 fn check(y: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, slack: usize, label: &str) {
     let mut worst = 0f64;
     for i in 0..m {
