@@ -57,6 +57,17 @@ enum Op {
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
     if let Some(mut g) = crate::gpu::open(&a.device)? {
+        if matches!(a.op, Op::Mixed) {
+            let ms = parse_list(a.m.as_deref().unwrap_or("1,4,16,64,256,2048")).context("--m")?;
+            let kns: Vec<(usize, usize)> =
+                a.kn.as_deref()
+                    .unwrap_or("4096x4096,4096x14336,8192x28672")
+                    .split(',')
+                    .map(parse_dims2)
+                    .collect::<anyhow::Result<_>>()
+                    .context("--kn")?;
+            return crate::gpu::bench_mixed(&mut g, &ms, &kns, a.json.as_deref());
+        }
         anyhow::ensure!(
             !matches!(a.op, Op::Linear),
             "bench linear runs on the CPU only in this build"

@@ -67,6 +67,45 @@ pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `bench mixed --device cuda`.
+pub fn bench_mixed(
+    gpu: &mut Gpu,
+    ms: &[usize],
+    kns: &[(usize, usize)],
+    json_path: Option<&Path>,
+) -> anyhow::Result<()> {
+    println!(
+        "octet bench mixed on {}: medians of CUDA-event timings\n",
+        gpu.info()?
+    );
+    let rows = octet_cuda::bench::bench_mixed(gpu, ms, kns)?;
+    print_rows(&rows, json_path, "octet bench mixed --device cuda")
+}
+
+fn print_rows(
+    rows: &[octet_cuda::BenchRow],
+    json_path: Option<&Path>,
+    what: &str,
+) -> anyhow::Result<()> {
+    let mut t = Table::new(&["op", "ms", "rate", "unit", "ratio", "vs"]);
+    for r in rows {
+        t.row(vec![
+            r.name.clone(),
+            format!("{:.4}", r.ms),
+            format!("{:.1}", r.rate),
+            r.unit.into(),
+            format!("{:.2}", r.ratio),
+            r.vs.clone(),
+        ]);
+    }
+    t.print();
+    if let Some(p) = json_path {
+        let v: Vec<_> = rows.iter().map(|r| json!({"op": r.name, "ms": r.ms, "rate": r.rate, "unit": r.unit, "ratio": r.ratio, "vs": r.vs})).collect();
+        write_json(p, what, &json!(v))?;
+    }
+    Ok(())
+}
+
 pub fn bench(
     gpu: &mut Gpu,
     shapes: &[(usize, usize, usize)],

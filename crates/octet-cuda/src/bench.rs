@@ -3,7 +3,7 @@
 //! the same shape. Times are medians of CUDA-event timings after warm-up.
 
 use crate::check::{bf16_bits, random_bf16, random_f32};
-use crate::{Gpu, Result};
+use crate::{Error, Gpu, Result};
 use cudarc::driver::{sys::CUevent_flags, CudaSlice};
 use octet_fp8::Format;
 
@@ -340,6 +340,67 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
                 unit: "TFLOP/s",
                 ratio: bf / ms,
                 vs: "bf16".into(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+/// Weight-only FP8 products (`Gpu::mixed_matmul`, E4M3 weights with
+/// per-channel scales, bf16 activations and output) beside the cuBLASLt bf16
+/// product of the same shape, for each weight `(K, N)` and row count `M`.
+/// Weight GB/s counts the weight bytes once (the floor at small `M`); the
+/// copy figure is read + write of a 1 GiB device-to-device copy.
+pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Vec<BenchRow>> {
+    use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+    let mut rows = Vec::new();
+    let n_copy = 1 << 29;
+    let src: CudaSlice<u16> = gpu.alloc_zeros(n_copy, "copy source")?;
+    let mut dst: CudaSlice<u16> = gpu.alloc_zeros(n_copy, "copy destination")?;
+    let copy_ms = time_ms(gpu, 3, 20, |g| Ok(g.stream.memcpy_dtod(&src, &mut dst)?))?;
+    let copy_gbs = gbs(4 * n_copy, copy_ms);
+    drop((src, dst));
+    rows.push(BenchRow {
+        name: "copy d2d 1 GiB (bytes read + written)".into(),
+        ms: copy_ms,
+        rate: copy_gbs,
+        unit: "GB/s",
+        ratio: 1.0,
+        vs: "copy".into(),
+    });
+    for &(k, n) in kns {
+        let wf = random_f32(n * k, 11, 0.02);
+        let w = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Channel)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let dw = gpu.upload_fp8_weight(&w)?;
+        let wb: Vec<u16> = wf
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        drop(wf);
+        let dwb = gpu.upload(&wb)?;
+        drop(wb);
+        for &m in ms {
+            let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, 12, 1.0)))?;
+            let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
+            let mixed = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dw, &mut y))?;
+            let bf = time_ms(gpu, 5, 30, |g| g.gemm_bf16(&dx, &dwb, &mut y, (m, n, k)))?;
+            let rate = gbs(dw.bytes(), mixed);
+            rows.push(BenchRow {
+                name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
+                ms: mixed,
+                rate,
+                unit: "weight GB/s",
+                ratio: rate / copy_gbs,
+                vs: "copy".into(),
+            });
+            rows.push(BenchRow {
+                name: format!("gemm bf16 cuBLASLt K={k} N={n} M={m}"),
+                ms: bf,
+                rate: gbs(2 * n * k, bf),
+                unit: "weight GB/s",
+                ratio: bf / mixed,
+                vs: "mixed speedup".into(),
             });
         }
     }

@@ -170,6 +170,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     gemm_fp8_cases(gpu, &mut out)?;
     gemm_bf16_cases(gpu, &mut out)?;
     error_cases(gpu, &mut out)?;
+    mixed_cases(gpu, &mut out)?;
     Ok(out)
 }
 
@@ -618,6 +619,124 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             Err(e) => e.to_string(),
             Ok(_) => "no error".into(),
         },
+    });
+    Ok(())
+}
+
+/// Weight-only products against the f64 product of the bf16 input and the
+/// dequantized weight. Bound per element: `(K + 16) 2^-24 sum |x w|`, a bound
+/// for f32 sums in any order; the large-M path under block scaling adds the
+/// bf16 rounding of each scaled weight (unit roundoff `2^-8`: `2^-8 sum |x w|`);
+/// a bf16 output adds `2^-8 |y|`. The outputs are poisoned with NaN first.
+fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+    let shapes = [
+        (1usize, 200usize, 336usize),
+        (5, 257, 1024),
+        (8, 130, 512),
+        (9, 64, 272),
+        (16, 300, 4096),
+        (17, 200, 336),
+        (64, 384, 512),
+    ];
+    let mut seed = 900;
+    for &(m, n, k) in &shapes {
+        for format in [Format::E4M3, Format::E5M2] {
+            for scaling in [
+                WeightScaling::Tensor,
+                WeightScaling::Channel,
+                WeightScaling::Block128,
+            ] {
+                seed += 1;
+                let wf = random_f32(n * k, seed, 0.05);
+                let w = Fp8Weight::quantize(&wf, n, k, format, scaling)
+                    .map_err(|e| Error::Shape(e.to_string()))?;
+                let wd = w.dequantize();
+                let xb = random_bf16(m * k, seed + 7, 2.0);
+                let dw = gpu.upload_fp8_weight(&w)?;
+                let dx = gpu.upload(&bf16_bits(&xb))?;
+                for bf16_out in [false, true] {
+                    if bf16_out && m != 5 && m != 17 {
+                        continue;
+                    }
+                    let got = if bf16_out {
+                        let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
+                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                        download_f32(gpu, &y)?
+                    } else {
+                        let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
+                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                        gpu.download(&y)?
+                    };
+                    let mut bad = 0;
+                    let mut worst = 0f64;
+                    for i in 0..m {
+                        for j in 0..n {
+                            let (mut sum, mut abs) = (0f64, 0f64);
+                            for p in 0..k {
+                                let t = xb[i * k + p].to_f64() * wd[j * k + p] as f64;
+                                sum += t;
+                                abs += t.abs();
+                            }
+                            let mut bound = (k + 16) as f64 * 2f64.powi(-24) * abs;
+                            if m > crate::mixed::SMALL_M && scaling == WeightScaling::Block128 {
+                                bound += 2f64.powi(-8) * abs;
+                            }
+                            if bf16_out {
+                                bound += 2f64.powi(-8) * sum.abs();
+                            }
+                            let r =
+                                (got[i * n + j] as f64 - sum).abs() / (bound + f64::MIN_POSITIVE);
+                            if r.is_nan() || r > 1.0 {
+                                bad += 1;
+                            }
+                            worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+                        }
+                    }
+                    out.push(CaseResult {
+                        name: format!(
+                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}",
+                            format.name(),
+                            if bf16_out { "bf16" } else { "f32" }
+                        ),
+                        pass: bad == 0,
+                        worst: format!("{bad} outside; worst error / bound {worst:.3}"),
+                    });
+                }
+            }
+        }
+    }
+    // Bad input: K not a multiple of 16, x of the wrong size.
+    let w = Fp8Weight::quantize(
+        &random_f32(16 * 40, 5, 1.0),
+        16,
+        40,
+        Format::E4M3,
+        WeightScaling::Tensor,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let r = gpu.upload_fp8_weight(&w);
+    out.push(CaseResult {
+        name: "mixed weight with K=40 (not a multiple of 16) -> shape error".into(),
+        pass: matches!(r, Err(Error::Shape(_))),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
+    });
+    let w = Fp8Weight::quantize(
+        &random_f32(16 * 48, 5, 1.0),
+        16,
+        48,
+        Format::E4M3,
+        WeightScaling::Tensor,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight(&w)?;
+    let dx = gpu.upload(&vec![0u16; 2 * 47])?;
+    let mut y: CudaSlice<f32> = gpu.alloc_zeros(2 * 16, "y")?;
+    let r = gpu.mixed_matmul(&dx, 2, &dw, &mut y);
+    out.push(CaseResult {
+        name: "mixed product with x of 2x47 for K=48 -> shape error".into(),
+        pass: matches!(r, Err(Error::Shape(_))),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
     });
     Ok(())
 }

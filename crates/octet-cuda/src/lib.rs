@@ -21,12 +21,14 @@
 pub mod bench;
 pub mod check;
 pub mod gemm;
+pub mod mixed;
 pub mod nvrtc;
 mod quantize;
 
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};
 pub use gemm::{GemmOut, OutType};
+pub use mixed::DeviceFp8Weight;
 pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
@@ -102,9 +104,10 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 2] = [
+pub const KERNEL_SOURCES: [(&str, &str); 3] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
+    ("mixed", kernel_source!("mixed.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -175,6 +178,8 @@ pub(crate) struct Kernels {
     pub block_bf16_e4m3: CudaFunction,
     pub block_bf16_e5m2: CudaFunction,
     pub block_direct_bf16_e4m3: CudaFunction,
+    /// Weight-only products, see `mixed.rs`.
+    pub mixed: mixed::MixedKernels,
 }
 
 /// An opened GPU: its context and stream, compiled kernels and cuBLASLt state.
@@ -268,6 +273,11 @@ impl Gpu {
                 "block1x128_direct_cast_transpose_bf16_e4m3",
             ],
         )?;
+        let mixed = mixed::MixedKernels::load(&ctx.load_module(nvrtc::compile(
+            "mixed",
+            KERNEL_SOURCES[2].1,
+            arch,
+        )?)?)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {
@@ -286,7 +296,9 @@ impl Gpu {
             block_bf16_e4m3: next(&mut b)?,
             block_bf16_e5m2: next(&mut b)?,
             block_direct_bf16_e4m3: next(&mut b)?,
+            mixed,
         };
+        keep_pool_memory(&ctx);
         let blas = Mutex::new(gemm::Blas::new(&stream)?);
         Ok(Gpu {
             ctx,
@@ -405,6 +417,30 @@ impl Gpu {
             (m, n, k),
             fast_accum,
         )
+    }
+}
+
+/// Let the device's default memory pool keep freed memory instead of
+/// returning it to the driver at every synchronization (its default release
+/// threshold is 0), so that stream-ordered scratch allocations in a loop are
+/// cheap. Best effort: without memory pools nothing changes.
+fn keep_pool_memory(ctx: &Arc<CudaContext>) {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is written by the driver for a valid device ordinal; the
+    // attribute takes a pointer to a u64.
+    unsafe {
+        if ctx.bind_to_thread().is_ok()
+            && sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device())
+                == sys::CUresult::CUDA_SUCCESS
+        {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut std::ffi::c_void,
+            );
+        }
     }
 }
 

@@ -1,0 +1,210 @@
+//! Weight-only FP8 products on the GPU: `y (M, N) = x (M, K) @ W^T` with `x`
+//! in bf16 and `W` kept in FP8 on the device (see `kernels/mixed.cu`).
+//!
+//! - `M <= 16`: one kernel reads the FP8 codes once with 16-byte loads,
+//!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
+//!   accumulation); block factors apply per 128 columns, tensor and row
+//!   factors to the result. This is the decode path, where weight bytes are the cost.
+//! - `M > 16`: the codes are upcast to a bf16 scratch copy of the weight
+//!   (exact; under block scaling the factor is applied there and rounds to
+//!   bf16), a cuBLASLt bf16 GEMM runs into an f32 scratch, and an epilogue
+//!   applies the tensor or row factor. The scratch lives for the call only.
+//!
+//! Device layout of a [`DeviceFp8Weight`]: the codes row-major `(N, K)` as in
+//! [`Fp8Weight`] (each row's `K` codes contiguous: with `K % 16 == 0` every
+//! 16-byte load is aligned), the factors as f32 (1, `N`, or one per 128x128 tile).
+
+use crate::{Error, GemmOut, Gpu, Result};
+use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
+use octet_fp8::Format;
+use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+use std::sync::Arc;
+
+/// The compiled weight-only kernels.
+pub(crate) struct MixedKernels {
+    /// `[format][tokens 8 / 16][out f32 / bf16]`.
+    small: [[[CudaFunction; 2]; 2]; 2],
+    /// `[format]`.
+    upcast: [CudaFunction; 2],
+    /// `[out f32 / bf16]`.
+    epilogue: [CudaFunction; 2],
+}
+
+impl MixedKernels {
+    pub(crate) fn load(m: &Arc<CudaModule>) -> Result<MixedKernels> {
+        let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
+        let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 2]> {
+            Ok([
+                [
+                    f(&format!("mixed_{fmt}_n8_f32"))?,
+                    f(&format!("mixed_{fmt}_n8_bf16"))?,
+                ],
+                [
+                    f(&format!("mixed_{fmt}_n16_f32"))?,
+                    f(&format!("mixed_{fmt}_n16_bf16"))?,
+                ],
+            ])
+        };
+        Ok(MixedKernels {
+            small: [small("e4m3")?, small("e5m2")?],
+            upcast: [f("upcast_e4m3")?, f("upcast_e5m2")?],
+            epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
+        })
+    }
+}
+
+/// An FP8 weight on the device, ready for [`Gpu::mixed_matmul`].
+pub struct DeviceFp8Weight {
+    /// Output channels `N`.
+    pub n: usize,
+    /// Input features `K` (a multiple of 16).
+    pub k: usize,
+    /// E4M3 or E5M2.
+    pub format: Format,
+    /// Scale granularity.
+    pub scaling: WeightScaling,
+    /// Row-major `(N, K)` codes.
+    pub codes: CudaSlice<u8>,
+    /// Dequantization factors.
+    pub factors: CudaSlice<f32>,
+}
+
+impl DeviceFp8Weight {
+    /// Device bytes: codes plus factors.
+    pub fn bytes(&self) -> usize {
+        self.codes.len() + 4 * self.factors.len()
+    }
+}
+
+fn mode(s: WeightScaling) -> i32 {
+    match s {
+        WeightScaling::Tensor => 0,
+        WeightScaling::Channel => 1,
+        WeightScaling::Block128 => 2,
+    }
+}
+
+/// Up to this many rows of `x` take the fused small-M kernel.
+pub const SMALL_M: usize = 16;
+
+impl Gpu {
+    /// Copy an [`Fp8Weight`] to the device. `K` must be a multiple of 16 (the
+    /// kernel's 16-byte loads); `N` and `K` must fit in an i32.
+    pub fn upload_fp8_weight(&self, w: &Fp8Weight) -> Result<DeviceFp8Weight> {
+        let (n, k) = (w.rows(), w.cols());
+        if k % 16 != 0 {
+            return Err(Error::Shape(format!(
+                "weight-only FP8 products on the GPU need K % 16 == 0, got K = {k} (pad the weight's columns)"
+            )));
+        }
+        if n * k > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "weight ({n}, {k}) is beyond the kernel's 2^31 elements"
+            )));
+        }
+        Ok(DeviceFp8Weight {
+            n,
+            k,
+            format: w.format(),
+            scaling: w.scaling(),
+            codes: self.upload(w.codes())?,
+            factors: self.upload(w.factors())?,
+        })
+    }
+
+    /// `y (m, N) = x (m, K) @ W^T` with `x` bf16 bits, `y` f32 or bf16 bits
+    /// (see the module docs for the two paths).
+    pub fn mixed_matmul<D: GemmOut>(
+        &self,
+        x: &CudaSlice<u16>,
+        m: usize,
+        w: &DeviceFp8Weight,
+        y: &mut CudaSlice<D>,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        if m == 0 || x.len() != m * k || y.len() != m * n {
+            return Err(Error::Shape(format!(
+                "mixed product: x has {} elements for ({m}, {k}), y has {} for ({m}, {n})",
+                x.len(),
+                y.len()
+            )));
+        }
+        if m > i32::MAX as usize / k.max(1) {
+            return Err(Error::Shape(format!("x ({m}, {k}) is too large")));
+        }
+        let fmt = match w.format {
+            Format::E4M3 => 0,
+            Format::E5M2 => 1,
+            other => {
+                return Err(Error::Shape(format!(
+                    "weight-only products take E4M3 or E5M2, not {}",
+                    other.name()
+                )))
+            }
+        };
+        let out = match D::OUT {
+            crate::OutType::F32 => 0,
+            crate::OutType::Bf16 => 1,
+        };
+        let (mi, ni, ki, md) = (m as i32, n as i32, k as i32, mode(w.scaling));
+        if m <= SMALL_M {
+            let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
+            let cfg = LaunchConfig {
+                grid_dim: (n.div_ceil(16) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = self.stream.launch_builder(f);
+            b.arg(&w.codes)
+                .arg(x)
+                .arg(&w.factors)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&md);
+            // SAFETY: argument types match the kernel; shapes were checked above and the
+            // kernel guards rows, tokens and columns.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
+        // Large M: exact upcast (block factors applied), bf16 GEMM to f32, epilogue.
+        // SAFETY: uninitialised, and every element is written by the upcast below.
+        let mut wb = unsafe { self.stream.alloc::<u16>(n * k) }
+            .map_err(|e| crate::oom(e, 2 * n * k, "mixed: bf16 copy of the weight"))?;
+        let threads = (n * k / 16) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (threads.div_ceil(256), 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.mixed.upcast[fmt]);
+        b.arg(&w.codes)
+            .arg(&w.factors)
+            .arg(&mut wb)
+            .arg(&ni)
+            .arg(&ki)
+            .arg(&md);
+        // SAFETY: types match; one thread per 16 codes, guarded by N * K.
+        unsafe { b.launch(cfg) }?;
+        // SAFETY: uninitialised, and every element is written by the GEMM (beta = 0).
+        let mut acc = unsafe { self.stream.alloc::<f32>(m * n) }
+            .map_err(|e| crate::oom(e, 4 * m * n, "mixed: f32 accumulator"))?;
+        self.gemm_bf16(x, &wb, &mut acc, (m, n, k))?;
+        let cfg = LaunchConfig {
+            grid_dim: ((m * n).div_ceil(256) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut b = self.stream.launch_builder(&self.k.mixed.epilogue[out]);
+        b.arg(&acc)
+            .arg(&w.factors)
+            .arg(y)
+            .arg(&mi)
+            .arg(&ni)
+            .arg(&md);
+        // SAFETY: types match; guarded by M * N.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+}
