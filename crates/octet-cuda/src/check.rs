@@ -730,7 +730,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     )
     .map_err(|e| Error::Shape(e.to_string()))?;
     let dw = gpu.upload_fp8_weight(&w)?;
-    let dx = gpu.upload(&vec![0u16; 2 * 47])?;
+    let dx = gpu.upload(&[0u16; 2 * 47])?;
     let mut y: CudaSlice<f32> = gpu.alloc_zeros(2 * 16, "y")?;
     let r = gpu.mixed_matmul(&dx, 2, &dw, &mut y);
     out.push(CaseResult {
