@@ -7,6 +7,7 @@
 
 mod bench;
 mod demo;
+mod generate;
 mod gpu;
 mod info;
 mod train;
@@ -29,6 +30,8 @@ enum Cmd {
     Compare(train::CompareArgs),
     /// Quantize, forward and backward one linear layer under every recipe: error and saved-bytes tables.
     Demo(demo::DemoArgs),
+    /// Sample text from a trained model with a KV cache (FP8, bf16 or f32 weights).
+    Generate(generate::GenerateArgs),
     /// Measure kernel throughput.
     Bench(bench::BenchArgs),
     /// Version, formats, recipes and devices.
@@ -48,6 +51,7 @@ fn main() {
         Cmd::Compare(a) => train::compare(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
+        Cmd::Generate(a) => generate::run(a),
         Cmd::Info => info::run(),
         Cmd::Selftest { device } => match gpu::open(&device) {
             Ok(Some(mut g)) => gpu::selftest(&mut g),

@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod decode;
 pub mod embedding;
 pub mod linear;
 pub mod llama;

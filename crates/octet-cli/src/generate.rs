@@ -1,0 +1,161 @@
+//! `octet generate`: sample text from a trained model with a KV cache, its
+//! block matrices stored as FP8 (upcast inside the product), bf16 or f32.
+
+use anyhow::Context;
+use octet_nn::decode::{sample, DecodeModel, WeightStorage};
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::{DType, Tensor};
+use octet_train::checkpoint;
+use octet_train::data::ByteTokenizer;
+use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct GenerateArgs {
+    /// Checkpoint directory (config.json + model.safetensors). Default: the
+    /// latest checkpoint of `runs/default` (what `octet train` writes).
+    #[arg(long)]
+    checkpoint: Option<PathBuf>,
+    /// Use a randomly initialised model of this preset instead of a checkpoint
+    /// (tiny, small, medium, 1b): for speed measurements only.
+    #[arg(long)]
+    random_model: Option<String>,
+    /// Block matrices: fp8 (E4M3, per-channel scales), fp8-tensor, fp8-block, fp8-e5m2, bf16, f32.
+    #[arg(long, default_value = "fp8")]
+    weights: String,
+    /// Also decode with these weights, same prompt and seed, and compare speed (e.g. bf16).
+    #[arg(long)]
+    compare: Option<String>,
+    /// Text to continue.
+    #[arg(long, default_value = "ROMEO:")]
+    prompt: String,
+    /// New tokens to generate.
+    #[arg(long, default_value_t = 200)]
+    max_tokens: usize,
+    /// Softmax temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample among the k most likely tokens (0 = all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sampling seed.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+}
+
+fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor>, String)> {
+    if let Some(preset) = &a.random_model {
+        let cfg = LlamaConfig::preset(preset)?;
+        let m = Llama::new_random(&cfg, DType::F32, None, a.seed)?;
+        let w = m
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
+        return Ok((cfg, w, format!("random {preset} model")));
+    }
+    let dir = match &a.checkpoint {
+        Some(d) => d.clone(),
+        None => {
+            let parent = PathBuf::from("runs/default/checkpoints");
+            let latest = std::fs::read_to_string(parent.join("latest")).with_context(|| {
+                "no --checkpoint given and runs/default/checkpoints/latest is missing: run `octet train` first, or pass --checkpoint DIR or --random-model PRESET"
+            })?;
+            parent.join(latest.trim())
+        }
+    };
+    let cfg = checkpoint::load_config(&dir)?;
+    let w = checkpoint::load_weights(&dir, DType::F32)?;
+    Ok((cfg, w, dir.display().to_string()))
+}
+
+struct Run {
+    text: String,
+    prefill_tps: f64,
+    decode_tps: f64,
+    bytes: usize,
+}
+
+fn run_one(
+    a: &GenerateArgs,
+    cfg: &LlamaConfig,
+    w: &HashMap<String, Tensor>,
+    storage: WeightStorage,
+    echo: bool,
+) -> anyhow::Result<Run> {
+    let tok = ByteTokenizer;
+    let mut model = DecodeModel::new(cfg, w, storage)?;
+    let prompt = tok.encode(&a.prompt);
+    anyhow::ensure!(!prompt.is_empty(), "--prompt is empty");
+    anyhow::ensure!(
+        prompt.len() + a.max_tokens <= cfg.max_position_embeddings,
+        "prompt ({} tokens) + --max-tokens {} exceed the model's {} positions",
+        prompt.len(),
+        a.max_tokens,
+        cfg.max_position_embeddings
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let t0 = Instant::now();
+    let logits = model.forward(&prompt)?;
+    let prefill = t0.elapsed().as_secs_f64();
+    let v = cfg.vocab_size;
+    let mut last = logits[logits.len() - v..].to_vec();
+    let mut out = Vec::with_capacity(a.max_tokens);
+    let t1 = Instant::now();
+    for _ in 0..a.max_tokens {
+        let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
+        out.push(next);
+        if echo {
+            print!("{}", tok.decode(&[next]));
+            std::io::stdout().flush().ok();
+        }
+        last = model.forward(&[next])?;
+    }
+    let decode = t1.elapsed().as_secs_f64();
+    Ok(Run {
+        text: tok.decode(&out),
+        prefill_tps: prompt.len() as f64 / prefill,
+        decode_tps: a.max_tokens as f64 / decode.max(1e-9),
+        bytes: model.matrix_bytes(),
+    })
+}
+
+pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    let (cfg, w, source) = load(&a)?;
+    let storage = WeightStorage::from_name(&a.weights)?;
+    println!(
+        "{source}: {} parameters; block matrices as {}; CPU, {} threads\n",
+        cfg.num_params(),
+        a.weights,
+        rayon::current_num_threads()
+    );
+    print!("{}", a.prompt);
+    let first = run_one(&a, &cfg, &w, storage, true)?;
+    println!("\n");
+    let mut rows = vec![(a.weights.clone(), first)];
+    if let Some(other) = &a.compare {
+        let r = run_one(&a, &cfg, &w, WeightStorage::from_name(other)?, false)?;
+        if r.text != rows[0].1.text {
+            println!(
+                "(the {other} weights sampled a different continuation: {:?}...)\n",
+                r.text.chars().take(60).collect::<String>()
+            );
+        }
+        rows.push((other.clone(), r));
+    }
+    let mut t =
+        crate::util::Table::new(&["weights", "matrix bytes", "prefill tok/s", "decode tok/s"]);
+    for (name, r) in &rows {
+        t.row(vec![
+            name.clone(),
+            r.bytes.to_string(),
+            format!("{:.1}", r.prefill_tps),
+            format!("{:.1}", r.decode_tps),
+        ]);
+    }
+    t.print();
+    Ok(())
+}

@@ -1,0 +1,392 @@
+//! Inference with a KV cache: the Llama model of [`crate::llama`] for text
+//! generation, with its block matrices stored as f32, bf16 or FP8.
+//!
+//! Every matrix product is `octet_tensor::mixed::matmul_weights`: the same
+//! kernel over FP8 codes (upcast in registers), bf16 or f32 weights, so the
+//! three storage formats differ only in the bytes they move. The embedding
+//! and the LM head stay in f32 (as in training, they are not quantized).
+//! Activations are f32, one row per new token.
+//!
+//! Each [`DecodeModel::forward`] takes the new tokens of one sequence,
+//! appends their keys and values to the cache, and returns the logits of
+//! every new token: a prompt goes in at once (prefill), then one token per step.
+
+use crate::llama::LlamaConfig;
+use crate::{Error, Result};
+use half::bf16;
+use octet_fp8::Format;
+use octet_tensor::mixed::{matmul_weights, Fp8Weight, WeightRef, WeightScaling};
+use octet_tensor::Tensor;
+use std::collections::HashMap;
+
+/// How the block matrices are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightStorage {
+    /// f32 (4 bytes per weight).
+    F32,
+    /// bf16 (2 bytes).
+    Bf16,
+    /// FP8 codes with scales (1 byte plus scales).
+    Fp8(Format, WeightScaling),
+}
+
+impl WeightStorage {
+    /// Parse `f32`, `bf16`, `fp8` (E4M3, per-channel scales), `fp8-tensor`, `fp8-block`, `fp8-e5m2`.
+    pub fn from_name(s: &str) -> Result<WeightStorage> {
+        Ok(match s {
+            "f32" => WeightStorage::F32,
+            "bf16" => WeightStorage::Bf16,
+            "fp8" | "fp8-channel" => WeightStorage::Fp8(Format::E4M3, WeightScaling::Channel),
+            "fp8-tensor" => WeightStorage::Fp8(Format::E4M3, WeightScaling::Tensor),
+            "fp8-block" => WeightStorage::Fp8(Format::E4M3, WeightScaling::Block128),
+            "fp8-e5m2" => WeightStorage::Fp8(Format::E5M2, WeightScaling::Channel),
+            other => {
+                return Err(Error::Config(format!(
+                    "weights '{other}': expected f32, bf16, fp8, fp8-tensor, fp8-block or fp8-e5m2"
+                )))
+            }
+        })
+    }
+}
+
+/// One stored matrix `(N, K)`.
+#[derive(Clone, Debug)]
+enum Matrix {
+    F32(Vec<f32>, usize, usize),
+    Bf16(Vec<bf16>, usize, usize),
+    Fp8(Fp8Weight),
+}
+
+impl Matrix {
+    fn new(w: &Tensor, storage: WeightStorage) -> Result<Matrix> {
+        let (n, k) = w.dims2()?;
+        let v = w.to_f32_vec();
+        Ok(match storage {
+            WeightStorage::F32 => Matrix::F32(v, n, k),
+            WeightStorage::Bf16 => {
+                Matrix::Bf16(v.iter().map(|&x| bf16::from_f32(x)).collect(), n, k)
+            }
+            WeightStorage::Fp8(f, s) => Matrix::Fp8(Fp8Weight::quantize(&v, n, k, f, s)?),
+        })
+    }
+
+    fn bytes(&self) -> usize {
+        match self {
+            Matrix::F32(v, ..) => 4 * v.len(),
+            Matrix::Bf16(v, ..) => 2 * v.len(),
+            Matrix::Fp8(w) => w.bytes(),
+        }
+    }
+
+    /// `x (m, K) -> (m, N)`.
+    fn apply(&self, x: &[f32], m: usize) -> Result<Vec<f32>> {
+        let r = match self {
+            Matrix::F32(v, n, k) => WeightRef::F32(v, *n, *k),
+            Matrix::Bf16(v, n, k) => WeightRef::Bf16(v, *n, *k),
+            Matrix::Fp8(w) => WeightRef::Fp8(w),
+        };
+        let k = x.len() / m.max(1);
+        Ok(matmul_weights(&Tensor::from_f32(&[m, k], x.to_vec())?, &r)?.to_f32_vec())
+    }
+}
+
+#[derive(Clone, Debug)]
+struct DecodeBlock {
+    attn_norm: Vec<f32>,
+    q: Matrix,
+    k: Matrix,
+    v: Matrix,
+    o: Matrix,
+    mlp_norm: Vec<f32>,
+    gate: Matrix,
+    up: Matrix,
+    down: Matrix,
+    /// Cached keys and values, `(len, Hkv * D)` each, post-RoPE keys.
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+/// A Llama model for generation, with a KV cache for one sequence.
+#[derive(Clone, Debug)]
+pub struct DecodeModel {
+    /// Dimensions.
+    pub cfg: LlamaConfig,
+    storage: WeightStorage,
+    embed: Vec<f32>,
+    blocks: Vec<DecodeBlock>,
+    norm: Vec<f32>,
+    /// LM head `(V, C)` in f32 (tied: the embedding).
+    head: Vec<f32>,
+    /// Tokens in the cache.
+    len: usize,
+}
+
+impl DecodeModel {
+    /// Build from named weights (Hugging Face names, as [`crate::Llama::params`] gives
+    /// or a checkpoint holds), storing the block matrices as `storage`.
+    pub fn new(
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        storage: WeightStorage,
+    ) -> Result<DecodeModel> {
+        cfg.validate()?;
+        let shapes: HashMap<String, Vec<usize>> =
+            crate::Llama::param_shapes(cfg).into_iter().collect();
+        let get = |name: &str| -> Result<&Tensor> {
+            let t = weights
+                .get(name)
+                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
+            match shapes.get(name) {
+                Some(s) if s.as_slice() == t.shape() => Ok(t),
+                Some(s) => Err(Error::Config(format!(
+                    "tensor {name} has shape {:?}, expected {s:?}",
+                    t.shape()
+                ))),
+                None => Err(Error::Config(format!("unexpected tensor {name}"))),
+            }
+        };
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let mat = |n: &str| Matrix::new(get(&format!("{p}.{n}.weight"))?, storage);
+            blocks.push(DecodeBlock {
+                attn_norm: get(&format!("{p}.input_layernorm.weight"))?.to_f32_vec(),
+                q: mat("self_attn.q_proj")?,
+                k: mat("self_attn.k_proj")?,
+                v: mat("self_attn.v_proj")?,
+                o: mat("self_attn.o_proj")?,
+                mlp_norm: get(&format!("{p}.post_attention_layernorm.weight"))?.to_f32_vec(),
+                gate: mat("mlp.gate_proj")?,
+                up: mat("mlp.up_proj")?,
+                down: mat("mlp.down_proj")?,
+                k_cache: Vec::new(),
+                v_cache: Vec::new(),
+            });
+        }
+        let embed = get("model.embed_tokens.weight")?.to_f32_vec();
+        let head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            get("lm_head.weight")?.to_f32_vec()
+        };
+        Ok(DecodeModel {
+            cfg: cfg.clone(),
+            storage,
+            embed,
+            blocks,
+            norm: get("model.norm.weight")?.to_f32_vec(),
+            head,
+            len: 0,
+        })
+    }
+
+    /// How the block matrices are stored.
+    pub fn storage(&self) -> WeightStorage {
+        self.storage
+    }
+
+    /// Bytes of the block matrices (what a decode step streams from memory).
+    pub fn matrix_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| {
+                [&b.q, &b.k, &b.v, &b.o, &b.gate, &b.up, &b.down]
+                    .iter()
+                    .map(|m| m.bytes())
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// Tokens in the cache.
+    pub fn cached(&self) -> usize {
+        self.len
+    }
+
+    /// Empty the cache (start a new sequence).
+    pub fn reset(&mut self) {
+        self.len = 0;
+        for b in &mut self.blocks {
+            b.k_cache.clear();
+            b.v_cache.clear();
+        }
+    }
+
+    /// Append `tokens` to the sequence and return their logits `(tokens.len(), V)`.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (c, v) = (cfg.hidden_size, cfg.vocab_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let m = tokens.len();
+        if m == 0 {
+            return Err(Error::Shape("no tokens to decode".into()));
+        }
+        if self.len + m > cfg.max_position_embeddings {
+            return Err(Error::Shape(format!(
+                "{} cached + {m} new tokens exceed max_position_embeddings {}",
+                self.len, cfg.max_position_embeddings
+            )));
+        }
+        let mut x = Vec::with_capacity(m * c);
+        for &t in tokens {
+            let t = t as usize;
+            if t >= v {
+                return Err(Error::Shape(format!(
+                    "token {t} outside the vocabulary of {v}"
+                )));
+            }
+            x.extend_from_slice(&self.embed[t * c..(t + 1) * c]);
+        }
+        let eps = cfg.rms_norm_eps;
+        let theta = cfg.rope_theta;
+        let start = self.len;
+        for blk in &mut self.blocks {
+            let h = rms_norm(&x, &blk.attn_norm, eps);
+            let mut q = blk.q.apply(&h, m)?;
+            let mut k = blk.k.apply(&h, m)?;
+            let vv = blk.v.apply(&h, m)?;
+            rope(&mut q, m, hq, d, start, theta);
+            rope(&mut k, m, hkv, d, start, theta);
+            blk.k_cache.extend_from_slice(&k);
+            blk.v_cache.extend_from_slice(&vv);
+            let a = attend(&q, &blk.k_cache, &blk.v_cache, m, start, hq, hkv, d);
+            let o = blk.o.apply(&a, m)?;
+            x.iter_mut().zip(&o).for_each(|(xi, oi)| *xi += oi);
+            let h2 = rms_norm(&x, &blk.mlp_norm, eps);
+            let g = blk.gate.apply(&h2, m)?;
+            let u = blk.up.apply(&h2, m)?;
+            let act: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+                .collect();
+            let dn = blk.down.apply(&act, m)?;
+            x.iter_mut().zip(&dn).for_each(|(xi, di)| *xi += di);
+        }
+        self.len += m;
+        let h = rms_norm(&x, &self.norm, eps);
+        let logits = matmul_weights(
+            &Tensor::from_f32(&[m, c], h)?,
+            &WeightRef::F32(&self.head, v, c),
+        )?;
+        Ok(logits.to_f32_vec())
+    }
+}
+
+/// Row-wise RMSNorm in f32 with an f64 mean of squares.
+fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
+    let c = g.len();
+    let mut out = vec![0f32; x.len()];
+    for (o, r) in out.chunks_mut(c).zip(x.chunks(c)) {
+        let ms = r.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / c as f64;
+        let inv = (1.0 / (ms + eps).sqrt()) as f32;
+        for i in 0..c {
+            o[i] = r[i] * inv * g[i];
+        }
+    }
+    out
+}
+
+/// Rotary embedding of `(m, heads, d)` rows at positions `start..start+m`
+/// (the same rotation as [`crate::rope::Rope`]: pairs `(i, i + d/2)`).
+fn rope(x: &mut [f32], m: usize, heads: usize, d: usize, start: usize, theta: f64) {
+    let half = d / 2;
+    for t in 0..m {
+        let pos = (start + t) as f64;
+        for i in 0..half {
+            let a = pos * theta.powf(-2.0 * i as f64 / d as f64);
+            let (c, s) = (a.cos() as f32, a.sin() as f32);
+            for h in 0..heads {
+                let base = (t * heads + h) * d;
+                let (p, q) = (x[base + i], x[base + i + half]);
+                x[base + i] = p * c - q * s;
+                x[base + i + half] = q * c + p * s;
+            }
+        }
+    }
+}
+
+/// Causal attention of `m` new queries (positions `start..`) over the cache
+/// (`start + m` keys and values), grouped-query heads.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    q: &[f32],
+    kc: &[f32],
+    vc: &[f32],
+    m: usize,
+    start: usize,
+    hq: usize,
+    hkv: usize,
+    d: usize,
+) -> Vec<f32> {
+    let group = hq / hkv;
+    let kvw = hkv * d;
+    let scale = 1.0 / (d as f64).sqrt();
+    let mut out = vec![0f32; m * hq * d];
+    let mut scores = Vec::new();
+    for t in 0..m {
+        let len = start + t + 1;
+        for h in 0..hq {
+            let kh = h / group;
+            let qv = &q[(t * hq + h) * d..(t * hq + h + 1) * d];
+            scores.clear();
+            let mut max = f64::NEG_INFINITY;
+            for j in 0..len {
+                let kv = &kc[j * kvw + kh * d..j * kvw + (kh + 1) * d];
+                let s = qv
+                    .iter()
+                    .zip(kv)
+                    .map(|(&a, &b)| a as f64 * b as f64)
+                    .sum::<f64>()
+                    * scale;
+                max = max.max(s);
+                scores.push(s);
+            }
+            let mut sum = 0.0;
+            scores.iter_mut().for_each(|s| {
+                *s = (*s - max).exp();
+                sum += *s;
+            });
+            let o = &mut out[(t * hq + h) * d..(t * hq + h + 1) * d];
+            for (j, &p) in scores.iter().enumerate() {
+                let vv = &vc[j * kvw + kh * d..j * kvw + (kh + 1) * d];
+                let w = (p / sum) as f32;
+                o.iter_mut().zip(vv).for_each(|(oi, &vi)| *oi += w * vi);
+            }
+        }
+    }
+    out
+}
+
+/// Pick the next token from `logits`: greedy at temperature 0, else softmax
+/// at `temperature` over the `top_k` largest (all when 0), drawn with `u` in `[0, 1)`.
+pub fn sample(logits: &[f32], temperature: f32, top_k: usize, u: f64) -> u32 {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    if temperature <= 0.0 || idx.len() <= 1 {
+        return idx.first().copied().unwrap_or(0) as u32;
+    }
+    let keep = if top_k == 0 {
+        idx.len()
+    } else {
+        top_k.min(idx.len())
+    };
+    let top = logits[idx[0]] as f64;
+    let w: Vec<f64> = idx[..keep]
+        .iter()
+        .map(|&i| ((logits[i] as f64 - top) / temperature as f64).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut acc = 0.0;
+    for (j, &wi) in w.iter().enumerate() {
+        acc += wi / total;
+        if u < acc {
+            return idx[j] as u32;
+        }
+    }
+    idx[keep - 1] as u32
+}

@@ -1,0 +1,128 @@
+//! Generation with a KV cache against the training forward.
+
+use octet_fp8::tolerance::sqnr_db;
+use octet_nn::decode::{sample, DecodeModel, WeightStorage};
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::{DType, Tensor};
+use std::collections::HashMap;
+
+fn model(seed: u64) -> (LlamaConfig, Llama, HashMap<String, Tensor>) {
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let m = Llama::new_random(&cfg, DType::F32, None, seed).unwrap();
+    let w = m
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    (cfg, m, w)
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| (x as f64 - y as f64).abs())
+        .fold(0.0, f64::max)
+}
+
+fn rms(a: &[f32]) -> f64 {
+    (a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
+}
+
+#[test]
+fn prefill_and_cached_steps_match_the_training_forward() {
+    let (cfg, mut train, w) = model(3);
+    let tokens: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 256).collect();
+    let want = train.logits(&tokens, 1, tokens.len()).unwrap().to_f32_vec();
+    // Prefill of the whole prompt.
+    let mut dec = DecodeModel::new(&cfg, &w, WeightStorage::F32).unwrap();
+    let got = dec.forward(&tokens).unwrap();
+    // f32 everywhere, different summation orders: agreement to ~1e-6 of the logits' scale.
+    let tol = 1e-4 * rms(&want);
+    let d = max_abs_diff(&got, &want);
+    assert!(d <= tol, "prefill: max diff {d:e} > {tol:e}");
+    // One token at a time through the cache.
+    dec.reset();
+    let mut steps = Vec::new();
+    for &t in &tokens {
+        steps.extend(dec.forward(&[t]).unwrap());
+    }
+    assert_eq!(dec.cached(), tokens.len());
+    let d = max_abs_diff(&steps, &want);
+    assert!(d <= tol, "cached steps: max diff {d:e} > {tol:e}");
+    // Prompt in two chunks.
+    dec.reset();
+    let mut chunks = dec.forward(&tokens[..9]).unwrap();
+    chunks.extend(dec.forward(&tokens[9..]).unwrap());
+    let d = max_abs_diff(&chunks, &want);
+    assert!(d <= tol, "chunked prefill: max diff {d:e} > {tol:e}");
+}
+
+#[test]
+fn fp8_and_bf16_weights_stay_close_to_f32() {
+    let (cfg, _, w) = model(5);
+    let tokens: Vec<u32> = (0..16u32).map(|i| (i * 91 + 7) % 256).collect();
+    let mut f32m = DecodeModel::new(&cfg, &w, WeightStorage::F32).unwrap();
+    let want = f32m.forward(&tokens).unwrap();
+    // Logits minus their mean over the vocabulary (what softmax sees).
+    let centred = |l: &[f32]| -> Vec<f32> {
+        l.chunks(cfg.vocab_size)
+            .flat_map(|r| {
+                let mean = r.iter().sum::<f32>() / r.len() as f32;
+                r.iter().map(move |&x| x - mean).collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    let want_c = centred(&want);
+    for (name, floor) in [
+        ("bf16", 35.0),
+        ("fp8", 20.0),
+        ("fp8-block", 20.0),
+        ("fp8-e5m2", 14.0),
+    ] {
+        let st = WeightStorage::from_name(name).unwrap();
+        let mut m = DecodeModel::new(&cfg, &w, st).unwrap();
+        let got = centred(&m.forward(&tokens).unwrap());
+        let s = sqnr_db(
+            &got.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+            &want_c.iter().map(|&x| x as f64).collect::<Vec<_>>(),
+        );
+        assert!(s >= floor, "{name}: logits SQNR {s:.1} dB < {floor}");
+        assert!(
+            s < 200.0,
+            "{name}: identical to f32, the weights were not converted"
+        );
+    }
+    let f = DecodeModel::new(&cfg, &w, WeightStorage::from_name("fp8").unwrap()).unwrap();
+    let b = DecodeModel::new(&cfg, &w, WeightStorage::Bf16).unwrap();
+    assert!(f.matrix_bytes() * 2 <= b.matrix_bytes() + 4 * 7 * 2 * 64 * 2);
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let (cfg, _, mut w) = model(1);
+    let mut m = DecodeModel::new(&cfg, &w, WeightStorage::F32).unwrap();
+    assert!(m.forward(&[]).is_err());
+    assert!(m.forward(&[256]).is_err(), "token outside the vocabulary");
+    let long = vec![1u32; cfg.max_position_embeddings + 1];
+    assert!(m.forward(&long).is_err(), "past max_position_embeddings");
+    assert!(WeightStorage::from_name("int4").is_err());
+    w.remove("model.layers.1.mlp.up_proj.weight");
+    let e = DecodeModel::new(&cfg, &w, WeightStorage::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("model.layers.1.mlp.up_proj.weight"), "{e}");
+}
+
+#[test]
+fn sampling_is_greedy_at_zero_temperature_and_respects_top_k() {
+    let logits = [0.1f32, 2.0, -1.0, 1.9, 0.0];
+    assert_eq!(sample(&logits, 0.0, 0, 0.99), 1);
+    for u in [0.0, 0.3, 0.999] {
+        assert_eq!(sample(&logits, 1.0, 1, u), 1, "top-1 is greedy");
+        let t = sample(&logits, 1.0, 2, u);
+        assert!(t == 1 || t == 3, "top-2 gave {t}");
+    }
+    // u below the first probability picks the best; near 1 picks the last kept.
+    assert_eq!(sample(&logits, 1.0, 0, 0.0), 1);
+    assert_eq!(sample(&logits, 1.0, 0, 0.999999), 2);
+}
