@@ -62,10 +62,10 @@ pub struct Fp8Weight {
     k: usize,
     format: Format,
     scaling: WeightScaling,
-    /// Row-major `(N, K)` codes.
-    codes: Vec<u8>,
-    /// Dequantization factors: 1, `N`, or `ceil(N/128) * ceil(K/128)` of them.
-    factors: Vec<f32>,
+    /// The row-wise quantized copy: row-major `(N, K)` codes and f32
+    /// dequantization factors (1, `N`, or `ceil(N/128) * ceil(K/128)` of them).
+    /// Kept as `QuantData` so that the FP8 GEMM takes the same bytes.
+    q: QuantData,
 }
 
 impl Fp8Weight {
@@ -110,12 +110,12 @@ impl Fp8Weight {
         let data = q
             .rowwise
             .ok_or_else(|| Error::Unsupported("quantize made no row-wise copy".into()))?;
-        Fp8Weight::from_quant_data(&data)
+        Fp8Weight::from_quant_data(data)
     }
 
     /// Wrap the row-wise copy of a quantized weight (f32 scale factors per
     /// tensor, row, or 128x128 tile), e.g. an FP8 checkpoint's tensor.
-    pub fn from_quant_data(q: &QuantData) -> Result<Fp8Weight> {
+    pub fn from_quant_data(q: QuantData) -> Result<Fp8Weight> {
         let (n, k) = (q.rows, q.cols);
         if !matches!(q.format, Format::E4M3 | Format::E5M2) {
             return Err(Error::Unsupported(format!(
@@ -124,7 +124,7 @@ impl Fp8Weight {
             )));
         }
         let factors = match &q.scales {
-            Scales::F32(v) => v.clone(),
+            Scales::F32(v) => v,
             _ => {
                 return Err(Error::Unsupported(
                     "weight-only products take f32 scale factors (not E8M0 / NVFP4 scales)".into(),
@@ -166,8 +166,7 @@ impl Fp8Weight {
             k,
             format: q.format,
             scaling,
-            codes: q.data.clone(),
-            factors,
+            q,
         })
     }
 
@@ -193,25 +192,36 @@ impl Fp8Weight {
 
     /// Row-major `(N, K)` codes.
     pub fn codes(&self) -> &[u8] {
-        &self.codes
+        &self.q.data
     }
 
     /// Dequantization factors (1, `N`, or one per 128x128 tile row-major).
     pub fn factors(&self) -> &[f32] {
-        &self.factors
+        match &self.q.scales {
+            Scales::F32(v) => v,
+            // from_quant_data accepts f32 scales only.
+            _ => &[],
+        }
+    }
+
+    /// The row-wise quantized copy (what `cpu::fp8_gemm` takes as its `b`).
+    pub fn quant_data(&self) -> &QuantData {
+        &self.q
     }
 
     /// Bytes held: codes plus scales.
     pub fn bytes(&self) -> usize {
-        self.codes.len() + 4 * self.factors.len()
+        self.q.bytes()
     }
 
     /// The factor of element `(row, col)`.
     fn factor(&self, row: usize, col: usize) -> f32 {
         match self.scaling {
-            WeightScaling::Tensor => self.factors[0],
-            WeightScaling::Channel => self.factors[row],
-            WeightScaling::Block128 => self.factors[(row / 128) * self.k.div_ceil(128) + col / 128],
+            WeightScaling::Tensor => self.factors()[0],
+            WeightScaling::Channel => self.factors()[row],
+            WeightScaling::Block128 => {
+                self.factors()[(row / 128) * self.k.div_ceil(128) + col / 128]
+            }
         }
     }
 
@@ -223,7 +233,7 @@ impl Fp8Weight {
         for r in 0..self.n {
             for c in 0..self.k {
                 out[r * self.k + c] =
-                    table[self.codes[r * self.k + c] as usize] * self.factor(r, c);
+                    table[self.codes()[r * self.k + c] as usize] * self.factor(r, c);
             }
         }
         out
@@ -309,6 +319,80 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
     Tensor::from_f32(&[m, n], y)
 }
 
+/// `dx (M, K) = dy (M, N) @ W` in f32 with FP8 weights upcast inside the
+/// loop: the input gradient of `y = x W^T`, reading the row-major `(N, K)`
+/// codes once without a transposed copy. Tasks own 128-column stripes of
+/// `dx` (and row groups of `dy`); for each weight row `n` a stripe adds
+/// `(dy[m, n] * factor) * w[n, stripe]` in `n` order, so the error is at
+/// most `(N + 2) 2^-24 sum_n |dy w|` per element.
+pub fn mixed_matmul_t(dy: &Tensor, w: &Fp8Weight) -> Result<Tensor> {
+    matmul_weights_t(dy, &WeightRef::Fp8(w))
+}
+
+/// [`mixed_matmul_t`] over any [`WeightRef`].
+pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
+    let (m, n) = dy.dims2()?;
+    let (wn, k) = w.dims();
+    if n != wn {
+        return Err(Error::Shape(format!(
+            "gradient has {n} columns, the weight ({wn}, {k}) has {wn} rows"
+        )));
+    }
+    if m == 0 {
+        return Err(Error::Shape("empty gradient: M = 0".into()));
+    }
+    let g = dy.to_f32_vec();
+    let stripes = k.div_ceil(BLOCK);
+    let row_groups = m.div_ceil(8);
+    let parts: Vec<(usize, usize, Vec<f32>)> = (0..stripes * row_groups)
+        .into_par_iter()
+        .map(|task| {
+            let (s, rg) = (task % stripes, task / stripes);
+            let (k0, k1) = (s * BLOCK, ((s + 1) * BLOCK).min(k));
+            let (m0, m1) = (rg * 8, ((rg + 1) * 8).min(m));
+            let width = k1 - k0;
+            let mut out = vec![0f32; (m1 - m0) * width];
+            let mut buf = vec![0f32; width];
+            for j in 0..n {
+                decode_row_stripe(w, j, k0, &mut buf);
+                let f = row_factor(w, j) * block_factors(w, j).map_or(1.0, |b| b[s]);
+                for (i, o) in (m0..m1).zip(out.chunks_mut(width)) {
+                    let c = g[i * n + j] * f;
+                    if c != 0.0 {
+                        o.iter_mut().zip(&buf).for_each(|(ov, &bv)| *ov += c * bv);
+                    }
+                }
+            }
+            (task, width, out)
+        })
+        .collect();
+    let mut dx = vec![0f32; m * k];
+    for (task, width, out) in parts {
+        let (s, rg) = (task % stripes, task / stripes);
+        let k0 = s * BLOCK;
+        for (r, o) in out.chunks(width).enumerate() {
+            let i = rg * 8 + r;
+            dx[i * k + k0..i * k + k0 + width].copy_from_slice(o);
+        }
+    }
+    Tensor::from_f32(&[m, k], dx)
+}
+
+/// Decode columns `k0..k0 + buf.len()` of weight row `j` (unscaled) into `buf`.
+fn decode_row_stripe(w: &WeightRef<'_>, j: usize, k0: usize, buf: &mut [f32]) {
+    let (_, k) = w.dims();
+    let len = buf.len();
+    match w {
+        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes()[j * k + k0..j * k + k0 + len], buf),
+        WeightRef::Bf16(v, ..) => {
+            for (o, s) in buf.iter_mut().zip(&v[j * k + k0..j * k + k0 + len]) {
+                *o = s.to_f32();
+            }
+        }
+        WeightRef::F32(v, ..) => buf.copy_from_slice(&v[j * k + k0..j * k + k0 + len]),
+    }
+}
+
 /// Up to this many rows of `x` run the streaming kernel; more run the tiled one.
 const SMALL_M: usize = 16;
 /// Output channels per tile of the tiled kernel (decoded into a small f32 panel).
@@ -389,8 +473,8 @@ fn row_factor(w: &WeightRef<'_>, row: usize) -> f32 {
     match w {
         WeightRef::Fp8(q) => {
             let f = match q.scaling {
-                WeightScaling::Tensor => q.factors[0],
-                WeightScaling::Channel => q.factors[row],
+                WeightScaling::Tensor => q.factors()[0],
+                WeightScaling::Channel => q.factors()[row],
                 WeightScaling::Block128 => 1.0,
             };
             f * e4m3_fixup(q.format)
@@ -404,7 +488,7 @@ fn block_factors<'a>(w: &WeightRef<'a>, row: usize) -> Option<&'a [f32]> {
     match w {
         WeightRef::Fp8(q) if q.scaling == WeightScaling::Block128 => {
             let kb = q.k.div_ceil(BLOCK);
-            Some(&q.factors[(row / BLOCK) * kb..(row / BLOCK + 1) * kb])
+            Some(&q.factors()[(row / BLOCK) * kb..(row / BLOCK + 1) * kb])
         }
         _ => None,
     }
@@ -423,7 +507,7 @@ fn e4m3_fixup(format: Format) -> f32 {
 fn decode_row(w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
     let k = out.len();
     match w {
-        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes[row * k..(row + 1) * k], out),
+        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes()[row * k..(row + 1) * k], out),
         WeightRef::Bf16(v, ..) => {
             for (o, s) in out.iter_mut().zip(&v[row * k..(row + 1) * k]) {
                 *o = s.to_f32();
@@ -461,7 +545,7 @@ fn dot_row(w: &WeightRef<'_>, row: usize, x: &[f32], blocks: Option<&[f32]>) -> 
             unsafe {
                 return match w {
                     WeightRef::Fp8(q) => {
-                        let src = &q.codes[row * k..(row + 1) * k];
+                        let src = &q.codes()[row * k..(row + 1) * k];
                         match q.format {
                             Format::E4M3 => simd::dot_e4m3(src, x, blocks),
                             _ => simd::dot_e5m2(src, x, blocks),

@@ -3,7 +3,7 @@
 use half::bf16;
 use octet_fp8::Format;
 use octet_tensor::mixed::{
-    error_bound, matmul_weights, mixed_matmul, Fp8Weight, WeightRef, WeightScaling,
+    error_bound, matmul_weights, mixed_matmul, mixed_matmul_t, Fp8Weight, WeightRef, WeightScaling,
 };
 use octet_tensor::Tensor;
 use rand::{Rng, SeedableRng};
@@ -138,4 +138,54 @@ fn bytes_are_the_codes_plus_scales() {
         let q = Fp8Weight::quantize(&w, n, k, Format::E4M3, scaling).unwrap();
         assert_eq!(q.bytes(), n * k + 4 * scales, "{scaling:?}");
     }
+}
+
+#[test]
+fn the_transposed_product_is_the_input_gradient() {
+    // dx = dy @ W against f64, with the (N + 2) u sum |dy w| bound; K and N off the tiles.
+    let mut seed = 70;
+    for &(m, n, k) in &[(1usize, 70usize, 200usize), (9, 131, 300), (20, 257, 129)] {
+        let w = gaussian(n * k, seed, 0.05);
+        for format in [Format::E4M3, Format::E5M2] {
+            for scaling in [
+                WeightScaling::Tensor,
+                WeightScaling::Channel,
+                WeightScaling::Block128,
+            ] {
+                seed += 1;
+                let q = Fp8Weight::quantize(&w, n, k, format, scaling).unwrap();
+                let wd = q.dequantize();
+                let dy = gaussian(m * n, seed, 1e-2);
+                let dx =
+                    mixed_matmul_t(&Tensor::from_f32(&[m, n], dy.clone()).unwrap(), &q).unwrap();
+                assert_eq!(dx.shape(), [m, k]);
+                let dx = dx.to_f32_vec();
+                for i in 0..m {
+                    for c in 0..k {
+                        let (mut s, mut abs) = (0f64, 0f64);
+                        for j in 0..n {
+                            let t = dy[i * n + j] as f64 * wd[j * k + c] as f64;
+                            s += t;
+                            abs += t.abs();
+                        }
+                        let bound = (n + 2) as f64 * 2f64.powi(-24) * abs + f64::MIN_POSITIVE;
+                        let err = (dx[i * k + c] as f64 - s).abs();
+                        assert!(
+                            err <= bound,
+                            "{format:?} {scaling:?} ({i}, {c}): {err:e} > {bound:e}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let q = Fp8Weight::quantize(
+        &gaussian(16 * 32, 1, 1.0),
+        16,
+        32,
+        Format::E4M3,
+        WeightScaling::Tensor,
+    )
+    .unwrap();
+    assert!(mixed_matmul_t(&Tensor::from_f32(&[2, 15], vec![1.0; 30]).unwrap(), &q).is_err());
 }
