@@ -10,6 +10,7 @@ pub mod decode;
 pub mod embedding;
 pub mod linear;
 pub mod llama;
+pub mod lora;
 pub mod loss;
 pub mod norm;
 pub mod rope;

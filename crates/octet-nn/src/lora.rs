@@ -1,0 +1,464 @@
+//! LoRA on a frozen base: `y = x W^T + (alpha / r) (x A^T) B^T`, where the
+//! base `W (N, K)` never trains and is stored in FP8 (or bf16), and only the
+//! adapter `A (r, K)`, `B (N, r)` trains in f32.
+//!
+//! The base weight exists only in its stored form: an FP8 base is an
+//! [`Fp8Weight`] (codes + scales, ~0.5x the bytes of bf16) and is never
+//! dequantized into a persistent high-precision copy. Its forward is
+//!
+//! - `Compute::Fp8`: an FP8 GEMM, the input quantized under the layer's
+//!   recipe (E4M3, current per-tensor scaling by default) times the FP8 codes;
+//! - `Compute::Bf16`: the weight-only product, high-precision activations
+//!   times the FP8 codes upcast inside the kernel ([`octet_tensor::mixed`]).
+//!
+//! Its input gradient `dy @ W` reads the same codes (upcast inside the loop,
+//! [`octet_tensor::mixed::mixed_matmul_t`]), or, in the `quantized` backward
+//! with a per-tensor FP8 base, is an FP8 GEMM of the E5M2 gradient with the
+//! transposed codes (built for the call, 1 byte per weight, then dropped).
+//!
+//! What [`LoraSaved`] keeps: nothing for the base (no weight gradient, and
+//! its input gradient reads the layer's own weight); for the adapter, its
+//! input `x` once (FP8 row-wise copy in the `dequantized` backward, the
+//! original tensor otherwise; under `Compute::Fp8` with `dequantized` it is
+//! the very FP8 copy the base GEMM used) and `h = x A^T (M, r)`.
+
+use crate::{Error, Result};
+use octet_fp8::{
+    BackwardMode, Format, Layout, QuantData, QuantSpec, QuantizedTensor, Recipe, Role, Scales,
+    Scaling, Usage,
+};
+use octet_tensor::mixed::{mixed_matmul, mixed_matmul_t, Fp8Weight, WeightScaling};
+use octet_tensor::{cpu, DType, Tensor};
+
+/// How the frozen base weight is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BaseFormat {
+    /// bf16, as loaded.
+    Bf16,
+    /// E4M3 codes with tensor, per-output-channel or 128x128 block scales.
+    Fp8(WeightScaling),
+}
+
+impl BaseFormat {
+    /// Parse `bf16`, `fp8-tensorwise`, `fp8-rowwise`, `fp8-block`.
+    pub fn from_name(s: &str) -> Result<BaseFormat> {
+        Ok(match s {
+            "bf16" => BaseFormat::Bf16,
+            "fp8-tensorwise" | "fp8" => BaseFormat::Fp8(WeightScaling::Tensor),
+            "fp8-rowwise" => BaseFormat::Fp8(WeightScaling::Channel),
+            "fp8-block" => BaseFormat::Fp8(WeightScaling::Block128),
+            other => {
+                return Err(Error::Config(format!(
+                    "base format '{other}': expected bf16, fp8-tensorwise, fp8-rowwise or fp8-block"
+                )))
+            }
+        })
+    }
+}
+
+/// How the base's forward product runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Compute {
+    /// FP8 GEMM: the input is quantized too.
+    Fp8,
+    /// High-precision activations; an FP8 base is upcast inside the product.
+    Bf16,
+}
+
+impl Compute {
+    /// Parse `fp8` or `bf16`.
+    pub fn from_name(s: &str) -> Result<Compute> {
+        match s {
+            "fp8" => Ok(Compute::Fp8),
+            "bf16" => Ok(Compute::Bf16),
+            other => Err(Error::Config(format!(
+                "compute '{other}': expected fp8 or bf16"
+            ))),
+        }
+    }
+}
+
+/// The frozen base weight.
+#[derive(Clone, Debug)]
+pub enum Base {
+    /// A bf16 (or f32) tensor `(N, K)`.
+    Dense(Tensor),
+    /// FP8 codes and scales.
+    Fp8(Fp8Weight),
+}
+
+impl Base {
+    /// Store `w (N, K)` in `format`; an FP8 format quantizes it once here
+    /// (E4M3, scale `448 / amax` per tensor, row or tile, nearest-even).
+    pub fn new(w: &Tensor, format: BaseFormat) -> Result<Base> {
+        let (n, k) = w.dims2()?;
+        Ok(match format {
+            BaseFormat::Bf16 => Base::Dense(w.to_dtype(DType::Bf16)),
+            BaseFormat::Fp8(s) => {
+                Base::Fp8(Fp8Weight::quantize(&w.to_f32_vec(), n, k, Format::E4M3, s)?)
+            }
+        })
+    }
+
+    /// `(N, K)`.
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            Base::Dense(t) => (t.shape()[0], t.shape()[1]),
+            Base::Fp8(w) => (w.rows(), w.cols()),
+        }
+    }
+
+    /// Bytes the stored weight occupies.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Base::Dense(t) => t.bytes(),
+            Base::Fp8(w) => w.bytes(),
+        }
+    }
+
+    /// The weight in f32 `(N, K)` (for merging and references: a transient copy).
+    pub fn dequantize(&self) -> Result<Tensor> {
+        let (n, k) = self.dims();
+        match self {
+            Base::Dense(t) => Ok(t.to_dtype(DType::F32)),
+            Base::Fp8(w) => Ok(Tensor::from_f32(&[n, k], w.dequantize())?),
+        }
+    }
+}
+
+/// The trainable low-rank adapter.
+#[derive(Clone, Debug)]
+pub struct Adapter {
+    /// `A (r, K)`, f32.
+    pub a: Tensor,
+    /// `B (N, r)`, f32 (zero at initialisation, so the adapted layer starts as the base).
+    pub b: Tensor,
+    /// `alpha`; the adapter's output is scaled by `alpha / r`.
+    pub alpha: f64,
+}
+
+impl Adapter {
+    /// PEFT's initialisation: `A` uniform in `+-1/sqrt(K)` (Kaiming-uniform
+    /// with `a = sqrt(5)`), `B = 0`, from a counter hash of `seed`.
+    pub fn init(n: usize, k: usize, rank: usize, alpha: f64, seed: u64) -> Result<Adapter> {
+        if rank == 0 {
+            return Err(Error::Config("LoRA rank must be at least 1".into()));
+        }
+        let bound = 1.0 / (k as f64).sqrt();
+        let a: Vec<f32> = (0..rank * k)
+            .map(|i| {
+                let u = octet_fp8::format::sr_bits(seed, i as u64) as f64 / 4294967296.0;
+                ((2.0 * u - 1.0) * bound) as f32
+            })
+            .collect();
+        Ok(Adapter {
+            a: Tensor::from_f32(&[rank, k], a)?,
+            b: Tensor::zeros(&[n, rank], DType::F32),
+            alpha,
+        })
+    }
+
+    /// Rank `r`.
+    pub fn rank(&self) -> usize {
+        self.a.shape()[0]
+    }
+
+    /// `alpha / r`.
+    pub fn scale(&self) -> f64 {
+        self.alpha / self.rank() as f64
+    }
+}
+
+/// A linear layer with a frozen base and an optional LoRA adapter.
+#[derive(Clone, Debug)]
+pub struct LoraLinear {
+    /// The frozen weight.
+    pub base: Base,
+    /// The adapter (none: a frozen layer that LoRA does not target).
+    pub adapter: Option<Adapter>,
+    compute: Compute,
+    backward: BackwardMode,
+    /// Quantization of inputs and gradients under `Compute::Fp8`.
+    recipe: Recipe,
+    calls: u64,
+}
+
+/// What [`LoraLinear::forward`] keeps for backward.
+#[derive(Clone, Debug)]
+pub struct LoraSaved {
+    m: usize,
+    dtype: DType,
+    input_requires_grad: bool,
+    /// The adapter's input, original (`x`) or FP8 (`x_q`).
+    x: Option<Tensor>,
+    x_q: Option<QuantData>,
+    /// `h = x A^T (M, r)`.
+    h: Option<Tensor>,
+}
+
+impl LoraSaved {
+    /// Exact bytes kept alive.
+    pub fn bytes(&self) -> usize {
+        self.x.as_ref().map_or(0, Tensor::bytes)
+            + self.x_q.as_ref().map_or(0, QuantData::bytes)
+            + self.h.as_ref().map_or(0, Tensor::bytes)
+    }
+}
+
+/// Gradients from [`LoraLinear::backward`].
+#[derive(Clone, Debug)]
+pub struct LoraGrads {
+    /// `d_input (M, K)` in the input's dtype, if asked for.
+    pub d_input: Option<Tensor>,
+    /// `d_A (r, K)`, f32.
+    pub d_a: Option<Tensor>,
+    /// `d_B (N, r)`, f32.
+    pub d_b: Option<Tensor>,
+}
+
+impl LoraLinear {
+    /// A layer over `base`. `recipe` quantizes inputs and gradients when
+    /// `compute` is FP8 (any current-scaling recipe; delayed is refused);
+    /// its backward mode decides what the adapter saves and how the input
+    /// gradient runs. The `quantized` backward needs an FP8 base with
+    /// per-tensor scaling (its transpose is exact then).
+    pub fn new(
+        base: Base,
+        adapter: Option<Adapter>,
+        compute: Compute,
+        recipe: Recipe,
+    ) -> Result<LoraLinear> {
+        let (n, k) = base.dims();
+        if let Some(ad) = &adapter {
+            if ad.a.shape() != [ad.rank(), k] || ad.b.shape() != [n, ad.rank()] {
+                return Err(Error::Shape(format!(
+                    "adapter A {:?} / B {:?} do not fit a ({n}, {k}) base",
+                    ad.a.shape(),
+                    ad.b.shape()
+                )));
+            }
+        }
+        if matches!(recipe.scaling(), Scaling::Delayed { .. }) {
+            return Err(Error::Config(
+                "LoRA layers quantize with current scaling (tensorwise, rowwise, blockwise, mxfp8, nvfp4), not delayed".into(),
+            ));
+        }
+        let backward = recipe.backward();
+        if backward == BackwardMode::Quantized
+            && !matches!(base, Base::Fp8(ref w) if w.scaling() == WeightScaling::Tensor)
+        {
+            return Err(Error::Config(
+                "the quantized backward needs an FP8 base with per-tensor scaling (fp8-tensorwise); use dequantized or high_precision".into(),
+            ));
+        }
+        if backward == BackwardMode::Quantized && compute != Compute::Fp8 {
+            return Err(Error::Config(
+                "the quantized backward needs --compute fp8".into(),
+            ));
+        }
+        Ok(LoraLinear {
+            base,
+            adapter,
+            compute,
+            backward,
+            recipe,
+            calls: 0,
+        })
+    }
+
+    /// `(N, K)`.
+    pub fn dims(&self) -> (usize, usize) {
+        self.base.dims()
+    }
+
+    /// The backward mode.
+    pub fn backward_mode(&self) -> BackwardMode {
+        self.backward
+    }
+
+    fn spec(&self, role: Role) -> Result<QuantSpec> {
+        Ok(self.recipe.spec(role, Layout::Rowwise, None, self.calls)?)
+    }
+
+    /// Forward `y (M, N)` in `x`'s dtype.
+    pub fn forward(
+        &mut self,
+        x: &Tensor,
+        input_requires_grad: bool,
+    ) -> Result<(Tensor, LoraSaved)> {
+        let (m, k) = x.dims2()?;
+        let (n, wk) = self.dims();
+        if k != wk {
+            return Err(Error::Shape(format!(
+                "input has {k} features, the layer expects {wk}"
+            )));
+        }
+        if m == 0 {
+            return Err(Error::Shape("empty input: M = 0".into()));
+        }
+        self.calls += 1;
+        let mut saved = LoraSaved {
+            m,
+            dtype: x.dtype(),
+            input_requires_grad,
+            x: None,
+            x_q: None,
+            h: None,
+        };
+        let keep_fp8 = self.adapter.is_some() && self.backward == BackwardMode::Dequantized;
+        // The base product.
+        let mut qx_used: Option<QuantData> = None;
+        let y = match (self.compute, &self.base) {
+            (Compute::Bf16, Base::Fp8(w)) => mixed_matmul(x, w)?,
+            (Compute::Bf16, Base::Dense(w)) => cpu::matmul(x, false, w, true, DType::F32)?,
+            (Compute::Fp8, base) => {
+                let sx = self.spec(Role::Input)?;
+                let qx = take_row(cpu::quantize(x, &sx, &sx, Usage::ROW, None)?)?;
+                let y = match base {
+                    Base::Fp8(w) => cpu::fp8_gemm(&qx, w.quant_data())?,
+                    Base::Dense(w) => {
+                        let sw = self.spec(Role::Weight)?;
+                        let qw = take_row(cpu::quantize(w, &sw, &sw, Usage::ROW, None)?)?;
+                        cpu::fp8_gemm(&qx, &qw)?
+                    }
+                };
+                qx_used = Some(qx);
+                Tensor::from_f32(&[m, n], y)?
+            }
+        };
+        // The adapter.
+        let y = match &self.adapter {
+            None => y,
+            Some(ad) => {
+                let h = cpu::matmul(x, false, &ad.a, true, DType::F32)?; // (M, r)
+                let z = cpu::matmul(&h, false, &ad.b, true, DType::F32)?; // (M, N)
+                let s = ad.scale() as f32;
+                let mut yv = y.to_f32_vec();
+                yv.iter_mut()
+                    .zip(z.to_f32_vec())
+                    .for_each(|(a, b)| *a += s * b);
+                saved.h = Some(h);
+                if keep_fp8 {
+                    // The adapter's input in FP8: the base GEMM's copy when there is one.
+                    saved.x_q = Some(match qx_used.take() {
+                        Some(q) => q,
+                        None => {
+                            let sx = self.spec(Role::Input)?;
+                            take_row(cpu::quantize(x, &sx, &sx, Usage::ROW, None)?)?
+                        }
+                    });
+                } else {
+                    saved.x = Some(x.clone());
+                }
+                Tensor::from_f32(&[m, n], yv)?
+            }
+        };
+        Ok((y.to_dtype(x.dtype()), saved))
+    }
+
+    /// Backward from `dy (M, N)`: the adapter's gradients and, if the input
+    /// asked for it, `d_input = dy @ W + (alpha/r) (dy B) A`.
+    pub fn backward(&mut self, saved: LoraSaved, dy: &Tensor) -> Result<LoraGrads> {
+        let (n, k) = self.dims();
+        let m = saved.m;
+        if dy.dims2()? != (m, n) {
+            return Err(Error::Shape(format!(
+                "grad_output is {:?}, expected ({m}, {n})",
+                dy.shape()
+            )));
+        }
+        self.calls += 1;
+        let mut out = LoraGrads {
+            d_input: None,
+            d_a: None,
+            d_b: None,
+        };
+        let mut dx_adapter: Option<Tensor> = None;
+        if let Some(ad) = &self.adapter {
+            let s = ad.scale() as f32;
+            let h = saved
+                .h
+                .as_ref()
+                .ok_or_else(|| Error::Shape("backward: h was not saved".into()))?;
+            let x = match (&saved.x, &saved.x_q) {
+                (Some(x), _) => x.clone(),
+                (None, Some(q)) => Tensor::from_f32(&[m, k], q.dequantize())?,
+                (None, None) => return Err(Error::Shape("backward: x was not saved".into())),
+            };
+            let scaled = |t: Tensor| -> Result<Tensor> {
+                let v: Vec<f32> = t.to_f32_vec().iter().map(|&a| a * s).collect();
+                Ok(Tensor::from_f32(t.shape(), v)?)
+            };
+            // dB = s dy^T h; dh = s dy B; dA = dh^T x.
+            out.d_b = Some(scaled(cpu::matmul(dy, true, h, false, DType::F32)?)?);
+            let dh = scaled(cpu::matmul(dy, false, &ad.b, false, DType::F32)?)?;
+            out.d_a = Some(cpu::matmul(&dh, true, &x, false, DType::F32)?);
+            if saved.input_requires_grad {
+                dx_adapter = Some(cpu::matmul(&dh, false, &ad.a, false, DType::F32)?);
+            }
+        }
+        if saved.input_requires_grad {
+            let base = match (&self.base, self.backward) {
+                (Base::Fp8(w), BackwardMode::Quantized) => {
+                    let sg = self.spec(Role::GradOutput)?;
+                    let qdy = take_row(cpu::quantize(dy, &sg, &sg, Usage::ROW, None)?)?;
+                    let wt = transpose_tensorwise(w.quant_data())?;
+                    Tensor::from_f32(&[m, k], cpu::fp8_gemm(&qdy, &wt)?)?
+                }
+                (Base::Fp8(w), _) => mixed_matmul_t(dy, w)?,
+                (Base::Dense(w), _) => cpu::matmul(dy, false, w, false, DType::F32)?,
+            };
+            let dx = match dx_adapter {
+                Some(a) => cpu::add(&base, &a)?,
+                None => base,
+            };
+            out.d_input = Some(dx.to_dtype(saved.dtype));
+        }
+        Ok(out)
+    }
+
+    /// The merged weight `W + (alpha/r) B A` in f32 `(N, K)`.
+    pub fn merged(&self) -> Result<Tensor> {
+        let w = self.base.dequantize()?;
+        match &self.adapter {
+            None => Ok(w),
+            Some(ad) => {
+                let ba = cpu::matmul(&ad.b, false, &ad.a, false, DType::F32)?;
+                let s = ad.scale() as f32;
+                let v: Vec<f32> = w
+                    .to_f32_vec()
+                    .iter()
+                    .zip(ba.to_f32_vec())
+                    .map(|(&a, b)| a + s * b)
+                    .collect();
+                Ok(Tensor::from_f32(w.shape(), v)?)
+            }
+        }
+    }
+}
+
+fn take_row(q: QuantizedTensor) -> Result<QuantData> {
+    q.rowwise
+        .ok_or_else(|| Error::Shape("quantize made no row-wise copy".into()))
+}
+
+/// The `(K, N)` copy of a per-tensor-scaled `(N, K)` FP8 matrix: the same
+/// codes transposed, the same single scale (exact).
+fn transpose_tensorwise(q: &QuantData) -> Result<QuantData> {
+    let one = matches!(&q.scales, Scales::F32(v) if v.len() == 1);
+    if !one || q.format == Format::E2M1 {
+        return Err(Error::Config(
+            "only a per-tensor FP8 base transposes exactly".into(),
+        ));
+    }
+    Ok(QuantData {
+        rows: q.cols,
+        cols: q.rows,
+        format: q.format,
+        data: octet_fp8::quant::transpose(&q.data, q.rows, q.cols),
+        block: (q.cols, q.rows),
+        scales: q.scales.clone(),
+        saturated: q.saturated,
+        underflowed: q.underflowed,
+    })
+}

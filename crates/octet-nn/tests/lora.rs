@@ -1,0 +1,294 @@
+//! LoRA on a frozen FP8 base against an f64 reference from the dequantized base.
+
+use octet_fp8::tolerance::sqnr_db;
+use octet_fp8::{BackwardMode, Recipe};
+use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
+use octet_tensor::mixed::WeightScaling;
+use octet_tensor::{cpu, DType, Tensor};
+use rand::{Rng, SeedableRng};
+use rand_distr::StandardNormal;
+
+fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.sample::<f32, _>(StandardNormal) * std)
+        .collect()
+}
+
+struct Case {
+    m: usize,
+    k: usize,
+    n: usize,
+    r: usize,
+    x: Tensor,
+    dy: Tensor,
+    w: Tensor,
+    adapter: Adapter,
+}
+
+fn case(m: usize, k: usize, n: usize, r: usize, seed: u64) -> Case {
+    let mut adapter = Adapter::init(n, k, r, 2.0 * r as f64, seed).unwrap();
+    // A trained-looking B (the initial B is zero, which would hide its gradient path).
+    adapter.b = Tensor::from_f32(&[n, r], gaussian(n * r, seed + 9, 0.05)).unwrap();
+    Case {
+        m,
+        k,
+        n,
+        r,
+        x: Tensor::from_f32(&[m, k], gaussian(m * k, seed, 1.0)).unwrap(),
+        dy: Tensor::from_f32(&[m, n], gaussian(m * n, seed + 1, 1e-2)).unwrap(),
+        w: Tensor::from_f32(&[n, k], gaussian(n * k, seed + 2, 1.0 / (k as f32).sqrt())).unwrap(),
+        adapter,
+    }
+}
+
+fn recipe(mode: BackwardMode) -> Recipe {
+    Recipe::from_name("tensorwise")
+        .unwrap()
+        .with_backward(mode)
+        .unwrap()
+}
+
+/// f64 reference: y, dx, dA, dB from the dequantized base `wd` and the given `x`.
+fn reference(c: &Case, wd: &[f32], x: &[f32]) -> [Vec<f64>; 4] {
+    let (m, k, n, r) = (c.m, c.k, c.n, c.r);
+    let (a, b) = (c.adapter.a.to_f64_vec(), c.adapter.b.to_f64_vec());
+    let s = c.adapter.scale();
+    let dy = c.dy.to_f64_vec();
+    let xv: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+    let mut h = vec![0f64; m * r];
+    for i in 0..m {
+        for j in 0..r {
+            h[i * r + j] = (0..k).map(|p| xv[i * k + p] * a[j * k + p]).sum();
+        }
+    }
+    let mut y = vec![0f64; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let base: f64 = (0..k).map(|p| xv[i * k + p] * wd[j * k + p] as f64).sum();
+            let ad: f64 = (0..r).map(|q| h[i * r + q] * b[j * r + q]).sum();
+            y[i * n + j] = base + s * ad;
+        }
+    }
+    let mut dh = vec![0f64; m * r];
+    for i in 0..m {
+        for q in 0..r {
+            dh[i * r + q] = s * (0..n).map(|j| dy[i * n + j] * b[j * r + q]).sum::<f64>();
+        }
+    }
+    let mut db = vec![0f64; n * r];
+    for j in 0..n {
+        for q in 0..r {
+            db[j * r + q] = s * (0..m).map(|i| dy[i * n + j] * h[i * r + q]).sum::<f64>();
+        }
+    }
+    let mut da = vec![0f64; r * k];
+    for q in 0..r {
+        for p in 0..k {
+            da[q * k + p] = (0..m).map(|i| dh[i * r + q] * xv[i * k + p]).sum();
+        }
+    }
+    let mut dx = vec![0f64; m * k];
+    for i in 0..m {
+        for p in 0..k {
+            let base: f64 = (0..n).map(|j| dy[i * n + j] * wd[j * k + p] as f64).sum();
+            let ad: f64 = (0..r).map(|q| dh[i * r + q] * a[q * k + p]).sum();
+            dx[i * k + p] = base + ad;
+        }
+    }
+    [y, dx, da, db]
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_f64_vec()
+}
+
+#[test]
+fn adapter_gradients_match_the_reference_from_the_dequantized_base() {
+    let c = case(24, 160, 96, 8, 11);
+    let formats = [
+        BaseFormat::Fp8(WeightScaling::Tensor),
+        BaseFormat::Fp8(WeightScaling::Channel),
+        BaseFormat::Fp8(WeightScaling::Block128),
+        BaseFormat::Bf16,
+    ];
+    for format in formats {
+        for compute in [Compute::Bf16, Compute::Fp8] {
+            for mode in BackwardMode::ALL {
+                let base = Base::new(&c.w, format).unwrap();
+                let wd = base.dequantize().unwrap().to_f32_vec();
+                let l = LoraLinear::new(base, Some(c.adapter.clone()), compute, recipe(mode));
+                let Ok(mut l) = l else {
+                    // Only the quantized backward on a non-per-tensor base (or bf16 compute) is refused.
+                    assert_eq!(
+                        mode,
+                        BackwardMode::Quantized,
+                        "{format:?} {compute:?} {mode:?}"
+                    );
+                    continue;
+                };
+                let label = format!("{format:?} {compute:?} {mode:?}");
+                let (y, saved) = l.forward(&c.x, true).unwrap();
+                let g = l.backward(saved, &c.dy).unwrap();
+                let [ry, rdx, rda, rdb] = reference(&c, &wd, &c.x.to_f32_vec());
+                // FP8 compute quantizes the input (E4M3: ~30 dB); bf16 compute is exact up to f32 sums.
+                let (fy, fa) = match (compute, mode) {
+                    (Compute::Fp8, _) => (25.0, 25.0),
+                    (Compute::Bf16, BackwardMode::Dequantized) => (100.0, 25.0),
+                    _ => (100.0, 100.0),
+                };
+                let fx = if mode == BackwardMode::Quantized {
+                    20.0
+                } else {
+                    90.0
+                };
+                assert!(
+                    sqnr_db(&f64s(&y), &ry) > fy,
+                    "{label}: y {:.1} dB",
+                    sqnr_db(&f64s(&y), &ry)
+                );
+                let dx = g.d_input.unwrap();
+                assert!(
+                    sqnr_db(&f64s(&dx), &rdx) > fx,
+                    "{label}: dx {:.1} dB",
+                    sqnr_db(&f64s(&dx), &rdx)
+                );
+                let da = g.d_a.unwrap();
+                assert!(
+                    sqnr_db(&f64s(&da), &rda) > fa,
+                    "{label}: dA {:.1} dB",
+                    sqnr_db(&f64s(&da), &rda)
+                );
+                // dB reads only dy and h = x A^T (always from the unquantized x).
+                let db = g.d_b.unwrap();
+                assert!(
+                    sqnr_db(&f64s(&db), &rdb) > 100.0,
+                    "{label}: dB {:.1} dB",
+                    sqnr_db(&f64s(&db), &rdb)
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn the_dequantized_backward_is_exactly_the_math_on_the_saved_fp8_input() {
+    // dA = dh^T @ dequant(x_fp8) bit for bit, with the same f32 GEMM.
+    let c = case(16, 128, 48, 4, 21);
+    let base = Base::new(&c.w, BaseFormat::Fp8(WeightScaling::Tensor)).unwrap();
+    let mut l = LoraLinear::new(
+        base,
+        Some(c.adapter.clone()),
+        Compute::Bf16,
+        recipe(BackwardMode::Dequantized),
+    )
+    .unwrap();
+    let (_, saved) = l.forward(&c.x, false).unwrap();
+    let g = l.backward(saved, &c.dy).unwrap();
+    let rec = recipe(BackwardMode::Dequantized);
+    let spec = rec
+        .spec(octet_fp8::Role::Input, octet_fp8::Layout::Rowwise, None, 0)
+        .unwrap();
+    let qx = cpu::quantize(&c.x, &spec, &spec, octet_fp8::Usage::ROW, None).unwrap();
+    let xd = Tensor::from_f32(&[c.m, c.k], qx.dequantize().unwrap()).unwrap();
+    let s = c.adapter.scale() as f32;
+    let dh = cpu::matmul(&c.dy, false, &c.adapter.b, false, DType::F32).unwrap();
+    let dh = Tensor::from_f32(
+        &[c.m, c.r],
+        dh.to_f32_vec().iter().map(|&v| v * s).collect(),
+    )
+    .unwrap();
+    let want = cpu::matmul(&dh, true, &xd, false, DType::F32).unwrap();
+    assert_eq!(g.d_a.unwrap().to_f32_vec(), want.to_f32_vec());
+    assert!(g.d_input.is_none(), "no input gradient was asked for");
+}
+
+#[test]
+fn saved_bytes_are_exact_and_the_base_saves_nothing() {
+    let c = case(32, 192, 64, 8, 31);
+    let fp8 = BaseFormat::Fp8(WeightScaling::Channel);
+    for (mode, x_bytes) in [
+        (BackwardMode::Dequantized, c.m * c.k + 4), // FP8 codes + one f32 scale
+        (BackwardMode::HighPrecision, 4 * c.m * c.k),
+    ] {
+        for compute in [Compute::Bf16, Compute::Fp8] {
+            let base = Base::new(&c.w, fp8).unwrap();
+            let mut l =
+                LoraLinear::new(base, Some(c.adapter.clone()), compute, recipe(mode)).unwrap();
+            let (_, saved) = l.forward(&c.x, true).unwrap();
+            assert_eq!(
+                saved.bytes(),
+                x_bytes + 4 * c.m * c.r,
+                "{mode:?} {compute:?}"
+            );
+        }
+    }
+    // A frozen layer without adapter keeps nothing at all, and still gives d_input.
+    let base = Base::new(&c.w, fp8).unwrap();
+    let mut l =
+        LoraLinear::new(base, None, Compute::Bf16, recipe(BackwardMode::Dequantized)).unwrap();
+    let (_, saved) = l.forward(&c.x, true).unwrap();
+    assert_eq!(saved.bytes(), 0);
+    let g = l.backward(saved, &c.dy).unwrap();
+    assert!(g.d_input.is_some() && g.d_a.is_none() && g.d_b.is_none());
+    // The FP8 base: codes + scales, at most 0.52x the bf16 base.
+    for s in [
+        WeightScaling::Tensor,
+        WeightScaling::Channel,
+        WeightScaling::Block128,
+    ] {
+        let f = Base::new(&c.w, BaseFormat::Fp8(s)).unwrap().bytes();
+        let b = Base::new(&c.w, BaseFormat::Bf16).unwrap().bytes();
+        assert_eq!(b, 2 * c.n * c.k);
+        assert!(f as f64 <= 0.52 * b as f64, "{s:?}: {f} vs bf16 {b}");
+    }
+}
+
+#[test]
+fn the_merged_weight_reproduces_base_plus_adapter() {
+    let c = case(10, 144, 40, 4, 41);
+    let base = Base::new(&c.w, BaseFormat::Fp8(WeightScaling::Channel)).unwrap();
+    let mut l = LoraLinear::new(
+        base,
+        Some(c.adapter.clone()),
+        Compute::Bf16,
+        recipe(BackwardMode::HighPrecision),
+    )
+    .unwrap();
+    let (y, _) = l.forward(&c.x, false).unwrap();
+    let merged = l.merged().unwrap();
+    let y2 = cpu::matmul(&c.x, false, &merged, true, DType::F32).unwrap();
+    let s = sqnr_db(&f64s(&y2), &f64s(&y));
+    assert!(s > 100.0, "merged vs adapted: {s:.1} dB");
+}
+
+#[test]
+fn bad_input_is_an_error() {
+    let c = case(4, 64, 32, 4, 51);
+    let chan = || Base::new(&c.w, BaseFormat::Fp8(WeightScaling::Channel)).unwrap();
+    let e =
+        LoraLinear::new(chan(), None, Compute::Fp8, recipe(BackwardMode::Quantized)).unwrap_err();
+    assert!(e.to_string().contains("per-tensor"), "{e}");
+    let delayed = Recipe::from_name("delayed").unwrap();
+    assert!(LoraLinear::new(chan(), None, Compute::Fp8, delayed).is_err());
+    let wrong = Adapter::init(32, 63, 4, 8.0, 1).unwrap();
+    assert!(LoraLinear::new(
+        chan(),
+        Some(wrong),
+        Compute::Bf16,
+        recipe(BackwardMode::Dequantized)
+    )
+    .is_err());
+    assert!(Adapter::init(32, 64, 0, 8.0, 1).is_err());
+    assert!(BaseFormat::from_name("fp8-mx").is_err());
+    assert!(Compute::from_name("int8").is_err());
+    let mut l = LoraLinear::new(
+        chan(),
+        None,
+        Compute::Bf16,
+        recipe(BackwardMode::Dequantized),
+    )
+    .unwrap();
+    let x = Tensor::from_f32(&[4, 63], vec![1.0; 4 * 63]).unwrap();
+    assert!(l.forward(&x, true).is_err());
+}
