@@ -10,6 +10,7 @@
 use crate::attention::{attention_backward, attention_forward, AttentionSaved};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, LinearSaved};
+use crate::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear, LoraSaved};
 use crate::loss::cross_entropy;
 use crate::norm::{RmsNorm, RmsNormSaved};
 use crate::rope::Rope;
@@ -124,18 +125,153 @@ impl LlamaConfig {
     }
 }
 
+/// A block's matrix: a trainable [`Linear`], or a frozen base with an
+/// optional LoRA adapter ([`LoraLinear`]).
+#[derive(Clone, Debug)]
+pub enum Proj {
+    /// Full training.
+    Full(Linear),
+    /// Frozen base (FP8 or bf16) with an optional adapter.
+    Lora(LoraLinear),
+}
+
+/// What a [`Proj`] keeps for backward.
+#[derive(Clone, Debug)]
+pub enum ProjSaved {
+    /// Of a [`Linear`].
+    Full(LinearSaved),
+    /// Of a [`LoraLinear`].
+    Lora(LoraSaved),
+}
+
+impl ProjSaved {
+    fn bytes(&self) -> usize {
+        match self {
+            ProjSaved::Full(s) => s.bytes(),
+            ProjSaved::Lora(s) => s.bytes(),
+        }
+    }
+}
+
+/// A [`Proj`]'s gradients: the input's, and its trainable tensors' in
+/// parameter order (`[weight]` or `[lora_A, lora_B]`; none when frozen).
+struct ProjGrads {
+    d_input: Option<Tensor>,
+    params: Vec<Tensor>,
+}
+
+impl Proj {
+    fn forward(&mut self, x: &Tensor, input_requires_grad: bool) -> Result<(Tensor, ProjSaved)> {
+        Ok(match self {
+            Proj::Full(l) => {
+                let (y, s) = l.forward(x, input_requires_grad)?;
+                (y, ProjSaved::Full(s))
+            }
+            Proj::Lora(l) => {
+                let (y, s) = l.forward(x, input_requires_grad)?;
+                (y, ProjSaved::Lora(s))
+            }
+        })
+    }
+
+    fn backward(&mut self, saved: ProjSaved, dy: &Tensor) -> Result<ProjGrads> {
+        match (self, saved) {
+            (Proj::Full(l), ProjSaved::Full(s)) => {
+                let g = l.backward(s, dy)?;
+                Ok(ProjGrads {
+                    d_input: g.d_input,
+                    params: g.d_weight.into_iter().collect(),
+                })
+            }
+            (Proj::Lora(l), ProjSaved::Lora(s)) => {
+                let g = l.backward(s, dy)?;
+                Ok(ProjGrads {
+                    d_input: g.d_input,
+                    params: g.d_a.into_iter().chain(g.d_b).collect(),
+                })
+            }
+            _ => Err(Error::Shape("saved state of another kind of layer".into())),
+        }
+    }
+
+    /// The trainable [`Linear`], if this is one.
+    pub fn linear(&self) -> Option<&Linear> {
+        match self {
+            Proj::Full(l) => Some(l),
+            Proj::Lora(_) => None,
+        }
+    }
+
+    fn linear_mut(&mut self) -> Option<&mut Linear> {
+        match self {
+            Proj::Full(l) => Some(l),
+            Proj::Lora(_) => None,
+        }
+    }
+}
+
+/// LoRA settings of [`Llama::into_lora`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoraSpec {
+    /// Adapter rank `r`.
+    pub rank: usize,
+    /// `alpha` (the adapter output is scaled by `alpha / r`).
+    pub alpha: f64,
+    /// Targeted projections, by short name: `q, k, v, o, gate, up, down`.
+    pub targets: Vec<String>,
+    /// How the frozen base matrices are stored.
+    pub base: BaseFormat,
+    /// How their forward products run.
+    pub compute: Compute,
+    /// Input/gradient quantization under FP8 compute, and the backward mode.
+    pub recipe: Recipe,
+    /// Seed of the adapters' initialisation.
+    pub seed: u64,
+}
+
+/// Short names of a block's projections, in order, with their Hugging Face module paths.
+pub const PROJ_NAMES: [(&str, &str); 7] = [
+    ("q", "self_attn.q_proj"),
+    ("k", "self_attn.k_proj"),
+    ("v", "self_attn.v_proj"),
+    ("o", "self_attn.o_proj"),
+    ("gate", "mlp.gate_proj"),
+    ("up", "mlp.up_proj"),
+    ("down", "mlp.down_proj"),
+];
+
 /// One decoder block.
 #[derive(Clone, Debug)]
 pub struct Block {
     attn_norm: RmsNorm,
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    o: Linear,
+    q: Proj,
+    k: Proj,
+    v: Proj,
+    o: Proj,
     mlp_norm: RmsNorm,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    gate: Proj,
+    up: Proj,
+    down: Proj,
+}
+
+impl Block {
+    fn projs(&self) -> [&Proj; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+
+    fn projs_mut(&mut self) -> [&mut Proj; 7] {
+        [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ]
+    }
 }
 
 /// What a block's backward reads.
@@ -144,16 +280,16 @@ pub struct BlockSaved {
     /// `(B, T, Hq, D)` of the attention output.
     attn_shape: [usize; 4],
     attn_norm: RmsNormSaved,
-    q: LinearSaved,
-    k: LinearSaved,
-    v: LinearSaved,
+    q: ProjSaved,
+    k: ProjSaved,
+    v: ProjSaved,
     attn: AttentionSaved,
-    o: LinearSaved,
+    o: ProjSaved,
     mlp_norm: RmsNormSaved,
-    gate: LinearSaved,
-    up: LinearSaved,
+    gate: ProjSaved,
+    up: ProjSaved,
     swiglu: SwigluSaved,
-    down: LinearSaved,
+    down: ProjSaved,
 }
 
 impl BlockSaved {
@@ -183,6 +319,8 @@ pub struct Llama {
     norm: RmsNorm,
     lm_head: Linear,
     rope: Rope,
+    /// LoRA mode: the base is frozen, only adapters train.
+    lora: bool,
 }
 
 /// What the model's backward reads.
@@ -312,7 +450,7 @@ impl Llama {
             take(n, s)
         };
         let eps = cfg.rms_norm_eps;
-        let lin = |t: Tensor| Linear::new(t, None, recipe, true);
+        let lin = |t: Tensor| Linear::new(t, None, recipe, true).map(Proj::Full);
         let embed = Embedding::new(next()?)?;
         let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
         for _ in 0..cfg.num_hidden_layers {
@@ -358,24 +496,37 @@ impl Llama {
             norm,
             lm_head,
             rope,
+            lora: false,
         })
     }
 
-    /// Parameters in order, with their Hugging Face names.
+    /// Trainable parameters in order, with their names: every tensor of the
+    /// model under full training (Hugging Face names); only the adapters in
+    /// LoRA mode (PEFT names, `base_model.model.<module>.lora_A.weight`).
     pub fn params(&self) -> Vec<(String, &Tensor)> {
+        if self.lora {
+            let mut out = Vec::new();
+            for (i, b) in self.blocks.iter().enumerate() {
+                for (p, (_, module)) in b.projs().into_iter().zip(PROJ_NAMES) {
+                    if let Proj::Lora(LoraLinear {
+                        adapter: Some(ad), ..
+                    }) = p
+                    {
+                        let n = format!("base_model.model.model.layers.{i}.{module}");
+                        out.push((format!("{n}.lora_A.weight"), &ad.a));
+                        out.push((format!("{n}.lora_B.weight"), &ad.b));
+                    }
+                }
+            }
+            return out;
+        }
         let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed.weight)];
         for (i, b) in self.blocks.iter().enumerate() {
-            let ts = [
-                &b.attn_norm.weight,
-                &b.q.weight,
-                &b.k.weight,
-                &b.v.weight,
-                &b.o.weight,
-                &b.mlp_norm.weight,
-                &b.gate.weight,
-                &b.up.weight,
-                &b.down.weight,
-            ];
+            let mut ts = vec![&b.attn_norm.weight];
+            let w = weight_of;
+            ts.extend([&b.q, &b.k, &b.v, &b.o].into_iter().filter_map(w));
+            ts.push(&b.mlp_norm.weight);
+            ts.extend([&b.gate, &b.up, &b.down].into_iter().filter_map(w));
             out.extend(block_names(i).into_iter().zip(ts));
         }
         out.push(("model.norm.weight".into(), &self.norm.weight));
@@ -387,22 +538,43 @@ impl Llama {
 
     /// Mutable parameters in the same order as [`Llama::params`].
     pub fn params_mut(&mut self) -> Vec<(String, &mut Tensor)> {
+        if self.lora {
+            let mut out = Vec::new();
+            for (i, b) in self.blocks.iter_mut().enumerate() {
+                for (p, (_, module)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
+                    if let Proj::Lora(LoraLinear {
+                        adapter: Some(ad), ..
+                    }) = p
+                    {
+                        let n = format!("base_model.model.model.layers.{i}.{module}");
+                        out.push((format!("{n}.lora_A.weight"), &mut ad.a));
+                        out.push((format!("{n}.lora_B.weight"), &mut ad.b));
+                    }
+                }
+            }
+            return out;
+        }
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
             &mut self.embed.weight,
         )];
         for (i, b) in self.blocks.iter_mut().enumerate() {
-            let ts = [
-                &mut b.attn_norm.weight,
-                &mut b.q.weight,
-                &mut b.k.weight,
-                &mut b.v.weight,
-                &mut b.o.weight,
-                &mut b.mlp_norm.weight,
-                &mut b.gate.weight,
-                &mut b.up.weight,
-                &mut b.down.weight,
-            ];
+            let Block {
+                attn_norm,
+                q,
+                k,
+                v,
+                o,
+                mlp_norm,
+                gate,
+                up,
+                down,
+            } = b;
+            let mut ts = vec![&mut attn_norm.weight];
+            let w = weight_of_mut;
+            ts.extend([q, k, v, o].into_iter().filter_map(w));
+            ts.push(&mut mlp_norm.weight);
+            ts.extend([gate, up, down].into_iter().filter_map(w));
             out.extend(block_names(i).into_iter().zip(ts));
         }
         out.push(("model.norm.weight".into(), &mut self.norm.weight));
@@ -410,6 +582,91 @@ impl Llama {
             out.push(("lm_head.weight".into(), &mut self.lm_head.weight));
         }
         out
+    }
+
+    /// Whether the model is in LoRA mode (frozen base, adapters train).
+    pub fn is_lora(&self) -> bool {
+        self.lora
+    }
+
+    /// Turn every block matrix into a frozen base stored as `spec.base`, with
+    /// an adapter on the targeted ones; the embedding, norms and LM head
+    /// freeze. Each dense weight is converted and dropped in turn, so at most
+    /// one matrix exists in both forms at any time.
+    pub fn into_lora(mut self, spec: &LoraSpec) -> Result<Llama> {
+        for t in &spec.targets {
+            if !PROJ_NAMES.iter().any(|(short, _)| short == t) {
+                return Err(Error::Config(format!(
+                    "LoRA target '{t}': expected some of q, k, v, o, gate, up, down"
+                )));
+            }
+        }
+        if spec.targets.is_empty() {
+            return Err(Error::Config("LoRA needs at least one target".into()));
+        }
+        let mut seed = spec.seed;
+        for b in &mut self.blocks {
+            for (p, (short, _)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
+                let Proj::Full(l) = p else {
+                    return Err(Error::Config("the model is already in LoRA mode".into()));
+                };
+                let (n, k) = (l.out_features(), l.in_features());
+                let base = Base::new(&l.weight, spec.base)?;
+                let adapter = if spec.targets.iter().any(|t| t == short) {
+                    seed += 1;
+                    Some(Adapter::init(n, k, spec.rank, spec.alpha, seed)?)
+                } else {
+                    None
+                };
+                *p = Proj::Lora(LoraLinear::new(base, adapter, spec.compute, spec.recipe)?);
+            }
+        }
+        self.lm_head.trainable = false;
+        self.lora = true;
+        Ok(self)
+    }
+
+    /// Bytes of the block matrices' stored weights (the frozen base in LoRA mode).
+    pub fn matrix_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .flat_map(|b| b.projs())
+            .map(|p| match p {
+                Proj::Full(l) => l.weight.bytes(),
+                Proj::Lora(l) => l.base.bytes(),
+            })
+            .sum()
+    }
+
+    /// Dense weights with Hugging Face names where every LoRA matrix is merged
+    /// (`W + (alpha/r) B A`, f32), one matrix at a time; the other tensors as they are.
+    pub fn merged_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_string(),
+            self.embed.weight.clone(),
+        )];
+        for (i, b) in self.blocks.iter().enumerate() {
+            let names = block_names(i);
+            let dense = |p: &Proj| -> Result<Tensor> {
+                match p {
+                    Proj::Full(l) => Ok(l.weight.clone()),
+                    Proj::Lora(l) => l.merged(),
+                }
+            };
+            out.push((names[0].clone(), b.attn_norm.weight.clone()));
+            for (j, p) in [&b.q, &b.k, &b.v, &b.o].into_iter().enumerate() {
+                out.push((names[1 + j].clone(), dense(p)?));
+            }
+            out.push((names[5].clone(), b.mlp_norm.weight.clone()));
+            for (j, p) in [&b.gate, &b.up, &b.down].into_iter().enumerate() {
+                out.push((names[6 + j].clone(), dense(p)?));
+            }
+        }
+        out.push(("model.norm.weight".into(), self.norm.weight.clone()));
+        if !self.cfg.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), self.lm_head.weight.clone()));
+        }
+        Ok(out)
     }
 
     /// Numerics telemetry of every block linear's last quantization:
@@ -460,19 +717,19 @@ impl Llama {
         Ok(())
     }
 
+    /// The trainable block [`Linear`]s with their module names (none in LoRA mode):
+    /// what sharded data parallel hands FP8 all-gathered weights to.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        self.named_linears_mut()
+    }
+
     fn named_linears(&self) -> Vec<(String, &Linear)> {
         let mut out = Vec::new();
         for (i, b) in self.blocks.iter().enumerate() {
-            for (n, l) in [
-                ("self_attn.q_proj", &b.q),
-                ("self_attn.k_proj", &b.k),
-                ("self_attn.v_proj", &b.v),
-                ("self_attn.o_proj", &b.o),
-                ("mlp.gate_proj", &b.gate),
-                ("mlp.up_proj", &b.up),
-                ("mlp.down_proj", &b.down),
-            ] {
-                out.push((format!("model.layers.{i}.{n}"), l));
+            for (p, (_, module)) in b.projs().into_iter().zip(PROJ_NAMES) {
+                if let Some(l) = p.linear() {
+                    out.push((format!("model.layers.{i}.{module}"), l));
+                }
             }
         }
         out
@@ -481,16 +738,10 @@ impl Llama {
     fn named_linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         let mut out = Vec::new();
         for (i, b) in self.blocks.iter_mut().enumerate() {
-            for (n, l) in [
-                ("self_attn.q_proj", &mut b.q),
-                ("self_attn.k_proj", &mut b.k),
-                ("self_attn.v_proj", &mut b.v),
-                ("self_attn.o_proj", &mut b.o),
-                ("mlp.gate_proj", &mut b.gate),
-                ("mlp.up_proj", &mut b.up),
-                ("mlp.down_proj", &mut b.down),
-            ] {
-                out.push((format!("model.layers.{i}.{n}"), l));
+            for (p, (_, module)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
+                if let Some(l) = p.linear_mut() {
+                    out.push((format!("model.layers.{i}.{module}"), l));
+                }
             }
         }
         out
@@ -602,11 +853,25 @@ impl Llama {
         let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
         let mut block_grads = Vec::with_capacity(self.blocks.len());
         for (blk, s) in self.blocks.iter_mut().zip(blocks).rev() {
-            let (dprev, g) = block_backward(blk, &self.rope, s, &dx)?;
+            let (dprev, g) = block_backward(blk, &self.rope, s, &dx, self.lora)?;
             dx = dprev;
             block_grads.push(g);
         }
         block_grads.reverse();
+        if self.lora {
+            // Only the adapters train: the embedding, norms and head are frozen.
+            let grads: Vec<Tensor> = block_grads.into_iter().flatten().collect();
+            let names: Vec<String> = self.params().into_iter().map(|(n, _)| n).collect();
+            if names.len() != grads.len() {
+                return Err(Error::Shape(format!(
+                    "{} adapter gradients for {} adapter tensors",
+                    grads.len(),
+                    names.len()
+                )));
+            }
+            let _ = d_norm;
+            return Ok(names.into_iter().zip(grads).collect());
+        }
         let d_head = b_head
             .d_weight
             .ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?;
@@ -624,6 +889,14 @@ impl Llama {
         let names = Llama::param_shapes(&self.cfg).into_iter().map(|(n, _)| n);
         Ok(names.zip(grads).collect())
     }
+}
+
+fn weight_of(p: &Proj) -> Option<&Tensor> {
+    p.linear().map(|l| &l.weight)
+}
+
+fn weight_of_mut(p: &mut Proj) -> Option<&mut Tensor> {
+    p.linear_mut().map(|l| &mut l.weight)
 }
 
 fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
@@ -679,12 +952,13 @@ fn block_forward(
 }
 
 /// Backward of one block from `dx2 (B*T, C)`: the input gradient and the
-/// nine parameter gradients in [`block_names`] order.
+/// trainable tensors' gradients in [`Llama::params`] order.
 fn block_backward(
     blk: &mut Block,
     rope: &Rope,
     s: BlockSaved,
     dx2: &Tensor,
+    lora: bool,
 ) -> Result<(Tensor, Vec<Tensor>)> {
     let bt = dx2.shape()[0];
     let down = blk.down.backward(s.down, dx2)?;
@@ -715,16 +989,20 @@ fn block_backward(
     )?;
     let (dx_norm, d_attn_norm) = blk.attn_norm.backward(s.attn_norm, &dh)?;
     let dx = cpu::add(&dx1, &dx_norm)?;
-    let grads = vec![
-        d_attn_norm,
-        need(q.d_weight, "q_proj")?,
-        need(k.d_weight, "k_proj")?,
-        need(v.d_weight, "v_proj")?,
-        need(o.d_weight, "o_proj")?,
-        d_mlp_norm,
-        need(gate.d_weight, "gate_proj")?,
-        need(up.d_weight, "up_proj")?,
-        need(down.d_weight, "down_proj")?,
-    ];
+    // Trainable tensors' gradients in parameter order: full training has the
+    // norm gains and one weight per projection; LoRA only the adapters.
+    let mut grads = Vec::new();
+    if !lora {
+        grads.push(d_attn_norm);
+    }
+    for g in [q.params, k.params, v.params, o.params] {
+        grads.extend(g);
+    }
+    if !lora {
+        grads.push(d_mlp_norm);
+    }
+    for g in [gate.params, up.params, down.params] {
+        grads.extend(g);
+    }
     Ok((dx, grads))
 }

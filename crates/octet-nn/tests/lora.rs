@@ -292,3 +292,83 @@ fn bad_input_is_an_error() {
     let x = Tensor::from_f32(&[4, 63], vec![1.0; 4 * 63]).unwrap();
     assert!(l.forward(&x, true).is_err());
 }
+
+#[test]
+fn model_adapter_gradients_follow_the_chain_rule_of_the_merged_model() {
+    // y = x (W + s B A)^T: with G the full model's gradient for the merged
+    // weight, dA = s B^T G and dB = s G A^T. A bf16-exact base in bf16
+    // storage, bf16 compute and the high-precision backward make both models
+    // the same function up to f32 rounding.
+    use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
+    use std::collections::HashMap;
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let mut base = Llama::new_random(&cfg, DType::F32, None, 7).unwrap();
+    for (_, t) in base.params_mut() {
+        *t = t.to_dtype(DType::Bf16).to_dtype(DType::F32);
+    }
+    let spec = LoraSpec {
+        rank: 4,
+        alpha: 8.0,
+        targets: vec!["q".into(), "v".into(), "down".into()],
+        base: BaseFormat::Bf16,
+        compute: Compute::Bf16,
+        recipe: recipe(BackwardMode::HighPrecision),
+        seed: 3,
+    };
+    let mut lora = base.clone().into_lora(&spec).unwrap();
+    let mut seed = 100;
+    for (name, t) in lora.params_mut() {
+        if name.ends_with("lora_B.weight") {
+            seed += 1;
+            *t = Tensor::from_f32(t.shape(), gaussian(t.numel(), seed, 0.05)).unwrap();
+        }
+    }
+    let names: Vec<String> = lora.params().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names.len(), 2 * 3 * cfg.num_hidden_layers);
+    assert!(names[0].starts_with("base_model.model.model.layers.0.self_attn.q_proj.lora_A"));
+    let merged: HashMap<String, Tensor> = lora.merged_weights().unwrap().into_iter().collect();
+    let mut full = Llama::from_weights(&cfg, merged, None).unwrap();
+    let (b, t) = (2, 16);
+    let tokens: Vec<u32> = (0..b * t).map(|i| (i as u32 * 29 + 3) % 256).collect();
+    let targets: Vec<u32> = (0..b * t).map(|i| (i as u32 * 17 + 11) % 256).collect();
+    let (l1, s1) = lora.forward(&tokens, &targets, b, t).unwrap();
+    let (l2, s2) = full.forward(&tokens, &targets, b, t).unwrap();
+    assert!(
+        (l1 - l2).abs() < 1e-5 * l2.abs(),
+        "loss {l1} vs merged {l2}"
+    );
+    let g_lora: HashMap<String, Tensor> = lora.backward(s1).unwrap().into_iter().collect();
+    let g_full: HashMap<String, Tensor> = full.backward(s2).unwrap().into_iter().collect();
+    let params: HashMap<String, Tensor> = lora
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let s = spec.alpha as f32 / spec.rank as f32;
+    for i in 0..cfg.num_hidden_layers {
+        for module in ["self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"] {
+            let p = format!("base_model.model.model.layers.{i}.{module}");
+            let (a, bm) = (
+                &params[&format!("{p}.lora_A.weight")],
+                &params[&format!("{p}.lora_B.weight")],
+            );
+            let g = &g_full[&format!("model.layers.{i}.{module}.weight")];
+            let scale = |t: Tensor| {
+                Tensor::from_f32(t.shape(), t.to_f32_vec().iter().map(|v| v * s).collect()).unwrap()
+            };
+            let want_a = scale(cpu::matmul(bm, true, g, false, DType::F32).unwrap());
+            let want_b = scale(cpu::matmul(g, false, a, true, DType::F32).unwrap());
+            let ga = sqnr_db(
+                &f64s(&g_lora[&format!("{p}.lora_A.weight")]),
+                &f64s(&want_a),
+            );
+            let gb = sqnr_db(
+                &f64s(&g_lora[&format!("{p}.lora_B.weight")]),
+                &f64s(&want_b),
+            );
+            assert!(ga > 80.0 && gb > 80.0, "{p}: dA {ga:.1} dB, dB {gb:.1} dB");
+        }
+    }
+    // Frozen: the base holds no trainable tensor, the model reports bf16 matrix bytes.
+    assert_eq!(lora.matrix_bytes() * 2, full.matrix_bytes());
+}
