@@ -10,6 +10,7 @@ mod demo;
 mod generate;
 mod gpu;
 mod info;
+mod lora;
 mod train;
 mod util;
 
@@ -30,6 +31,8 @@ enum Cmd {
     Compare(train::CompareArgs),
     /// Quantize, forward and backward one linear layer under every recipe: error and saved-bytes tables.
     Demo(demo::DemoArgs),
+    /// LoRA fine-tuning on a frozen FP8 (or bf16) base; `octet lora merge` merges an adapter.
+    Lora(lora::LoraArgs),
     /// Sample text from a trained model with a KV cache (FP8, bf16 or f32 weights).
     Generate(generate::GenerateArgs),
     /// Measure kernel throughput.
@@ -52,6 +55,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Generate(a) => generate::run(a),
+        Cmd::Lora(a) => lora::run(a),
         Cmd::Info => info::run(),
         Cmd::Selftest { device } => match gpu::open(&device) {
             Ok(Some(mut g)) => gpu::selftest(&mut g),

@@ -70,7 +70,7 @@ pub struct TrainArgs {
     sample_tokens: Option<usize>,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
-    resume: Option<PathBuf>,
+    pub resume: Option<PathBuf>,
     /// Device: cpu, cuda or auto (this build has the CPU backend only).
     #[arg(long, default_value = "auto")]
     device: String,
@@ -78,13 +78,25 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     fn config(&self) -> anyhow::Result<TrainConfig> {
+        self.config_with(|_| {})
+    }
+
+    /// The config from the defaults changed by `defaults`, then the file, then the flags.
+    pub fn config_with(
+        &self,
+        defaults: impl FnOnce(&mut TrainConfig),
+    ) -> anyhow::Result<TrainConfig> {
         let mut c = match &self.config {
             Some(p) => {
                 let text = std::fs::read_to_string(p)
                     .with_context(|| format!("reading {}", p.display()))?;
                 toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
             }
-            None => TrainConfig::default(),
+            None => {
+                let mut c = TrainConfig::default();
+                defaults(&mut c);
+                c
+            }
         };
         macro_rules! set {
             ($($f:ident),*) => { $(if let Some(v) = &self.$f { c.$f = v.clone(); })* };
@@ -128,8 +140,8 @@ impl TrainArgs {
     }
 }
 
-struct Bar {
-    bar: ProgressBar,
+pub struct Bar {
+    pub bar: ProgressBar,
 }
 
 impl Observer for Bar {
@@ -144,7 +156,7 @@ impl Observer for Bar {
     }
 }
 
-fn bar(prefix: &str) -> Bar {
+pub fn bar(prefix: &str) -> Bar {
     let bar = ProgressBar::new(1);
     let style = ProgressStyle::with_template(
         "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})",
@@ -155,7 +167,7 @@ fn bar(prefix: &str) -> Bar {
     Bar { bar }
 }
 
-fn summary_table(runs: &[RunSummary]) {
+pub fn summary_table(runs: &[RunSummary]) {
     let base = runs
         .iter()
         .find(|r| r.recipe == "bf16")

@@ -584,6 +584,50 @@ impl Llama {
         out
     }
 
+    /// Rank, alpha and targeted module names (`q_proj`, ...) in LoRA mode.
+    pub fn lora_summary(&self) -> Option<(usize, f64, Vec<String>)> {
+        if !self.lora {
+            return None;
+        }
+        let mut targets = Vec::new();
+        let mut ra = None;
+        for b in self.blocks.iter().take(1) {
+            for (p, (_, module)) in b.projs().into_iter().zip(PROJ_NAMES) {
+                if let Proj::Lora(LoraLinear {
+                    adapter: Some(ad), ..
+                }) = p
+                {
+                    ra = Some((ad.rank(), ad.alpha));
+                    let short = module.rsplit('.').next().unwrap_or(module);
+                    targets.push(short.to_string());
+                }
+            }
+        }
+        ra.map(|(r, a)| (r, a, targets))
+    }
+
+    /// Replace the trainable tensors by `tensors` (names and shapes as
+    /// [`Llama::params`]); every one must be present, none may be extra.
+    pub fn load_params(&mut self, mut tensors: HashMap<String, Tensor>) -> Result<()> {
+        for (name, t) in self.params_mut() {
+            let new = tensors
+                .remove(&name)
+                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
+            if new.shape() != t.shape() {
+                return Err(Error::Config(format!(
+                    "tensor {name} has shape {:?}, expected {:?}",
+                    new.shape(),
+                    t.shape()
+                )));
+            }
+            *t = new.to_dtype(t.dtype());
+        }
+        match tensors.keys().next() {
+            Some(extra) => Err(Error::Config(format!("unexpected tensor {extra}"))),
+            None => Ok(()),
+        }
+    }
+
     /// Whether the model is in LoRA mode (frozen base, adapters train).
     pub fn is_lora(&self) -> bool {
         self.lora

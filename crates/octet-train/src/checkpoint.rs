@@ -142,7 +142,14 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<Str
 }
 
 /// Save the model weights and `config.json` into `dir` (created if needed).
+/// A model in LoRA mode saves its adapter instead, in PEFT's layout
+/// (`adapter_model.safetensors` + `adapter_config.json`), with the base's
+/// `config.json` beside it.
 pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
+    if model.is_lora() {
+        save_adapter(dir, model, None)?;
+        return write_config(dir, &model.cfg, DType::F32);
+    }
     let tensors: Vec<(String, Tensor)> = model
         .params()
         .into_iter()
@@ -153,7 +160,12 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
         .map(|(_, t)| t.dtype())
         .unwrap_or(DType::F32);
     write_atomic(&dir.join("model.safetensors"), &serialize(&tensors, None)?)?;
-    let mut cfg = serde_json::to_value(&model.cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
+    write_config(dir, &model.cfg, dtype)
+}
+
+/// Write `config.json` in Hugging Face's Llama form.
+pub fn write_config(dir: &Path, model_cfg: &LlamaConfig, dtype: DType) -> Result<()> {
+    let mut cfg = serde_json::to_value(model_cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
     if let Some(o) = cfg.as_object_mut() {
         o.insert(
             "architectures".into(),
@@ -169,6 +181,65 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
     }
     let text = serde_json::to_string_pretty(&cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
     write_atomic(&dir.join("config.json"), text.as_bytes())
+}
+
+/// Write a LoRA model's adapter in PEFT's layout: `adapter_model.safetensors`
+/// (`base_model.model.<module>.lora_A/lora_B.weight`) and `adapter_config.json`.
+pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&Path>) -> Result<()> {
+    let (r, alpha, targets) = model
+        .lora_summary()
+        .ok_or_else(|| Error::Checkpoint("the model has no LoRA adapter".into()))?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
+    let tensors: Vec<(String, Tensor)> = model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    write_atomic(
+        &dir.join("adapter_model.safetensors"),
+        &serialize(&tensors, None)?,
+    )?;
+    let cfg = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": r,
+        "lora_alpha": alpha,
+        "target_modules": targets,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "base_model_name_or_path": base.map(|p| p.display().to_string()),
+    });
+    let text = serde_json::to_string_pretty(&cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
+    write_atomic(&dir.join("adapter_config.json"), text.as_bytes())
+}
+
+/// An adapter's tensors, rank, alpha and target module names.
+pub type Adapter = (HashMap<String, Tensor>, usize, f64, Vec<String>);
+
+/// Read an adapter written by [`save_adapter`] (or by PEFT): its tensors and
+/// `(r, alpha, target module names)`.
+pub fn load_adapter(dir: &Path) -> Result<Adapter> {
+    let p = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&p)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let bad = |m: &str| Error::Checkpoint(format!("{}: {m}", p.display()));
+    let r = v["r"].as_u64().ok_or_else(|| bad("missing r"))? as usize;
+    let alpha = v["lora_alpha"]
+        .as_f64()
+        .ok_or_else(|| bad("missing lora_alpha"))?;
+    let targets = v["target_modules"]
+        .as_array()
+        .ok_or_else(|| bad("missing target_modules"))?
+        .iter()
+        .filter_map(|t| t.as_str().map(String::from))
+        .collect();
+    let (w, _) = read_tensors(&dir.join("adapter_model.safetensors"))?;
+    Ok((w, r, alpha, targets))
 }
 
 /// Read `config.json` from a checkpoint directory.

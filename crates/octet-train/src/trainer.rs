@@ -12,7 +12,8 @@ use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::plot::{line_plot, Series};
 use crate::{Error, Result};
 use octet_fp8::{BackwardMode, Recipe};
-use octet_nn::llama::{Llama, LlamaConfig};
+use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
+use octet_nn::lora::{BaseFormat, Compute};
 use octet_tensor::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -64,6 +65,80 @@ pub struct TrainConfig {
     pub sample_tokens: usize,
     /// Write per-layer amax / saturation / underflow telemetry every this many steps (0 = never).
     pub telemetry_every: u64,
+    /// LoRA fine-tuning of a frozen base instead of full training.
+    pub lora: Option<LoraSettings>,
+}
+
+/// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct LoraSettings {
+    /// Base checkpoint directory; `None`: a random-initialised base of the run's model preset.
+    pub base: Option<PathBuf>,
+    /// Adapter rank.
+    pub rank: usize,
+    /// Adapter alpha.
+    pub alpha: f64,
+    /// Targeted projections: q, k, v, o, gate, up, down.
+    pub targets: Vec<String>,
+    /// `bf16`, `fp8-tensorwise`, `fp8-rowwise` or `fp8-block`.
+    pub base_format: String,
+    /// `fp8` (FP8 GEMMs) or `bf16` (weight-only products).
+    pub compute: String,
+}
+
+impl Default for LoraSettings {
+    fn default() -> Self {
+        LoraSettings {
+            base: None,
+            rank: 16,
+            alpha: 32.0,
+            targets: ["q", "k", "v", "o", "gate", "up", "down"]
+                .map(String::from)
+                .to_vec(),
+            base_format: "fp8-tensorwise".into(),
+            compute: "fp8".into(),
+        }
+    }
+}
+
+impl LoraSettings {
+    /// The layer settings for [`Llama::into_lora`], with the run's recipe
+    /// (`bf16` means the default `tensorwise` input quantization) and backward mode.
+    pub fn spec(&self, recipe: &str, backward: &str, seed: u64) -> Result<LoraSpec> {
+        let name = if recipe == "bf16" || recipe == "hp" {
+            "tensorwise"
+        } else {
+            recipe
+        };
+        let recipe = Recipe::from_name(name)?.with_backward(BackwardMode::from_name(backward)?)?;
+        Ok(LoraSpec {
+            rank: self.rank,
+            alpha: self.alpha,
+            targets: self
+                .targets
+                .iter()
+                .map(|t| t.trim_end_matches("_proj").to_string())
+                .collect(),
+            base: BaseFormat::from_name(&self.base_format)?,
+            compute: Compute::from_name(&self.compute)?,
+            recipe,
+            seed,
+        })
+    }
+
+    /// The frozen base model in LoRA mode, from the checkpoint or random.
+    pub fn build(&self, cfg: &TrainConfig) -> Result<Llama> {
+        let base = match &self.base {
+            Some(dir) => {
+                let mcfg = checkpoint::load_config(dir)?;
+                let w = checkpoint::load_weights(dir, DType::F32)?;
+                Llama::from_weights(&mcfg, w, None)?
+            }
+            None => Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?,
+        };
+        Ok(base.into_lora(&self.spec(&cfg.recipe, &cfg.backward, cfg.seed)?)?)
+    }
 }
 
 impl Default for TrainConfig {
@@ -90,6 +165,7 @@ impl Default for TrainConfig {
             ckpt_every: 0,
             sample_tokens: 200,
             telemetry_every: 50,
+            lora: None,
         }
     }
 }
@@ -128,7 +204,15 @@ impl TrainConfig {
                 self.lr
             )));
         }
-        self.recipe()?;
+        match &self.lora {
+            // LoRA quantizes with its own layer settings; the recipe names them.
+            Some(l) => {
+                l.spec(&self.recipe, &self.backward, self.seed)?;
+            }
+            None => {
+                self.recipe()?;
+            }
+        }
         self.llama_config()?;
         Ok(())
     }
@@ -244,16 +328,52 @@ pub fn train(
     obs: &mut dyn Observer,
 ) -> Result<RunSummary> {
     cfg.validate()?;
-    let recipe = cfg.recipe()?;
-    let recipe_name = recipe.map_or("bf16".to_string(), |r| r.to_string());
+    let recipe = match &cfg.lora {
+        Some(_) => None,
+        None => cfg.recipe()?,
+    };
+    let recipe_name = match &cfg.lora {
+        Some(l) => format!(
+            "lora r={} base {} compute {} ({})",
+            l.rank,
+            l.base_format,
+            l.compute,
+            l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?.recipe
+        ),
+        None => recipe.map_or("bf16".to_string(), |r| r.to_string()),
+    };
     let data = match &cfg.data {
         Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
         None => Dataset::default_corpus(),
     };
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
-    let (mut model, mut opt) = match resume {
-        Some(ck) => {
+    let (mut model, mut opt) = match (resume, &cfg.lora) {
+        (Some(ck), Some(l)) => {
+            let mut model = l.build(cfg)?;
+            let (adapter, ..) = checkpoint::load_adapter(ck)?;
+            model.load_params(adapter)?;
+            let (opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+            opt.write_back(model.params_mut())?;
+            obs.note(&format!(
+                "resumed LoRA from {} at step {}",
+                ck.display(),
+                opt.step
+            ));
+            (model, opt)
+        }
+        (None, Some(l)) => {
+            let model = l.build(cfg)?;
+            obs.note(&format!(
+                "LoRA: base matrices {} bytes ({}), {} adapter tensors",
+                model.matrix_bytes(),
+                l.base_format,
+                model.params().len()
+            ));
+            let opt = AdamW::new(&model.params(), cfg.adamw);
+            (model, opt)
+        }
+        (Some(ck), None) => {
             let mcfg = checkpoint::load_config(ck)?;
             let weights = checkpoint::load_weights(ck, DType::F32)?;
             let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
@@ -266,7 +386,7 @@ pub fn train(
             ));
             (model, opt)
         }
-        None => {
+        (None, None) => {
             let model = Llama::new_random(&cfg.llama_config()?, DType::F32, recipe, cfg.seed)?;
             let opt = AdamW::new(&model.params(), cfg.adamw);
             (model, opt)

@@ -1,0 +1,180 @@
+//! `octet lora`: LoRA fine-tuning on a frozen base stored in FP8 (or bf16),
+//! and `octet lora merge`.
+
+use crate::train::{bar, summary_table, TrainArgs};
+use octet_nn::llama::Llama;
+use octet_tensor::DType;
+use octet_train::checkpoint;
+use octet_train::trainer::{train, LoraSettings};
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+/// Flags of `octet lora`.
+#[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub struct LoraArgs {
+    #[command(subcommand)]
+    cmd: Option<LoraCmd>,
+    /// Base checkpoint directory (config.json + model.safetensors). Default: the
+    /// latest checkpoint of `runs/default` if there is one, else a random base.
+    #[arg(long)]
+    base: Option<PathBuf>,
+    /// Adapter rank.
+    #[arg(long, default_value_t = 16)]
+    rank: usize,
+    /// Adapter alpha (output scaled by alpha / rank).
+    #[arg(long, default_value_t = 32.0)]
+    alpha: f64,
+    /// Targeted projections.
+    #[arg(long, default_value = "q,k,v,o,gate,up,down")]
+    targets: String,
+    /// How the frozen base is stored: fp8-tensorwise, fp8-rowwise, fp8-block, bf16.
+    #[arg(long, default_value = "fp8-tensorwise")]
+    base_format: String,
+    /// fp8 (FP8 GEMMs) or bf16 (activations in high precision, FP8 weights upcast in the product).
+    #[arg(long, default_value = "fp8")]
+    compute: String,
+    /// Also run the same LoRA on a bf16 base and compare the two.
+    #[arg(long)]
+    compare_bf16: bool,
+    #[command(flatten)]
+    train: TrainArgs,
+}
+
+#[derive(clap::Subcommand)]
+enum LoraCmd {
+    /// Merge an adapter into its base: W + (alpha/r) B A, written as a full checkpoint.
+    Merge(MergeArgs),
+}
+
+#[derive(clap::Args)]
+struct MergeArgs {
+    /// Base checkpoint directory.
+    #[arg(long)]
+    base: PathBuf,
+    /// Adapter directory (adapter_config.json + adapter_model.safetensors).
+    #[arg(long)]
+    adapter: PathBuf,
+    /// Output checkpoint directory.
+    #[arg(long)]
+    out: PathBuf,
+    /// The base the adapter was trained on (merge onto what training saw).
+    #[arg(long, default_value = "fp8-tensorwise")]
+    base_format: String,
+    /// Dtype of the written weights: bf16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+fn default_base() -> Option<PathBuf> {
+    let parent = PathBuf::from("runs/default/checkpoints");
+    let latest = std::fs::read_to_string(parent.join("latest")).ok()?;
+    let dir = parent.join(latest.trim());
+    dir.join("model.safetensors").exists().then_some(dir)
+}
+
+pub fn run(a: LoraArgs) -> anyhow::Result<()> {
+    if let Some(LoraCmd::Merge(m)) = a.cmd {
+        return merge(m);
+    }
+    let mut cfg = a.train.config_with(|c| {
+        c.name = "lora".into();
+        c.steps = 200;
+        c.lr = 1e-3;
+        c.min_lr = 1e-4;
+        c.warmup = 20;
+        c.backward = "dequantized".into();
+    })?;
+    let base = a.base.clone().or_else(default_base);
+    cfg.lora = Some(LoraSettings {
+        base: base.clone(),
+        rank: a.rank,
+        alpha: a.alpha,
+        targets: a.targets.split(',').map(|t| t.trim().to_string()).collect(),
+        base_format: a.base_format.clone(),
+        compute: a.compute.clone(),
+    });
+    cfg.validate()?;
+    println!(
+        "octet lora: base {}, stored as {}, compute {}, rank {} alpha {} on {}; backward {}; {} steps, batch {}x{}, CPU ({} threads)",
+        base.as_ref().map_or(format!("random {} model", cfg.model), |p| p.display().to_string()),
+        a.base_format,
+        a.compute,
+        a.rank,
+        a.alpha,
+        a.targets,
+        cfg.backward,
+        cfg.steps,
+        cfg.batch,
+        cfg.seq,
+        rayon::current_num_threads()
+    );
+    let mut runs = Vec::new();
+    let mut obs = bar("lora");
+    let s = train(&cfg, a.train.resume.as_deref(), &mut obs)?;
+    obs.bar.finish();
+    println!("\nsample:\n{}\n", s.sample);
+    runs.push(s);
+    if a.compare_bf16 {
+        let mut c2 = cfg.clone();
+        c2.name = format!("{}-bf16base", cfg.name);
+        c2.sample_tokens = 0;
+        if let Some(l) = &mut c2.lora {
+            l.base_format = "bf16".into();
+            l.compute = "bf16".into();
+        }
+        let mut obs = bar("lora bf16 base");
+        let s2 = train(&c2, None, &mut obs)?;
+        obs.bar.finish();
+        runs.push(s2);
+    }
+    summary_table(&runs);
+    if runs.len() == 2 {
+        let d = 100.0 * (runs[0].final_val_loss / runs[1].final_val_loss - 1.0);
+        println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
+    }
+    println!(
+        "\nwrote {}/metrics.jsonl, loss.png, checkpoints/ (adapter in PEFT layout)",
+        runs[0].dir.display()
+    );
+    Ok(())
+}
+
+fn merge(m: MergeArgs) -> anyhow::Result<()> {
+    let dtype = match m.dtype.as_str() {
+        "bf16" => DType::Bf16,
+        "f32" => DType::F32,
+        other => anyhow::bail!("--dtype {other}: expected bf16 or f32"),
+    };
+    let cfg = checkpoint::load_config(&m.base)?;
+    let weights = checkpoint::load_weights(&m.base, DType::F32)?;
+    let (adapter, r, alpha, targets) = checkpoint::load_adapter(&m.adapter)?;
+    let settings = LoraSettings {
+        base: Some(m.base.clone()),
+        rank: r,
+        alpha,
+        targets,
+        base_format: m.base_format.clone(),
+        compute: "bf16".into(),
+    };
+    let spec = settings.spec("tensorwise", "dequantized", 0)?;
+    let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora(&spec)?;
+    model.load_params(adapter)?;
+    let merged: HashMap<_, _> = model.merged_weights()?.into_iter().collect();
+    drop(model);
+    let mut full = Llama::from_weights(&cfg, merged, None)?;
+    for (_, t) in full.params_mut() {
+        *t = t.to_dtype(dtype);
+    }
+    std::fs::create_dir_all(&m.out)?;
+    checkpoint::save_model(&m.out, &full)?;
+    println!(
+        "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
+        m.adapter.display(),
+        m.base.display(),
+        m.base_format,
+        m.out.display(),
+        m.dtype
+    );
+    Ok(())
+}
