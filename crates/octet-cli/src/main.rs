@@ -32,7 +32,7 @@ enum Cmd {
     /// Quantize, forward and backward one linear layer under every recipe: error and saved-bytes tables.
     Demo(demo::DemoArgs),
     /// LoRA fine-tuning on a frozen FP8 (or bf16) base; `octet lora merge` merges an adapter.
-    Lora(lora::LoraArgs),
+    Lora(Box<lora::LoraArgs>),
     /// Sample text from a trained model with a KV cache (FP8, bf16 or f32 weights).
     Generate(generate::GenerateArgs),
     /// Measure kernel throughput.
@@ -55,7 +55,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Generate(a) => generate::run(a),
-        Cmd::Lora(a) => lora::run(a),
+        Cmd::Lora(a) => lora::run(*a),
         Cmd::Info => info::run(),
         Cmd::Selftest { device } => match gpu::open(&device) {
             Ok(Some(mut g)) => gpu::selftest(&mut g),
