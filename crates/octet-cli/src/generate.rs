@@ -44,6 +44,69 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// cpu, cuda or auto (the GPU when there is one).
+    #[arg(long, default_value = "auto")]
+    device: String,
+}
+
+fn gpu_weights(name: &str) -> anyhow::Result<octet_cuda::decode::GpuWeights> {
+    use octet_cuda::decode::GpuWeights;
+    Ok(match WeightStorage::from_name(name)? {
+        WeightStorage::Fp8(f, s) => GpuWeights::Fp8(f, s),
+        WeightStorage::Bf16 => GpuWeights::Bf16,
+        WeightStorage::F32 => {
+            anyhow::bail!("--weights f32 runs on the CPU only; use bf16 or fp8 on the GPU")
+        }
+    })
+}
+
+fn run_one_gpu(
+    a: &GenerateArgs,
+    gpu: &octet_cuda::Gpu,
+    cfg: &LlamaConfig,
+    w: &HashMap<String, Tensor>,
+    weights: &str,
+    echo: bool,
+) -> anyhow::Result<Run> {
+    let tok = ByteTokenizer;
+    let mut dec = octet_cuda::decode::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
+    let prompt = tok.encode(&a.prompt);
+    anyhow::ensure!(!prompt.is_empty(), "--prompt is empty");
+    anyhow::ensure!(
+        prompt.len() + a.max_tokens <= cfg.max_position_embeddings,
+        "prompt ({} tokens) + --max-tokens {} exceed the model's {} positions",
+        prompt.len(),
+        a.max_tokens,
+        cfg.max_position_embeddings
+    );
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    // Warm-up (kernel loading, cuBLASLt plans), then a fresh sequence.
+    dec.step(prompt[0])?;
+    dec.reset();
+    let t0 = Instant::now();
+    let mut last = Vec::new();
+    for &t in &prompt {
+        last = dec.step(t)?;
+    }
+    let prefill = t0.elapsed().as_secs_f64();
+    let mut out = Vec::with_capacity(a.max_tokens);
+    let t1 = Instant::now();
+    for _ in 0..a.max_tokens {
+        let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
+        out.push(next);
+        if echo {
+            print!("{}", tok.decode(&[next]));
+            std::io::stdout().flush().ok();
+        }
+        last = dec.step(next)?;
+    }
+    let decode = t1.elapsed().as_secs_f64();
+    Ok(Run {
+        text: tok.decode(&out),
+        prefill_tps: prompt.len() as f64 / prefill,
+        decode_tps: a.max_tokens as f64 / decode.max(1e-9),
+        bytes: dec.matrix_bytes(),
+    })
 }
 
 fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor>, String)> {
@@ -125,19 +188,29 @@ fn run_one(
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let (cfg, w, source) = load(&a)?;
-    let storage = WeightStorage::from_name(&a.weights)?;
+    WeightStorage::from_name(&a.weights)?; // a bad name is an error before anything loads
+    let gpu = crate::gpu::open(&a.device)?;
+    let device = match &gpu {
+        Some(g) => g.info()?,
+        None => format!("CPU, {} threads", rayon::current_num_threads()),
+    };
     println!(
-        "{source}: {} parameters; block matrices as {}; CPU, {} threads\n",
+        "{source}: {} parameters; block matrices as {}; {device}\n",
         cfg.num_params(),
         a.weights,
-        rayon::current_num_threads()
     );
+    let one = |name: &str, echo: bool| -> anyhow::Result<Run> {
+        match &gpu {
+            Some(g) => run_one_gpu(&a, g, &cfg, &w, name, echo),
+            None => run_one(&a, &cfg, &w, WeightStorage::from_name(name)?, echo),
+        }
+    };
     print!("{}", a.prompt);
-    let first = run_one(&a, &cfg, &w, storage, true)?;
+    let first = one(&a.weights, true)?;
     println!("\n");
     let mut rows = vec![(a.weights.clone(), first)];
     if let Some(other) = &a.compare {
-        let r = run_one(&a, &cfg, &w, WeightStorage::from_name(other)?, false)?;
+        let r = one(other, false)?;
         if r.text != rows[0].1.text {
             println!(
                 "(the {other} weights sampled a different continuation: {:?}...)\n",

@@ -20,6 +20,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod decode;
 pub mod gemm;
 pub mod mixed;
 pub mod nvrtc;
@@ -104,10 +105,11 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 3] = [
+pub const KERNEL_SOURCES: [(&str, &str); 4] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
+    ("decode", kernel_source!("decode.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its

@@ -1,0 +1,361 @@
+//! Token-by-token decoding of a Llama model on the GPU with a KV cache: the
+//! block matrices as FP8 (weight-only products, `mixed.rs`) or bf16
+//! (cuBLASLt), the glue in `kernels/decode.cu`. One sequence, one token per
+//! step; the residual stream is f32, the inputs of the products bf16, the
+//! KV cache f32; the LM head is a bf16 product; logits come back to the host
+//! for sampling.
+
+use crate::mixed::DeviceFp8Weight;
+use crate::{nvrtc, Error, Gpu, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use octet_fp8::Format;
+use octet_nn::llama::LlamaConfig;
+use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+use octet_tensor::Tensor;
+use std::collections::HashMap;
+
+/// How the block matrices are stored on the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuWeights {
+    /// FP8 codes with scales, upcast inside the product.
+    Fp8(Format, WeightScaling),
+    /// bf16, multiplied by cuBLASLt.
+    Bf16,
+}
+
+enum Mat {
+    Fp8(DeviceFp8Weight),
+    Bf16(CudaSlice<u16>, usize, usize),
+}
+
+impl Mat {
+    fn bytes(&self) -> usize {
+        match self {
+            Mat::Fp8(w) => w.bytes(),
+            Mat::Bf16(w, ..) => 2 * w.len(),
+        }
+    }
+}
+
+struct Layer {
+    attn_norm: CudaSlice<f32>,
+    mlp_norm: CudaSlice<f32>,
+    /// q, k, v, o, gate, up, down.
+    mats: Vec<Mat>,
+    k_cache: CudaSlice<f32>,
+    v_cache: CudaSlice<f32>,
+}
+
+struct Fns {
+    rmsnorm: CudaFunction,
+    rope: CudaFunction,
+    attend: CudaFunction,
+    swiglu: CudaFunction,
+    add: CudaFunction,
+}
+
+struct Buffers {
+    x: CudaSlice<f32>,
+    h: CudaSlice<u16>,
+    q: CudaSlice<f32>,
+    k: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    a: CudaSlice<u16>,
+    o: CudaSlice<f32>,
+    g: CudaSlice<f32>,
+    u: CudaSlice<f32>,
+    act: CudaSlice<u16>,
+    logits: CudaSlice<f32>,
+}
+
+/// A Llama model on the GPU for generation (see the module docs).
+pub struct GpuDecoder<'g> {
+    gpu: &'g Gpu,
+    /// Dimensions.
+    pub cfg: LlamaConfig,
+    f: Fns,
+    embed: CudaSlice<f32>,
+    layers: Vec<Layer>,
+    norm: CudaSlice<f32>,
+    head: CudaSlice<u16>,
+    buf: Buffers,
+    len: usize,
+}
+
+fn cfg1(threads: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (threads.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+impl<'g> GpuDecoder<'g> {
+    /// Upload a model from named weights (Hugging Face names), the block
+    /// matrices stored as `weights`. Matrix `K` dims must be multiples of 16.
+    pub fn new(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        w: &HashMap<String, Tensor>,
+        weights: GpuWeights,
+    ) -> Result<GpuDecoder<'g>> {
+        cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        let module = gpu.ctx.load_module(nvrtc::compile(
+            "decode",
+            crate::KERNEL_SOURCES[3].1,
+            gpu.arch,
+        )?)?;
+        let f = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
+        let fns = Fns {
+            rmsnorm: f("rmsnorm_bf16")?,
+            rope: f("rope_f32")?,
+            attend: f("attend_decode")?,
+            swiglu: f("swiglu_bf16")?,
+            add: f("add_f32")?,
+        };
+        let get = |n: &str| -> Result<&Tensor> {
+            w.get(n)
+                .ok_or_else(|| Error::Shape(format!("missing tensor {n}")))
+        };
+        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let kvw = hkv * d;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let mut mats = Vec::with_capacity(7);
+            for m in [
+                "self_attn.q_proj",
+                "self_attn.k_proj",
+                "self_attn.v_proj",
+                "self_attn.o_proj",
+                "mlp.gate_proj",
+                "mlp.up_proj",
+                "mlp.down_proj",
+            ] {
+                let t = get(&format!("{p}.{m}.weight"))?;
+                let (n, k) = t.dims2().map_err(|e| Error::Shape(e.to_string()))?;
+                mats.push(match weights {
+                    GpuWeights::Fp8(fmt, s) => {
+                        let q = Fp8Weight::quantize(&t.to_f32_vec(), n, k, fmt, s)
+                            .map_err(|e| Error::Shape(e.to_string()))?;
+                        Mat::Fp8(gpu.upload_fp8_weight(&q)?)
+                    }
+                    GpuWeights::Bf16 => Mat::Bf16(gpu.upload_bf16(&bf16s(t))?, n, k),
+                });
+            }
+            layers.push(Layer {
+                attn_norm: gpu
+                    .upload(&get(&format!("{p}.input_layernorm.weight"))?.to_f32_vec())?,
+                mlp_norm: gpu
+                    .upload(&get(&format!("{p}.post_attention_layernorm.weight"))?.to_f32_vec())?,
+                mats,
+                k_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "k cache")?,
+                v_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "v cache")?,
+            });
+        }
+        let embed = get("model.embed_tokens.weight")?;
+        let head = if cfg.tie_word_embeddings {
+            embed
+        } else {
+            get("lm_head.weight")?
+        };
+        let buf = Buffers {
+            x: gpu.alloc_zeros(c, "x")?,
+            h: gpu.alloc_zeros(c, "h")?,
+            q: gpu.alloc_zeros(hq * d, "q")?,
+            k: gpu.alloc_zeros(kvw, "k")?,
+            v: gpu.alloc_zeros(kvw, "v")?,
+            a: gpu.alloc_zeros(hq * d, "a")?,
+            o: gpu.alloc_zeros(c, "o")?,
+            g: gpu.alloc_zeros(ff, "g")?,
+            u: gpu.alloc_zeros(ff, "u")?,
+            act: gpu.alloc_zeros(ff, "act")?,
+            logits: gpu.alloc_zeros(v, "logits")?,
+        };
+        Ok(GpuDecoder {
+            gpu,
+            cfg: cfg.clone(),
+            f: fns,
+            embed: gpu.upload(&embed.to_f32_vec())?,
+            layers,
+            norm: gpu.upload(&get("model.norm.weight")?.to_f32_vec())?,
+            head: gpu.upload_bf16(&bf16s(head))?,
+            buf,
+            len: 0,
+        })
+    }
+
+    /// Device bytes of the block matrices.
+    pub fn matrix_bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .flat_map(|l| &l.mats)
+            .map(Mat::bytes)
+            .sum()
+    }
+
+    /// Empty the cache.
+    pub fn reset(&mut self) {
+        self.len = 0;
+    }
+
+    /// Append one token; returns its logits `(V)`.
+    pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let t = token as usize;
+        if t >= v {
+            return Err(Error::Shape(format!(
+                "token {t} outside the vocabulary of {v}"
+            )));
+        }
+        if self.len >= cfg.max_position_embeddings {
+            return Err(Error::Shape(format!(
+                "the cache is full ({} positions)",
+                cfg.max_position_embeddings
+            )));
+        }
+        let (gpu, f, b) = (self.gpu, &self.f, &mut self.buf);
+        let s = &gpu.stream;
+        let pos = self.len;
+        let kvw = hkv * d;
+        let (ci, ffi) = (c as i32, ff as i32);
+        let eps = cfg.rms_norm_eps as f32;
+        let theta = cfg.rope_theta as f32;
+        s.memcpy_dtod(&self.embed.slice(t * c..(t + 1) * c), &mut b.x)?;
+        let norm_cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        for layer in &mut self.layers {
+            // SAFETY (every launch below): argument types match the kernels in
+            // decode.cu and every buffer has the length the kernel indexes.
+            unsafe {
+                s.launch_builder(&f.rmsnorm)
+                    .arg(&b.x)
+                    .arg(&layer.attn_norm)
+                    .arg(&mut b.h)
+                    .arg(&ci)
+                    .arg(&eps)
+                    .launch(norm_cfg)?;
+            }
+            apply(gpu, &layer.mats[0], &b.h, &mut b.q)?;
+            apply(gpu, &layer.mats[1], &b.h, &mut b.k)?;
+            apply(gpu, &layer.mats[2], &b.h, &mut b.v)?;
+            let (hqi, hkvi, di, posi) = (hq as i32, hkv as i32, d as i32, pos as i32);
+            unsafe {
+                s.launch_builder(&f.rope)
+                    .arg(&mut b.q)
+                    .arg(&hqi)
+                    .arg(&di)
+                    .arg(&posi)
+                    .arg(&theta)
+                    .launch(cfg1(hq * d / 2))?;
+                s.launch_builder(&f.rope)
+                    .arg(&mut b.k)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .arg(&posi)
+                    .arg(&theta)
+                    .launch(cfg1(hkv * d / 2))?;
+            }
+            s.memcpy_dtod(
+                &b.k,
+                &mut layer.k_cache.slice_mut(pos * kvw..(pos + 1) * kvw),
+            )?;
+            s.memcpy_dtod(
+                &b.v,
+                &mut layer.v_cache.slice_mut(pos * kvw..(pos + 1) * kvw),
+            )?;
+            let len = (pos + 1) as i32;
+            let scale = 1.0 / (d as f32).sqrt();
+            unsafe {
+                s.launch_builder(&f.attend)
+                    .arg(&b.q)
+                    .arg(&layer.k_cache)
+                    .arg(&layer.v_cache)
+                    .arg(&mut b.a)
+                    .arg(&len)
+                    .arg(&hqi)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .arg(&scale)
+                    .launch(LaunchConfig {
+                        grid_dim: (hq as u32, 1, 1),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: ((pos + 1 + 32) * 4) as u32,
+                    })?;
+            }
+            apply(gpu, &layer.mats[3], &b.a, &mut b.o)?;
+            unsafe {
+                s.launch_builder(&f.add)
+                    .arg(&mut b.x)
+                    .arg(&b.o)
+                    .arg(&ci)
+                    .launch(cfg1(c))?;
+                s.launch_builder(&f.rmsnorm)
+                    .arg(&b.x)
+                    .arg(&layer.mlp_norm)
+                    .arg(&mut b.h)
+                    .arg(&ci)
+                    .arg(&eps)
+                    .launch(norm_cfg)?;
+            }
+            apply(gpu, &layer.mats[4], &b.h, &mut b.g)?;
+            apply(gpu, &layer.mats[5], &b.h, &mut b.u)?;
+            unsafe {
+                s.launch_builder(&f.swiglu)
+                    .arg(&b.g)
+                    .arg(&b.u)
+                    .arg(&mut b.act)
+                    .arg(&ffi)
+                    .launch(cfg1(ff))?;
+            }
+            apply(gpu, &layer.mats[6], &b.act, &mut b.o)?;
+            unsafe {
+                s.launch_builder(&f.add)
+                    .arg(&mut b.x)
+                    .arg(&b.o)
+                    .arg(&ci)
+                    .launch(cfg1(c))?;
+            }
+        }
+        unsafe {
+            s.launch_builder(&f.rmsnorm)
+                .arg(&b.x)
+                .arg(&self.norm)
+                .arg(&mut b.h)
+                .arg(&ci)
+                .arg(&eps)
+                .launch(norm_cfg)?;
+        }
+        gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))?;
+        self.len += 1;
+        gpu.download(&b.logits)
+    }
+}
+
+fn bf16s(t: &Tensor) -> Vec<half::bf16> {
+    t.to_f32_vec()
+        .iter()
+        .map(|&x| half::bf16::from_f32(x))
+        .collect()
+}
+
+fn apply(gpu: &Gpu, m: &Mat, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Result<()> {
+    match m {
+        Mat::Fp8(w) => gpu.mixed_matmul(x, 1, w, y),
+        Mat::Bf16(w, n, k) => gpu.gemm_bf16(x, w, y, (1, *n, *k)),
+    }
+}
