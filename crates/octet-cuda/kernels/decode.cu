@@ -43,8 +43,28 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned
     for (int i = threadIdx.x; i < C; i += blockDim.x) out[(size_t)blockIdx.x * C + i] = f32_to_bf16(r[i] * inv * g[i]);
 }
 
-// Rotary embedding at position `pos` of `heads` heads of dim d, pairs (i, i + d/2).
-extern "C" __global__ void rope_f32(float* x, int heads, int d, int pos, float theta) {
+// The step's token and position live on the device (state[0], state[1]) so
+// that one captured CUDA graph serves every step.
+
+// x = table[token] (C floats).
+extern "C" __global__ void embed_row(const float* table, const int* state, float* x, int C) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < C) x[i] = table[(size_t)state[0] * C + i];
+}
+
+// The new key and value rows into the caches at the step's position.
+extern "C" __global__ void kv_store(const float* k, const float* v, float* kc, float* vc, const int* state,
+                                    int width) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= width) return;
+    const size_t at = (size_t)state[1] * width + i;
+    kc[at] = k[i];
+    vc[at] = v[i];
+}
+
+// Rotary embedding at the step's position of `heads` heads of dim d, pairs (i, i + d/2).
+extern "C" __global__ void rope_f32(float* x, int heads, int d, const int* state, float theta) {
+    const int pos = state[1];
     const int half = d / 2;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= heads * half) return;
@@ -58,10 +78,12 @@ extern "C" __global__ void rope_f32(float* x, int heads, int d, int pos, float t
 }
 
 // Attention of one query token over `len` cached keys/values, grouped-query
-// heads; one block per query head; scores in shared memory (len <= 8192).
+// heads; one block per query head; `len` = position + 1; scores in shared
+// memory (sized by the host for the longest sequence).
 extern "C" __global__ void attend_decode(const float* q, const float* kc, const float* vc, unsigned short* out,
-                                         int len, int hq, int hkv, int d, float scale) {
+                                         const int* state, int hq, int hkv, int d, float scale) {
     extern __shared__ float sm[];
+    const int len = state[1] + 1;
     float* scores = sm;            // len
     float* red = sm + len;         // 32
     const int h = blockIdx.x, kh = h / (hq / hkv), kvw = hkv * d;

@@ -788,6 +788,23 @@ fn decode_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass: sqnr >= 30.0 && got.iter().all(|v| v.is_finite()),
             worst: format!("logits SQNR {sqnr:.1} dB"),
         });
+        // The captured CUDA graph replays exactly the eager launches.
+        let mut eager = GpuDecoder::new(gpu, &cfg, &w, gw)?;
+        eager.set_graphs(false);
+        let mut e = Vec::new();
+        for &t in &tokens {
+            e.extend(eager.step(t)?);
+        }
+        let same = e.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
+        out.push(CaseResult {
+            name: format!("decode tiny model, {label}: CUDA graph replay == eager launches"),
+            pass: same && e.len() == got.len(),
+            worst: if same {
+                "bit-identical".into()
+            } else {
+                "logits differ".into()
+            },
+        });
     }
     Ok(())
 }

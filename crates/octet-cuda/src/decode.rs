@@ -47,6 +47,8 @@ struct Layer {
 }
 
 struct Fns {
+    embed: CudaFunction,
+    kv_store: CudaFunction,
     rmsnorm: CudaFunction,
     rope: CudaFunction,
     attend: CudaFunction,
@@ -80,6 +82,11 @@ pub struct GpuDecoder<'g> {
     head: CudaSlice<u16>,
     buf: Buffers,
     len: usize,
+    /// `[token, position]` of the step, read by the kernels.
+    state: CudaSlice<i32>,
+    /// One step captured as a CUDA graph after the first (eager) step.
+    graph: Option<cudarc::driver::CudaGraph>,
+    use_graph: bool,
 }
 
 fn cfg1(threads: usize) -> LaunchConfig {
@@ -107,6 +114,8 @@ impl<'g> GpuDecoder<'g> {
         )?)?;
         let f = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
         let fns = Fns {
+            embed: f("embed_row")?,
+            kv_store: f("kv_store")?,
             rmsnorm: f("rmsnorm_bf16")?,
             rope: f("rope_f32")?,
             attend: f("attend_decode")?,
@@ -124,6 +133,12 @@ impl<'g> GpuDecoder<'g> {
             cfg.head_dim(),
         );
         let kvw = hkv * d;
+        if (cfg.max_position_embeddings + 32) * 4 > 48 * 1024 {
+            return Err(Error::Shape(format!(
+                "GPU decoding keeps a sequence's attention scores in 48 KiB of shared memory: at most 12256 positions, the model has {}",
+                cfg.max_position_embeddings
+            )));
+        }
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -187,7 +202,19 @@ impl<'g> GpuDecoder<'g> {
             head: gpu.upload_bf16(&bf16s(head))?,
             buf,
             len: 0,
+            state: gpu.alloc_zeros(2, "decode state")?,
+            graph: None,
+            use_graph: true,
         })
+    }
+
+    /// Replay one captured CUDA graph per step (default) or launch every
+    /// kernel each step (`false`): the same kernels either way.
+    pub fn set_graphs(&mut self, on: bool) {
+        self.use_graph = on;
+        if !on {
+            self.graph = None;
+        }
     }
 
     /// Device bytes of the block matrices.
@@ -206,6 +233,39 @@ impl<'g> GpuDecoder<'g> {
 
     /// Append one token; returns its logits `(V)`.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
+        let (v, max) = (self.cfg.vocab_size, self.cfg.max_position_embeddings);
+        if token as usize >= v {
+            return Err(Error::Shape(format!(
+                "token {token} outside the vocabulary of {v}"
+            )));
+        }
+        if self.len >= max {
+            return Err(Error::Shape(format!("the cache is full ({max} positions)")));
+        }
+        let state = [token as i32, self.len as i32];
+        self.gpu.stream.memcpy_htod(&state, &mut self.state)?;
+        if self.graph.is_none() && self.use_graph && self.len > 0 {
+            // The first step ran eagerly (cuBLASLt plans, kernel loading);
+            // capture the second and replay it from then on.
+            let s = self.gpu.stream.clone();
+            s.begin_capture(
+                cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            )?;
+            let r = self.enqueue();
+            let g = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+            r?;
+            self.graph = g;
+        }
+        match &self.graph {
+            Some(g) => g.launch()?,
+            None => self.enqueue()?,
+        }
+        self.len += 1;
+        self.gpu.download(&self.buf.logits)
+    }
+
+    /// Queue every kernel of one step (token and position come from `state`).
+    fn enqueue(&mut self) -> Result<()> {
         let cfg = &self.cfg;
         let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (hq, hkv, d) = (
@@ -213,34 +273,36 @@ impl<'g> GpuDecoder<'g> {
             cfg.num_key_value_heads,
             cfg.head_dim(),
         );
-        let t = token as usize;
-        if t >= v {
-            return Err(Error::Shape(format!(
-                "token {t} outside the vocabulary of {v}"
-            )));
-        }
-        if self.len >= cfg.max_position_embeddings {
-            return Err(Error::Shape(format!(
-                "the cache is full ({} positions)",
-                cfg.max_position_embeddings
-            )));
-        }
-        let (gpu, f, b) = (self.gpu, &self.f, &mut self.buf);
+        let (gpu, f, b, st) = (self.gpu, &self.f, &mut self.buf, &self.state);
         let s = &gpu.stream;
-        let pos = self.len;
         let kvw = hkv * d;
-        let (ci, ffi) = (c as i32, ff as i32);
+        let (ci, ffi, kvwi) = (c as i32, ff as i32, kvw as i32);
+        let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
         let eps = cfg.rms_norm_eps as f32;
         let theta = cfg.rope_theta as f32;
-        s.memcpy_dtod(&self.embed.slice(t * c..(t + 1) * c), &mut b.x)?;
+        let scale = 1.0 / (d as f32).sqrt();
         let norm_cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let attend_cfg = LaunchConfig {
+            grid_dim: (hq as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: ((cfg.max_position_embeddings + 32) * 4) as u32,
+        };
+        // SAFETY (every launch below): argument types match the kernels in
+        // decode.cu and every buffer has the length the kernel indexes; the
+        // position in `state` is below max_position_embeddings (checked by `step`).
+        unsafe {
+            s.launch_builder(&f.embed)
+                .arg(&self.embed)
+                .arg(st)
+                .arg(&mut b.x)
+                .arg(&ci)
+                .launch(cfg1(c))?;
+        }
         for layer in &mut self.layers {
-            // SAFETY (every launch below): argument types match the kernels in
-            // decode.cu and every buffer has the length the kernel indexes.
             unsafe {
                 s.launch_builder(&f.rmsnorm)
                     .arg(&b.x)
@@ -253,49 +315,40 @@ impl<'g> GpuDecoder<'g> {
             apply(gpu, &layer.mats[0], &b.h, &mut b.q)?;
             apply(gpu, &layer.mats[1], &b.h, &mut b.k)?;
             apply(gpu, &layer.mats[2], &b.h, &mut b.v)?;
-            let (hqi, hkvi, di, posi) = (hq as i32, hkv as i32, d as i32, pos as i32);
             unsafe {
                 s.launch_builder(&f.rope)
                     .arg(&mut b.q)
                     .arg(&hqi)
                     .arg(&di)
-                    .arg(&posi)
+                    .arg(st)
                     .arg(&theta)
                     .launch(cfg1(hq * d / 2))?;
                 s.launch_builder(&f.rope)
                     .arg(&mut b.k)
                     .arg(&hkvi)
                     .arg(&di)
-                    .arg(&posi)
+                    .arg(st)
                     .arg(&theta)
                     .launch(cfg1(hkv * d / 2))?;
-            }
-            s.memcpy_dtod(
-                &b.k,
-                &mut layer.k_cache.slice_mut(pos * kvw..(pos + 1) * kvw),
-            )?;
-            s.memcpy_dtod(
-                &b.v,
-                &mut layer.v_cache.slice_mut(pos * kvw..(pos + 1) * kvw),
-            )?;
-            let len = (pos + 1) as i32;
-            let scale = 1.0 / (d as f32).sqrt();
-            unsafe {
+                s.launch_builder(&f.kv_store)
+                    .arg(&b.k)
+                    .arg(&b.v)
+                    .arg(&mut layer.k_cache)
+                    .arg(&mut layer.v_cache)
+                    .arg(st)
+                    .arg(&kvwi)
+                    .launch(cfg1(kvw))?;
                 s.launch_builder(&f.attend)
                     .arg(&b.q)
                     .arg(&layer.k_cache)
                     .arg(&layer.v_cache)
                     .arg(&mut b.a)
-                    .arg(&len)
+                    .arg(st)
                     .arg(&hqi)
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(&scale)
-                    .launch(LaunchConfig {
-                        grid_dim: (hq as u32, 1, 1),
-                        block_dim: (128, 1, 1),
-                        shared_mem_bytes: ((pos + 1 + 32) * 4) as u32,
-                    })?;
+                    .launch(attend_cfg)?;
             }
             apply(gpu, &layer.mats[3], &b.a, &mut b.o)?;
             unsafe {
@@ -340,9 +393,7 @@ impl<'g> GpuDecoder<'g> {
                 .arg(&eps)
                 .launch(norm_cfg)?;
         }
-        gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))?;
-        self.len += 1;
-        gpu.download(&b.logits)
+        gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))
     }
 }
 

@@ -242,7 +242,12 @@ impl Gpu {
             )));
         }
         let ctx = CudaContext::new(ordinal)?;
-        let stream = ctx.default_stream();
+        // SAFETY: all of octet's work goes to the one stream below, in order,
+        // so cudarc's cross-stream event tracking has nothing to order.
+        unsafe { ctx.disable_event_tracking() };
+        // A created stream rather than the legacy default one: CUDA graphs can
+        // only be captured from created streams (GPU decoding captures one step).
+        let stream = ctx.new_stream()?;
         let cc = ctx.compute_capability()?;
         let sm_count = ctx.attribute(
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
