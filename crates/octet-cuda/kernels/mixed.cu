@@ -4,7 +4,8 @@
 // registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
 //
-// Small M (1..16): `mixed_small_m`. A block of 8 warps owns 16 weight rows;
+// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block of 8
+// warps owns 16 weight rows and 16 tokens;
 // the warps split K into 128-column blocks (warp w takes blocks w, w+8, ...).
 // Per 128-column block a thread loads 16 contiguous codes from each of its two
 // rows (g and g+8, g = lane / 4) per 64 columns, and 16 contiguous bf16 of its
@@ -108,7 +109,14 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     __shared__ float red[8][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.x * 16;
+    // blockIdx.x: group of 16 tokens (consecutive blocks share a row tile, so
+    // a tile's codes are read from DRAM once and from L2 by the other groups);
+    // blockIdx.y: tile of 16 weight rows.
+    const int row0 = blockIdx.y * 16;
+    const int tok0 = blockIdx.x * 16;
+    x += (size_t)tok0 * K;
+    y += (size_t)tok0 * N;
+    M = min(M - tok0, 16);
     const int ra = row0 + g, rb = row0 + g + 8;
     const int kblocks = (K + 127) / 128;
     float tot[NT][4];

@@ -1,7 +1,8 @@
 //! Weight-only FP8 products on the GPU: `y (M, N) = x (M, K) @ W^T` with `x`
 //! in bf16 and `W` kept in FP8 on the device (see `kernels/mixed.cu`).
 //!
-//! - `M <= 16`: one kernel reads the FP8 codes once with 16-byte loads,
+//! - `M <= 64`: one kernel reads the FP8 codes with 16-byte loads (once from
+//!   DRAM; groups of 16 tokens share each weight tile through L2),
 //!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
 //!   accumulation); block factors apply per 128 columns, tensor and row
 //!   factors to the result. This is the decode path, where weight bytes are the cost.
@@ -84,8 +85,8 @@ fn mode(s: WeightScaling) -> i32 {
     }
 }
 
-/// Up to this many rows of `x` take the fused small-M kernel.
-pub const SMALL_M: usize = 16;
+/// Up to this many rows of `x` take the fused small-M kernel (in groups of 16).
+pub const SMALL_M: usize = 64;
 
 impl Gpu {
     /// Copy an [`Fp8Weight`] to the device. `K` must be a multiple of 16 (the
@@ -150,7 +151,7 @@ impl Gpu {
         if m <= SMALL_M {
             let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
             let cfg = LaunchConfig {
-                grid_dim: (n.div_ceil(16) as u32, 1, 1),
+                grid_dim: (m.div_ceil(16) as u32, n.div_ceil(16) as u32, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
