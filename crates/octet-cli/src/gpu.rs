@@ -37,7 +37,9 @@ pub fn recipe_support(name: &str) -> &'static str {
         "blockwise" => {
             "native 1x128 quantize; GEMM not yet (128x128 and cuBLASLt block scaling to come)"
         }
-        "rowwise" => "not yet (CPU reference)",
+        "rowwise" => {
+            "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
+        }
         "mxfp8" | "nvfp4" => {
             "not yet (CPU reference; native GEMMs need sm_100, emulated elsewhere)"
         }

@@ -342,6 +342,43 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
                 vs: "bf16".into(),
             });
         }
+        drop((qx, qw, qdy));
+        // Row-wise scaling: each copy scaled per row, GEMMs with outer-vector scales.
+        let mut rx = gpu.alloc_rowwise_fp8(m, k, Format::E4M3)?;
+        let mut rw = gpu.alloc_rowwise_fp8(n, k, Format::E4M3)?;
+        let mut rdy = gpu.alloc_rowwise_fp8(m, n, Format::E5M2)?;
+        let (e4, e5) = (Format::E4M3, Format::E5M2);
+        let ms = time_ms(gpu, 3, 10, |g| {
+            g.quantize_rowwise_into(&x, &mut rx, false)?;
+            g.quantize_rowwise_into(&w, &mut rw, false)?;
+            g.gemm_fp8_rowwise(
+                (&rx.rowwise, e4, &rx.row_scale_inv),
+                (&rw.rowwise, e4, &rw.row_scale_inv),
+                &mut y,
+                (m, n, k),
+            )?;
+            g.quantize_rowwise_into(&dy, &mut rdy, false)?;
+            g.gemm_fp8_rowwise(
+                (&rdy.rowwise, e5, &rdy.row_scale_inv),
+                (&rw.colwise, e4, &rw.col_scale_inv),
+                &mut dx,
+                (m, k, n),
+            )?;
+            g.gemm_fp8_rowwise(
+                (&rdy.colwise, e5, &rdy.col_scale_inv),
+                (&rx.colwise, e4, &rx.col_scale_inv),
+                &mut dw,
+                (n, k, m),
+            )
+        })?;
+        rows.push(BenchRow {
+            name: format!("linear fwd+bwd fp8 rowwise quantized {shape}"),
+            ms,
+            rate: flops / ms / 1e9,
+            unit: "TFLOP/s",
+            ratio: bf / ms,
+            vs: "bf16".into(),
+        });
     }
     Ok(rows)
 }

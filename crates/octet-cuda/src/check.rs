@@ -172,6 +172,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     error_cases(gpu, &mut out)?;
     mixed_cases(gpu, &mut out)?;
     decode_cases(gpu, &mut out)?;
+    rowwise_cases(gpu, &mut out)?;
     Ok(out)
 }
 
@@ -806,6 +807,82 @@ fn decode_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             } else {
                 "logits differ".into()
             },
+        });
+    }
+    Ok(())
+}
+
+/// Row-wise quantize bit-exact against the CPU's `rowwise` recipe (codes and
+/// per-row scales of both copies), and the outer-vector FP8 GEMM against the
+/// CPU's exact-product FP8 GEMM of the same codes.
+fn rowwise_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let mut cases: Vec<((usize, usize), &str)> = SHAPES.iter().map(|&s| (s, "uniform")).collect();
+    cases.extend([((217, 300), "wide"), ((64, 128), "zeros")]);
+    for (i, &((rows, cols), kind)) in cases.iter().enumerate() {
+        let xf = input(kind, rows * cols, 700 + i as u64);
+        let xb: Vec<bf16> = xf.iter().map(|&v| bf16::from_f32(v)).collect();
+        for format in [Format::E4M3, Format::E5M2] {
+            let sp = spec(format, Granularity::Row, false);
+            for dtype in ["bf16", "f32"] {
+                let mut q = gpu.alloc_rowwise_fp8(rows, cols, format)?;
+                let want = if dtype == "bf16" {
+                    gpu.quantize_rowwise_into(&gpu.upload(&bf16_bits(&xb))?, &mut q, true)?;
+                    octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?
+                } else {
+                    gpu.quantize_rowwise_into(&gpu.upload(&xf)?, &mut q, true)?;
+                    octet_fp8::quantize(&xf, rows, cols, &sp, &sp, Usage::BOTH, None)?
+                };
+                let (pr, tr) = compare_copy(
+                    &gpu.download(&q.rowwise)?,
+                    &gpu.download(&q.row_scale_inv)?,
+                    want.get(Layout::Rowwise)?,
+                    "row",
+                );
+                let (pc, tc) = compare_copy(
+                    &gpu.download(&q.colwise)?,
+                    &gpu.download(&q.col_scale_inv)?,
+                    want.get(Layout::Colwise)?,
+                    "col",
+                );
+                out.push(CaseResult {
+                    name: format!(
+                        "quantize rowwise {dtype} -> {} {rows}x{cols} {kind}",
+                        format.name()
+                    ),
+                    pass: pr && pc,
+                    worst: format!("{tr}; {tc}"),
+                });
+            }
+        }
+    }
+    for &(m, k, n) in &[
+        (256usize, 512usize, 384usize),
+        (128, 4096, 256),
+        (64, 256, 1024),
+    ] {
+        let (xa, xw) = (random_f32(m * k, 801, 2.0), random_f32(n * k, 802, 0.1));
+        let sp = spec(Format::E4M3, Granularity::Row, false);
+        let qa = octet_fp8::quantize(&xa, m, k, &sp, &sp, Usage::ROW, None)?;
+        let qb = octet_fp8::quantize(&xw, n, k, &sp, &sp, Usage::ROW, None)?;
+        let want = octet_tensor::cpu::fp8_gemm(qa.get(Layout::Rowwise)?, qb.get(Layout::Rowwise)?)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let mut da = gpu.alloc_rowwise_fp8(m, k, Format::E4M3)?;
+        let mut db = gpu.alloc_rowwise_fp8(n, k, Format::E4M3)?;
+        gpu.quantize_rowwise_into(&gpu.upload(&xa)?, &mut da, true)?;
+        gpu.quantize_rowwise_into(&gpu.upload(&xw)?, &mut db, true)?;
+        let mut d: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; m * n])?;
+        gpu.gemm_fp8_rowwise(
+            (&da.rowwise, Format::E4M3, &da.row_scale_inv),
+            (&db.rowwise, Format::E4M3, &db.row_scale_inv),
+            &mut d,
+            (m, n, k),
+        )?;
+        let got = gpu.download(&d)?;
+        let e = rel_frobenius(&got, &want);
+        out.push(CaseResult {
+            name: format!("gemm fp8 rowwise (outer-vector scales) {m}x{k}x{n} vs CPU"),
+            pass: e <= FP8_TOL,
+            worst: format!("relative error {e:.2e}"),
         });
     }
     Ok(())

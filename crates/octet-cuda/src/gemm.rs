@@ -60,12 +60,14 @@ pub enum Kind {
     },
     /// FP8 x FP8 with per-tensor scale pointers: `(a format, b format, fast accumulation, output)`.
     Fp8(Format, Format, bool, OutType),
+    /// FP8 x FP8 with one scale per row of each operand (outer-vector scaling).
+    Fp8Outer(Format, Format, OutType),
 }
 
 impl Kind {
     fn out(self) -> OutType {
         match self {
-            Kind::Bf16 { out, .. } | Kind::Fp8(_, _, _, out) => out,
+            Kind::Bf16 { out, .. } | Kind::Fp8(_, _, _, out) | Kind::Fp8Outer(_, _, out) => out,
         }
     }
 }
@@ -146,7 +148,7 @@ impl Blas {
                 sys::cudaDataType::CUDA_R_16BF,
             ),
             // cuBLAS A is our b, cuBLAS B is our a.
-            Kind::Fp8(fa, fb, _, _) => (dtype(fb)?, dtype(fa)?),
+            Kind::Fp8(fa, fb, _, _) | Kind::Fp8Outer(fa, fb, _) => (dtype(fb)?, dtype(fa)?),
         };
         let desc = blas(
             lt::create_matmul_desc(
@@ -159,7 +161,7 @@ impl Blas {
         // cuBLAS A := our b, cuBLAS B := our a. cublasOperation_t: N = 0, T = 1 (int32).
         let (our_ta, our_tb) = match kind {
             Kind::Bf16 { ta, tb, .. } => (ta, tb),
-            Kind::Fp8(..) => (false, true),
+            Kind::Fp8(..) | Kind::Fp8Outer(..) => (false, true),
         };
         let t: i32 = i32::from(our_tb);
         let nop: i32 = i32::from(our_ta);
@@ -180,6 +182,29 @@ impl Blas {
             &nop as *const _ as *const c_void,
             std::mem::size_of_val(&nop),
         )?;
+        if let Kind::Fp8Outer(..) = kind {
+            let mode =
+                sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+            for attr in [
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            ] {
+                set(
+                    attr,
+                    &mode as *const _ as *const c_void,
+                    std::mem::size_of_val(&mode),
+                )?;
+            }
+            // Vector scales cannot be null when the heuristic validates the
+            // descriptor: point them at the workspace until `run` sets the real ones.
+            let (ws, _guard) = self.workspace.device_ptr(&self.stream);
+            for attr in [
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            ] {
+                set(attr, &ws as *const _ as *const c_void, 8)?;
+            }
+        }
         if let Kind::Fp8(_, _, fast, _) = kind {
             let f: i8 = i8::from(fast);
             set(
@@ -283,6 +308,34 @@ impl Blas {
             out: D::OUT,
         };
         self.run(kind, m, n, k, a, b, d, None)
+    }
+
+    /// `d (m, n) = diag(a_scale) (a (m, k) @ b (n, k)^T) diag(b_scale)` from
+    /// FP8 codes (both K-major) with one `scale_inv` per row of each operand
+    /// (cuBLASLt's `OUTER_VEC_32F` scale mode, CUDA 12.9+ on Hopper).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8_outer<D: GemmOut>(
+        &mut self,
+        a: &CudaSlice<u8>,
+        a_fmt: Format,
+        a_scale: &CudaSlice<f32>,
+        b: &CudaSlice<u8>,
+        b_fmt: Format,
+        b_scale: &CudaSlice<f32>,
+        d: &mut CudaSlice<D>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        check_dims(m, n, k)?;
+        if m % 16 != 0 || n % 16 != 0 || k % 16 != 0 {
+            return Err(Error::Shape(format!(
+                "FP8 GEMM dims must be multiples of 16, got m={m} n={n} k={k}"
+            )));
+        }
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        let kind = Kind::Fp8Outer(a_fmt, b_fmt, D::OUT);
+        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)))
     }
 
     /// `d (m, n) = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from

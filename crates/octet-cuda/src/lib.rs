@@ -25,6 +25,7 @@ pub mod gemm;
 pub mod mixed;
 pub mod nvrtc;
 mod quantize;
+pub mod rowwise;
 
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};
@@ -105,11 +106,12 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 4] = [
+pub const KERNEL_SOURCES: [(&str, &str); 5] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
     ("decode", kernel_source!("decode.cu")),
+    ("rowwise", kernel_source!("rowwise.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -204,6 +206,8 @@ pub struct Gpu {
     pub(crate) ordinal: usize,
     pub(crate) arch: &'static str,
     pub(crate) k: Kernels,
+    /// Row-wise scaling kernels, compiled on first use.
+    pub(crate) rowwise: std::sync::OnceLock<rowwise::RowwiseKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -316,6 +320,7 @@ impl Gpu {
             ordinal,
             arch,
             k,
+            rowwise: std::sync::OnceLock::new(),
             blas,
         })
     }

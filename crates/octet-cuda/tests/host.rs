@@ -54,6 +54,7 @@ fn kernels_compile() {
                     "cvt.rn.f16x2.e5m2x2",
                 ],
                 "decode" => &["attend_decode", "rmsnorm_bf16", "cvt.rn.bf16.f32"],
+                "rowwise" => &["rowwise_cast_bf16_e4m3", "cvt.rn.satfinite.e5m2x2.f32"],
                 _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
             };
             for m in markers {
