@@ -173,6 +173,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     mixed_cases(gpu, &mut out)?;
     decode_cases(gpu, &mut out)?;
     rowwise_cases(gpu, &mut out)?;
+    delayed_cases(gpu, &mut out)?;
     Ok(out)
 }
 
@@ -883,6 +884,62 @@ fn rowwise_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             name: format!("gemm fp8 rowwise (outer-vector scales) {m}x{k}x{n} vs CPU"),
             pass: e <= FP8_TOL,
             worst: format!("relative error {e:.2e}"),
+        });
+    }
+    Ok(())
+}
+
+/// Delayed scaling with its state on the device: 12 steps of two quantizes
+/// each (the given-scale kernel reads the device scale), amaxes recorded and
+/// the history rolled on the device, against the CPU's `DelayedState` fed the
+/// same tensors: the scale after every step bit for bit, and the codes of
+/// every quantize against the CPU quantized with the CPU's scale.
+fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use octet_fp8::{AmaxAlgo, DelayedState};
+    let (rows, cols) = (128, 256);
+    for (algo, margin, format, hist) in [
+        (AmaxAlgo::Max, 0, Format::E4M3, 16usize),
+        (AmaxAlgo::MostRecent, 1, Format::E5M2, 16),
+        (AmaxAlgo::Max, 2, Format::E4M3, 4),
+    ] {
+        let mut cpu = DelayedState::new(hist, algo, margin, format);
+        let mut dev = gpu.delayed_state(hist, algo, margin, format)?;
+        let mut q = gpu.alloc_fp8(rows, cols, format)?;
+        let (mut scale_bad, mut code_bad) = (0, 0);
+        for step in 0..12u64 {
+            for part in 0..2u64 {
+                // Magnitudes over 5 decades, so the history's max moves up and down.
+                let mag = 10f32.powi((step * 3 + part) as i32 % 5 - 2);
+                let xb = random_bf16(rows * cols, 1000 + step * 2 + part, mag);
+                let sp = QuantSpec {
+                    format,
+                    granularity: Granularity::Tensor,
+                    rule: ScaleRule::Fixed(cpu.scale()),
+                    rounding: Rounding::NearestEven,
+                };
+                let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::ROW, None)?;
+                gpu.quantize_given_scale_into(
+                    &gpu.upload(&bf16_bits(&xb))?,
+                    &dev.scale,
+                    &mut q,
+                    false,
+                )?;
+                if byte_diff(&gpu.download(&q.rowwise)?, &want.get(Layout::Rowwise)?.data).0 != 0 {
+                    code_bad += 1;
+                }
+                cpu.record(want.amax);
+                gpu.delayed_record(&mut dev, &q.amax_bits)?;
+            }
+            cpu.update();
+            gpu.delayed_update(&mut dev)?;
+            if gpu.download(&dev.scale)?[0].to_bits() != cpu.scale().to_bits() {
+                scale_bad += 1;
+            }
+        }
+        out.push(CaseResult {
+            name: format!("delayed scaling on the device, {algo:?} history {hist} margin {margin} {}: 12 steps x 2 quantizes", format.name()),
+            pass: scale_bad == 0 && code_bad == 0,
+            worst: format!("{scale_bad} of 12 scales differ, {code_bad} of 24 quantizes differ"),
         });
     }
     Ok(())

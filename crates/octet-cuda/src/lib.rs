@@ -21,6 +21,7 @@
 pub mod bench;
 pub mod check;
 pub mod decode;
+pub mod delayed;
 pub mod gemm;
 pub mod mixed;
 pub mod nvrtc;
@@ -106,12 +107,13 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 5] = [
+pub const KERNEL_SOURCES: [(&str, &str); 6] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
     ("decode", kernel_source!("decode.cu")),
     ("rowwise", kernel_source!("rowwise.cu")),
+    ("delayed", kernel_source!("delayed.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -208,6 +210,8 @@ pub struct Gpu {
     pub(crate) k: Kernels,
     /// Row-wise scaling kernels, compiled on first use.
     pub(crate) rowwise: std::sync::OnceLock<rowwise::RowwiseKernels>,
+    /// Delayed-scaling state kernels, compiled on first use.
+    pub(crate) delayed: std::sync::OnceLock<delayed::DelayedKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -321,6 +325,7 @@ impl Gpu {
             arch,
             k,
             rowwise: std::sync::OnceLock::new(),
+            delayed: std::sync::OnceLock::new(),
             blas,
         })
     }
