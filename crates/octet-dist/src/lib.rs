@@ -17,13 +17,13 @@
 
 pub mod comm;
 pub mod fp8;
-// pub mod fsdp;
+pub mod fsdp;
 pub mod shard;
 pub mod thread;
 
 pub use comm::{CollectiveKind, CommStats, Communicator, Elem, ReduceOp, Reducible};
 pub use fp8::{fp8_row_alignment, gather_fp8_weight, ColwisePlan};
-// pub use fsdp::{FsdpConfig, FsdpRank, StepOutput, Wire};
+pub use fsdp::{local_batch, FsdpConfig, FsdpRank, StepOutput, Wire};
 pub use shard::ShardLayout;
 pub use thread::{spawn_ranks, spawn_ranks_with_timeout, ThreadComm};
 
