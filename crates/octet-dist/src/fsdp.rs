@@ -253,7 +253,9 @@ impl FsdpRank {
         })
     }
 
-    /// The model replica (block weights gathered in FP8 are stale in high precision).
+    /// The model replica as the last step left it: block weights gathered in
+    /// FP8 are stale in high precision, and the FP8 weights attached to its
+    /// linears predate the last update. Use [`FsdpRank::gathered_model`] for a current full model.
     pub fn model(&self) -> &Llama {
         &self.model
     }
@@ -495,6 +497,24 @@ impl FsdpRank {
             .into_iter()
             .map(|s| Ok((s.name, Tensor::from_f32(&s.shape, s.master)?)))
             .collect()
+    }
+
+    /// A full copy of the model with the current weights (the masters gathered
+    /// and rounded to the model's dtype, no FP8 weight attached), the same on
+    /// every rank: what `octet_train::checkpoint::save_model` writes (from rank 0),
+    /// or what evaluation and sampling run on.
+    pub fn gathered_model<C: Communicator>(&self, comm: &C) -> Result<Llama> {
+        let mut m = self.model.clone();
+        let weights = self
+            .full_masters(comm)?
+            .into_iter()
+            .map(|(n, t)| (n, t.to_dtype(self.dtype)))
+            .collect();
+        m.load_params(weights)?;
+        for (_, l) in m.linears_mut() {
+            l.set_quantized_weight(None)?;
+        }
+        Ok(m)
     }
 
     /// The whole optimizer state gathered on every rank (masters, moments,
