@@ -371,6 +371,53 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
                 (n, k, m),
             )
         })?;
+        drop((rx, rw, rdy));
+        // Blockwise (DeepSeek-V3): 1x128 activations and gradients, 128x128 weights;
+        // the 1x128 scale grids are transposed into cuBLASLt's layout each step.
+        if m % 128 == 0 && n % 128 == 0 && k % 128 == 0 {
+            let mut bx = gpu.alloc_block_fp8(m, k, Format::E4M3)?;
+            let mut bw = gpu.alloc_block2d_fp8(n, k, Format::E4M3)?;
+            let mut bdy = gpu.alloc_block_fp8(m, n, Format::E5M2)?;
+            let mut xs_r: CudaSlice<f32> = gpu.alloc_zeros(m * k / 128, "scales")?;
+            let mut xs_c: CudaSlice<f32> = gpu.alloc_zeros(m * k / 128, "scales")?;
+            let mut gs_r: CudaSlice<f32> = gpu.alloc_zeros(m * n / 128, "scales")?;
+            let mut gs_c: CudaSlice<f32> = gpu.alloc_zeros(m * n / 128, "scales")?;
+            let ms = time_ms(gpu, 3, 10, |g| {
+                g.quantize_block1x128_into(&x, &mut bx, false, false)?;
+                g.quantize_block128x128_into(&w, &mut bw, false)?;
+                g.transpose_f32(&bx.row_scale_inv, m, k / 128, &mut xs_r)?;
+                g.transpose_f32(&bx.col_scale_inv, k, m / 128, &mut xs_c)?;
+                g.gemm_fp8_block(
+                    (&bx.rowwise, e4, &xs_r, false),
+                    (&bw.rowwise, e4, &bw.row_scale_inv, true),
+                    &mut y,
+                    (m, n, k),
+                )?;
+                g.quantize_block1x128_into(&dy, &mut bdy, false, false)?;
+                g.transpose_f32(&bdy.row_scale_inv, m, n / 128, &mut gs_r)?;
+                g.transpose_f32(&bdy.col_scale_inv, n, m / 128, &mut gs_c)?;
+                g.gemm_fp8_block(
+                    (&bdy.rowwise, e5, &gs_r, false),
+                    (&bw.colwise, e4, &bw.col_scale_inv, true),
+                    &mut dx,
+                    (m, k, n),
+                )?;
+                g.gemm_fp8_block(
+                    (&bdy.colwise, e5, &gs_c, false),
+                    (&bx.colwise, e4, &xs_c, false),
+                    &mut dw,
+                    (n, k, m),
+                )
+            })?;
+            rows.push(BenchRow {
+                name: format!("linear fwd+bwd fp8 blockwise (1x128 / 128x128) quantized {shape}"),
+                ms,
+                rate: flops / ms / 1e9,
+                unit: "TFLOP/s",
+                ratio: bf / ms,
+                vs: "bf16".into(),
+            });
+        }
         rows.push(BenchRow {
             name: format!("linear fwd+bwd fp8 rowwise quantized {shape}"),
             ms,

@@ -62,12 +62,18 @@ pub enum Kind {
     Fp8(Format, Format, bool, OutType),
     /// FP8 x FP8 with one scale per row of each operand (outer-vector scaling).
     Fp8Outer(Format, Format, OutType),
+    /// FP8 x FP8 with DeepSeek-style block scales: `(a format, b format, a blocks,
+    /// b blocks, output)`, blocks being 1x128 (`false`) or 128x128 (`true`).
+    Fp8Block(Format, Format, bool, bool, OutType),
 }
 
 impl Kind {
     fn out(self) -> OutType {
         match self {
-            Kind::Bf16 { out, .. } | Kind::Fp8(_, _, _, out) | Kind::Fp8Outer(_, _, out) => out,
+            Kind::Bf16 { out, .. }
+            | Kind::Fp8(_, _, _, out)
+            | Kind::Fp8Outer(_, _, out)
+            | Kind::Fp8Block(_, _, _, _, out) => out,
         }
     }
 }
@@ -148,7 +154,9 @@ impl Blas {
                 sys::cudaDataType::CUDA_R_16BF,
             ),
             // cuBLAS A is our b, cuBLAS B is our a.
-            Kind::Fp8(fa, fb, _, _) | Kind::Fp8Outer(fa, fb, _) => (dtype(fb)?, dtype(fa)?),
+            Kind::Fp8(fa, fb, _, _) | Kind::Fp8Outer(fa, fb, _) | Kind::Fp8Block(fa, fb, ..) => {
+                (dtype(fb)?, dtype(fa)?)
+            }
         };
         let desc = blas(
             lt::create_matmul_desc(
@@ -161,7 +169,7 @@ impl Blas {
         // cuBLAS A := our b, cuBLAS B := our a. cublasOperation_t: N = 0, T = 1 (int32).
         let (our_ta, our_tb) = match kind {
             Kind::Bf16 { ta, tb, .. } => (ta, tb),
-            Kind::Fp8(..) | Kind::Fp8Outer(..) => (false, true),
+            Kind::Fp8(..) | Kind::Fp8Outer(..) | Kind::Fp8Block(..) => (false, true),
         };
         let t: i32 = i32::from(our_tb);
         let nop: i32 = i32::from(our_ta);
@@ -197,6 +205,35 @@ impl Blas {
             }
             // Vector scales cannot be null when the heuristic validates the
             // descriptor: point them at the workspace until `run` sets the real ones.
+            let (ws, _guard) = self.workspace.device_ptr(&self.stream);
+            for attr in [
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            ] {
+                set(attr, &ws as *const _ as *const c_void, 8)?;
+            }
+        }
+        if let Kind::Fp8Block(_, _, a2d, b2d, _) = kind {
+            use sys::cublasLtMatmulMatrixScale_t as S;
+            let mode = |two_d: bool| {
+                if two_d {
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F as i32
+                } else {
+                    S::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F as i32
+                }
+            };
+            // cuBLAS A is our b.
+            let (ma, mb) = (mode(b2d), mode(a2d));
+            set(
+                D::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+                &ma as *const _ as *const c_void,
+                4,
+            )?;
+            set(
+                D::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+                &mb as *const _ as *const c_void,
+                4,
+            )?;
             let (ws, _guard) = self.workspace.device_ptr(&self.stream);
             for attr in [
                 D::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
@@ -335,6 +372,46 @@ impl Blas {
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
         let kind = Kind::Fp8Outer(a_fmt, b_fmt, D::OUT);
+        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)))
+    }
+
+    /// `d (m, n) = a (m, k) @ b (n, k)^T` from FP8 codes (both K-major) with
+    /// block scales: 1x128 (`false`) or 128x128 (`true`) per operand, the
+    /// scale tensors in the layout cuBLASLt expects (see `block_scale_layout`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_fp8_block<D: GemmOut>(
+        &mut self,
+        (a, a_fmt, a_scale, a2d): (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
+        (b, b_fmt, b_scale, b2d): (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
+        d: &mut CudaSlice<D>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        check_dims(m, n, k)?;
+        if m % 16 != 0 || n % 16 != 0 || k % 128 != 0 {
+            return Err(Error::Shape(format!(
+                "block-scaled FP8 GEMM needs m, n multiples of 16 and k of 128, got m={m} n={n} k={k}"
+            )));
+        }
+        // cuBLASLt pads a 128x128 scale grid's rows to 4 blocks; octet's grids
+        // are unpadded, so they are accepted only where the two agree.
+        if (a2d || b2d) && (k / 128) % 4 != 0 {
+            return Err(Error::Shape(format!(
+                "block-scaled FP8 GEMM with 128x128 scales needs k a multiple of 512, got k={k} (pad the operands)"
+            )));
+        }
+        let scales = |rows: usize, two_d: bool| {
+            if two_d {
+                rows.div_ceil(128) * (k / 128)
+            } else {
+                rows * (k / 128)
+            }
+        };
+        check_len(a_scale.len(), scales(m, a2d), "a scales")?;
+        check_len(b_scale.len(), scales(n, b2d), "b scales")?;
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        let kind = Kind::Fp8Block(a_fmt, b_fmt, a2d, b2d, D::OUT);
         self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)))
     }
 

@@ -19,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod block2d;
 pub mod check;
 pub mod decode;
 pub mod delayed;
@@ -107,13 +108,14 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 6] = [
+pub const KERNEL_SOURCES: [(&str, &str); 7] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
     ("decode", kernel_source!("decode.cu")),
     ("rowwise", kernel_source!("rowwise.cu")),
     ("delayed", kernel_source!("delayed.cu")),
+    ("block2d", kernel_source!("block2d.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -212,6 +214,8 @@ pub struct Gpu {
     pub(crate) rowwise: std::sync::OnceLock<rowwise::RowwiseKernels>,
     /// Delayed-scaling state kernels, compiled on first use.
     pub(crate) delayed: std::sync::OnceLock<delayed::DelayedKernels>,
+    /// 128x128 block kernels, compiled on first use.
+    pub(crate) block2d: std::sync::OnceLock<block2d::Block2dKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -326,6 +330,7 @@ impl Gpu {
             k,
             rowwise: std::sync::OnceLock::new(),
             delayed: std::sync::OnceLock::new(),
+            block2d: std::sync::OnceLock::new(),
             blas,
         })
     }

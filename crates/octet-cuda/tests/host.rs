@@ -56,6 +56,11 @@ fn kernels_compile() {
                 "decode" => &["attend_decode", "rmsnorm_bf16", "cvt.rn.bf16.f32"],
                 "rowwise" => &["rowwise_cast_bf16_e4m3", "cvt.rn.satfinite.e5m2x2.f32"],
                 "delayed" => &["delayed_update", "delayed_record"],
+                "block2d" => &[
+                    "block128x128_bf16_e4m3",
+                    "transpose_f32",
+                    "cvt.rn.satfinite.e4m3x2.f32",
+                ],
                 _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
             };
             for m in markers {

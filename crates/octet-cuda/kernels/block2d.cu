@@ -1,0 +1,117 @@
+// 128x128 block scaling (DeepSeek-V3's weights) of a bf16 (rows, cols) matrix:
+// one scale per 128x128 tile, shared by the row-wise copy (rows, cols) and the
+// column-wise copy (cols, rows), whose tile grid is the transpose; scales
+// row-major over each copy's grid, as octet_fp8::quantize lays them out for
+// Granularity::Tile { rows: 128, cols: 128 }. One CTA per tile: read it once,
+// reduce its amax, write both copies (2 B read + 2 x 1 B written per element).
+// Also `transpose_f32`, which turns a 1x128 scale grid (rows, kblocks) into the
+// (kblocks, rows) layout cuBLASLt's VEC128 scale mode reads.
+
+#define T2 128
+
+template <int FMT>
+__device__ __forceinline__ void block2d(const unsigned short* __restrict__ x, int rows, int cols, float fmax,
+                                        unsigned char* __restrict__ out_row, unsigned char* __restrict__ out_col,
+                                        float* __restrict__ row_scale_inv, float* __restrict__ col_scale_inv,
+                                        unsigned int* __restrict__ nonfinite) {
+    __shared__ __align__(16) unsigned char codes[T2][T2 + 4];
+    __shared__ float red[8];
+    const int r0 = blockIdx.y * T2, c0 = blockIdx.x * T2;
+    const int chunk = threadIdx.x & 15, rr = threadIdx.x >> 4;  // 16 threads x 8 columns per row, 16 rows per pass
+    float f[8][8];
+    float m = 0.f;
+    int bad = 0;
+#pragma unroll
+    for (int pass = 0; pass < 8; pass++) {
+        const int r = r0 + rr + pass * 16, c = c0 + chunk * 8;
+        if (r < rows && c + 8 <= cols && cols % 8 == 0) {
+            In<unsigned short>::load8(x + (size_t)r * cols + c, f[pass]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                f[pass][j] = (r < rows && c + j < cols) ? bf16_lo(x[(size_t)r * cols + c + j]) : 0.f;
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            bad |= nonfinite_f32(f[pass][j]);
+            m = fmaxf(m, fabsf(f[pass][j]));
+        }
+    }
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = m;
+    __syncthreads();
+    float amax = 0.f;
+#pragma unroll
+    for (int w = 0; w < 8; w++) amax = fmaxf(amax, red[w]);
+    const float s = scale_from_amax(amax, fmax, 0);
+    if (threadIdx.x == 0) {
+        const float inv = __fdiv_rn(1.f, s);
+        row_scale_inv[blockIdx.y * gridDim.x + blockIdx.x] = inv;
+        col_scale_inv[blockIdx.x * gridDim.y + blockIdx.y] = inv;
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1u);
+#pragma unroll
+    for (int pass = 0; pass < 8; pass++) {
+        const int lr = rr + pass * 16, r = r0 + lr, c = c0 + chunk * 8;
+        const uint2 q = cast8<FMT>(f[pass], s);
+        if (r < rows && c + 8 <= cols && cols % 8 == 0) {
+            *reinterpret_cast<uint2*>(out_row + (size_t)r * cols + c) = q;
+        } else {
+            const unsigned char* b = reinterpret_cast<const unsigned char*>(&q);
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (r < rows && c + j < cols) out_row[(size_t)r * cols + c + j] = b[j];
+        }
+        *reinterpret_cast<unsigned int*>(&codes[lr][chunk * 8]) = q.x;
+        *reinterpret_cast<unsigned int*>(&codes[lr][chunk * 8 + 4]) = q.y;
+    }
+    __syncthreads();
+    // Column-wise: thread = (input column oc, 64-row half); 8 bytes at a time along the input rows.
+    const int oc = threadIdx.x & 127, half = threadIdx.x >> 7;
+    const int c = c0 + oc;
+    if (c >= cols) return;
+#pragma unroll
+    for (int g = 0; g < 8; g++) {
+        const int lr = half * 64 + g * 8, r = r0 + lr;
+        unsigned char b[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) b[j] = codes[lr + j][oc];
+        if (r + 8 <= rows && rows % 8 == 0) {
+            uint2 v;
+            v.x = b[0] | (b[1] << 8) | (b[2] << 16) | ((unsigned int)b[3] << 24);
+            v.y = b[4] | (b[5] << 8) | (b[6] << 16) | ((unsigned int)b[7] << 24);
+            *reinterpret_cast<uint2*>(out_col + (size_t)c * rows + r) = v;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (r + j < rows) out_col[(size_t)c * rows + r + j] = b[j];
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    block128x128_bf16_e4m3(const unsigned short* x, int rows, int cols, float fmax, unsigned char* out_row,
+                           unsigned char* out_col, float* rsi, float* csi, unsigned int* nf) {
+    block2d<FMT_E4M3>(x, rows, cols, fmax, out_row, out_col, rsi, csi, nf);
+}
+extern "C" __global__ void __launch_bounds__(256)
+    block128x128_bf16_e5m2(const unsigned short* x, int rows, int cols, float fmax, unsigned char* out_row,
+                           unsigned char* out_col, float* rsi, float* csi, unsigned int* nf) {
+    block2d<FMT_E5M2>(x, rows, cols, fmax, out_row, out_col, rsi, csi, nf);
+}
+
+// out (cols, rows) = in (rows, cols)^T, 32x32 tiles through shared memory.
+extern "C" __global__ void transpose_f32(const float* __restrict__ in, float* __restrict__ out, int rows, int cols) {
+    __shared__ float t[32][33];
+    const int c = blockIdx.x * 32 + threadIdx.x;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        const int r = blockIdx.y * 32 + i;
+        if (r < rows && c < cols) t[i][threadIdx.x] = in[(size_t)r * cols + c];
+    }
+    __syncthreads();
+    const int r = blockIdx.y * 32 + threadIdx.x;
+    for (int i = threadIdx.y; i < 32; i += blockDim.y) {
+        const int cc = blockIdx.x * 32 + i;
+        if (cc < cols && r < rows) out[(size_t)cc * rows + r] = t[threadIdx.x][i];
+    }
+}

@@ -1,0 +1,178 @@
+//! DeepSeek-style block scaling on the device for the GEMMs: the 128x128
+//! weight quantizer (`kernels/block2d.cu`, both copies, bit-exact with the
+//! CPU's `blk128x128`), the scale-grid transpose that puts 1x128 scales in
+//! the layout cuBLASLt's `VEC128_32F` mode reads, and the block-scaled GEMM.
+//!
+//! Scale layouts cuBLASLt reads (established by the selftest's block GEMM
+//! cases against the CPU reference): 1x128 scales of an `(rows, k)` operand as
+//! `(k / 128, rows)`, rows contiguous (the transpose of the CPU's row-major
+//! grid); 128x128 scales as the CPU's row-major `(rows / 128, k / 128)` grid.
+
+use crate::{nvrtc, oom, Error, GemmOut, Gpu, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use octet_fp8::Format;
+
+/// The compiled kernels.
+pub(crate) struct Block2dKernels {
+    quant: [CudaFunction; 2],
+    transpose: CudaFunction,
+}
+
+/// A `(rows, cols)` matrix quantized with 128x128 blocks: both copies and their scale grids.
+pub struct DeviceBlock2dFp8 {
+    /// Rows.
+    pub rows: usize,
+    /// Columns.
+    pub cols: usize,
+    /// Element format.
+    pub format: Format,
+    /// `(rows, cols)` codes.
+    pub rowwise: CudaSlice<u8>,
+    /// `(ceil(rows/128), ceil(cols/128))` scale_inv, row-major.
+    pub row_scale_inv: CudaSlice<f32>,
+    /// `(cols, rows)` codes.
+    pub colwise: CudaSlice<u8>,
+    /// `(ceil(cols/128), ceil(rows/128))` scale_inv, row-major (the transposed grid).
+    pub col_scale_inv: CudaSlice<f32>,
+    /// Non-zero when the input had a NaN or inf.
+    pub nonfinite: CudaSlice<u32>,
+}
+
+impl Gpu {
+    fn block2d_kernels(&self) -> Result<&Block2dKernels> {
+        if let Some(k) = self.block2d.get() {
+            return Ok(k);
+        }
+        let m = self.ctx.load_module(nvrtc::compile(
+            "block2d",
+            crate::KERNEL_SOURCES[6].1,
+            self.arch,
+        )?)?;
+        let k = Block2dKernels {
+            quant: [
+                m.load_function("block128x128_bf16_e4m3")?,
+                m.load_function("block128x128_bf16_e5m2")?,
+            ],
+            transpose: m.load_function("transpose_f32")?,
+        };
+        Ok(self.block2d.get_or_init(|| k))
+    }
+
+    /// Buffers for a 128x128-block quantized `(rows, cols)` matrix.
+    pub fn alloc_block2d_fp8(
+        &self,
+        rows: usize,
+        cols: usize,
+        format: Format,
+    ) -> Result<DeviceBlock2dFp8> {
+        if rows == 0 || cols == 0 || rows > i32::MAX as usize || cols > i32::MAX as usize {
+            return Err(Error::Shape(format!("block quantize of ({rows}, {cols})")));
+        }
+        if !matches!(format, Format::E4M3 | Format::E5M2) {
+            return Err(Error::Shape(format!(
+                "GPU quantize supports e4m3 and e5m2, not {format}"
+            )));
+        }
+        let (n, g) = (rows * cols, rows.div_ceil(128) * cols.div_ceil(128));
+        let s = &self.stream;
+        Ok(DeviceBlock2dFp8 {
+            rows,
+            cols,
+            format,
+            // SAFETY: every code is written by the kernel before anyone reads it.
+            rowwise: unsafe { s.alloc::<u8>(n) }.map_err(|e| oom(e, n, "row-wise FP8"))?,
+            row_scale_inv: self.alloc_zeros(g, "block scales")?,
+            // SAFETY: as above.
+            colwise: unsafe { s.alloc::<u8>(n) }.map_err(|e| oom(e, n, "column-wise FP8"))?,
+            col_scale_inv: self.alloc_zeros(g, "block scales")?,
+            nonfinite: self.alloc_zeros(1, "nonfinite")?,
+        })
+    }
+
+    /// Quantize bf16 `x (rows, cols)` with 128x128 blocks into `out` (both copies, one pass).
+    pub fn quantize_block128x128_into(
+        &self,
+        x: &CudaSlice<u16>,
+        out: &mut DeviceBlock2dFp8,
+        check_finite: bool,
+    ) -> Result<()> {
+        let (rows, cols) = (out.rows, out.cols);
+        if x.len() != rows * cols {
+            return Err(Error::Shape(format!(
+                "quantize: {} elements for ({rows}, {cols})",
+                x.len()
+            )));
+        }
+        let k = self.block2d_kernels()?;
+        let f = &k.quant[usize::from(out.format == Format::E5M2)];
+        let s = &self.stream;
+        s.memset_zeros(&mut out.nonfinite)?;
+        let (r, c, fmax) = (rows as i32, cols as i32, out.format.max());
+        // SAFETY: argument types match block2d.cu; the kernel guards rows and columns;
+        // the grid is the tile grid the scale buffers were sized for.
+        unsafe {
+            s.launch_builder(f)
+                .arg(x)
+                .arg(&r)
+                .arg(&c)
+                .arg(&fmax)
+                .arg(&mut out.rowwise)
+                .arg(&mut out.colwise)
+                .arg(&mut out.row_scale_inv)
+                .arg(&mut out.col_scale_inv)
+                .arg(&mut out.nonfinite)
+                .launch(LaunchConfig {
+                    grid_dim: (cols.div_ceil(128) as u32, rows.div_ceil(128) as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        if check_finite && s.clone_dtoh(&out.nonfinite)?[0] != 0 {
+            return Err(Error::NonFinite);
+        }
+        Ok(())
+    }
+
+    /// `out (cols, rows) = input (rows, cols)^T` for f32 (scale grids).
+    pub fn transpose_f32(
+        &self,
+        input: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+        out: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        if input.len() != rows * cols || out.len() != rows * cols {
+            return Err(Error::Shape(format!("transpose of ({rows}, {cols})")));
+        }
+        let k = self.block2d_kernels()?;
+        let (r, c) = (rows as i32, cols as i32);
+        // SAFETY: lengths checked above; the kernel guards rows and columns.
+        unsafe {
+            self.stream
+                .launch_builder(&k.transpose)
+                .arg(input)
+                .arg(out)
+                .arg(&r)
+                .arg(&c)
+                .launch(LaunchConfig {
+                    grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// Block-scaled FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` (see [`crate::gemm::Blas::gemm_fp8_block`]);
+    /// 1x128 scales in `(k/128, rows)` layout, 128x128 ones row-major.
+    #[allow(clippy::type_complexity)]
+    pub fn gemm_fp8_block<D: GemmOut>(
+        &self,
+        a: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
+        b: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
+        d: &mut CudaSlice<D>,
+        mnk: (usize, usize, usize),
+    ) -> Result<()> {
+        self.blas()?.gemm_fp8_block(a, b, d, mnk)
+    }
+}
