@@ -1054,7 +1054,8 @@ fn block_gemm_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let g_row = t(&dg.row_scale_inv, m, n.div_ceil(128))?;
         let g_col = t(&dg.col_scale_inv, n, m.div_ceil(128))?;
         let (e4, e5) = (Format::E4M3, Format::E5M2);
-        let mut cases: Vec<(String, Result<Vec<f32>>, &Vec<f32>)> = Vec::new();
+        type Case<'a> = (String, Result<Vec<f32>>, &'a Vec<f32>);
+        let mut cases: Vec<Case<'_>> = Vec::new();
         let mut y: CudaSlice<f32> = gpu.upload(&vec![f32::NAN; m * n])?;
         let r = gpu.gemm_fp8_block(
             (&da.rowwise, e4, &a_row, false),
