@@ -7,6 +7,7 @@
 
 mod bench;
 mod demo;
+mod dist;
 mod generate;
 mod gpu;
 mod info;

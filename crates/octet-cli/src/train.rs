@@ -71,6 +71,11 @@ pub struct TrainArgs {
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Ranks of sharded data parallel (FSDP-style; threads of this process on
+    /// the CPU): parameters sharded, FP8 all-gather of block weights under FP8
+    /// recipes, gradients reduce-scattered. `--batch` is the global batch.
+    #[arg(long, default_value_t = 1)]
+    pub nproc: usize,
     /// Device: cpu, cuda or auto (this build has the CPU backend only).
     #[arg(long, default_value = "auto")]
     device: String,
@@ -197,6 +202,14 @@ pub fn summary_table(runs: &[RunSummary]) {
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let cfg = a.config()?;
+    anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
+    if a.nproc > 1 {
+        anyhow::ensure!(
+            a.resume.is_none(),
+            "--resume with --nproc is not wired yet (the checkpoint loads at any N through octet_dist::FsdpRank::from_optimizer)"
+        );
+        return crate::dist::run(&cfg, a.nproc);
+    }
     let mcfg = cfg.llama_config()?;
     println!(
         "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device cpu ({} threads)",
