@@ -24,6 +24,7 @@ pub mod check;
 pub mod decode;
 pub mod delayed;
 pub mod gemm;
+pub mod linear;
 pub mod mixed;
 pub mod nvrtc;
 mod quantize;

@@ -1,0 +1,311 @@
+//! The FP8 linear layer on the GPU: `y = x W^T` with its backward, the same
+//! contract as `octet_nn::Linear` (three GEMMs, a choice of backward, only
+//! what backward needs kept), on device buffers: bf16 input, weight and
+//! output gradient; bf16 output; f32 input and weight gradients.
+//!
+//! Recipes: current per-tensor (`tensorwise`), `rowwise` and `blockwise`
+//! (1x128 activations and gradients, 128x128 weights), each with the
+//! `quantized` backward (FP8 GEMMs from the column-wise copies, E5M2
+//! gradients) or the `high_precision` backward (bf16 GEMMs from the saved
+//! bf16 input); `None` is the bf16 layer. The `dequantized` backward and the
+//! delayed, MXFP8 and NVFP4 recipes run on the CPU reference only for now:
+//! asking for them here is an error.
+
+use crate::block2d::DeviceBlock2dFp8;
+use crate::quantize::DeviceBlockFp8;
+use crate::rowwise::DeviceRowwiseFp8;
+use crate::{DeviceFp8, Error, GemmOut, Gpu, Result};
+use cudarc::driver::CudaSlice;
+use octet_fp8::{BackwardMode, Format, Recipe, Scaling};
+
+/// Which scaling the layer runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Bf16,
+    Tensorwise,
+    Rowwise,
+    Blockwise,
+}
+
+/// An input or weight quantized by one of the recipes, both copies.
+enum Quant {
+    Tensor(DeviceFp8),
+    Row(DeviceRowwiseFp8),
+    /// 1x128 blocks, with the scale grids transposed into cuBLASLt's layout.
+    Block1d(DeviceBlockFp8, CudaSlice<f32>, CudaSlice<f32>),
+    Block2d(DeviceBlock2dFp8),
+}
+
+impl Quant {
+    fn bytes(&self) -> usize {
+        match self {
+            Quant::Tensor(q) => q.rowwise.len() + q.colwise.len() + 4,
+            Quant::Row(q) => {
+                q.rowwise.len()
+                    + q.colwise.len()
+                    + 4 * (q.row_scale_inv.len() + q.col_scale_inv.len())
+            }
+            Quant::Block1d(q, a, b) => q.rowwise.len() + q.colwise.len() + 4 * (a.len() + b.len()),
+            Quant::Block2d(q) => {
+                q.rowwise.len()
+                    + q.colwise.len()
+                    + 4 * (q.row_scale_inv.len() + q.col_scale_inv.len())
+            }
+        }
+    }
+}
+
+/// A linear layer on the GPU.
+pub struct GpuLinear {
+    /// Output features `N`.
+    pub n: usize,
+    /// Input features `K`.
+    pub k: usize,
+    /// Weight `(N, K)`, bf16 bits.
+    pub weight: CudaSlice<u16>,
+    kind: Kind,
+    backward: BackwardMode,
+}
+
+/// What [`GpuLinear::forward`] keeps for backward.
+pub struct GpuLinearSaved {
+    m: usize,
+    /// The bf16 input (bf16 layer, `high_precision` backward).
+    x: Option<CudaSlice<u16>>,
+    /// The FP8 input and weight (`quantized` backward; both copies are kept).
+    xq: Option<Quant>,
+    wq: Option<Quant>,
+}
+
+impl GpuLinearSaved {
+    /// Device bytes kept alive for backward.
+    pub fn bytes(&self) -> usize {
+        self.x.as_ref().map_or(0, |x| 2 * x.len())
+            + self.xq.as_ref().map_or(0, Quant::bytes)
+            + self.wq.as_ref().map_or(0, Quant::bytes)
+    }
+}
+
+impl GpuLinear {
+    /// A layer over a bf16 weight `(n, k)` with `recipe` (`None`: bf16).
+    pub fn new(
+        weight: CudaSlice<u16>,
+        n: usize,
+        k: usize,
+        recipe: Option<Recipe>,
+    ) -> Result<GpuLinear> {
+        if weight.len() != n * k {
+            return Err(Error::Shape(format!(
+                "weight of {} elements is not ({n}, {k})",
+                weight.len()
+            )));
+        }
+        let (kind, backward) = match recipe {
+            None => (Kind::Bf16, BackwardMode::HighPrecision),
+            Some(r) => {
+                let kind = match r.scaling() {
+                    Scaling::Tensorwise { power_of_two: false } => Kind::Tensorwise,
+                    Scaling::Rowwise { power_of_two: false } => Kind::Rowwise,
+                    Scaling::Blockwise { power_of_two: false } => Kind::Blockwise,
+                    _ => {
+                        return Err(Error::Shape(format!(
+                            "recipe {r} runs on the CPU reference only so far (GPU: tensorwise, rowwise, blockwise)"
+                        )))
+                    }
+                };
+                if r.backward() == BackwardMode::Dequantized {
+                    return Err(Error::Shape(
+                        "the dequantized backward runs on the CPU reference only so far".into(),
+                    ));
+                }
+                if r.format(octet_fp8::Role::Input) != Format::E4M3
+                    || r.format(octet_fp8::Role::GradOutput) != Format::E5M2
+                {
+                    return Err(Error::Shape(format!(
+                        "recipe {r}: the GPU layer takes E4M3 forward and E5M2 gradients"
+                    )));
+                }
+                (kind, r.backward())
+            }
+        };
+        Ok(GpuLinear {
+            n,
+            k,
+            weight,
+            kind,
+            backward,
+        })
+    }
+
+    fn quantize(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+        format: Format,
+        weight: bool,
+    ) -> Result<Quant> {
+        Ok(match self.kind {
+            Kind::Tensorwise => {
+                Quant::Tensor(gpu.quantize_tensorwise(x, rows, cols, format, false)?)
+            }
+            Kind::Rowwise => {
+                let mut q = gpu.alloc_rowwise_fp8(rows, cols, format)?;
+                gpu.quantize_rowwise_into(x, &mut q, false)?;
+                Quant::Row(q)
+            }
+            Kind::Blockwise if weight => {
+                let mut q = gpu.alloc_block2d_fp8(rows, cols, format)?;
+                gpu.quantize_block128x128_into(x, &mut q, false)?;
+                Quant::Block2d(q)
+            }
+            Kind::Blockwise => {
+                let mut q = gpu.alloc_block_fp8(rows, cols, format)?;
+                gpu.quantize_block1x128_into(x, &mut q, false, false)?;
+                let (rb, cb) = (cols.div_ceil(128), rows.div_ceil(128));
+                let mut rs = gpu.alloc_zeros::<f32>(rows * rb, "scales")?;
+                let mut cs = gpu.alloc_zeros::<f32>(cols * cb, "scales")?;
+                gpu.transpose_f32(&q.row_scale_inv, rows, rb, &mut rs)?;
+                gpu.transpose_f32(&q.col_scale_inv, cols, cb, &mut cs)?;
+                Quant::Block1d(q, rs, cs)
+            }
+            Kind::Bf16 => return Err(Error::Shape("the bf16 layer quantizes nothing".into())),
+        })
+    }
+
+    /// One FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` from the row-wise
+    /// (`false`) or column-wise (`true`) copies of two quantized operands.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm<D: GemmOut>(
+        gpu: &Gpu,
+        a: &Quant,
+        a_col: bool,
+        b: &Quant,
+        b_col: bool,
+        d: &mut CudaSlice<D>,
+        mnk: (usize, usize, usize),
+    ) -> Result<()> {
+        match (a, b) {
+            (Quant::Tensor(qa), Quant::Tensor(qb)) => {
+                let oa = if a_col {
+                    qa.colwise_operand()
+                } else {
+                    qa.rowwise_operand()
+                };
+                let ob = if b_col {
+                    qb.colwise_operand()
+                } else {
+                    qb.rowwise_operand()
+                };
+                gpu.gemm_fp8(oa, ob, d, mnk, false)
+            }
+            (Quant::Row(qa), Quant::Row(qb)) => {
+                let pa = if a_col {
+                    (&qa.colwise, qa.format, &qa.col_scale_inv)
+                } else {
+                    (&qa.rowwise, qa.format, &qa.row_scale_inv)
+                };
+                let pb = if b_col {
+                    (&qb.colwise, qb.format, &qb.col_scale_inv)
+                } else {
+                    (&qb.rowwise, qb.format, &qb.row_scale_inv)
+                };
+                gpu.gemm_fp8_rowwise(pa, pb, d, mnk)
+            }
+            (Quant::Block1d(qa, ar, ac), b) => {
+                let pa = if a_col {
+                    (&qa.colwise, qa.format, ac, false)
+                } else {
+                    (&qa.rowwise, qa.format, ar, false)
+                };
+                let pb = match b {
+                    Quant::Block2d(qb) if b_col => {
+                        (&qb.colwise, qb.format, &qb.col_scale_inv, true)
+                    }
+                    Quant::Block2d(qb) => (&qb.rowwise, qb.format, &qb.row_scale_inv, true),
+                    Quant::Block1d(qb, br, bc) if b_col => (&qb.colwise, qb.format, bc, false),
+                    Quant::Block1d(qb, br, _) => (&qb.rowwise, qb.format, br, false),
+                    _ => return Err(Error::Shape("mismatched operand scalings".into())),
+                };
+                gpu.gemm_fp8_block(pa, pb, d, mnk)
+            }
+            _ => Err(Error::Shape("mismatched operand scalings".into())),
+        }
+    }
+
+    /// Forward `y (m, N)` (bf16 bits) from `x (m, K)` (bf16 bits), with what backward needs.
+    pub fn forward(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<u16>,
+        m: usize,
+    ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
+        let (n, k) = (self.n, self.k);
+        if x.len() != m * k || m == 0 {
+            return Err(Error::Shape(format!(
+                "input of {} elements is not ({m}, {k})",
+                x.len()
+            )));
+        }
+        let mut saved = GpuLinearSaved {
+            m,
+            x: None,
+            xq: None,
+            wq: None,
+        };
+        let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "linear output")?;
+        if self.kind == Kind::Bf16 {
+            gpu.gemm_bf16(x, &self.weight, &mut y, (m, n, k))?;
+            saved.x = Some(gpu.stream.clone_dtod(x)?);
+            return Ok((y, saved));
+        }
+        let xq = self.quantize(gpu, x, m, k, Format::E4M3, false)?;
+        let wq = self.quantize(gpu, &self.weight, n, k, Format::E4M3, true)?;
+        Self::gemm(gpu, &xq, false, &wq, false, &mut y, (m, n, k))?;
+        match self.backward {
+            BackwardMode::Quantized => {
+                saved.xq = Some(xq);
+                saved.wq = Some(wq);
+            }
+            _ => saved.x = Some(gpu.stream.clone_dtod(x)?),
+        }
+        Ok((y, saved))
+    }
+
+    /// Backward from `dy (m, N)` (bf16 bits): `(d_input (m, K), d_weight (N, K))` in f32.
+    pub fn backward(
+        &self,
+        gpu: &Gpu,
+        saved: GpuLinearSaved,
+        dy: &CudaSlice<u16>,
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        let (m, n, k) = (saved.m, self.n, self.k);
+        if dy.len() != m * n {
+            return Err(Error::Shape(format!(
+                "grad_output of {} elements is not ({m}, {n})",
+                dy.len()
+            )));
+        }
+        let mut dx: CudaSlice<f32> = gpu.alloc_zeros(m * k, "d_input")?;
+        let mut dw: CudaSlice<f32> = gpu.alloc_zeros(n * k, "d_weight")?;
+        match (saved.x, saved.xq, saved.wq) {
+            (_, Some(xq), Some(wq)) => {
+                let gq = self.quantize(gpu, dy, m, n, Format::E5M2, false)?;
+                // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
+                Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
+                Self::gemm(gpu, &gq, true, &xq, true, &mut dw, (n, k, m))?;
+            }
+            (Some(x), _, _) => {
+                gpu.gemm_bf16_op((dy, false), (&self.weight, false), &mut dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, true), (&x, false), &mut dw, (n, k, m))?;
+            }
+            _ => {
+                return Err(Error::Shape(
+                    "backward: the saved state lacks what the gradients need".into(),
+                ))
+            }
+        }
+        Ok((dx, dw))
+    }
+}
