@@ -176,6 +176,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     delayed_cases(gpu, &mut out)?;
     block_gemm_cases(gpu, &mut out)?;
     linear_cases(gpu, &mut out)?;
+    mx_cases(gpu, &mut out)?;
     Ok(out)
 }
 
@@ -1147,7 +1148,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let shape = |e: octet_tensor::Error| Error::Shape(e.to_string());
     let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
     let mut recipes: Vec<(String, Option<Recipe>)> = vec![("bf16".into(), None)];
-    for name in ["tensorwise", "rowwise", "blockwise"] {
+    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8"] {
         for mode in [BackwardMode::Quantized, BackwardMode::HighPrecision] {
             let r = Recipe::from_name(name)?.with_backward(mode)?;
             recipes.push((format!("{name} {}", mode.name()), Some(r)));
@@ -1185,7 +1186,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         });
     }
     // What the GPU layer does not run yet is an error, not a silent fallback.
-    for name in ["delayed", "mxfp8", "nvfp4"] {
+    for name in ["delayed", "nvfp4"] {
         let r = GpuLinear::new(
             gpu.upload(&bf16_bits(&wb))?,
             n,
@@ -1197,6 +1198,58 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass: r.is_err(),
             worst: r.err().map_or("no error".into(), |e| e.to_string()),
         });
+    }
+    Ok(())
+}
+
+/// MXFP8 quantize bit-exact against the CPU's `mxfp8` recipe: codes and E8M0
+/// scale codes of both copies.
+fn mx_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (i, &(rows, cols)) in [
+        (256usize, 512usize),
+        (217, 300),
+        (1, 16),
+        (333, 1000),
+        (64, 128),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let xb: Vec<bf16> = random_wide_f32(rows * cols, 1300 + i as u64)
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        for format in [Format::E4M3, Format::E5M2] {
+            let sp = QuantSpec {
+                format,
+                granularity: Granularity::Tile { rows: 1, cols: 32 },
+                rule: ScaleRule::E8M0,
+                rounding: Rounding::NearestEven,
+            };
+            let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+            let q = gpu.quantize_mx(&gpu.upload(&bf16_bits(&xb))?, rows, cols, format)?;
+            let codes = |q: &QuantData| match &q.scales {
+                Scales::E8M0(v) => v.clone(),
+                _ => Vec::new(),
+            };
+            let (wr, wc) = (want.get(Layout::Rowwise)?, want.get(Layout::Colwise)?);
+            let (br, tr) = byte_diff(&gpu.download(&q.rowwise)?, &wr.data);
+            let (bc, tc) = byte_diff(&gpu.download(&q.colwise)?, &wc.data);
+            let sr = gpu.download(&q.row_scales)? == codes(wr);
+            let sc = gpu.download(&q.col_scales)? == codes(wc);
+            out.push(CaseResult {
+                name: format!(
+                    "quantize mxfp8 bf16 -> {} {rows}x{cols} wide",
+                    format.name()
+                ),
+                pass: br == 0 && bc == 0 && sr && sc,
+                worst: format!(
+                    "row: {tr}, scales {}; col: {tc}, scales {}",
+                    if sr { "equal" } else { "DIFFER" },
+                    if sc { "equal" } else { "DIFFER" }
+                ),
+            });
+        }
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ pub mod delayed;
 pub mod gemm;
 pub mod linear;
 pub mod mixed;
+pub mod mx;
 pub mod nvrtc;
 mod quantize;
 pub mod rowwise;
@@ -109,7 +110,7 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 7] = [
+pub const KERNEL_SOURCES: [(&str, &str); 8] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
@@ -117,6 +118,7 @@ pub const KERNEL_SOURCES: [(&str, &str); 7] = [
     ("rowwise", kernel_source!("rowwise.cu")),
     ("delayed", kernel_source!("delayed.cu")),
     ("block2d", kernel_source!("block2d.cu")),
+    ("mx", kernel_source!("mx.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -217,6 +219,8 @@ pub struct Gpu {
     pub(crate) delayed: std::sync::OnceLock<delayed::DelayedKernels>,
     /// 128x128 block kernels, compiled on first use.
     pub(crate) block2d: std::sync::OnceLock<block2d::Block2dKernels>,
+    /// MXFP8 kernels, compiled on first use.
+    pub(crate) mx: std::sync::OnceLock<mx::MxKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -332,6 +336,7 @@ impl Gpu {
             rowwise: std::sync::OnceLock::new(),
             delayed: std::sync::OnceLock::new(),
             block2d: std::sync::OnceLock::new(),
+            mx: std::sync::OnceLock::new(),
             blas,
         })
     }

@@ -7,9 +7,10 @@
 //! (1x128 activations and gradients, 128x128 weights), each with the
 //! `quantized` backward (FP8 GEMMs from the column-wise copies, E5M2
 //! gradients) or the `high_precision` backward (bf16 GEMMs from the saved
-//! bf16 input); `None` is the bf16 layer. The `dequantized` backward and the
-//! delayed, MXFP8 and NVFP4 recipes run on the CPU reference only for now:
-//! asking for them here is an error.
+//! bf16 input); `None` is the bf16 layer. `mxfp8` runs emulated (exact
+//! dequantize to bf16, bf16 GEMM): sm_90 has no MX tensor cores. The
+//! `dequantized` backward and the delayed and NVFP4 recipes run on the CPU
+//! reference only for now: asking for them here is an error.
 
 use crate::block2d::DeviceBlock2dFp8;
 use crate::quantize::DeviceBlockFp8;
@@ -25,6 +26,8 @@ enum Kind {
     Tensorwise,
     Rowwise,
     Blockwise,
+    /// MXFP8, emulated (dequantize to bf16, bf16 GEMM): no MX tensor cores on sm_90.
+    Mxfp8,
 }
 
 /// An input or weight quantized by one of the recipes, both copies.
@@ -34,6 +37,7 @@ enum Quant {
     /// 1x128 blocks, with the scale grids transposed into cuBLASLt's layout.
     Block1d(DeviceBlockFp8, CudaSlice<f32>, CudaSlice<f32>),
     Block2d(DeviceBlock2dFp8),
+    Mx(crate::mx::DeviceMxFp8),
 }
 
 impl Quant {
@@ -50,6 +54,9 @@ impl Quant {
                 q.rowwise.len()
                     + q.colwise.len()
                     + 4 * (q.row_scale_inv.len() + q.col_scale_inv.len())
+            }
+            Quant::Mx(q) => {
+                q.rowwise.len() + q.colwise.len() + q.row_scales.len() + q.col_scales.len()
             }
         }
     }
@@ -107,9 +114,10 @@ impl GpuLinear {
                     Scaling::Tensorwise { power_of_two: false } => Kind::Tensorwise,
                     Scaling::Rowwise { power_of_two: false } => Kind::Rowwise,
                     Scaling::Blockwise { power_of_two: false } => Kind::Blockwise,
+                    Scaling::Mxfp8 => Kind::Mxfp8,
                     _ => {
                         return Err(Error::Shape(format!(
-                            "recipe {r} runs on the CPU reference only so far (GPU: tensorwise, rowwise, blockwise)"
+                            "recipe {r} runs on the CPU reference only so far (GPU: tensorwise, rowwise, blockwise, mxfp8 emulated)"
                         )))
                     }
                 };
@@ -170,6 +178,7 @@ impl GpuLinear {
                 gpu.transpose_f32(&q.col_scale_inv, cols, cb, &mut cs)?;
                 Quant::Block1d(q, rs, cs)
             }
+            Kind::Mxfp8 => Quant::Mx(gpu.quantize_mx(x, rows, cols, format)?),
             Kind::Bf16 => return Err(Error::Shape("the bf16 layer quantizes nothing".into())),
         })
     }
@@ -229,6 +238,19 @@ impl GpuLinear {
                     _ => return Err(Error::Shape("mismatched operand scalings".into())),
                 };
                 gpu.gemm_fp8_block(pa, pb, d, mnk)
+            }
+            (Quant::Mx(qa), Quant::Mx(qb)) => {
+                let pa = if a_col {
+                    (&qa.colwise, &qa.col_scales, qa.format)
+                } else {
+                    (&qa.rowwise, &qa.row_scales, qa.format)
+                };
+                let pb = if b_col {
+                    (&qb.colwise, &qb.col_scales, qb.format)
+                } else {
+                    (&qb.rowwise, &qb.row_scales, qb.format)
+                };
+                gpu.gemm_mx_emulated(pa, pb, d, mnk)
             }
             _ => Err(Error::Shape("mismatched operand scalings".into())),
         }

@@ -56,6 +56,11 @@ fn kernels_compile() {
                 "decode" => &["attend_decode", "rmsnorm_bf16", "cvt.rn.bf16.f32"],
                 "rowwise" => &["rowwise_cast_bf16_e4m3", "cvt.rn.satfinite.e5m2x2.f32"],
                 "delayed" => &["delayed_update", "delayed_record"],
+                "mx" => &[
+                    "mx_quant_bf16_e4m3",
+                    "mx_dequant_e5m2",
+                    "cvt.rn.satfinite.e4m3x2.f32",
+                ],
                 "block2d" => &[
                     "block128x128_bf16_e4m3",
                     "transpose_f32",
