@@ -26,7 +26,7 @@ struct Summary {
     steps: u64,
 }
 
-pub fn run(cfg: &TrainConfig, n: usize) -> anyhow::Result<()> {
+pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> anyhow::Result<()> {
     anyhow::ensure!(
         cfg.grad_accum == 1,
         "--nproc splits the global batch over ranks; use --grad-accum 1"
@@ -51,16 +51,35 @@ pub fn run(cfg: &TrainConfig, n: usize) -> anyhow::Result<()> {
     let mcfg = cfg.llama_config()?;
     spawn_ranks(n, |comm: &ThreadComm| -> octet_dist::Result<()> {
         let dist_err = |e: String| octet_dist::Error::Config(e);
-        let model = Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed)
-            .map_err(|e| dist_err(e.to_string()))?;
         let fcfg = FsdpConfig {
             adamw: cfg.adamw,
             ..Default::default()
         };
-        let mut rank = FsdpRank::new(comm, model, fcfg)?;
+        // A checkpoint from any number of ranks is one full model and optimizer:
+        // every rank loads it and keeps its own shard.
+        let mut rank = match resume {
+            Some(ck) => {
+                let load = || -> octet_train::Result<(Llama, octet_train::optim::AdamW)> {
+                    let c = checkpoint::load_config(ck)?;
+                    let w = checkpoint::load_weights(ck, DType::F32)?;
+                    let mut model = Llama::from_weights(&c, w, recipe)?;
+                    let (opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+                    opt.write_back(model.params_mut())?;
+                    Ok((model, opt))
+                };
+                let (model, opt) = load().map_err(|e| dist_err(e.to_string()))?;
+                FsdpRank::from_optimizer(comm, model, &opt, fcfg)?
+            }
+            None => {
+                let model = Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed)
+                    .map_err(|e| dist_err(e.to_string()))?;
+                FsdpRank::new(comm, model, fcfg)?
+            }
+        };
+        let first = rank.step_count();
         let (mut fp8_bytes, mut hp_bytes, mut time, mut last) = (0u64, 0u64, 0f64, f64::NAN);
         let t0 = Instant::now();
-        for step in 0..cfg.steps {
+        for step in first..cfg.steps {
             let ts = Instant::now();
             let (x, y) = data
                 .batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, step)
@@ -76,6 +95,22 @@ pub fn run(cfg: &TrainConfig, n: usize) -> anyhow::Result<()> {
                 .comm
                 .bytes(octet_dist::CollectiveKind::AllGather)
                 .saturating_sub(out.block_gather_bytes);
+            let done = step + 1;
+            if cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps {
+                // Gathering is a collective: every rank takes part, rank 0 writes.
+                let full = rank.gathered_model(comm)?;
+                let opt = rank.gather_optimizer(comm)?;
+                if comm.rank() == 0 {
+                    checkpoint::save_checkpoint(
+                        &dir.join("checkpoints"),
+                        &format!("step_{done:06}"),
+                        &full,
+                        &opt,
+                        &trainer_json,
+                    )
+                    .map_err(|e| dist_err(e.to_string()))?;
+                }
+            }
             if comm.rank() == 0 {
                 let m = StepMetrics {
                     step: step + 1,
@@ -113,7 +148,8 @@ pub fn run(cfg: &TrainConfig, n: usize) -> anyhow::Result<()> {
                 *s = Some(Summary {
                     final_loss: last,
                     val_loss: val,
-                    tokens_per_s: (cfg.batch * cfg.seq) as f64 * cfg.steps as f64 / time,
+                    tokens_per_s: (cfg.batch * cfg.seq) as f64 * (cfg.steps - first) as f64
+                        / time.max(1e-9),
                     fp8_gather_bytes: fp8_bytes,
                     hp_gather_bytes: hp_bytes,
                     steps: cfg.steps,

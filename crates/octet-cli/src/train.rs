@@ -204,11 +204,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let cfg = a.config()?;
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
     if a.nproc > 1 {
-        anyhow::ensure!(
-            a.resume.is_none(),
-            "--resume with --nproc is not wired yet (the checkpoint loads at any N through octet_dist::FsdpRank::from_optimizer)"
-        );
-        return crate::dist::run(&cfg, a.nproc);
+        return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;
     println!(
