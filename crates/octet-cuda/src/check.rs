@@ -1167,7 +1167,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let cg = cpu
             .backward(cs, &Tensor::from_bf16(&[m, n], gb.clone()).map_err(shape)?)
             .map_err(nn)?;
-        let layer = GpuLinear::new(gpu.upload(&bf16_bits(&wb))?, n, k, recipe)?;
+        let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, recipe)?;
         let (gy, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xb))?, m)?;
         let (gdx, gdw) = layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gb))?)?;
         let ey = rel_frobenius(&download_f32(gpu, &gy)?, &cy.to_f32_vec());
@@ -1185,20 +1185,74 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             worst: format!("y {ey:.2e}, d_input {edx:.2e}, d_weight {edw:.2e}"),
         });
     }
-    // What the GPU layer does not run yet is an error, not a silent fallback.
-    for name in ["delayed", "nvfp4"] {
-        let r = GpuLinear::new(
-            gpu.upload(&bf16_bits(&wb))?,
-            n,
-            k,
-            Some(Recipe::from_name(name)?),
+    // Delayed scaling over 4 steps: the scales come from the previous steps' amaxes
+    // (step 1 uses scale 1), updated on the device on one side, on the host on the other.
+    let recipe = Recipe::from_name("delayed")?;
+    let mut cpu = Linear::new(
+        Tensor::from_bf16(&[n, k], wb.clone()).map_err(shape)?,
+        None,
+        Some(recipe),
+        true,
+    )
+    .map_err(nn)?;
+    let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
+    let mut worst = (0f64, 0f64, 0f64);
+    let mut ok = true;
+    for step in 0..4u64 {
+        let mag = [1.0f32, 8.0, 0.25, 3.0][step as usize];
+        let xs = random_bf16(m * k, 1210 + step, 2.0 * mag);
+        let gs = random_bf16(m * n, 1220 + step, 1e-3 * mag);
+        let x = Tensor::from_bf16(&[m, k], xs.clone()).map_err(shape)?;
+        let (cy, cs) = cpu.forward(&x, true).map_err(nn)?;
+        let cg = cpu
+            .backward(cs, &Tensor::from_bf16(&[m, n], gs.clone()).map_err(shape)?)
+            .map_err(nn)?;
+        cpu.update_scales();
+        let (gy, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
+        let (gdx, gdw) = layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?)?;
+        layer.update_scales(gpu)?;
+        let ey = rel_frobenius(&download_f32(gpu, &gy)?, &cy.to_f32_vec());
+        let edx = rel_frobenius(
+            &gpu.download(&gdx)?,
+            &cg.d_input.map(|t| t.to_f32_vec()).unwrap_or_default(),
         );
-        out.push(CaseResult {
-            name: format!("linear with recipe {name} on the GPU -> error"),
-            pass: r.is_err(),
-            worst: r.err().map_or("no error".into(), |e| e.to_string()),
-        });
+        let edw = rel_frobenius(
+            &gpu.download(&gdw)?,
+            &cg.d_weight.map(|t| t.to_f32_vec()).unwrap_or_default(),
+        );
+        ok &= ey <= BF16_OUT_TOL && edx <= BF16_OUT_TOL && edw <= FP8_TOL;
+        worst = (worst.0.max(ey), worst.1.max(edx), worst.2.max(edw));
     }
+    out.push(CaseResult {
+        name: format!("linear fwd+bwd delayed quantized {m}x{k}x{n}, 4 steps, scales updated on the device, vs CPU Linear"),
+        pass: ok,
+        worst: format!("y {:.2e}, d_input {:.2e}, d_weight {:.2e}", worst.0, worst.1, worst.2),
+    });
+    // What the GPU layer does not run yet is an error, not a silent fallback.
+    let r = GpuLinear::new(
+        gpu,
+        gpu.upload(&bf16_bits(&wb))?,
+        n,
+        k,
+        Some(Recipe::from_name("nvfp4")?),
+    );
+    out.push(CaseResult {
+        name: "linear with recipe nvfp4 on the GPU -> error".into(),
+        pass: r.is_err(),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
+    });
+    let r = GpuLinear::new(
+        gpu,
+        gpu.upload(&bf16_bits(&wb))?,
+        n,
+        k,
+        Some(Recipe::from_name("tensorwise")?.with_backward(BackwardMode::Dequantized)?),
+    );
+    out.push(CaseResult {
+        name: "linear with the dequantized backward on the GPU -> error".into(),
+        pass: r.is_err(),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
+    });
     Ok(())
 }
 

@@ -8,9 +8,10 @@
 //! `quantized` backward (FP8 GEMMs from the column-wise copies, E5M2
 //! gradients) or the `high_precision` backward (bf16 GEMMs from the saved
 //! bf16 input); `None` is the bf16 layer. `mxfp8` runs emulated (exact
-//! dequantize to bf16, bf16 GEMM): sm_90 has no MX tensor cores. The
-//! `dequantized` backward and the delayed and NVFP4 recipes run on the CPU
-//! reference only for now: asking for them here is an error.
+//! dequantize to bf16, bf16 GEMM): sm_90 has no MX tensor cores. `delayed`
+//! keeps its amax histories on the device (`update_scales` once per step).
+//! The `dequantized` backward and NVFP4 run on the CPU reference only for
+//! now: asking for them here is an error.
 
 use crate::block2d::DeviceBlock2dFp8;
 use crate::quantize::DeviceBlockFp8;
@@ -28,6 +29,8 @@ enum Kind {
     Blockwise,
     /// MXFP8, emulated (dequantize to bf16, bf16 GEMM): no MX tensor cores on sm_90.
     Mxfp8,
+    /// Per-tensor delayed scaling: scales from amax histories kept on the device.
+    Delayed,
 }
 
 /// An input or weight quantized by one of the recipes, both copies.
@@ -72,6 +75,8 @@ pub struct GpuLinear {
     pub weight: CudaSlice<u16>,
     kind: Kind,
     backward: BackwardMode,
+    /// Delayed scaling: the states of input, weight and grad_output.
+    states: Vec<crate::delayed::DeviceDelayed>,
 }
 
 /// What [`GpuLinear::forward`] keeps for backward.
@@ -96,6 +101,7 @@ impl GpuLinearSaved {
 impl GpuLinear {
     /// A layer over a bf16 weight `(n, k)` with `recipe` (`None`: bf16).
     pub fn new(
+        gpu: &Gpu,
         weight: CudaSlice<u16>,
         n: usize,
         k: usize,
@@ -115,9 +121,10 @@ impl GpuLinear {
                     Scaling::Rowwise { power_of_two: false } => Kind::Rowwise,
                     Scaling::Blockwise { power_of_two: false } => Kind::Blockwise,
                     Scaling::Mxfp8 => Kind::Mxfp8,
+                    Scaling::Delayed { .. } => Kind::Delayed,
                     _ => {
                         return Err(Error::Shape(format!(
-                            "recipe {r} runs on the CPU reference only so far (GPU: tensorwise, rowwise, blockwise, mxfp8 emulated)"
+                            "recipe {r} runs on the CPU reference only so far (GPU: delayed, tensorwise, rowwise, blockwise, mxfp8 emulated)"
                         )))
                     }
                 };
@@ -136,25 +143,62 @@ impl GpuLinear {
                 (kind, r.backward())
             }
         };
+        let mut states = Vec::new();
+        if let (Kind::Delayed, Some(r)) = (kind, recipe) {
+            if let Scaling::Delayed {
+                history_len,
+                algo,
+                margin,
+            } = r.scaling()
+            {
+                for role in octet_fp8::Role::ALL {
+                    states.push(gpu.delayed_state(history_len, algo, margin, r.format(role))?);
+                }
+            }
+        }
         Ok(GpuLinear {
             n,
             k,
             weight,
             kind,
             backward,
+            states,
         })
     }
 
+    /// End of an optimizer step: roll the delayed-scaling histories on the
+    /// device into the next scales (no-op for other recipes).
+    pub fn update_scales(&mut self, gpu: &Gpu) -> Result<()> {
+        for st in &mut self.states {
+            gpu.delayed_update(st)?;
+        }
+        Ok(())
+    }
+
+    /// Quantize `x` in role `role` (0 input, 1 weight, 2 grad_output); delayed
+    /// scaling reads and records the role's state in `states`.
+    #[allow(clippy::too_many_arguments)]
     fn quantize(
-        &self,
+        kind: Kind,
+        states: &mut [crate::delayed::DeviceDelayed],
         gpu: &Gpu,
         x: &CudaSlice<u16>,
         rows: usize,
         cols: usize,
         format: Format,
-        weight: bool,
+        role: usize,
     ) -> Result<Quant> {
-        Ok(match self.kind {
+        let weight = role == 1;
+        Ok(match kind {
+            Kind::Delayed => {
+                let st = states
+                    .get_mut(role)
+                    .ok_or_else(|| Error::Shape("delayed scaling state missing".into()))?;
+                let mut q = gpu.alloc_fp8(rows, cols, format)?;
+                gpu.quantize_given_scale_into(x, &st.scale, &mut q, false)?;
+                gpu.delayed_record(st, &q.amax_bits)?;
+                Quant::Tensor(q)
+            }
             Kind::Tensorwise => {
                 Quant::Tensor(gpu.quantize_tensorwise(x, rows, cols, format, false)?)
             }
@@ -258,7 +302,7 @@ impl GpuLinear {
 
     /// Forward `y (m, N)` (bf16 bits) from `x (m, K)` (bf16 bits), with what backward needs.
     pub fn forward(
-        &self,
+        &mut self,
         gpu: &Gpu,
         x: &CudaSlice<u16>,
         m: usize,
@@ -282,8 +326,17 @@ impl GpuLinear {
             saved.x = Some(gpu.stream.clone_dtod(x)?);
             return Ok((y, saved));
         }
-        let xq = self.quantize(gpu, x, m, k, Format::E4M3, false)?;
-        let wq = self.quantize(gpu, &self.weight, n, k, Format::E4M3, true)?;
+        let xq = Self::quantize(self.kind, &mut self.states, gpu, x, m, k, Format::E4M3, 0)?;
+        let wq = Self::quantize(
+            self.kind,
+            &mut self.states,
+            gpu,
+            &self.weight,
+            n,
+            k,
+            Format::E4M3,
+            1,
+        )?;
         Self::gemm(gpu, &xq, false, &wq, false, &mut y, (m, n, k))?;
         match self.backward {
             BackwardMode::Quantized => {
@@ -297,7 +350,7 @@ impl GpuLinear {
 
     /// Backward from `dy (m, N)` (bf16 bits): `(d_input (m, K), d_weight (N, K))` in f32.
     pub fn backward(
-        &self,
+        &mut self,
         gpu: &Gpu,
         saved: GpuLinearSaved,
         dy: &CudaSlice<u16>,
@@ -313,7 +366,8 @@ impl GpuLinear {
         let mut dw: CudaSlice<f32> = gpu.alloc_zeros(n * k, "d_weight")?;
         match (saved.x, saved.xq, saved.wq) {
             (_, Some(xq), Some(wq)) => {
-                let gq = self.quantize(gpu, dy, m, n, Format::E5M2, false)?;
+                let gq =
+                    Self::quantize(self.kind, &mut self.states, gpu, dy, m, n, Format::E5M2, 2)?;
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
                 Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
                 Self::gemm(gpu, &gq, true, &xq, true, &mut dw, (n, k, m))?;
