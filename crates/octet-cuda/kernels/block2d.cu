@@ -115,3 +115,37 @@ extern "C" __global__ void transpose_f32(const float* __restrict__ in, float* __
         if (cc < cols && r < rows) out[(size_t)cc * rows + r] = t[threadIdx.x][i];
     }
 }
+
+// bf16 (rows, cols) = code * scale_inv of its block, for any block shape
+// (br x bc, scale grid row-major with gc = ceil(cols / bc) columns): the
+// dequantized backward's operands. code * scale_inv is computed in f32 (as the
+// CPU's QuantData::dequantize does) and rounded once to bf16, the GEMM's input.
+template <int FMT>
+__device__ __forceinline__ void dequant_f32s(const unsigned char* __restrict__ codes, const float* __restrict__ scales,
+                                             unsigned short* __restrict__ out, int rows, int cols, int br, int bc) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * cols) return;
+    const int r = (int)(i / cols), c = (int)(i % cols);
+    const int gc = (cols + bc - 1) / bc;
+    const float s = scales[(size_t)(r / br) * gc + c / bc];
+    unsigned int h;
+    const unsigned short one = codes[i];
+    if (FMT == FMT_E4M3) {
+        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
+    } else {
+        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(one));
+    }
+    float v;
+    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
+    unsigned short o;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o) : "f"(__fmul_rn(v, s)));
+    out[i] = o;
+}
+extern "C" __global__ void dequant_e4m3(const unsigned char* c, const float* s, unsigned short* o, int rows, int cols,
+                                        int br, int bc) {
+    dequant_f32s<FMT_E4M3>(c, s, o, rows, cols, br, bc);
+}
+extern "C" __global__ void dequant_e5m2(const unsigned char* c, const float* s, unsigned short* o, int rows, int cols,
+                                        int br, int bc) {
+    dequant_f32s<FMT_E5M2>(c, s, o, rows, cols, br, bc);
+}

@@ -16,6 +16,7 @@ use octet_fp8::Format;
 pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
+    dequant: [CudaFunction; 2],
 }
 
 /// A `(rows, cols)` matrix quantized with 128x128 blocks: both copies and their scale grids.
@@ -54,6 +55,10 @@ impl Gpu {
                 m.load_function("block128x128_bf16_e5m2")?,
             ],
             transpose: m.load_function("transpose_f32")?,
+            dequant: [
+                m.load_function("dequant_e4m3")?,
+                m.load_function("dequant_e5m2")?,
+            ],
         };
         Ok(self.block2d.get_or_init(|| k))
     }
@@ -161,6 +166,52 @@ impl Gpu {
                 })?;
         }
         Ok(())
+    }
+
+    /// Dequantize one FP8 copy `(rows, cols)` with f32 `scale_inv` per
+    /// `block` (row-major grid) to bf16: `code * scale_inv` in f32, rounded once.
+    pub fn dequant_bf16(
+        &self,
+        codes: &CudaSlice<u8>,
+        scales: &CudaSlice<f32>,
+        (rows, cols): (usize, usize),
+        (br, bc): (usize, usize),
+        format: Format,
+    ) -> Result<CudaSlice<u16>> {
+        let grid = rows.div_ceil(br.max(1)) * cols.div_ceil(bc.max(1));
+        if codes.len() != rows * cols || scales.len() != grid || br == 0 || bc == 0 {
+            return Err(Error::Shape(format!(
+                "dequantize of ({rows}, {cols}) in {br}x{bc} blocks"
+            )));
+        }
+        let fi = match format {
+            Format::E4M3 => 0,
+            Format::E5M2 => 1,
+            other => {
+                return Err(Error::Shape(format!(
+                    "dequantize takes e4m3 or e5m2, not {other}"
+                )))
+            }
+        };
+        let k = self.block2d_kernels()?;
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { self.stream.alloc::<u16>(rows * cols) }
+            .map_err(|e| oom(e, 2 * rows * cols, "dequantized copy"))?;
+        let (r, c, bri, bci) = (rows as i32, cols as i32, br as i32, bc as i32);
+        // SAFETY: lengths checked above; the kernel guards rows * cols.
+        unsafe {
+            self.stream
+                .launch_builder(&k.dequant[fi])
+                .arg(codes)
+                .arg(scales)
+                .arg(&mut out)
+                .arg(&r)
+                .arg(&c)
+                .arg(&bri)
+                .arg(&bci)
+                .launch(LaunchConfig::for_num_elems((rows * cols) as u32))?;
+        }
+        Ok(out)
     }
 
     /// Block-scaled FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` (see [`crate::gemm::Blas::gemm_fp8_block`]);

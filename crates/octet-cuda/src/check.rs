@@ -1149,7 +1149,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
     let mut recipes: Vec<(String, Option<Recipe>)> = vec![("bf16".into(), None)];
     for name in ["tensorwise", "rowwise", "blockwise", "mxfp8"] {
-        for mode in [BackwardMode::Quantized, BackwardMode::HighPrecision] {
+        for mode in BackwardMode::ALL {
             let r = Recipe::from_name(name)?.with_backward(mode)?;
             recipes.push((format!("{name} {}", mode.name()), Some(r)));
         }
@@ -1179,9 +1179,16 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             &gpu.download(&gdw)?,
             &cg.d_weight.map(|t| t.to_f32_vec()).unwrap_or_default(),
         );
+        // The dequantized backward rounds its dequantized operand to bf16 on the
+        // GPU (relative 2^-8 per element) where the CPU keeps f32: bf16 tolerance for d_weight.
+        let dw_tol = if label.ends_with("dequantized") {
+            BF16_OUT_TOL
+        } else {
+            FP8_TOL
+        };
         out.push(CaseResult {
             name: format!("linear fwd+bwd {label} {m}x{k}x{n} vs CPU Linear"),
-            pass: ey <= BF16_OUT_TOL && edx <= BF16_OUT_TOL && edw <= FP8_TOL,
+            pass: ey <= BF16_OUT_TOL && edx <= BF16_OUT_TOL && edw <= dw_tol,
             worst: format!("y {ey:.2e}, d_input {edx:.2e}, d_weight {edw:.2e}"),
         });
     }
@@ -1238,18 +1245,6 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     );
     out.push(CaseResult {
         name: "linear with recipe nvfp4 on the GPU -> error".into(),
-        pass: r.is_err(),
-        worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
-    let r = GpuLinear::new(
-        gpu,
-        gpu.upload(&bf16_bits(&wb))?,
-        n,
-        k,
-        Some(Recipe::from_name("tensorwise")?.with_backward(BackwardMode::Dequantized)?),
-    );
-    out.push(CaseResult {
-        name: "linear with the dequantized backward on the GPU -> error".into(),
         pass: r.is_err(),
         worst: r.err().map_or("no error".into(), |e| e.to_string()),
     });

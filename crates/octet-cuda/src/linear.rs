@@ -10,8 +10,10 @@
 //! bf16 input); `None` is the bf16 layer. `mxfp8` runs emulated (exact
 //! dequantize to bf16, bf16 GEMM): sm_90 has no MX tensor cores. `delayed`
 //! keeps its amax histories on the device (`update_scales` once per step).
-//! The `dequantized` backward and NVFP4 run on the CPU reference only for
-//! now: asking for them here is an error.
+//! The `dequantized` backward multiplies the output gradient by the forward's
+//! FP8 copies dequantized to bf16 (`code * scale_inv` rounded once to bf16;
+//! the CPU reference keeps that product in f32). NVFP4 runs on the CPU
+//! reference only for now: asking for it here is an error.
 
 use crate::block2d::DeviceBlock2dFp8;
 use crate::quantize::DeviceBlockFp8;
@@ -87,6 +89,8 @@ pub struct GpuLinearSaved {
     /// The FP8 input and weight (`quantized` backward; both copies are kept).
     xq: Option<Quant>,
     wq: Option<Quant>,
+    /// Backward dequantizes `xq` and `wq` (row-wise copies) instead of quantizing `dy`.
+    dequantized: bool,
 }
 
 impl GpuLinearSaved {
@@ -128,9 +132,9 @@ impl GpuLinear {
                         )))
                     }
                 };
-                if r.backward() == BackwardMode::Dequantized {
+                if r.backward() == BackwardMode::Dequantized && kind == Kind::Delayed {
                     return Err(Error::Shape(
-                        "the dequantized backward runs on the CPU reference only so far".into(),
+                        "delayed scaling takes the quantized backward only".into(),
                     ));
                 }
                 if r.format(octet_fp8::Role::Input) != Format::E4M3
@@ -319,6 +323,7 @@ impl GpuLinear {
             x: None,
             xq: None,
             wq: None,
+            dequantized: false,
         };
         let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "linear output")?;
         if self.kind == Kind::Bf16 {
@@ -343,7 +348,13 @@ impl GpuLinear {
                 saved.xq = Some(xq);
                 saved.wq = Some(wq);
             }
-            _ => saved.x = Some(gpu.stream.clone_dtod(x)?),
+            BackwardMode::Dequantized => {
+                // The forward's row-wise FP8 copies, dequantized at backward.
+                saved.xq = Some(xq);
+                saved.wq = Some(wq);
+                saved.dequantized = true;
+            }
+            BackwardMode::HighPrecision => saved.x = Some(gpu.stream.clone_dtod(x)?),
         }
         Ok((y, saved))
     }
@@ -365,6 +376,13 @@ impl GpuLinear {
         let mut dx: CudaSlice<f32> = gpu.alloc_zeros(m * k, "d_input")?;
         let mut dw: CudaSlice<f32> = gpu.alloc_zeros(n * k, "d_weight")?;
         match (saved.x, saved.xq, saved.wq) {
+            (_, Some(xq), Some(wq)) if saved.dequantized => {
+                // grad_input = grad_output @ dequant(weight); grad_weight = grad_output^T @ dequant(input).
+                let wd = dequant_rowwise(gpu, &wq, n, k)?;
+                let xd = dequant_rowwise(gpu, &xq, m, k)?;
+                gpu.gemm_bf16_op((dy, false), (&wd, false), &mut dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, true), (&xd, false), &mut dw, (n, k, m))?;
+            }
             (_, Some(xq), Some(wq)) => {
                 let gq =
                     Self::quantize(self.kind, &mut self.states, gpu, dy, m, n, Format::E5M2, 2)?;
@@ -383,5 +401,40 @@ impl GpuLinear {
             }
         }
         Ok((dx, dw))
+    }
+}
+
+/// The row-wise copy of `q` (`rows x cols`) dequantized to bf16.
+fn dequant_rowwise(gpu: &Gpu, q: &Quant, rows: usize, cols: usize) -> Result<CudaSlice<u16>> {
+    match q {
+        Quant::Tensor(t) => gpu.dequant_bf16(
+            &t.rowwise,
+            &t.scale_inv,
+            (rows, cols),
+            (rows, cols),
+            t.format,
+        ),
+        Quant::Row(t) => gpu.dequant_bf16(
+            &t.rowwise,
+            &t.row_scale_inv,
+            (rows, cols),
+            (1, cols),
+            t.format,
+        ),
+        Quant::Block1d(t, _, _) => gpu.dequant_bf16(
+            &t.rowwise,
+            &t.row_scale_inv,
+            (rows, cols),
+            (1, 128),
+            t.format,
+        ),
+        Quant::Block2d(t) => gpu.dequant_bf16(
+            &t.rowwise,
+            &t.row_scale_inv,
+            (rows, cols),
+            (128, 128),
+            t.format,
+        ),
+        Quant::Mx(t) => gpu.mx_dequant_bf16(&t.rowwise, &t.row_scales, rows, cols, t.format),
     }
 }

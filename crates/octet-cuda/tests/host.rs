@@ -64,6 +64,7 @@ fn kernels_compile() {
                 "block2d" => &[
                     "block128x128_bf16_e4m3",
                     "transpose_f32",
+                    "dequant_e5m2",
                     "cvt.rn.satfinite.e4m3x2.f32",
                 ],
                 _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
