@@ -30,10 +30,12 @@ pub fn describe() -> String {
 
 /// What the CUDA backend of this build does for a recipe (the same on every GPU
 /// it supports, sm_89 and later; block-scaled MX/NVFP4 GEMMs would need sm_100).
+/// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
+/// with each backward mode it supports (checked by `octet selftest`).
 pub fn recipe_support(name: &str) -> &'static str {
     match name {
         "tensorwise" => "native: fused quantize + cuBLASLt FP8 GEMM",
-        "delayed" => "native cuBLASLt FP8 GEMM; quantize on the CPU path",
+        "delayed" => "native: one-pass quantize with the given scale, amax history updated on the device, cuBLASLt FP8 GEMM",
         "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (k a multiple of 512 with 128x128 scales)",
         "rowwise" => {
             "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
