@@ -40,7 +40,7 @@ impl Mat {
 struct Layer {
     attn_norm: CudaSlice<f32>,
     mlp_norm: CudaSlice<f32>,
-    /// q, k, v, o, gate, up, down.
+    /// qkv (stacked), o, gate+up (stacked), down.
     mats: Vec<Mat>,
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
@@ -59,13 +59,12 @@ struct Fns {
 struct Buffers {
     x: CudaSlice<f32>,
     h: CudaSlice<u16>,
-    q: CudaSlice<f32>,
-    k: CudaSlice<f32>,
-    v: CudaSlice<f32>,
+    /// q, k, v of the step, one after the other.
+    qkv: CudaSlice<f32>,
     a: CudaSlice<u16>,
     o: CudaSlice<f32>,
-    g: CudaSlice<f32>,
-    u: CudaSlice<f32>,
+    /// gate, then up.
+    gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
     logits: CudaSlice<f32>,
 }
@@ -142,25 +141,42 @@ impl<'g> GpuDecoder<'g> {
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
-            let mut mats = Vec::with_capacity(7);
-            for m in [
-                "self_attn.q_proj",
-                "self_attn.k_proj",
-                "self_attn.v_proj",
-                "self_attn.o_proj",
-                "mlp.gate_proj",
-                "mlp.up_proj",
-                "mlp.down_proj",
+            // Four products per block: q, k and v as one matrix (rows stacked), o,
+            // gate and up as one, down. Fewer, larger launches; with per-channel
+            // scales the codes are exactly those of the separate matrices.
+            let rows_of = |names: &[&str]| -> Result<(Vec<f32>, usize, usize)> {
+                let (mut data, mut n, mut k) = (Vec::new(), 0, 0);
+                for m in names {
+                    let t = get(&format!("{p}.{m}.weight"))?;
+                    let (tn, tk) = t.dims2().map_err(|e| Error::Shape(e.to_string()))?;
+                    if k != 0 && tk != k {
+                        return Err(Error::Shape(format!("{m}: {tk} columns, expected {k}")));
+                    }
+                    k = tk;
+                    n += tn;
+                    data.extend(t.to_f32_vec());
+                }
+                Ok((data, n, k))
+            };
+            let mut mats = Vec::with_capacity(4);
+            for names in [
+                &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"][..],
+                &["self_attn.o_proj"][..],
+                &["mlp.gate_proj", "mlp.up_proj"][..],
+                &["mlp.down_proj"][..],
             ] {
-                let t = get(&format!("{p}.{m}.weight"))?;
-                let (n, k) = t.dims2().map_err(|e| Error::Shape(e.to_string()))?;
+                let (data, n, k) = rows_of(names)?;
                 mats.push(match weights {
                     GpuWeights::Fp8(fmt, s) => {
-                        let q = Fp8Weight::quantize(&t.to_f32_vec(), n, k, fmt, s)
+                        let q = Fp8Weight::quantize(&data, n, k, fmt, s)
                             .map_err(|e| Error::Shape(e.to_string()))?;
                         Mat::Fp8(gpu.upload_fp8_weight(&q)?)
                     }
-                    GpuWeights::Bf16 => Mat::Bf16(gpu.upload_bf16(&bf16s(t))?, n, k),
+                    GpuWeights::Bf16 => {
+                        let b: Vec<half::bf16> =
+                            data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                        Mat::Bf16(gpu.upload_bf16(&b)?, n, k)
+                    }
                 });
             }
             layers.push(Layer {
@@ -182,13 +198,10 @@ impl<'g> GpuDecoder<'g> {
         let buf = Buffers {
             x: gpu.alloc_zeros(c, "x")?,
             h: gpu.alloc_zeros(c, "h")?,
-            q: gpu.alloc_zeros(hq * d, "q")?,
-            k: gpu.alloc_zeros(kvw, "k")?,
-            v: gpu.alloc_zeros(kvw, "v")?,
+            qkv: gpu.alloc_zeros(hq * d + 2 * kvw, "qkv")?,
             a: gpu.alloc_zeros(hq * d, "a")?,
             o: gpu.alloc_zeros(c, "o")?,
-            g: gpu.alloc_zeros(ff, "g")?,
-            u: gpu.alloc_zeros(ff, "u")?,
+            gu: gpu.alloc_zeros(2 * ff, "gate, up")?,
             act: gpu.alloc_zeros(ff, "act")?,
             logits: gpu.alloc_zeros(v, "logits")?,
         };
@@ -312,34 +325,38 @@ impl<'g> GpuDecoder<'g> {
                     .arg(&eps)
                     .launch(norm_cfg)?;
             }
-            apply(gpu, &layer.mats[0], &b.h, &mut b.q)?;
-            apply(gpu, &layer.mats[1], &b.h, &mut b.k)?;
-            apply(gpu, &layer.mats[2], &b.h, &mut b.v)?;
+            apply(gpu, &layer.mats[0], &b.h, &mut b.qkv)?;
+            let (qw, kvw_) = (hq * d, kvw);
             unsafe {
                 s.launch_builder(&f.rope)
-                    .arg(&mut b.q)
+                    .arg(&mut b.qkv.slice_mut(0..qw))
                     .arg(&hqi)
                     .arg(&di)
                     .arg(st)
                     .arg(&theta)
                     .launch(cfg1(hq * d / 2))?;
                 s.launch_builder(&f.rope)
-                    .arg(&mut b.k)
+                    .arg(&mut b.qkv.slice_mut(qw..qw + kvw_))
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(st)
                     .arg(&theta)
                     .launch(cfg1(hkv * d / 2))?;
+                let (kv, vv) = (
+                    b.qkv.slice(qw..qw + kvw_),
+                    b.qkv.slice(qw + kvw_..qw + 2 * kvw_),
+                );
                 s.launch_builder(&f.kv_store)
-                    .arg(&b.k)
-                    .arg(&b.v)
+                    .arg(&kv)
+                    .arg(&vv)
                     .arg(&mut layer.k_cache)
                     .arg(&mut layer.v_cache)
                     .arg(st)
                     .arg(&kvwi)
                     .launch(cfg1(kvw))?;
+                let qv = b.qkv.slice(0..qw);
                 s.launch_builder(&f.attend)
-                    .arg(&b.q)
+                    .arg(&qv)
                     .arg(&layer.k_cache)
                     .arg(&layer.v_cache)
                     .arg(&mut b.a)
@@ -350,7 +367,7 @@ impl<'g> GpuDecoder<'g> {
                     .arg(&scale)
                     .launch(attend_cfg)?;
             }
-            apply(gpu, &layer.mats[3], &b.a, &mut b.o)?;
+            apply(gpu, &layer.mats[1], &b.a, &mut b.o)?;
             unsafe {
                 s.launch_builder(&f.add)
                     .arg(&mut b.x)
@@ -365,17 +382,17 @@ impl<'g> GpuDecoder<'g> {
                     .arg(&eps)
                     .launch(norm_cfg)?;
             }
-            apply(gpu, &layer.mats[4], &b.h, &mut b.g)?;
-            apply(gpu, &layer.mats[5], &b.h, &mut b.u)?;
+            apply(gpu, &layer.mats[2], &b.h, &mut b.gu)?;
             unsafe {
+                let (gv, uv) = (b.gu.slice(0..ff), b.gu.slice(ff..2 * ff));
                 s.launch_builder(&f.swiglu)
-                    .arg(&b.g)
-                    .arg(&b.u)
+                    .arg(&gv)
+                    .arg(&uv)
                     .arg(&mut b.act)
                     .arg(&ffi)
                     .launch(cfg1(ff))?;
             }
-            apply(gpu, &layer.mats[6], &b.act, &mut b.o)?;
+            apply(gpu, &layer.mats[3], &b.act, &mut b.o)?;
             unsafe {
                 s.launch_builder(&f.add)
                     .arg(&mut b.x)
