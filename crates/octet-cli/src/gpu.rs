@@ -41,7 +41,7 @@ pub fn recipe_support(name: &str) -> &'static str {
             "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
         }
         "mxfp8" => "emulated on sm_90: bit-exact MX quantize (E8M0 1x32), exact dequantize to bf16, bf16 GEMM (native MX GEMMs need sm_100)",
-        "nvfp4" => "not yet (CPU reference; native GEMMs need sm_100)",
+        "nvfp4" => "emulated on sm_90: bit-exact NVFP4 quantize (stochastic rounding included), exact dequantize to bf16, bf16 GEMM (native FP4 GEMMs need sm_100)",
         _ => "not yet (CPU reference)",
     }
 }

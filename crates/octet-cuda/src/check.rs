@@ -177,6 +177,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     block_gemm_cases(gpu, &mut out)?;
     linear_cases(gpu, &mut out)?;
     mx_cases(gpu, &mut out)?;
+    nvfp4_cases(gpu, &mut out)?;
     Ok(out)
 }
 
@@ -1148,7 +1149,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let shape = |e: octet_tensor::Error| Error::Shape(e.to_string());
     let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
     let mut recipes: Vec<(String, Option<Recipe>)> = vec![("bf16".into(), None)];
-    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8"] {
+    for name in ["tensorwise", "rowwise", "blockwise", "mxfp8", "nvfp4"] {
         for mode in BackwardMode::ALL {
             let r = Recipe::from_name(name)?.with_backward(mode)?;
             recipes.push((format!("{name} {}", mode.name()), Some(r)));
@@ -1235,19 +1236,6 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         pass: ok,
         worst: format!("y {:.2e}, d_input {:.2e}, d_weight {:.2e}", worst.0, worst.1, worst.2),
     });
-    // What the GPU layer does not run yet is an error, not a silent fallback.
-    let r = GpuLinear::new(
-        gpu,
-        gpu.upload(&bf16_bits(&wb))?,
-        n,
-        k,
-        Some(Recipe::from_name("nvfp4")?),
-    );
-    out.push(CaseResult {
-        name: "linear with recipe nvfp4 on the GPU -> error".into(),
-        pass: r.is_err(),
-        worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
     Ok(())
 }
 
@@ -1297,6 +1285,75 @@ fn mx_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     if sr { "equal" } else { "DIFFER" },
                     if sc { "equal" } else { "DIFFER" }
                 ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// NVFP4 quantize bit-exact against the CPU: packed E2M1 codes, E4M3 block
+/// scale codes and the per-tensor scale of both copies, for 1x16 blocks with
+/// nearest and stochastic rounding and for 16x16 blocks.
+fn nvfp4_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (i, &(rows, cols)) in [
+        (256usize, 512usize),
+        (217, 300),
+        (1, 16),
+        (333, 1000),
+        (64, 130),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let xb: Vec<bf16> = random_wide_f32(rows * cols, 1400 + i as u64)
+            .iter()
+            .map(|&v| bf16::from_f32(v))
+            .collect();
+        for (br, rounding, label) in [
+            (1usize, Rounding::NearestEven, "1x16 nearest"),
+            (
+                1,
+                Rounding::Stochastic {
+                    seed: 0x5eed_0000_0001 + i as u64,
+                },
+                "1x16 stochastic",
+            ),
+            (16, Rounding::NearestEven, "16x16 nearest"),
+        ] {
+            let sp = QuantSpec {
+                format: Format::E2M1,
+                granularity: Granularity::Tile { rows: br, cols: 16 },
+                rule: ScaleRule::Nvfp4,
+                rounding,
+            };
+            let want = octet_fp8::quantize(&xb, rows, cols, &sp, &sp, Usage::BOTH, None)?;
+            let q = gpu.quantize_nvfp4(&gpu.upload(&bf16_bits(&xb))?, rows, cols, br, rounding)?;
+            let g = gpu.download(&q.global)?[0];
+            let mut text = Vec::new();
+            let mut pass = true;
+            for (got, want) in [
+                (&q.rowwise, want.get(Layout::Rowwise)?),
+                (&q.colwise, want.get(Layout::Colwise)?),
+            ] {
+                let (bad, t) = byte_diff(&gpu.download(&got.packed)?, &want.data);
+                let (codes_ok, g_ok) = match &want.scales {
+                    Scales::Nvfp4 { codes, global } => (
+                        gpu.download(&got.codes)? == *codes,
+                        global.to_bits() == g.to_bits(),
+                    ),
+                    _ => (false, false),
+                };
+                pass &= bad == 0 && codes_ok && g_ok;
+                text.push(format!(
+                    "{t}, scales {}, global {}",
+                    if codes_ok { "equal" } else { "DIFFER" },
+                    if g_ok { "equal" } else { "DIFFERS" }
+                ));
+            }
+            out.push(CaseResult {
+                name: format!("quantize nvfp4 {label} {rows}x{cols} wide"),
+                pass,
+                worst: text.join("; "),
             });
         }
     }

@@ -27,6 +27,7 @@ pub mod gemm;
 pub mod linear;
 pub mod mixed;
 pub mod mx;
+pub mod nvfp4;
 pub mod nvrtc;
 mod quantize;
 pub mod rowwise;
@@ -110,7 +111,7 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 8] = [
+pub const KERNEL_SOURCES: [(&str, &str); 9] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
@@ -119,6 +120,7 @@ pub const KERNEL_SOURCES: [(&str, &str); 8] = [
     ("delayed", kernel_source!("delayed.cu")),
     ("block2d", kernel_source!("block2d.cu")),
     ("mx", kernel_source!("mx.cu")),
+    ("nvfp4", kernel_source!("nvfp4.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -221,6 +223,8 @@ pub struct Gpu {
     pub(crate) block2d: std::sync::OnceLock<block2d::Block2dKernels>,
     /// MXFP8 kernels, compiled on first use.
     pub(crate) mx: std::sync::OnceLock<mx::MxKernels>,
+    /// NVFP4 kernels, compiled on first use.
+    pub(crate) nv: std::sync::OnceLock<nvfp4::NvKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -337,6 +341,7 @@ impl Gpu {
             delayed: std::sync::OnceLock::new(),
             block2d: std::sync::OnceLock::new(),
             mx: std::sync::OnceLock::new(),
+            nv: std::sync::OnceLock::new(),
             blas,
         })
     }

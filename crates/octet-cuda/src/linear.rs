@@ -12,8 +12,9 @@
 //! keeps its amax histories on the device (`update_scales` once per step).
 //! The `dequantized` backward multiplies the output gradient by the forward's
 //! FP8 copies dequantized to bf16 (`code * scale_inv` rounded once to bf16;
-//! the CPU reference keeps that product in f32). NVFP4 runs on the CPU
-//! reference only for now: asking for it here is an error.
+//! the CPU reference keeps that product in f32). `nvfp4` runs emulated like
+//! `mxfp8`, its stochastic rounding salted by the same call count as the CPU
+//! `Linear`, so both draw the same bits.
 
 use crate::block2d::DeviceBlock2dFp8;
 use crate::quantize::DeviceBlockFp8;
@@ -33,6 +34,8 @@ enum Kind {
     Mxfp8,
     /// Per-tensor delayed scaling: scales from amax histories kept on the device.
     Delayed,
+    /// NVFP4, emulated (dequantize to bf16, bf16 GEMM): no FP4 tensor cores on sm_90.
+    Nvfp4,
 }
 
 /// An input or weight quantized by one of the recipes, both copies.
@@ -43,6 +46,7 @@ enum Quant {
     Block1d(DeviceBlockFp8, CudaSlice<f32>, CudaSlice<f32>),
     Block2d(DeviceBlock2dFp8),
     Mx(crate::mx::DeviceMxFp8),
+    Nv(crate::nvfp4::DeviceNvfp4),
 }
 
 impl Quant {
@@ -59,6 +63,13 @@ impl Quant {
                 q.rowwise.len()
                     + q.colwise.len()
                     + 4 * (q.row_scale_inv.len() + q.col_scale_inv.len())
+            }
+            Quant::Nv(q) => {
+                q.rowwise.packed.len()
+                    + q.colwise.packed.len()
+                    + q.rowwise.codes.len()
+                    + q.colwise.codes.len()
+                    + 4
             }
             Quant::Mx(q) => {
                 q.rowwise.len() + q.colwise.len() + q.row_scales.len() + q.col_scales.len()
@@ -79,6 +90,9 @@ pub struct GpuLinear {
     backward: BackwardMode,
     /// Delayed scaling: the states of input, weight and grad_output.
     states: Vec<crate::delayed::DeviceDelayed>,
+    recipe: Option<Recipe>,
+    /// Quantizations so far: the salt of stochastic rounding, counted as the CPU `Linear` counts.
+    calls: u64,
 }
 
 /// What [`GpuLinear::forward`] keeps for backward.
@@ -126,9 +140,10 @@ impl GpuLinear {
                     Scaling::Blockwise { power_of_two: false } => Kind::Blockwise,
                     Scaling::Mxfp8 => Kind::Mxfp8,
                     Scaling::Delayed { .. } => Kind::Delayed,
+                    Scaling::Nvfp4 => Kind::Nvfp4,
                     _ => {
                         return Err(Error::Shape(format!(
-                            "recipe {r} runs on the CPU reference only so far (GPU: delayed, tensorwise, rowwise, blockwise, mxfp8 emulated)"
+                            "recipe {r} runs on the CPU reference only so far (GPU: delayed, tensorwise, rowwise, blockwise, mxfp8 and nvfp4 emulated)"
                         )))
                     }
                 };
@@ -137,8 +152,9 @@ impl GpuLinear {
                         "delayed scaling takes the quantized backward only".into(),
                     ));
                 }
-                if r.format(octet_fp8::Role::Input) != Format::E4M3
-                    || r.format(octet_fp8::Role::GradOutput) != Format::E5M2
+                if kind != Kind::Nvfp4
+                    && (r.format(octet_fp8::Role::Input) != Format::E4M3
+                        || r.format(octet_fp8::Role::GradOutput) != Format::E5M2)
                 {
                     return Err(Error::Shape(format!(
                         "recipe {r}: the GPU layer takes E4M3 forward and E5M2 gradients"
@@ -167,7 +183,24 @@ impl GpuLinear {
             kind,
             backward,
             states,
+            recipe,
+            calls: 0,
         })
+    }
+
+    /// Count one quantization in `role` and return its rounding: the recipe's
+    /// (stochastic for NVFP4 gradients, salted by the count as the CPU `Linear`
+    /// salts it), nearest-even for every other recipe.
+    fn rounding(&mut self, role: usize) -> Result<octet_fp8::Rounding> {
+        self.calls += 1;
+        match (self.kind, self.recipe) {
+            (Kind::Nvfp4, Some(r)) => {
+                let role = octet_fp8::Role::ALL[role.min(2)];
+                Ok(r.spec(role, octet_fp8::Layout::Rowwise, None, self.calls)?
+                    .rounding)
+            }
+            _ => Ok(octet_fp8::Rounding::NearestEven),
+        }
     }
 
     /// End of an optimizer step: roll the delayed-scaling histories on the
@@ -191,9 +224,17 @@ impl GpuLinear {
         cols: usize,
         format: Format,
         role: usize,
+        rounding: octet_fp8::Rounding,
     ) -> Result<Quant> {
         let weight = role == 1;
         Ok(match kind {
+            Kind::Nvfp4 => Quant::Nv(gpu.quantize_nvfp4(
+                x,
+                rows,
+                cols,
+                if weight { 16 } else { 1 },
+                rounding,
+            )?),
             Kind::Delayed => {
                 let st = states
                     .get_mut(role)
@@ -287,6 +328,19 @@ impl GpuLinear {
                 };
                 gpu.gemm_fp8_block(pa, pb, d, mnk)
             }
+            (Quant::Nv(qa), Quant::Nv(qb)) => {
+                let pa = (
+                    if a_col { &qa.colwise } else { &qa.rowwise },
+                    qa.block_rows,
+                    &qa.global,
+                );
+                let pb = (
+                    if b_col { &qb.colwise } else { &qb.rowwise },
+                    qb.block_rows,
+                    &qb.global,
+                );
+                gpu.gemm_nvfp4_emulated(pa, pb, d, mnk)
+            }
             (Quant::Mx(qa), Quant::Mx(qb)) => {
                 let pa = if a_col {
                     (&qa.colwise, &qa.col_scales, qa.format)
@@ -331,7 +385,19 @@ impl GpuLinear {
             saved.x = Some(gpu.stream.clone_dtod(x)?);
             return Ok((y, saved));
         }
-        let xq = Self::quantize(self.kind, &mut self.states, gpu, x, m, k, Format::E4M3, 0)?;
+        let rx = self.rounding(0)?;
+        let xq = Self::quantize(
+            self.kind,
+            &mut self.states,
+            gpu,
+            x,
+            m,
+            k,
+            Format::E4M3,
+            0,
+            rx,
+        )?;
+        let rw = self.rounding(1)?;
         let wq = Self::quantize(
             self.kind,
             &mut self.states,
@@ -341,6 +407,7 @@ impl GpuLinear {
             k,
             Format::E4M3,
             1,
+            rw,
         )?;
         Self::gemm(gpu, &xq, false, &wq, false, &mut y, (m, n, k))?;
         match self.backward {
@@ -384,8 +451,18 @@ impl GpuLinear {
                 gpu.gemm_bf16_op((dy, true), (&xd, false), &mut dw, (n, k, m))?;
             }
             (_, Some(xq), Some(wq)) => {
-                let gq =
-                    Self::quantize(self.kind, &mut self.states, gpu, dy, m, n, Format::E5M2, 2)?;
+                let rg = self.rounding(2)?;
+                let gq = Self::quantize(
+                    self.kind,
+                    &mut self.states,
+                    gpu,
+                    dy,
+                    m,
+                    n,
+                    Format::E5M2,
+                    2,
+                    rg,
+                )?;
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
                 Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
                 Self::gemm(gpu, &gq, true, &xq, true, &mut dw, (n, k, m))?;
@@ -436,5 +513,6 @@ fn dequant_rowwise(gpu: &Gpu, q: &Quant, rows: usize, cols: usize) -> Result<Cud
             t.format,
         ),
         Quant::Mx(t) => gpu.mx_dequant_bf16(&t.rowwise, &t.row_scales, rows, cols, t.format),
+        Quant::Nv(t) => gpu.nv_dequant_bf16(&t.rowwise, t.block_rows, Some(&t.global)),
     }
 }
