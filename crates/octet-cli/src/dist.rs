@@ -121,6 +121,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     tokens_per_s: (cfg.batch * cfg.seq) as f64 / dt,
                     elapsed_s: t0.elapsed().as_secs_f64(),
                     saved_bytes: 0,
+                    device_bytes: None,
                 };
                 if let Ok(mut w) = metrics.lock() {
                     w.write(&m).map_err(|e| dist_err(e.to_string()))?;

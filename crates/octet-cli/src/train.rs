@@ -76,9 +76,9 @@ pub struct TrainArgs {
     /// recipes, gradients reduce-scattered. `--batch` is the global batch.
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
-    /// Device: cpu, cuda or auto (this build has the CPU backend only).
+    /// Device: cpu, cuda, or auto (the GPU when one is usable, else the CPU).
     #[arg(long, default_value = "auto")]
-    device: String,
+    pub device: String,
 }
 
 impl TrainArgs {
@@ -132,13 +132,8 @@ impl TrainArgs {
         if let Some(g) = self.grad_clip {
             c.adamw.grad_clip = g;
         }
-        match self.device.as_str() {
-            "cpu" | "auto" => {}
-            "cuda" => anyhow::bail!(
-                "--device cuda: training on the GPU is not implemented yet (the CUDA backend \
-                 runs `octet selftest` and `octet bench --device cuda`); use --device cpu or auto"
-            ),
-            other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
+        if !matches!(self.device.as_str(), "cpu" | "cuda" | "auto") {
+            anyhow::bail!("--device {}: expected cpu, cuda or auto", self.device);
         }
         c.validate()?;
         Ok(c)
@@ -207,6 +202,34 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;
+    if let Some(gpu) = crate::gpu::open(&a.device)? {
+        println!(
+            "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device {}",
+            cfg.model,
+            mcfg.num_params(),
+            mcfg.hidden_size,
+            mcfg.num_hidden_layers,
+            mcfg.num_attention_heads,
+            mcfg.num_key_value_heads,
+            cfg.recipe,
+            cfg.backward,
+            cfg.batch,
+            cfg.seq,
+            cfg.steps,
+            gpu.info()?
+        );
+        let mut obs = bar("train");
+        let s = octet_train::gpu::train_gpu(&cfg, a.resume.as_deref(), &mut obs, &gpu)?;
+        obs.bar.finish();
+        println!("\nsample:\n{}\n", s.sample);
+        summary_table(std::slice::from_ref(&s));
+        println!(
+            "\npeak device memory {:.2} GiB; wrote {}/metrics.jsonl, loss.png, checkpoints/",
+            s.peak_device_bytes as f64 / (1u64 << 30) as f64,
+            s.dir.display()
+        );
+        return Ok(());
+    }
     println!(
         "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device cpu ({} threads)",
         cfg.model,

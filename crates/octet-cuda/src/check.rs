@@ -178,6 +178,13 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     linear_cases(gpu, &mut out)?;
     mx_cases(gpu, &mut out)?;
     nvfp4_cases(gpu, &mut out)?;
+    if let Err(e) = model_cases(gpu, &mut out) {
+        out.push(CaseResult {
+            name: "training model cases".into(),
+            pass: false,
+            worst: e.to_string(),
+        });
+    }
     Ok(out)
 }
 
@@ -1354,6 +1361,274 @@ fn nvfp4_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 name: format!("quantize nvfp4 {label} {rows}x{cols} wide"),
                 pass,
                 worst: text.join("; "),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// f64 causal grouped-query attention and its backward, the output gradient's
+/// `delta` taken from `out_used` (the output the backward sees, as the GPU
+/// backward takes its own bf16 output): `(out, dq, dk, dv)`.
+#[allow(clippy::type_complexity)]
+fn attention_ref(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    dout: &[f64],
+    out_used: Option<&[f64]>,
+    (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+) -> (Vec<f64>, Vec<f64>, Vec<f64>, Vec<f64>) {
+    let scale = 1.0 / (d as f64).sqrt();
+    let (qw, kw) = (hq * d, hkv * d);
+    let mut out = vec![0.0; b * t * qw];
+    let mut dq = vec![0.0; b * t * qw];
+    let mut dk = vec![0.0; b * t * kw];
+    let mut dv = vec![0.0; b * t * kw];
+    for bi in 0..b {
+        for h in 0..hq {
+            let g = h / (hq / hkv);
+            for i in 0..t {
+                let qi = &q[(bi * t + i) * qw + h * d..][..d];
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| {
+                        let kj = &k[(bi * t + j) * kw + g * d..][..d];
+                        qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f64>() * scale
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                let p: Vec<f64> = s.iter().map(|x| (x - m).exp() / z).collect();
+                let o = &mut out[(bi * t + i) * qw + h * d..][..d];
+                for (j, pj) in p.iter().enumerate() {
+                    for c in 0..d {
+                        o[c] += pj * v[(bi * t + j) * kw + g * d + c];
+                    }
+                }
+                let ou = out_used.map_or_else(
+                    || o.to_vec(),
+                    |u| u[(bi * t + i) * qw + h * d..][..d].to_vec(),
+                );
+                let dro = &dout[(bi * t + i) * qw + h * d..][..d];
+                let delta: f64 = dro.iter().zip(&ou).map(|(a, b)| a * b).sum();
+                for (j, pj) in p.iter().enumerate() {
+                    let vj = &v[(bi * t + j) * kw + g * d..][..d];
+                    let dp: f64 = dro.iter().zip(vj).map(|(a, b)| a * b).sum();
+                    let ds = pj * (dp - delta) * scale;
+                    for c in 0..d {
+                        dv[(bi * t + j) * kw + g * d + c] += pj * dro[c];
+                        dk[(bi * t + j) * kw + g * d + c] += ds * qi[c];
+                        dq[(bi * t + i) * qw + h * d + c] += ds * k[(bi * t + j) * kw + g * d + c];
+                    }
+                }
+            }
+        }
+    }
+    (out, dq, dk, dv)
+}
+
+fn rel_frobenius_f64(got: &[f32], want: &[f64]) -> f64 {
+    let num: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b) * (a as f64 - b))
+        .sum();
+    let den: f64 = want.iter().map(|b| b * b).sum();
+    if got.len() != want.len() || got.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// The training model on the GPU against the CPU reference: the attention
+/// kernels against f64 attention (several head dims, sequences off the
+/// 64-tile, grouped heads), the whole model's loss and gradients against the
+/// CPU `Llama` in f64 (bf16 model) and against the CPU's own FP8 error (FP8
+/// recipes), and one AdamW step against the formula on the host.
+pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::model::{AdamParams, GpuLlama};
+    use octet_nn::llama::{Llama, LlamaConfig};
+    use octet_tensor::{DType, Tensor};
+    use std::collections::HashMap;
+    let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
+    let config = |c: usize, f: usize, l: usize, hq: usize, hkv: usize, t: usize| LlamaConfig {
+        vocab_size: 256,
+        hidden_size: c,
+        intermediate_size: f,
+        num_hidden_layers: l,
+        num_attention_heads: hq,
+        num_key_value_heads: hkv,
+        max_position_embeddings: t,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+    };
+    // Attention kernels alone: out within bf16 rounding; gradients within f32
+    // accumulation noise of the f64 reference fed the GPU's own bf16 output.
+    for (b, t, hq, hkv, d) in [
+        (2, 150, 4, 2, 64),
+        (1, 200, 4, 1, 128),
+        (3, 70, 2, 2, 16),
+        (1, 64, 8, 4, 8),
+    ] {
+        let cfg = config(hq * d, 32, 1, hq, hkv, t);
+        let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 5)
+            .map_err(nn)?
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
+        let model = GpuLlama::new(gpu, &cfg, &w, None)?;
+        let n = b * t;
+        let qb = random_bf16(n * hq * d, 1301, 2.0);
+        let kb = random_bf16(n * hkv * d, 1302, 2.0);
+        let vb = random_bf16(n * hkv * d, 1303, 1.0);
+        let go = random_f32(n * hq * d, 1304, 1e-2);
+        let (o, dq, dk, dv) = model.attention_check(
+            &gpu.upload(&bf16_bits(&qb))?,
+            &gpu.upload(&bf16_bits(&kb))?,
+            &gpu.upload(&bf16_bits(&vb))?,
+            &gpu.upload(&go)?,
+            (b, t, hq, hkv, d),
+        )?;
+        let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
+        let go64: Vec<f64> = go.iter().map(|&x| x as f64).collect();
+        let got_o = download_f32(gpu, &o)?;
+        let got_o64: Vec<f64> = got_o.iter().map(|&x| x as f64).collect();
+        let (ro, rdq, rdk, rdv) = attention_ref(
+            &f(&qb),
+            &f(&kb),
+            &f(&vb),
+            &go64,
+            Some(&got_o64),
+            (b, t, hq, hkv, d),
+        );
+        let eo = rel_frobenius_f64(&got_o, &ro);
+        let eq = rel_frobenius_f64(&gpu.download(&dq)?, &rdq);
+        let ek = rel_frobenius_f64(&gpu.download(&dk)?, &rdk);
+        let ev = rel_frobenius_f64(&gpu.download(&dv)?, &rdv);
+        out.push(CaseResult {
+            name: format!("attention fwd+bwd B={b} T={t} heads {hq}/{hkv} D={d} vs f64"),
+            pass: eo <= BF16_OUT_TOL && eq.max(ek).max(ev) <= 1e-5,
+            worst: format!("out {eo:.2e}, dq {eq:.2e}, dk {ek:.2e}, dv {ev:.2e}"),
+        });
+    }
+    // The whole model: loss and every gradient.
+    // Widths multiples of 512: the 128x128 block-scaled GEMMs need k % 512 == 0.
+    let cfg = config(512, 1024, 2, 4, 4, 96);
+    let (b, t) = (2usize, 96usize);
+    let base = Llama::new_random(&cfg, DType::F32, None, 11).map_err(nn)?;
+    let w: HashMap<String, Tensor> = base
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let toks: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(1401, i as u64) % 256) as u32)
+        .collect();
+    let tgts: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(1402, i as u64) % 256) as u32)
+        .collect();
+    let w64: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_dtype(DType::F64)))
+        .collect();
+    let mut cpu64 = Llama::from_weights(&cfg, w64, None).map_err(nn)?;
+    let (loss64, s64) = cpu64.forward(&toks, &tgts, b, t).map_err(nn)?;
+    let g64 = cpu64.backward(s64).map_err(nn)?;
+    let worst_grad = |got: &[(String, Tensor)]| -> (f64, String) {
+        let mut worst = (0f64, String::new());
+        for ((name, g), (_, r)) in got.iter().zip(&g64) {
+            let e = rel_frobenius_f64(&g.to_f32_vec(), &r.to_f64_vec());
+            if e > worst.0 || e.is_nan() {
+                worst = (e, name.clone());
+            }
+        }
+        worst
+    };
+    let grad_scale = 1.0 / (b * t) as f32;
+    for recipe_name in ["bf16", "tensorwise", "rowwise", "blockwise", "delayed"] {
+        let recipe = match recipe_name {
+            "bf16" => None,
+            r => Some(octet_fp8::Recipe::from_name(r)?),
+        };
+        let mut model = GpuLlama::new(gpu, &cfg, &w, recipe)?;
+        model.zero_grad()?;
+        let (loss, saved) = model.forward(&toks, &tgts, (b, t), grad_scale, true)?;
+        let saved = saved.ok_or_else(|| Error::Shape("forward kept nothing".into()))?;
+        model.backward(saved)?;
+        let (eg, gname) = worst_grad(&model.grads()?);
+        let el = (loss - loss64).abs() / loss64;
+        // bf16: activations rounded to bf16 at each product input (relative
+        // 2^-9 each, about 30 roundings between the loss and the first block):
+        // 3% on the worst gradient. FP8: no worse than the CPU's FP8 model
+        // (same recipe, f32) is against f64, plus that bf16 allowance.
+        let (pass, note) = if let Some(r) = recipe {
+            let mut cpu = Llama::from_weights(&cfg, w.clone(), Some(r)).map_err(nn)?;
+            let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
+            let (ecg, _) = worst_grad(&cpu.backward(cs).map_err(nn)?);
+            let ecl = (closs - loss64).abs() / loss64;
+            (
+                el <= 2.0 * ecl + 2e-3 && eg <= 1.5 * ecg + 3e-2,
+                format!(", CPU FP8 model: loss {ecl:.2e}, grad {ecg:.2e}"),
+            )
+        } else {
+            (el <= 2e-3 && eg <= 3e-2, String::new())
+        };
+        out.push(CaseResult {
+            name: format!(
+                "Llama {recipe_name} fwd+bwd (C=512, F=1024, 2 blocks, 4 heads, B=2 T=96) vs CPU f64"
+            ),
+            pass,
+            worst: format!("loss {el:.2e}, worst grad {eg:.2e} ({gname}){note}"),
+        });
+        if recipe_name == "bf16" {
+            // One AdamW step against the formula on the host.
+            let before = model.optimizer_state()?;
+            let grads = model.grads()?;
+            let p = AdamParams {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                grad_clip: 0.5,
+            };
+            let norm = model.adamw_step(p)?;
+            let host_norm = grads
+                .iter()
+                .flat_map(|(_, g)| g.to_f32_vec())
+                .map(|g| (g as f64) * (g as f64))
+                .sum::<f64>()
+                .sqrt() as f32;
+            let clip = if norm > p.grad_clip {
+                p.grad_clip / norm
+            } else {
+                1.0
+            };
+            let (bc1, bc2) = (1.0 - p.beta1, 1.0 - p.beta2);
+            let after = model.optimizer_state()?;
+            let mut worst = 0f64;
+            for (((w0, _, _), (w1, _, _)), ((_, g), slot)) in before
+                .iter()
+                .zip(&after)
+                .zip(grads.iter().zip(&model.slots))
+            {
+                let wd = if slot.decay { p.weight_decay } else { 0.0 };
+                for ((&a, &bb), &gi) in w0.iter().zip(w1).zip(&g.to_f32_vec()) {
+                    let gi = gi * clip;
+                    let m = (1.0 - p.beta1) * gi;
+                    let v = (1.0 - p.beta2) * gi * gi;
+                    let want = a - p.lr * ((m / bc1) / ((v / bc2).sqrt() + p.eps) + wd * a);
+                    worst = worst.max(((bb - want) as f64).abs() / (want.abs() as f64).max(1e-3));
+                }
+            }
+            let en = ((norm - host_norm) / host_norm).abs();
+            out.push(CaseResult {
+                name: "AdamW step on the device (clipping, decay, bias correction) vs host formula"
+                    .into(),
+                pass: worst <= 1e-5 && en <= 1e-6,
+                worst: format!("masters {worst:.2e}, grad norm {en:.2e}"),
             });
         }
     }

@@ -26,6 +26,7 @@ pub mod delayed;
 pub mod gemm;
 pub mod linear;
 pub mod mixed;
+pub mod model;
 pub mod mx;
 pub mod nvfp4;
 pub mod nvrtc;
@@ -111,7 +112,7 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 9] = [
+pub const KERNEL_SOURCES: [(&str, &str); 10] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
@@ -121,6 +122,7 @@ pub const KERNEL_SOURCES: [(&str, &str); 9] = [
     ("block2d", kernel_source!("block2d.cu")),
     ("mx", kernel_source!("mx.cu")),
     ("nvfp4", kernel_source!("nvfp4.cu")),
+    ("train", kernel_source!("train.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -369,6 +371,14 @@ impl Gpu {
         self.blas
             .lock()
             .map_err(|_| Error::Blas("a previous GEMM panicked while holding the handle".into()))
+    }
+
+    /// Device memory in use now, in bytes (total minus free, as the driver
+    /// reports it: includes what the memory pool keeps for reuse).
+    pub fn mem_used(&self) -> Result<usize> {
+        self.ctx.bind_to_thread()?;
+        let (free, total) = cudarc::driver::result::mem_get_info()?;
+        Ok(total.saturating_sub(free))
     }
 
     /// Wait for all work queued on the stream.

@@ -56,6 +56,14 @@ fn kernels_compile() {
                 "decode" => &["attend_decode", "rmsnorm_bf16", "cvt.rn.bf16.f32"],
                 "rowwise" => &["rowwise_cast_bf16_e4m3", "cvt.rn.satfinite.e5m2x2.f32"],
                 "delayed" => &["delayed_update", "delayed_record"],
+                "train" => &[
+                    "attn_fwd",
+                    "attn_bwd_dkdv",
+                    "attn_bwd_dq",
+                    "rmsnorm_bwd",
+                    "adamw",
+                    "cvt.rn.bf16.f32",
+                ],
                 "nvfp4" => &["nv_encode", "nv_scales", "nv_dequant_full"],
                 "mx" => &[
                     "mx_quant_bf16_e4m3",

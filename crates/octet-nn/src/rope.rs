@@ -87,6 +87,15 @@ impl Rope {
         .map_err(Into::into)
     }
 
+    /// The cos and sin tables as f32, `(max_seq, D/2)` each, row-major: what
+    /// the GPU kernels read (the same values the CPU rotation rounds to f32).
+    pub fn tables_f32(&self) -> (Vec<f32>, Vec<f32>) {
+        (
+            self.cos.iter().map(|&v| v as f32).collect(),
+            self.sin.iter().map(|&v| v as f32).collect(),
+        )
+    }
+
     /// Rotate `x (B, T, H, D)` by each position's angle.
     pub fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.apply(x, 1.0)

@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod gpu;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
@@ -37,6 +38,9 @@ pub enum Error {
     /// A recipe error.
     #[error(transparent)]
     Quant(#[from] octet_fp8::Error),
+    /// A GPU (CUDA backend) error.
+    #[error(transparent)]
+    Gpu(#[from] octet_cuda::Error),
     /// File system error.
     #[error("io: {0}")]
     Io(#[from] std::io::Error),

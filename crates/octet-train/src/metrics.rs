@@ -24,6 +24,10 @@ pub struct StepMetrics {
     pub elapsed_s: f64,
     /// Bytes the forward kept for backward (summed over micro-batches' peak).
     pub saved_bytes: usize,
+    /// Device memory in use at the step's peak (GPU runs: the driver's
+    /// used bytes, which include memory the allocator keeps for reuse).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_bytes: Option<usize>,
 }
 
 /// Appends JSON lines to a file.

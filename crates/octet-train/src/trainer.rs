@@ -254,6 +254,8 @@ pub struct RunSummary {
     pub sample: String,
     /// Parameters.
     pub params: usize,
+    /// Peak device memory in use (GPU runs; 0 on the CPU).
+    pub peak_device_bytes: usize,
 }
 
 /// Mean validation loss over `n` deterministic batches.
@@ -286,27 +288,30 @@ pub fn sample(
         let logits = model.logits(window, 1, window.len())?;
         let v = model.cfg.vocab_size;
         let last: Vec<f32> = logits.to_f32_vec()[(window.len() - 1) * v..].to_vec();
-        let mut idx: Vec<usize> = (0..v).collect();
-        idx.sort_by(|&a, &b| last[b].total_cmp(&last[a]));
-        idx.truncate(top_k.max(1));
-        let t = temperature.max(1e-3);
-        let m = last[idx[0]];
-        let w: Vec<f64> = idx
-            .iter()
-            .map(|&i| (((last[i] - m) / t) as f64).exp())
-            .collect();
-        let mut r = rng.random::<f64>() * w.iter().sum::<f64>();
-        let mut pick = idx[0];
-        for (&i, &wi) in idx.iter().zip(&w) {
-            if r < wi {
-                pick = i;
-                break;
-            }
-            r -= wi;
-        }
-        toks.push(pick as u32);
+        toks.push(pick_token(&last, temperature, top_k, &mut rng));
     }
     Ok(toks[prompt.len()..].to_vec())
+}
+
+/// Draw a token from `logits` with `temperature` among the `top_k` most likely.
+pub fn pick_token(logits: &[f32], temperature: f32, top_k: usize, rng: &mut impl Rng) -> u32 {
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+    idx.truncate(top_k.max(1));
+    let t = temperature.max(1e-3);
+    let m = logits[idx[0]];
+    let w: Vec<f64> = idx
+        .iter()
+        .map(|&i| (((logits[i] - m) / t) as f64).exp())
+        .collect();
+    let mut r = rng.random::<f64>() * w.iter().sum::<f64>();
+    for (&i, &wi) in idx.iter().zip(&w) {
+        if r < wi {
+            return i as u32;
+        }
+        r -= wi;
+    }
+    idx[0] as u32
 }
 
 fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) -> Result<()> {
@@ -458,6 +463,7 @@ pub fn train(
             tokens_per_s: tokens_per_step as f64 / dt,
             elapsed_s: t0.elapsed().as_secs_f64(),
             saved_bytes: peak_saved,
+            device_bytes: None,
         };
         let last = opt.step == cfg.steps;
         if (cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last {
@@ -532,5 +538,6 @@ pub fn train(
         losses,
         sample: sample_text,
         params,
+        peak_device_bytes: 0,
     })
 }

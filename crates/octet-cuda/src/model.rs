@@ -1,0 +1,1240 @@
+//! Training a Llama model on the GPU: the same model as `octet_nn::llama`
+//! (RMSNorm, RoPE, causal grouped-query attention, SwiGLU, untied or tied LM
+//! head, cross-entropy), with explicit forward and backward, the block
+//! matrices as [`GpuLinear`]s under the run's recipe, and AdamW on the device.
+//!
+//! Precision: parameters live as one flat f32 buffer (the optimizer's masters,
+//! in [`octet_nn::llama::Llama::param_shapes`] order); the block matrices and
+//! the LM head also have bf16 compute copies, rewritten by the AdamW kernel.
+//! The residual stream and the gradients flowing through it are f32; the
+//! inputs of matrix products are bf16; the logits are f32. The embedding and
+//! the LM head stay in high precision (bf16 products), as on the CPU.
+//!
+//! Kernels: `kernels/train.cu` (attention is flash-style: the forward keeps
+//! the per-row log-sum-exp, the backward recomputes probabilities tile by
+//! tile; nothing of size T x T is stored). Every reduction runs in a fixed
+//! order, so a step is deterministic on a given GPU.
+
+use crate::linear::{GpuLinear, GpuLinearSaved};
+use crate::{nvrtc, Error, Gpu, Result};
+use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use octet_fp8::Recipe;
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::Tensor;
+use std::collections::HashMap;
+
+/// Largest head dimension of the attention kernels.
+pub const MAX_HEAD_DIM: usize = 128;
+const TILE: usize = 64;
+/// Row groups of the norm-gain reduction (a fixed count: deterministic).
+const DGAIN_SPLIT: usize = 64;
+/// Blocks of the gradient-norm reduction.
+const NORM_BLOCKS: usize = 512;
+
+struct Fns {
+    embed_fwd: CudaFunction,
+    embed_bwd: CudaFunction,
+    norm_fwd: CudaFunction,
+    norm_bwd: CudaFunction,
+    dgain: CudaFunction,
+    sum_partials: CudaFunction,
+    rope_fwd: CudaFunction,
+    rope_bwd: CudaFunction,
+    swiglu_fwd: CudaFunction,
+    swiglu_bwd: CudaFunction,
+    add_residual: CudaFunction,
+    add: CudaFunction,
+    to_bf16: CudaFunction,
+    xent: CudaFunction,
+    sumsq: CudaFunction,
+    adamw: CudaFunction,
+    attn_fwd: CudaFunction,
+    attn_delta: CudaFunction,
+    attn_dkdv: CudaFunction,
+    attn_dq: CudaFunction,
+}
+
+/// One parameter's place in the flat buffers.
+#[derive(Clone, Debug)]
+pub struct Slot {
+    /// Hugging Face name.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<usize>,
+    /// First element in the flat buffers.
+    pub offset: usize,
+    /// Elements.
+    pub numel: usize,
+    /// Weight decay applies (matrices, not norm gains).
+    pub decay: bool,
+}
+
+struct Block {
+    /// Slot indices of the two norm gains.
+    attn_norm: usize,
+    mlp_norm: usize,
+    /// q, k, v, o, gate, up, down.
+    lin: Vec<GpuLinear>,
+    /// Slot index of each linear's weight.
+    lin_slot: [usize; 7],
+}
+
+/// AdamW hyper-parameters of [`GpuLlama::adamw_step`] (as `octet_train::optim::AdamWConfig`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamParams {
+    /// Learning rate of this step.
+    pub lr: f32,
+    /// First-moment decay.
+    pub beta1: f32,
+    /// Second-moment decay.
+    pub beta2: f32,
+    /// Denominator epsilon.
+    pub eps: f32,
+    /// Decoupled weight decay (matrices only).
+    pub weight_decay: f32,
+    /// Clip the global gradient norm to this (0: no clipping).
+    pub grad_clip: f32,
+}
+
+/// A Llama model on the GPU, with its optimizer state.
+pub struct GpuLlama<'g> {
+    gpu: &'g Gpu,
+    /// Dimensions.
+    pub cfg: LlamaConfig,
+    f: Fns,
+    /// Parameters in checkpoint order.
+    pub slots: Vec<Slot>,
+    master: CudaSlice<f32>,
+    grad: CudaSlice<f32>,
+    m: CudaSlice<f32>,
+    v: CudaSlice<f32>,
+    blocks: Vec<Block>,
+    /// bf16 copy of the LM head (of the embedding when tied).
+    head: CudaSlice<u16>,
+    embed_slot: usize,
+    norm_slot: usize,
+    head_slot: usize,
+    cos: CudaSlice<f32>,
+    sin: CudaSlice<f32>,
+    /// Optimizer steps taken.
+    pub step: u64,
+}
+
+/// What one block's backward reads.
+struct BlockSaved {
+    x: CudaSlice<f32>,
+    rstd1: CudaSlice<f32>,
+    lin: Vec<GpuLinearSaved>,
+    q: CudaSlice<u16>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    a: CudaSlice<u16>,
+    lse: CudaSlice<f32>,
+    x1: CudaSlice<f32>,
+    rstd2: CudaSlice<f32>,
+    gate: CudaSlice<u16>,
+    up: CudaSlice<u16>,
+}
+
+impl BlockSaved {
+    fn bytes(&self) -> usize {
+        4 * (self.x.len() + self.rstd1.len() + self.lse.len() + self.x1.len() + self.rstd2.len())
+            + 2 * (self.q.len()
+                + self.k.len()
+                + self.v.len()
+                + self.a.len()
+                + self.gate.len()
+                + self.up.len())
+            + self.lin.iter().map(GpuLinearSaved::bytes).sum::<usize>()
+    }
+}
+
+/// What [`GpuLlama::backward`] reads.
+pub struct GpuLlamaSaved {
+    b: usize,
+    t: usize,
+    starts: CudaSlice<i32>,
+    rows: CudaSlice<i32>,
+    blocks: Vec<BlockSaved>,
+    xf: CudaSlice<f32>,
+    rstd_f: CudaSlice<f32>,
+    hf: CudaSlice<u16>,
+    dlogits: CudaSlice<u16>,
+}
+
+impl GpuLlamaSaved {
+    /// Device bytes kept for backward (activations, FP8 copies, the logits gradient).
+    pub fn bytes(&self) -> usize {
+        self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
+            + 4 * (self.xf.len() + self.rstd_f.len())
+            + 2 * (self.hf.len() + self.dlogits.len())
+            + 4 * (self.starts.len() + self.rows.len())
+    }
+}
+
+fn grid1(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+fn rows_cfg(rows: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Shared bytes of the attention kernels for head dim `d`: `(fwd, dkdv, dq)`.
+fn attn_smem(d: usize) -> (usize, usize, usize) {
+    let tile = TILE * (d + 1);
+    let p = TILE * (TILE + 1);
+    (
+        4 * (3 * tile + p),
+        4 * (4 * tile + 2 * p + 2 * TILE),
+        4 * (4 * tile + p),
+    )
+}
+
+impl<'g> GpuLlama<'g> {
+    /// A model from named weights (Hugging Face names, any dtype; missing,
+    /// extra or misshapen tensors are errors naming the tensor), its block
+    /// matrices under `recipe` (`None`: bf16). The optimizer moments start at zero.
+    pub fn new(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        recipe: Option<Recipe>,
+    ) -> Result<GpuLlama<'g>> {
+        cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        let d = cfg.head_dim();
+        if d > MAX_HEAD_DIM {
+            return Err(Error::Shape(format!(
+                "head_dim {d}: the GPU attention kernels take at most {MAX_HEAD_DIM}"
+            )));
+        }
+        let module = gpu.ctx.load_module(nvrtc::compile(
+            "train",
+            crate::KERNEL_SOURCES[9].1,
+            gpu.arch,
+        )?)?;
+        let l = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
+        let f = Fns {
+            embed_fwd: l("embed_fwd")?,
+            embed_bwd: l("embed_bwd")?,
+            norm_fwd: l("rmsnorm_fwd")?,
+            norm_bwd: l("rmsnorm_bwd")?,
+            dgain: l("rmsnorm_dgain_partial")?,
+            sum_partials: l("sum_partials")?,
+            rope_fwd: l("rope_fwd")?,
+            rope_bwd: l("rope_bwd")?,
+            swiglu_fwd: l("swiglu_fwd")?,
+            swiglu_bwd: l("swiglu_bwd")?,
+            add_residual: l("add_residual")?,
+            add: l("add_inplace")?,
+            to_bf16: l("to_bf16")?,
+            xent: l("cross_entropy")?,
+            sumsq: l("sumsq_partial")?,
+            adamw: l("adamw")?,
+            attn_fwd: l("attn_fwd")?,
+            attn_delta: l("attn_delta")?,
+            attn_dkdv: l("attn_bwd_dkdv")?,
+            attn_dq: l("attn_bwd_dq")?,
+        };
+        let (s_fwd, s_kv, s_q) = attn_smem(d);
+        use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+        for (func, bytes) in [
+            (&f.attn_fwd, s_fwd),
+            (&f.attn_dkdv, s_kv),
+            (&f.attn_dq, s_q),
+        ] {
+            func.set_attribute(MAXSMEM, bytes as i32)?;
+        }
+        // Flat parameter buffers in checkpoint order.
+        let mut slots = Vec::new();
+        let mut host = Vec::with_capacity(cfg.num_params());
+        let mut remaining: HashMap<&str, &Tensor> =
+            weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        for (name, shape) in Llama::param_shapes(cfg) {
+            let t = remaining
+                .remove(name.as_str())
+                .ok_or_else(|| Error::Shape(format!("missing tensor {name}")))?;
+            if t.shape() != shape.as_slice() {
+                return Err(Error::Shape(format!(
+                    "tensor {name} has shape {:?}, expected {shape:?}",
+                    t.shape()
+                )));
+            }
+            let numel = t.numel();
+            slots.push(Slot {
+                offset: host.len(),
+                numel,
+                decay: shape.len() >= 2,
+                name,
+                shape,
+            });
+            host.extend(t.to_f32_vec());
+        }
+        if cfg.tie_word_embeddings {
+            remaining.remove("lm_head.weight");
+        }
+        if let Some(extra) = remaining.keys().next() {
+            return Err(Error::Shape(format!(
+                "unexpected tensor {extra} for this config"
+            )));
+        }
+        let p = host.len();
+        let master = gpu.upload(&host)?;
+        let bf16_of = |slot: &Slot| -> Result<CudaSlice<u16>> {
+            let b: Vec<half::bf16> = host[slot.offset..slot.offset + slot.numel]
+                .iter()
+                .map(|&x| half::bf16::from_f32(x))
+                .collect();
+            gpu.upload_bf16(&b)
+        };
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let base = 1 + 9 * i;
+            let lin_slot = [
+                base + 1,
+                base + 2,
+                base + 3,
+                base + 4,
+                base + 6,
+                base + 7,
+                base + 8,
+            ];
+            let mut lin = Vec::with_capacity(7);
+            for &s in &lin_slot {
+                let slot = &slots[s];
+                lin.push(GpuLinear::new(
+                    gpu,
+                    bf16_of(slot)?,
+                    slot.shape[0],
+                    slot.shape[1],
+                    recipe,
+                )?);
+            }
+            blocks.push(Block {
+                attn_norm: base,
+                mlp_norm: base + 5,
+                lin,
+                lin_slot,
+            });
+        }
+        let embed_slot = 0;
+        let norm_slot = 1 + 9 * cfg.num_hidden_layers;
+        let head_slot = if cfg.tie_word_embeddings {
+            embed_slot
+        } else {
+            norm_slot + 1
+        };
+        let head = bf16_of(&slots[head_slot])?;
+        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let (cos, sin) = rope.tables_f32();
+        Ok(GpuLlama {
+            gpu,
+            cfg: cfg.clone(),
+            f,
+            slots,
+            master,
+            grad: gpu.alloc_zeros(p, "gradients")?,
+            m: gpu.alloc_zeros(p, "AdamW first moments")?,
+            v: gpu.alloc_zeros(p, "AdamW second moments")?,
+            blocks,
+            head,
+            embed_slot,
+            norm_slot,
+            head_slot,
+            cos: gpu.upload(&cos)?,
+            sin: gpu.upload(&sin)?,
+            step: 0,
+        })
+    }
+
+    /// Parameter count.
+    pub fn num_params(&self) -> usize {
+        self.master.len()
+    }
+
+    /// Device bytes of parameters, gradients and optimizer state (f32 each)
+    /// and the bf16 compute copies.
+    pub fn state_bytes(&self) -> usize {
+        16 * self.master.len()
+            + 2 * self.head.len()
+            + self
+                .blocks
+                .iter()
+                .flat_map(|b| &b.lin)
+                .map(|l| 2 * l.weight.len())
+                .sum::<usize>()
+    }
+
+    fn slot_view(&self, s: usize) -> cudarc::driver::CudaView<'_, f32> {
+        let sl = &self.slots[s];
+        self.master.slice(sl.offset..sl.offset + sl.numel)
+    }
+
+    /// Forward and mean cross-entropy on `tokens (B, T)` with `targets (B, T)`.
+    /// `grad_scale` multiplies the logits' gradient (`1 / (B T)` for the mean,
+    /// further divided by the number of accumulated micro-batches); with
+    /// `keep = false` nothing is kept for backward (evaluation).
+    pub fn forward(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+        (b, t): (usize, usize),
+        grad_scale: f32,
+        keep: bool,
+    ) -> Result<(f64, Option<GpuLlamaSaved>)> {
+        let cfg = self.cfg.clone();
+        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let n = b * t;
+        if b == 0 || t == 0 || tokens.len() != n || targets.len() != n {
+            return Err(Error::Shape(format!(
+                "{} tokens and {} targets for batch {b} x sequence {t}",
+                tokens.len(),
+                targets.len()
+            )));
+        }
+        if t > cfg.max_position_embeddings {
+            return Err(Error::Shape(format!(
+                "sequence {t} exceeds max_position_embeddings {}",
+                cfg.max_position_embeddings
+            )));
+        }
+        if let Some((i, &tok)) = tokens
+            .iter()
+            .chain(targets)
+            .enumerate()
+            .find(|(_, &x)| x as usize >= v)
+        {
+            return Err(Error::Shape(format!(
+                "token id {tok} at position {} is outside the vocabulary of {v}",
+                i % n
+            )));
+        }
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        let toks: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
+        let tgts: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
+        let d_tok = gpu.upload(&toks)?;
+        let d_tgt = gpu.upload(&tgts)?;
+        let (ci, ni, ti) = (c as i32, n as i32, t as i32);
+        let eps = cfg.rms_norm_eps as f32;
+        // Embedding.
+        let mut x: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+        {
+            let table = self.slot_view(self.embed_slot);
+            // SAFETY (every launch in this file): argument types and order match
+            // the kernels in train.cu, and every buffer has the length the
+            // kernel indexes (sizes derived from the shapes checked above).
+            unsafe {
+                s.launch_builder(&self.f.embed_fwd)
+                    .arg(&table)
+                    .arg(&d_tok)
+                    .arg(&mut x)
+                    .arg(&ci)
+                    .launch(LaunchConfig {
+                        grid_dim: (n as u32, c.div_ceil(256) as u32, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+        }
+        let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        let scale = 1.0 / (d as f32).sqrt();
+        for bi in 0..self.blocks.len() {
+            let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
+            let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
+            let mut lin_saved = Vec::with_capacity(7);
+            let blk = &mut self.blocks[bi];
+            let (mut q, sq) = blk.lin[0].forward(gpu, &h, n)?;
+            let (mut k, sk) = blk.lin[1].forward(gpu, &h, n)?;
+            let (vv, sv) = blk.lin[2].forward(gpu, &h, n)?;
+            lin_saved.extend([sq, sk, sv]);
+            drop(h);
+            for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
+                let cnt = n * heads * d / 2;
+                let (hi, di) = (heads as i32, d as i32);
+                unsafe {
+                    s.launch_builder(&self.f.rope_fwd)
+                        .arg(buf)
+                        .arg(&self.cos)
+                        .arg(&self.sin)
+                        .arg(&ni)
+                        .arg(&ti)
+                        .arg(&hi)
+                        .arg(&di)
+                        .launch(grid1(cnt))?;
+                }
+            }
+            let mut a: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "attention output")?;
+            let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention lse")?;
+            {
+                let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
+                unsafe {
+                    s.launch_builder(&self.f.attn_fwd)
+                        .arg(&q)
+                        .arg(&k)
+                        .arg(&vv)
+                        .arg(&mut a)
+                        .arg(&mut lse)
+                        .arg(&ti)
+                        .arg(&hqi)
+                        .arg(&hkvi)
+                        .arg(&di)
+                        .arg(&scale)
+                        .launch(LaunchConfig {
+                            grid_dim: (t.div_ceil(TILE) as u32, hq as u32, b as u32),
+                            block_dim: (256, 1, 1),
+                            shared_mem_bytes: attn_smem(d).0 as u32,
+                        })?;
+                }
+            }
+            let blk = &mut self.blocks[bi];
+            let (o, so) = blk.lin[3].forward(gpu, &a, n)?;
+            lin_saved.push(so);
+            let mut x1: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+            let nc = n * c;
+            unsafe {
+                s.launch_builder(&self.f.add_residual)
+                    .arg(&x)
+                    .arg(&o)
+                    .arg(&mut x1)
+                    .arg(&nc)
+                    .launch(grid1(nc))?;
+            }
+            drop(o);
+            let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
+            let blk = &mut self.blocks[bi];
+            let (gate, sg) = blk.lin[4].forward(gpu, &h2, n)?;
+            let (up, su) = blk.lin[5].forward(gpu, &h2, n)?;
+            drop(h2);
+            lin_saved.extend([sg, su]);
+            let mut act: CudaSlice<u16> = gpu.alloc_zeros(n * ff, "swiglu")?;
+            let nf = n * ff;
+            unsafe {
+                s.launch_builder(&self.f.swiglu_fwd)
+                    .arg(&gate)
+                    .arg(&up)
+                    .arg(&mut act)
+                    .arg(&nf)
+                    .launch(grid1(nf))?;
+            }
+            let (dn, sd) = self.blocks[bi].lin[6].forward(gpu, &act, n)?;
+            drop(act);
+            lin_saved.push(sd);
+            let mut x2: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+            unsafe {
+                s.launch_builder(&self.f.add_residual)
+                    .arg(&x1)
+                    .arg(&dn)
+                    .arg(&mut x2)
+                    .arg(&nc)
+                    .launch(grid1(nc))?;
+            }
+            let prev = std::mem::replace(&mut x, x2);
+            if keep {
+                saved_blocks.push(BlockSaved {
+                    x: prev,
+                    rstd1,
+                    lin: lin_saved,
+                    q,
+                    k,
+                    v: vv,
+                    a,
+                    lse,
+                    x1,
+                    rstd2,
+                    gate,
+                    up,
+                });
+            }
+        }
+        let (hf, rstd_f) = self.norm_fwd(&x, self.norm_slot, n, eps)?;
+        let mut logits: CudaSlice<f32> = gpu.alloc_zeros(n * v, "logits")?;
+        gpu.gemm_bf16(&hf, &self.head, &mut logits, (n, v, c))?;
+        let mut losses: CudaSlice<f32> = gpu.alloc_zeros(n, "losses")?;
+        let mut dlogits: CudaSlice<u16> =
+            gpu.alloc_zeros(if keep { n * v } else { 1 }, "d_logits")?;
+        let vi = v as i32;
+        unsafe {
+            let null: u64 = 0;
+            let mut lb = s.launch_builder(&self.f.xent);
+            lb.arg(&logits).arg(&d_tgt).arg(&mut losses);
+            if keep {
+                lb.arg(&mut dlogits);
+            } else {
+                lb.arg(&null);
+            }
+            lb.arg(&vi).arg(&grad_scale).launch(rows_cfg(n))?;
+        }
+        let host = gpu.download(&losses)?;
+        let loss = host.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
+        if !loss.is_finite() {
+            return Err(Error::NonFinite);
+        }
+        if !keep {
+            return Ok((loss, None));
+        }
+        // Each token's rows, for the deterministic embedding backward.
+        let mut counts = vec![0i32; v + 1];
+        for &tok in tokens {
+            counts[tok as usize + 1] += 1;
+        }
+        for i in 0..v {
+            counts[i + 1] += counts[i];
+        }
+        let mut fill = counts.clone();
+        let mut rows = vec![0i32; n];
+        for (r, &tok) in tokens.iter().enumerate() {
+            rows[fill[tok as usize] as usize] = r as i32;
+            fill[tok as usize] += 1;
+        }
+        Ok((
+            loss,
+            Some(GpuLlamaSaved {
+                b,
+                t,
+                starts: gpu.upload(&counts)?,
+                rows: gpu.upload(&rows)?,
+                blocks: saved_blocks,
+                xf: x,
+                rstd_f,
+                hf,
+                dlogits,
+            }),
+        ))
+    }
+
+    fn norm_fwd(
+        &self,
+        x: &CudaSlice<f32>,
+        slot: usize,
+        n: usize,
+        eps: f32,
+    ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
+        let c = self.cfg.hidden_size;
+        let mut h: CudaSlice<u16> = self.gpu.alloc_zeros(n * c, "norm output")?;
+        let mut rstd: CudaSlice<f32> = self.gpu.alloc_zeros(n, "norm rstd")?;
+        let g = self.slot_view(slot);
+        let ci = c as i32;
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.norm_fwd)
+                .arg(x)
+                .arg(&g)
+                .arg(&mut h)
+                .arg(&mut rstd)
+                .arg(&ci)
+                .arg(&eps)
+                .launch(rows_cfg(n))?;
+        }
+        Ok((h, rstd))
+    }
+
+    /// RMSNorm backward: `dres (+)= dx`; the gain's gradient added to its slot.
+    fn norm_bwd(
+        &mut self,
+        x: &CudaSlice<f32>,
+        rstd: &CudaSlice<f32>,
+        dy: &CudaSlice<f32>,
+        dres: &mut CudaSlice<f32>,
+        slot: usize,
+        accumulate: bool,
+    ) -> Result<()> {
+        let (c, n) = (self.cfg.hidden_size, rstd.len());
+        let (ci, ni, acc) = (c as i32, n as i32, accumulate as i32);
+        let s = &self.gpu.stream;
+        let mut partial: CudaSlice<f32> = self.gpu.alloc_zeros(DGAIN_SPLIT * c, "norm partials")?;
+        {
+            let g = self.slot_view(slot);
+            unsafe {
+                s.launch_builder(&self.f.norm_bwd)
+                    .arg(x)
+                    .arg(&g)
+                    .arg(rstd)
+                    .arg(dy)
+                    .arg(dres)
+                    .arg(&ci)
+                    .arg(&acc)
+                    .launch(rows_cfg(n))?;
+                s.launch_builder(&self.f.dgain)
+                    .arg(x)
+                    .arg(dy)
+                    .arg(rstd)
+                    .arg(&mut partial)
+                    .arg(&ni)
+                    .arg(&ci)
+                    .launch(LaunchConfig {
+                        grid_dim: (c.div_ceil(32) as u32, DGAIN_SPLIT as u32, 1),
+                        block_dim: (32, 8, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+        }
+        let sl = self.slots[slot].clone();
+        let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+        let split = DGAIN_SPLIT as i32;
+        unsafe {
+            s.launch_builder(&self.f.sum_partials)
+                .arg(&partial)
+                .arg(&mut gview)
+                .arg(&split)
+                .arg(&ci)
+                .launch(grid1(c))?;
+        }
+        Ok(())
+    }
+
+    fn add_grad(&mut self, slot: usize, g: &CudaSlice<f32>) -> Result<()> {
+        let sl = self.slots[slot].clone();
+        if g.len() != sl.numel {
+            return Err(Error::Shape(format!(
+                "gradient of {} elements for {} ({} elements)",
+                g.len(),
+                sl.name,
+                sl.numel
+            )));
+        }
+        let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+        let n = sl.numel;
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.add)
+                .arg(&mut gview)
+                .arg(g)
+                .arg(&n)
+                .launch(grid1(n))?;
+        }
+        Ok(())
+    }
+
+    fn bf16(&self, x: &CudaSlice<f32>, what: &str) -> Result<CudaSlice<u16>> {
+        let n = x.len();
+        let mut y: CudaSlice<u16> = self.gpu.alloc_zeros(n, what)?;
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.to_bf16)
+                .arg(x)
+                .arg(&mut y)
+                .arg(&n)
+                .launch(grid1(n))?;
+        }
+        Ok(y)
+    }
+
+    fn add_inplace(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
+        let n = x.len();
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.add)
+                .arg(x)
+                .arg(y)
+                .arg(&n)
+                .launch(grid1(n))?;
+        }
+        Ok(())
+    }
+
+    /// Set every gradient to zero (before the first micro-batch of a step).
+    pub fn zero_grad(&mut self) -> Result<()> {
+        self.gpu.stream.memset_zeros(&mut self.grad)?;
+        Ok(())
+    }
+
+    /// Backward of [`GpuLlama::forward`]: gradients added to the flat gradient buffer.
+    pub fn backward(&mut self, saved: GpuLlamaSaved) -> Result<()> {
+        let gpu = self.gpu;
+        let cfg = self.cfg.clone();
+        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let GpuLlamaSaved {
+            b,
+            t,
+            starts,
+            rows,
+            blocks,
+            xf,
+            rstd_f,
+            hf,
+            dlogits,
+        } = saved;
+        let n = b * t;
+        let s = &gpu.stream;
+        // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
+        let mut dh: CudaSlice<f32> = gpu.alloc_zeros(n * c, "d_hidden")?;
+        gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
+        let mut dw: CudaSlice<f32> = gpu.alloc_zeros(v * c, "d_lm_head")?;
+        gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
+        self.add_grad(self.head_slot, &dw)?;
+        drop((dw, dlogits, hf));
+        let mut dres: CudaSlice<f32> = gpu.alloc_zeros(n * c, "d_residual")?;
+        self.norm_bwd(&xf, &rstd_f, &dh, &mut dres, self.norm_slot, false)?;
+        drop((dh, xf, rstd_f));
+        let scale = 1.0 / (d as f32).sqrt();
+        let (ni, ti, di, hqi, hkvi) = (n as i32, t as i32, d as i32, hq as i32, hkv as i32);
+        let (s_fwd, s_kv, s_q) = attn_smem(d);
+        let _ = s_fwd;
+        for (bi, sb) in blocks.into_iter().enumerate().rev() {
+            let BlockSaved {
+                x,
+                rstd1,
+                lin,
+                q,
+                k,
+                v: vv,
+                a,
+                lse,
+                x1,
+                rstd2,
+                gate,
+                up,
+            } = sb;
+            let mut lin = lin.into_iter();
+            let mut next = || {
+                lin.next()
+                    .ok_or_else(|| Error::Shape("saved linear missing".into()))
+            };
+            let (sq, sk, sv, so, sg, su, sd) = (
+                next()?,
+                next()?,
+                next()?,
+                next()?,
+                next()?,
+                next()?,
+                next()?,
+            );
+            let slots = self.blocks[bi].lin_slot;
+            // MLP.
+            let dres_bf = self.bf16(&dres, "d_residual bf16")?;
+            let (dact, dw) = self.blocks[bi].lin[6].backward(gpu, sd, &dres_bf)?;
+            self.add_grad(slots[6], &dw)?;
+            drop(dres_bf);
+            let nf = n * ff;
+            let mut dg: CudaSlice<u16> = gpu.alloc_zeros(nf, "d_gate")?;
+            let mut du: CudaSlice<u16> = gpu.alloc_zeros(nf, "d_up")?;
+            unsafe {
+                s.launch_builder(&self.f.swiglu_bwd)
+                    .arg(&gate)
+                    .arg(&up)
+                    .arg(&dact)
+                    .arg(&mut dg)
+                    .arg(&mut du)
+                    .arg(&nf)
+                    .launch(grid1(nf))?;
+            }
+            drop((dact, gate, up));
+            let (mut dh2, dw) = self.blocks[bi].lin[4].backward(gpu, sg, &dg)?;
+            self.add_grad(slots[4], &dw)?;
+            let (dh2u, dw) = self.blocks[bi].lin[5].backward(gpu, su, &du)?;
+            self.add_grad(slots[5], &dw)?;
+            drop((dg, du));
+            self.add_inplace(&mut dh2, &dh2u)?;
+            let mn = self.blocks[bi].mlp_norm;
+            self.norm_bwd(&x1, &rstd2, &dh2, &mut dres, mn, true)?;
+            drop((dh2, dh2u, x1, rstd2));
+            // Attention.
+            let dres_bf = self.bf16(&dres, "d_residual bf16")?;
+            let (da, dw) = self.blocks[bi].lin[3].backward(gpu, so, &dres_bf)?;
+            self.add_grad(slots[3], &dw)?;
+            drop(dres_bf);
+            let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention delta")?;
+            let rows_n = (n * hq) as i32;
+            unsafe {
+                s.launch_builder(&self.f.attn_delta)
+                    .arg(&a)
+                    .arg(&da)
+                    .arg(&mut delta)
+                    .arg(&ti)
+                    .arg(&hqi)
+                    .arg(&di)
+                    .arg(&rows_n)
+                    .launch(LaunchConfig {
+                        grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+            let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
+            let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
+            let mut dvv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
+            unsafe {
+                s.launch_builder(&self.f.attn_dkdv)
+                    .arg(&q)
+                    .arg(&k)
+                    .arg(&vv)
+                    .arg(&da)
+                    .arg(&lse)
+                    .arg(&delta)
+                    .arg(&mut dk)
+                    .arg(&mut dvv)
+                    .arg(&ti)
+                    .arg(&hqi)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .arg(&scale)
+                    .launch(LaunchConfig {
+                        grid_dim: (t.div_ceil(TILE) as u32, hkv as u32, b as u32),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: s_kv as u32,
+                    })?;
+                s.launch_builder(&self.f.attn_dq)
+                    .arg(&q)
+                    .arg(&k)
+                    .arg(&vv)
+                    .arg(&da)
+                    .arg(&lse)
+                    .arg(&delta)
+                    .arg(&mut dq)
+                    .arg(&ti)
+                    .arg(&hqi)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .arg(&scale)
+                    .launch(LaunchConfig {
+                        grid_dim: (t.div_ceil(TILE) as u32, hq as u32, b as u32),
+                        block_dim: (256, 1, 1),
+                        shared_mem_bytes: s_q as u32,
+                    })?;
+            }
+            drop((q, k, vv, a, lse, delta, da));
+            let mut dq_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "dq bf16")?;
+            let mut dk_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hkv * d, "dk bf16")?;
+            for (src, dst, heads) in [(&dq, &mut dq_bf, hq), (&dk, &mut dk_bf, hkv)] {
+                let hi = heads as i32;
+                unsafe {
+                    s.launch_builder(&self.f.rope_bwd)
+                        .arg(src)
+                        .arg(dst)
+                        .arg(&self.cos)
+                        .arg(&self.sin)
+                        .arg(&ni)
+                        .arg(&ti)
+                        .arg(&hi)
+                        .arg(&di)
+                        .launch(grid1(n * heads * d / 2))?;
+                }
+            }
+            let dv_bf = self.bf16(&dvv, "dv bf16")?;
+            drop((dq, dk, dvv));
+            let (mut dh, dw) = self.blocks[bi].lin[0].backward(gpu, sq, &dq_bf)?;
+            self.add_grad(slots[0], &dw)?;
+            let (dhk, dw) = self.blocks[bi].lin[1].backward(gpu, sk, &dk_bf)?;
+            self.add_grad(slots[1], &dw)?;
+            let (dhv, dw) = self.blocks[bi].lin[2].backward(gpu, sv, &dv_bf)?;
+            self.add_grad(slots[2], &dw)?;
+            drop((dq_bf, dk_bf, dv_bf));
+            self.add_inplace(&mut dh, &dhk)?;
+            self.add_inplace(&mut dh, &dhv)?;
+            let an = self.blocks[bi].attn_norm;
+            self.norm_bwd(&x, &rstd1, &dh, &mut dres, an, true)?;
+        }
+        // Embedding: rows of dres added to their tokens' rows, in order.
+        let sl = self.slots[self.embed_slot].clone();
+        let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+        let ci = c as i32;
+        unsafe {
+            s.launch_builder(&self.f.embed_bwd)
+                .arg(&dres)
+                .arg(&starts)
+                .arg(&rows)
+                .arg(&mut gview)
+                .arg(&ci)
+                .launch(LaunchConfig {
+                    grid_dim: (v as u32, c.div_ceil(128) as u32, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(())
+    }
+
+    /// The global L2 norm of the gradients (f64 partial sums, added in a fixed order).
+    pub fn grad_norm(&self) -> Result<f64> {
+        let mut partial: CudaSlice<f64> = self.gpu.alloc_zeros(NORM_BLOCKS, "norm partials")?;
+        let n = self.grad.len();
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.sumsq)
+                .arg(&self.grad)
+                .arg(&n)
+                .arg(&mut partial)
+                .launch(LaunchConfig {
+                    grid_dim: (NORM_BLOCKS as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(self.gpu.download(&partial)?.iter().sum::<f64>().sqrt())
+    }
+
+    /// One AdamW step on the device from the accumulated gradients: clips by
+    /// the global norm, updates masters and moments, rewrites the bf16 compute
+    /// copies, rolls delayed-scaling histories. Returns the norm before
+    /// clipping; a non-finite norm is an error and nothing is updated.
+    pub fn adamw_step(&mut self, p: AdamParams) -> Result<f32> {
+        let norm = self.grad_norm()? as f32;
+        if !norm.is_finite() {
+            return Err(Error::NonFinite);
+        }
+        let clip = if p.grad_clip > 0.0 && norm > p.grad_clip {
+            p.grad_clip / norm
+        } else {
+            1.0
+        };
+        self.step += 1;
+        let tt = self.step as i32;
+        let (bc1, bc2) = (1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt));
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        // Which bf16 copy each slot writes.
+        let mut targets: HashMap<usize, (usize, usize)> = HashMap::new();
+        for (bi, blk) in self.blocks.iter().enumerate() {
+            for (li, &sl) in blk.lin_slot.iter().enumerate() {
+                targets.insert(sl, (bi, li));
+            }
+        }
+        for si in 0..self.slots.len() {
+            let sl = self.slots[si].clone();
+            let wd = if sl.decay { p.weight_decay } else { 0.0 };
+            let range = sl.offset..sl.offset + sl.numel;
+            let n = sl.numel;
+            let mut pm = self.master.slice_mut(range.clone());
+            let g = self.grad.slice(range.clone());
+            let mut mm = self.m.slice_mut(range.clone());
+            let mut vm = self.v.slice_mut(range);
+            let out: Option<&mut CudaSlice<u16>> = if let Some(&(bi, li)) = targets.get(&si) {
+                Some(&mut self.blocks[bi].lin[li].weight)
+            } else if si == self.head_slot {
+                Some(&mut self.head)
+            } else {
+                None
+            };
+            unsafe {
+                let null: u64 = 0;
+                let mut lb = s.launch_builder(&self.f.adamw);
+                lb.arg(&mut pm).arg(&g).arg(&mut mm).arg(&mut vm);
+                match out {
+                    Some(o) => lb.arg(o),
+                    None => lb.arg(&null),
+                };
+                lb.arg(&n)
+                    .arg(&p.lr)
+                    .arg(&p.beta1)
+                    .arg(&p.beta2)
+                    .arg(&p.eps)
+                    .arg(&wd)
+                    .arg(&bc1)
+                    .arg(&bc2)
+                    .arg(&clip)
+                    .launch(grid1(n))?;
+            }
+        }
+        for blk in &mut self.blocks {
+            for l in &mut blk.lin {
+                l.update_scales(self.gpu)?;
+            }
+        }
+        Ok(norm)
+    }
+
+    /// The f32 masters as named tensors (checkpoint order).
+    pub fn weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let host = self.gpu.download(&self.master)?;
+        self.split(&host)
+    }
+
+    /// The gradients accumulated so far, as named tensors (for tests).
+    pub fn grads(&self) -> Result<Vec<(String, Tensor)>> {
+        let host = self.gpu.download(&self.grad)?;
+        self.split(&host)
+    }
+
+    /// `(masters, first moments, second moments)` per parameter, in order.
+    pub fn optimizer_state(&self) -> Result<Vec<(Vec<f32>, Vec<f32>, Vec<f32>)>> {
+        let (p, m, v) = (
+            self.gpu.download(&self.master)?,
+            self.gpu.download(&self.m)?,
+            self.gpu.download(&self.v)?,
+        );
+        Ok(self
+            .slots
+            .iter()
+            .map(|s| {
+                let r = s.offset..s.offset + s.numel;
+                (p[r.clone()].to_vec(), m[r.clone()].to_vec(), v[r].to_vec())
+            })
+            .collect())
+    }
+
+    /// Restore moments and the step count (resume); masters come with [`GpuLlama::new`].
+    pub fn set_moments(&mut self, m: &[Vec<f32>], v: &[Vec<f32>], step: u64) -> Result<()> {
+        if m.len() != self.slots.len() || v.len() != self.slots.len() {
+            return Err(Error::Shape(format!(
+                "optimizer state for {} tensors, the model has {}",
+                m.len(),
+                self.slots.len()
+            )));
+        }
+        let mut hm = Vec::with_capacity(self.master.len());
+        let mut hv = Vec::with_capacity(self.master.len());
+        for ((s, a), b) in self.slots.iter().zip(m).zip(v) {
+            if a.len() != s.numel || b.len() != s.numel {
+                return Err(Error::Shape(format!(
+                    "optimizer state of {} has {} elements, expected {}",
+                    s.name,
+                    a.len(),
+                    s.numel
+                )));
+            }
+            hm.extend_from_slice(a);
+            hv.extend_from_slice(b);
+        }
+        self.m = self.gpu.upload(&hm)?;
+        self.v = self.gpu.upload(&hv)?;
+        self.step = step;
+        Ok(())
+    }
+
+    fn split(&self, host: &[f32]) -> Result<Vec<(String, Tensor)>> {
+        self.slots
+            .iter()
+            .map(|s| {
+                Ok((
+                    s.name.clone(),
+                    Tensor::from_f32(&s.shape, host[s.offset..s.offset + s.numel].to_vec())?,
+                ))
+            })
+            .collect()
+    }
+}
+
+/// Test hooks: the attention kernels alone on given inputs.
+impl GpuLlama<'_> {
+    /// Attention forward and backward on bf16 `q (B*T, Hq*D)`, `k`, `v (B*T,
+    /// Hkv*D)` and an f32 output gradient: `(out bf16, dq, dk, dv)`, for the
+    /// conformance check against an f64 reference.
+    #[allow(clippy::type_complexity)]
+    pub fn attention_check(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        dout: &CudaSlice<f32>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    ) -> Result<(
+        CudaSlice<u16>,
+        CudaSlice<f32>,
+        CudaSlice<f32>,
+        CudaSlice<f32>,
+    )> {
+        if d != self.cfg.head_dim() || d > MAX_HEAD_DIM || hq % hkv != 0 {
+            return Err(Error::Shape(format!(
+                "attention check: head_dim {d} (model {}), heads {hq}/{hkv}",
+                self.cfg.head_dim()
+            )));
+        }
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        let n = b * t;
+        let scale = 1.0 / (d as f32).sqrt();
+        let (ti, di, hqi, hkvi) = (t as i32, d as i32, hq as i32, hkv as i32);
+        let (s_fwd, s_kv, s_q) = attn_smem(d);
+        let mut out: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "out")?;
+        let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "lse")?;
+        let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "delta")?;
+        let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
+        let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
+        let mut dv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
+        // Poison: an element a kernel never writes shows up as NaN.
+        let nan = |len: usize| vec![f32::NAN; len];
+        gpu.stream.memcpy_htod(&nan(dq.len()), &mut dq)?;
+        gpu.stream.memcpy_htod(&nan(dk.len()), &mut dk)?;
+        gpu.stream.memcpy_htod(&nan(dv.len()), &mut dv)?;
+        gpu.stream
+            .memcpy_htod(&vec![0x7fc0u16; out.len()], &mut out)?;
+        let rows_n = (n * hq) as i32;
+        let grid = |heads: usize, smem: usize| LaunchConfig {
+            grid_dim: (t.div_ceil(TILE) as u32, heads as u32, b as u32),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        unsafe {
+            s.launch_builder(&self.f.attn_fwd)
+                .arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(&mut out)
+                .arg(&mut lse)
+                .arg(&ti)
+                .arg(&hqi)
+                .arg(&hkvi)
+                .arg(&di)
+                .arg(&scale)
+                .launch(grid(hq, s_fwd))?;
+            s.launch_builder(&self.f.attn_delta)
+                .arg(&out)
+                .arg(dout)
+                .arg(&mut delta)
+                .arg(&ti)
+                .arg(&hqi)
+                .arg(&di)
+                .arg(&rows_n)
+                .launch(LaunchConfig {
+                    grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+            s.launch_builder(&self.f.attn_dkdv)
+                .arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(dout)
+                .arg(&lse)
+                .arg(&delta)
+                .arg(&mut dk)
+                .arg(&mut dv)
+                .arg(&ti)
+                .arg(&hqi)
+                .arg(&hkvi)
+                .arg(&di)
+                .arg(&scale)
+                .launch(grid(hkv, s_kv))?;
+            s.launch_builder(&self.f.attn_dq)
+                .arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(dout)
+                .arg(&lse)
+                .arg(&delta)
+                .arg(&mut dq)
+                .arg(&ti)
+                .arg(&hqi)
+                .arg(&hkvi)
+                .arg(&di)
+                .arg(&scale)
+                .launch(grid(hq, s_q))?;
+        }
+        Ok((out, dq, dk, dv))
+    }
+}

@@ -1,0 +1,299 @@
+//! The training loop on the GPU: the same run as [`crate::trainer::train`]
+//! (data, schedule, evaluation, metrics, checkpoints, plot, sample), with the
+//! model, its gradients and AdamW on the device ([`octet_cuda::model::GpuLlama`]).
+//!
+//! Checkpoints are the CPU trainer's (f32 masters downloaded at save time), so
+//! a GPU run resumes on the CPU and the other way round. What differs from the
+//! CPU loop: the per-layer amax telemetry is not collected (the GPU quantizers
+//! keep no host-side statistics yet), a delayed-scaling run resumes with fresh
+//! amax histories, and the final sample decodes with the GPU KV-cache decoder
+//! (bf16 weights).
+
+use crate::checkpoint;
+use crate::data::{ByteTokenizer, Dataset, Split};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::{lr_at, AdamW, ParamState};
+use crate::plot::{line_plot, Series};
+use crate::trainer::{pick_token, Observer, RunSummary, TrainConfig};
+use crate::{Error, Result};
+use octet_cuda::decode::{GpuDecoder, GpuWeights};
+use octet_cuda::model::{AdamParams, GpuLlama};
+use octet_cuda::Gpu;
+use octet_nn::llama::Llama;
+use octet_tensor::{DType, Tensor};
+use rand::SeedableRng;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Instant;
+
+fn gpu_err(step: u64) -> impl Fn(octet_cuda::Error) -> Error {
+    move |e| match e {
+        octet_cuda::Error::NonFinite => Error::NonFinite(format!(
+            "step {step}: the loss is not finite; the last good checkpoint is kept"
+        )),
+        e => Error::Train(format!("step {step}: {e}")),
+    }
+}
+
+/// Mean validation loss over `n` deterministic batches, on the GPU.
+pub fn evaluate_gpu(
+    model: &mut GpuLlama<'_>,
+    data: &Dataset,
+    cfg: &TrainConfig,
+    n: usize,
+) -> Result<f64> {
+    let mut total = 0.0;
+    for i in 0..n {
+        let (x, y) = data.batch(Split::Val, cfg.batch, cfg.seq, cfg.seed, i as u64)?;
+        total += model.forward(&x, &y, (cfg.batch, cfg.seq), 0.0, false)?.0;
+    }
+    Ok(total / n.max(1) as f64)
+}
+
+/// Save the GPU model and optimizer as an ordinary checkpoint.
+fn save(
+    model: &GpuLlama<'_>,
+    adamw: crate::optim::AdamWConfig,
+    recipe: Option<octet_fp8::Recipe>,
+    dir: &Path,
+    trainer_json: &str,
+) -> Result<std::path::PathBuf> {
+    let weights: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
+    let cpu = Llama::from_weights(&model.cfg, weights, recipe)?;
+    let states = model
+        .optimizer_state()?
+        .into_iter()
+        .zip(&model.slots)
+        .map(|((master, m, v), s)| ParamState {
+            name: s.name.clone(),
+            shape: s.shape.clone(),
+            master,
+            m,
+            v,
+            decay: s.decay,
+        })
+        .collect();
+    let opt = AdamW {
+        cfg: adamw,
+        states,
+        step: model.step,
+    };
+    checkpoint::save_checkpoint(
+        &dir.join("checkpoints"),
+        &format!("step_{:06}", model.step),
+        &cpu,
+        &opt,
+        trainer_json,
+    )
+}
+
+/// Train on `gpu` from scratch, or resume from `resume` (a checkpoint of
+/// either device).
+pub fn train_gpu(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    obs: &mut dyn Observer,
+    gpu: &Gpu,
+) -> Result<RunSummary> {
+    cfg.validate()?;
+    if cfg.lora.is_some() {
+        return Err(Error::Train(
+            "LoRA fine-tuning runs on the CPU only so far: use --device cpu".into(),
+        ));
+    }
+    let recipe = cfg.recipe()?;
+    let recipe_name = recipe.map_or("bf16".to_string(), |r| r.to_string());
+    let data = match &cfg.data {
+        Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
+        None => Dataset::default_corpus(),
+    };
+    let dir = cfg.out_dir.join(&cfg.name);
+    std::fs::create_dir_all(&dir)?;
+    let mut model = match resume {
+        Some(ck) => {
+            let mcfg = checkpoint::load_config(ck)?;
+            let weights = checkpoint::load_weights(ck, DType::F32)?;
+            let mut cpu = Llama::from_weights(&mcfg, weights, recipe)?;
+            let (opt, _) = checkpoint::load_optimizer(ck, &mut cpu)?;
+            // The masters are the truth: the model file holds the same values.
+            let masters: HashMap<String, Tensor> = opt
+                .states
+                .iter()
+                .map(|s| {
+                    Ok((
+                        s.name.clone(),
+                        Tensor::from_f32(&s.shape, s.master.clone())?,
+                    ))
+                })
+                .collect::<Result<_>>()?;
+            drop(cpu);
+            let mut model = GpuLlama::new(gpu, &mcfg, &masters, recipe)?;
+            let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
+            model.set_moments(&m, &v, opt.step)?;
+            obs.note(&format!(
+                "resumed from {} at step {}",
+                ck.display(),
+                opt.step
+            ));
+            model
+        }
+        None => {
+            let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
+            let w: HashMap<String, Tensor> = cpu
+                .params()
+                .into_iter()
+                .map(|(n, t)| (n, t.clone()))
+                .collect();
+            let mcfg = cpu.cfg.clone();
+            drop(cpu);
+            GpuLlama::new(gpu, &mcfg, &w, recipe)?
+        }
+    };
+    let params = model.num_params();
+    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
+    let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
+    let t0 = Instant::now();
+    let mut losses = Vec::new();
+    let mut curve: Vec<(f64, f64)> = Vec::new();
+    let mut val_curve: Vec<(f64, f64)> = Vec::new();
+    let (mut tok_total, mut time_total, mut peak_saved, mut peak_dev) = (0usize, 0f64, 0, 0);
+    let mut last_val = f64::NAN;
+    let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
+    let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
+    while model.step < cfg.steps {
+        let step = model.step;
+        let ts = Instant::now();
+        let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
+        model.zero_grad()?;
+        let mut loss_sum = 0.0;
+        for micro in 0..cfg.grad_accum {
+            let (x, y) = data.batch(
+                Split::Train,
+                cfg.batch,
+                cfg.seq,
+                cfg.seed,
+                step * cfg.grad_accum as u64 + micro as u64,
+            )?;
+            let (loss, saved) = model
+                .forward(&x, &y, (cfg.batch, cfg.seq), grad_scale, true)
+                .map_err(gpu_err(step + 1))?;
+            let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
+            peak_saved = peak_saved.max(saved.bytes());
+            peak_dev = peak_dev.max(gpu.mem_used()?);
+            loss_sum += loss;
+            model.backward(saved).map_err(gpu_err(step + 1))?;
+        }
+        let a = cfg.adamw;
+        let grad_norm = model
+            .adamw_step(AdamParams {
+                lr,
+                beta1: a.beta1,
+                beta2: a.beta2,
+                eps: a.eps,
+                weight_decay: a.weight_decay,
+                grad_clip: a.grad_clip,
+            })
+            .map_err(|e| match e {
+                octet_cuda::Error::NonFinite => Error::NonFinite(format!(
+                    "step {}: the gradient norm is not finite; the last good checkpoint is kept",
+                    step + 1
+                )),
+                e => e.into(),
+            })?;
+        gpu.synchronize()?;
+        let dt = ts.elapsed().as_secs_f64();
+        // The first steps compile kernels and choose GEMM algorithms: the
+        // run's tokens/s leaves them out when there are enough others.
+        if step >= 2 || cfg.steps < 5 {
+            tok_total += tokens_per_step;
+            time_total += dt;
+        }
+        let loss = loss_sum / cfg.grad_accum as f64;
+        losses.push(loss);
+        curve.push((model.step as f64, loss));
+        let mut m = StepMetrics {
+            step: model.step,
+            loss,
+            val_loss: None,
+            lr,
+            grad_norm,
+            tokens_per_s: tokens_per_step as f64 / dt,
+            elapsed_s: t0.elapsed().as_secs_f64(),
+            saved_bytes: peak_saved,
+            device_bytes: Some(peak_dev),
+        };
+        let last = model.step == cfg.steps;
+        if (cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last {
+            last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches)?;
+            m.val_loss = Some(last_val);
+            val_curve.push((model.step as f64, last_val));
+            obs.note(&format!("step {}: val loss {last_val:.4}", model.step));
+        }
+        metrics.write(&m)?;
+        obs.step(&m, cfg.steps);
+        if (cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last {
+            let p = save(&model, cfg.adamw, recipe, &dir, &trainer_json)?;
+            obs.note(&format!("checkpoint {}", p.display()));
+        }
+    }
+    let series = [
+        Series {
+            name: format!("train ({recipe_name}, GPU)"),
+            points: curve,
+        },
+        Series {
+            name: "validation".into(),
+            points: val_curve,
+        },
+    ];
+    if let Err(e) = line_plot(
+        &dir.join("loss.png"),
+        "octet training loss",
+        "step",
+        "cross-entropy (nats/byte)",
+        &series,
+    ) {
+        obs.note(&format!("no plot: {e}"));
+    }
+    let sample_text = if cfg.sample_tokens > 0 {
+        let w: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
+        let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
+        let prompt = ByteTokenizer.encode("ROMEO:\n");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
+        let mut logits = Vec::new();
+        for &t in &prompt {
+            logits = dec.step(t)?;
+        }
+        let room = model
+            .cfg
+            .max_position_embeddings
+            .saturating_sub(prompt.len());
+        let mut out = Vec::new();
+        for _ in 0..cfg.sample_tokens.min(room) {
+            let t = pick_token(&logits, 0.8, 40, &mut rng);
+            out.push(t);
+            if out.len() < room {
+                logits = dec.step(t)?;
+            }
+        }
+        ByteTokenizer.decode(&out)
+    } else {
+        String::new()
+    };
+    Ok(RunSummary {
+        dir,
+        recipe: recipe_name,
+        final_loss: losses.last().copied().unwrap_or(f64::NAN),
+        final_val_loss: last_val,
+        tokens_per_s: if time_total > 0.0 {
+            tok_total as f64 / time_total
+        } else {
+            0.0
+        },
+        peak_saved_bytes: peak_saved,
+        losses,
+        sample: sample_text,
+        params,
+        peak_device_bytes: peak_dev,
+    })
+}
