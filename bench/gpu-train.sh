@@ -20,3 +20,8 @@ for r in bf16 tensorwise; do
   echo "1b $r rc=$?"; tail -6 "$out/train-1b-$r.txt"
   cp /tmp/runs/1b-$r/metrics.jsonl "$out/metrics-1b-$r.jsonl" 2>/dev/null
 done
+# PyTorch peers of the 1B run (bf16 eager / compiled, torchao float8 if carried in .whl).
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+PYTHONUNBUFFERED=1 python3 bench/peers_train.py "$out/peers-train-1b.json" 10 2>&1 | grep -v Warning | tail -8

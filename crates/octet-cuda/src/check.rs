@@ -1516,7 +1516,8 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     // The whole model: loss and every gradient.
     // Widths multiples of 512: the 128x128 block-scaled GEMMs need k % 512 == 0.
     let cfg = config(512, 1024, 2, 4, 4, 96);
-    let (b, t) = (2usize, 96usize);
+    // B T = 384, a multiple of 128: the block-scaled weight-gradient GEMM reduces over tokens.
+    let (b, t) = (4usize, 96usize);
     let base = Llama::new_random(&cfg, DType::F32, None, 11).map_err(nn)?;
     let w: HashMap<String, Tensor> = base
         .params()
@@ -1577,7 +1578,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         };
         out.push(CaseResult {
             name: format!(
-                "Llama {recipe_name} fwd+bwd (C=512, F=1024, 2 blocks, 4 heads, B=2 T=96) vs CPU f64"
+                "Llama {recipe_name} fwd+bwd (C=512, F=1024, 2 blocks, 4 heads, B=4 T=96) vs CPU f64"
             ),
             pass,
             worst: format!("loss {el:.2e}, worst grad {eg:.2e} ({gname}){note}"),
