@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU training checks and measurements, run on the lent GPU machine with a
 # binary built on the CPU machine: `dev-bin/octet` (see BENCHMARKS.md).
-#   bench/gpu-train.sh OUT_DIR [quick]
+#   bench/gpu-train.sh OUT_DIR [quick|nopeers]
 set -uo pipefail
 out="${1:?output directory}"
 bin=dev-bin/octet
@@ -20,6 +20,7 @@ for r in bf16 tensorwise; do
   echo "1b $r rc=$?"; tail -6 "$out/train-1b-$r.txt"
   cp /tmp/runs/1b-$r/metrics.jsonl "$out/metrics-1b-$r.jsonl" 2>/dev/null
 done
+[ "${2:-}" = nopeers ] && exit 0
 # PyTorch peers of the 1B run (bf16 eager / compiled, torchao float8 if carried in .whl).
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site

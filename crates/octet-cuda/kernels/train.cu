@@ -623,3 +623,371 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq(const unsigned sho
             if (tx + 16 * c < D) dq[o + tx + 16 * c] = acc[a][c] * scale;
     }
 }
+
+// ---------------------------------------------------------------- attention on tensor cores
+
+// The same three attention kernels on bf16 tensor cores (mma.sync m16n8k16,
+// f32 accumulation), flash-attention-2 style, for head dims that are a
+// multiple of 16 up to 128: a warp owns 16 rows (queries in the forward and
+// dQ kernels, keys in the dK/dV kernel); tiles are staged in shared memory
+// as bf16 (row pitch D + 8 elements: 16-byte aligned rows for ldmatrix, and
+// the 8 rows of one ldmatrix fall in distinct banks); the probabilities are
+// rounded to bf16 to feed the second product, and the backward reads the
+// output gradient as bf16, as flash attention does.
+
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm4(unsigned r[4], const unsigned short* p) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ void ldsm4t(unsigned r[4], const unsigned short* p) {
+    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+// Two floats -> bf16x2, `lo` in the low half (the lower column).
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Rows [r0, r0 + rows) of a bf16 (., ld) matrix, D columns from `col`, into
+// shared memory with pitch D + 8; rows at or past T are zero.
+template <int D>
+__device__ __forceinline__ void stage_bf16(unsigned short* s, const unsigned short* g, size_t ld, int r0, int rows,
+                                           int T) {
+    constexpr int P = D + 8, C8 = D / 8;
+    for (int i = threadIdx.x; i < rows * C8; i += blockDim.x) {
+        const int r = i / C8, c = (i % C8) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < T) v = *reinterpret_cast<const uint4*>(g + (size_t)(r0 + r) * ld + c);
+        *reinterpret_cast<uint4*>(s + r * P + c) = v;
+    }
+}
+
+// The same from f32, rounded to bf16.
+template <int D>
+__device__ __forceinline__ void stage_f32(unsigned short* s, const float* g, size_t ld, int r0, int rows, int T) {
+    constexpr int P = D + 8, C8 = D / 8;
+    for (int i = threadIdx.x; i < rows * C8; i += blockDim.x) {
+        const int r = i / C8, c = (i % C8) * 8;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (r0 + r < T) {
+            const float4 a = *reinterpret_cast<const float4*>(g + (size_t)(r0 + r) * ld + c);
+            const float4 b = *reinterpret_cast<const float4*>(g + (size_t)(r0 + r) * ld + c + 4);
+            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
+        }
+        *reinterpret_cast<uint4*>(s + r * P + c) = v;
+    }
+}
+
+#define LOG2E 1.4426950408889634f
+#define NEG_INF __int_as_float(0xff800000u)
+#define LN2 0.6931471805599453f
+
+// acc[n-tile][4] += A (16 rows of `as`, pitch P, k = D) x B^T where B's rows
+// (the n side) are rows `nrow0 ..` of `bs`: S = Q K^T and its relatives.
+template <int D, int NT>
+__device__ __forceinline__ void mma_abt(float acc[NT][4], const unsigned short* as, int arow0,
+                                        const unsigned short* bs, int nrow0) {
+    constexpr int P = D + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++) {
+        unsigned a[4];
+        ldsm4(a, as + (arow0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            unsigned b[4];
+            ldsm4(b, bs + (nrow0 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
+            mma_bf16(acc[2 * np], a, b[0], b[1]);
+            mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// acc[d-tile][4] += P (16 x 16*KC, as A fragments from C-layout registers
+// `p[n-tile][4]`) x rows `krow0 ..` of `bs` (k side = rows, n side = D columns).
+template <int D, int KC>
+__device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC][4], const unsigned short* bs,
+                                       int krow0) {
+    constexpr int P = D + 8;
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int kc = 0; kc < KC; kc++) {
+        unsigned a[4];
+        a[0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
+        a[1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
+        a[2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+        a[3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+#pragma unroll
+        for (int dp = 0; dp < D / 16; dp++) {
+            unsigned b[4];
+            ldsm4t(b, bs + (krow0 + kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + dp * 16 + (lane >> 4) * 8);
+            mma_bf16(acc[2 * dp], a, b[0], b[1]);
+            mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
+// Forward: 4 warps x 16 queries, 64-key tiles. Grid (T / 64, Hq, B).
+template <int D>
+__device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                            unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8;
+    extern __shared__ __align__(16) unsigned short smh[];
+    unsigned short* Qs = smh;
+    unsigned short* Ks = Qs + 64 * P;
+    unsigned short* Vs = Ks + 64 * P;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_bf16<D>(Qs, qb, qw, q0, 64, T);
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const float c = scale * LOG2E;
+    const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    const int kend = min(T, q0 + 64);
+    for (int k0 = 0; k0 < kend; k0 += 64) {
+        __syncthreads();
+        stage_bf16<D>(Ks, kb, kw, k0, 64, T);
+        stage_bf16<D>(Vs, vb, kw, k0, 64, T);
+        __syncthreads();
+        float s[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        mma_abt<D, 8>(s, Qs, warp * 16, Ks, 0);
+        float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int key = k0 + nt * 8 + tg * 2 + (e & 1), r = e >> 1;
+                s[nt][e] = (key <= rq[r] && key < T) ? s[nt][e] * c : NEG_INF;
+                mx[r] = fmaxf(mx[r], s[nt][e]);
+            }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+            const float mn = fmaxf(m[r], mx[r]);
+            // A row with nothing valid yet (padding rows past T) keeps m = -inf.
+            const float alpha = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);
+            m[r] = mn;
+            l[r] *= alpha;
+#pragma unroll
+            for (int dn = 0; dn < D / 8; dn++) {
+                o[dn][2 * r] *= alpha;
+                o[dn][2 * r + 1] *= alpha;
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1;
+                const float p = m[r] == NEG_INF ? 0.f : exp2f(s[nt][e] - m[r]);
+                s[nt][e] = p;
+                l[r] += p;
+            }
+        mma_pb<D, 4>(o, s, Vs, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (rq[r] >= T) continue;
+        const float inv = 1.f / l[r];
+        unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) =
+                pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] + log2f(l[r])) * LN2;
+    }
+}
+
+// dK, dV: 4 warps x 16 keys, 32-query tiles from the keys' diagonal on, over
+// the group's query heads in order. Grid (T / 64, Hkv, B).
+template <int D>
+__device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                             const float* dout, const float* lse, const float* delta, float* dk, float* dv, int T,
+                             int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8;
+    extern __shared__ __align__(16) unsigned short smh[];
+    unsigned short* Ks = smh;
+    unsigned short* Vs = Ks + 64 * P;
+    unsigned short* Qs = Vs + 64 * P;
+    unsigned short* Os = Qs + 32 * P;
+    float* Ls = reinterpret_cast<float*>(Os + 32 * P); // lse * log2(e) of the query tile
+    float* Dl = Ls + 32;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int k0 = blockIdx.x * 64, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = Hq / Hkv;
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    stage_bf16<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    stage_bf16<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    float adk[D / 8][4], adv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.f;
+    const float c = scale * LOG2E;
+    const int rk[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    for (int hh = 0; hh < group; hh++) {
+        const int h = kvh * group + hh;
+        const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
+        const float* ob = dout + (size_t)b * T * qw + (size_t)h * D;
+        const float* lb = lse + ((size_t)b * Hq + h) * T;
+        const float* db = delta + ((size_t)b * Hq + h) * T;
+        for (int q0 = k0; q0 < T; q0 += 32) {
+            __syncthreads();
+            stage_bf16<D>(Qs, qb, qw, q0, 32, T);
+            stage_f32<D>(Os, ob, qw, q0, 32, T);
+            if (threadIdx.x < 32) {
+                const bool ok = q0 + threadIdx.x < T;
+                Ls[threadIdx.x] = ok ? lb[q0 + threadIdx.x] * LOG2E : 0.f;
+                Dl[threadIdx.x] = ok ? db[q0 + threadIdx.x] : 0.f;
+            }
+            __syncthreads();
+            // Rows: this warp's keys; columns: the 32 queries.
+            float s[4][4], dp[4][4];
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+            mma_abt<D, 4>(s, Ks, warp * 16, Qs, 0);
+            mma_abt<D, 4>(dp, Vs, warp * 16, Os, 0);
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int qc = nt * 8 + tg * 2 + (e & 1), qi = q0 + qc, key = rk[e >> 1];
+                    const bool ok = key <= qi && qi < T && key < T;
+                    const float p = ok ? exp2f(s[nt][e] * c - Ls[qc]) : 0.f;
+                    s[nt][e] = p;
+                    dp[nt][e] = p * (dp[nt][e] - Dl[qc]);
+                }
+            mma_pb<D, 2>(adv, s, Os, 0);
+            mma_pb<D, 2>(adk, dp, Qs, 0);
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rk[r] >= T) continue;
+        const size_t o = (size_t)(b * T + rk[r]) * kw + (size_t)kvh * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            *reinterpret_cast<float2*>(dk + o + dn * 8 + tg * 2) =
+                make_float2(adk[dn][2 * r] * scale, adk[dn][2 * r + 1] * scale);
+            *reinterpret_cast<float2*>(dv + o + dn * 8 + tg * 2) = make_float2(adv[dn][2 * r], adv[dn][2 * r + 1]);
+        }
+    }
+}
+
+// dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal. Grid (T / 64, Hq, B).
+template <int D>
+__device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                           const float* dout, const float* lse, const float* delta, float* dq, int T, int Hq,
+                           int Hkv, float scale) {
+    constexpr int P = D + 8;
+    extern __shared__ __align__(16) unsigned short smh[];
+    unsigned short* Qs = smh;
+    unsigned short* Os = Qs + 64 * P;
+    unsigned short* Ks = Os + 64 * P;
+    unsigned short* Vs = Ks + 32 * P;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    stage_bf16<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
+    stage_f32<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    float l2[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool ok = rq[r] < T;
+        l2[r] = ok ? lse[((size_t)b * Hq + h) * T + rq[r]] * LOG2E : 0.f;
+        dl[r] = ok ? delta[((size_t)b * Hq + h) * T + rq[r]] : 0.f;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const float c = scale * LOG2E;
+    const int kend = min(T, q0 + 64);
+    for (int k0 = 0; k0 < kend; k0 += 32) {
+        __syncthreads();
+        stage_bf16<D>(Ks, kb, kw, k0, 32, T);
+        stage_bf16<D>(Vs, vb, kw, k0, 32, T);
+        __syncthreads();
+        float s[4][4], dp[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+        mma_abt<D, 4>(s, Qs, warp * 16, Ks, 0);
+        mma_abt<D, 4>(dp, Os, warp * 16, Vs, 0);
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = e >> 1, key = k0 + nt * 8 + tg * 2 + (e & 1);
+                const bool ok = key <= rq[r] && rq[r] < T && key < T;
+                const float p = ok ? exp2f(s[nt][e] * c - l2[r]) : 0.f;
+                dp[nt][e] = p * (dp[nt][e] - dl[r]);
+            }
+        mma_pb<D, 2>(acc, dp, Ks, 0);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rq[r] >= T) continue;
+        float* row = dq + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
+                make_float2(acc[dn][2 * r] * scale, acc[dn][2 * r + 1] * scale);
+    }
+}
+
+#define ATTN_TC(D)                                                                                                 \
+    extern "C" __global__ void __launch_bounds__(128) attn_fwd_tc##D(                                             \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
+        float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
+        attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attn_dkdv_tc##D(                                            \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const float* dout,            \
+        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
+        attn_dkdv_tc<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attn_dq_tc##D(                                              \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const float* dout,            \
+        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
+        attn_dq_tc<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
+    }
+
+ATTN_TC(16)
+ATTN_TC(32)
+ATTN_TC(64)
+ATTN_TC(128)

@@ -1507,9 +1507,17 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let eq = rel_frobenius_f64(&gpu.download(&dq)?, &rdq);
         let ek = rel_frobenius_f64(&gpu.download(&dk)?, &rdk);
         let ev = rel_frobenius_f64(&gpu.download(&dv)?, &rdv);
+        // Tensor cores multiply bf16 operands: the probabilities, dS and the
+        // output gradient are rounded to bf16 (relative 2^-9 each) before their
+        // products, as flash attention does; the SIMT kernels keep f32.
+        let (gtol, kind) = if model.attention_on_tensor_cores() {
+            (1e-2, "tensor cores")
+        } else {
+            (1e-5, "SIMT")
+        };
         out.push(CaseResult {
-            name: format!("attention fwd+bwd B={b} T={t} heads {hq}/{hkv} D={d} vs f64"),
-            pass: eo <= BF16_OUT_TOL && eq.max(ek).max(ev) <= 1e-5,
+            name: format!("attention fwd+bwd B={b} T={t} heads {hq}/{hkv} D={d} ({kind}) vs f64"),
+            pass: eo <= BF16_OUT_TOL && eq.max(ek).max(ev) <= gtol,
             worst: format!("out {eo:.2e}, dq {eq:.2e}, dk {ek:.2e}, dv {ev:.2e}"),
         });
     }

@@ -48,10 +48,21 @@ struct Fns {
     xent: CudaFunction,
     sumsq: CudaFunction,
     adamw: CudaFunction,
-    attn_fwd: CudaFunction,
     attn_delta: CudaFunction,
-    attn_dkdv: CudaFunction,
-    attn_dq: CudaFunction,
+    attn: Attn,
+}
+
+/// The attention kernels chosen for the head dim: tensor-core kernels
+/// (`*_tc{D}`, 128 threads) for D in {16, 32, 64, 128}, the SIMT kernels
+/// (256 threads, f32 products) otherwise.
+struct Attn {
+    fwd: CudaFunction,
+    dkdv: CudaFunction,
+    dq: CudaFunction,
+    threads: u32,
+    /// Dynamic shared bytes of `(fwd, dkdv, dq)`.
+    smem: (usize, usize, usize),
+    tensor_cores: bool,
 }
 
 /// One parameter's place in the flat buffers.
@@ -188,7 +199,7 @@ fn rows_cfg(rows: usize) -> LaunchConfig {
     }
 }
 
-/// Shared bytes of the attention kernels for head dim `d`: `(fwd, dkdv, dq)`.
+/// Shared bytes of the SIMT attention kernels for head dim `d`: `(fwd, dkdv, dq)`.
 fn attn_smem(d: usize) -> (usize, usize, usize) {
     let tile = TILE * (d + 1);
     let p = TILE * (TILE + 1);
@@ -239,18 +250,33 @@ impl<'g> GpuLlama<'g> {
             xent: l("cross_entropy")?,
             sumsq: l("sumsq_partial")?,
             adamw: l("adamw")?,
-            attn_fwd: l("attn_fwd")?,
             attn_delta: l("attn_delta")?,
-            attn_dkdv: l("attn_bwd_dkdv")?,
-            attn_dq: l("attn_bwd_dq")?,
+            attn: if matches!(d, 16 | 32 | 64 | 128) {
+                // bf16 tiles of pitch D + 8: Q, K, V (64 rows each) forward;
+                // K, V (64) + Q, dO (32) + lse, delta (32 f32) for dK/dV; Q, dO (64) + K, V (32) for dQ.
+                let p = 2 * (d + 8);
+                Attn {
+                    fwd: l(&format!("attn_fwd_tc{d}"))?,
+                    dkdv: l(&format!("attn_dkdv_tc{d}"))?,
+                    dq: l(&format!("attn_dq_tc{d}"))?,
+                    threads: 128,
+                    smem: (192 * p, 192 * p + 256, 192 * p),
+                    tensor_cores: true,
+                }
+            } else {
+                Attn {
+                    fwd: l("attn_fwd")?,
+                    dkdv: l("attn_bwd_dkdv")?,
+                    dq: l("attn_bwd_dq")?,
+                    threads: 256,
+                    smem: attn_smem(d),
+                    tensor_cores: false,
+                }
+            },
         };
-        let (s_fwd, s_kv, s_q) = attn_smem(d);
         use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
-        for (func, bytes) in [
-            (&f.attn_fwd, s_fwd),
-            (&f.attn_dkdv, s_kv),
-            (&f.attn_dq, s_q),
-        ] {
+        let a = &f.attn;
+        for (func, bytes) in [(&a.fwd, a.smem.0), (&a.dkdv, a.smem.1), (&a.dq, a.smem.2)] {
             func.set_attribute(MAXSMEM, bytes as i32)?;
         }
         // Flat parameter buffers in checkpoint order.
@@ -354,6 +380,20 @@ impl<'g> GpuLlama<'g> {
             sin: gpu.upload(&sin)?,
             step: 0,
         })
+    }
+
+    /// Launch shape of an attention kernel: one block per 64 rows of a head.
+    fn attn_cfg(&self, t: usize, heads: usize, b: usize, smem: usize) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (t.div_ceil(TILE) as u32, heads as u32, b as u32),
+            block_dim: (self.f.attn.threads, 1, 1),
+            shared_mem_bytes: smem as u32,
+        }
+    }
+
+    /// Whether attention runs on tensor cores (head dim 16, 32, 64 or 128).
+    pub fn attention_on_tensor_cores(&self) -> bool {
+        self.f.attn.tensor_cores
     }
 
     /// Parameter count.
@@ -483,7 +523,7 @@ impl<'g> GpuLlama<'g> {
             {
                 let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
                 unsafe {
-                    s.launch_builder(&self.f.attn_fwd)
+                    s.launch_builder(&self.f.attn.fwd)
                         .arg(&q)
                         .arg(&k)
                         .arg(&vv)
@@ -494,11 +534,7 @@ impl<'g> GpuLlama<'g> {
                         .arg(&hkvi)
                         .arg(&di)
                         .arg(&scale)
-                        .launch(LaunchConfig {
-                            grid_dim: (t.div_ceil(TILE) as u32, hq as u32, b as u32),
-                            block_dim: (256, 1, 1),
-                            shared_mem_bytes: attn_smem(d).0 as u32,
-                        })?;
+                        .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.0))?;
                 }
             }
             let blk = &mut self.blocks[bi];
@@ -792,8 +828,6 @@ impl<'g> GpuLlama<'g> {
         drop((dh, xf, rstd_f));
         let scale = 1.0 / (d as f32).sqrt();
         let (ni, ti, di, hqi, hkvi) = (n as i32, t as i32, d as i32, hq as i32, hkv as i32);
-        let (s_fwd, s_kv, s_q) = attn_smem(d);
-        let _ = s_fwd;
         for (bi, sb) in blocks.into_iter().enumerate().rev() {
             let BlockSaved {
                 x,
@@ -878,7 +912,7 @@ impl<'g> GpuLlama<'g> {
             let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
             let mut dvv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
             unsafe {
-                s.launch_builder(&self.f.attn_dkdv)
+                s.launch_builder(&self.f.attn.dkdv)
                     .arg(&q)
                     .arg(&k)
                     .arg(&vv)
@@ -892,12 +926,8 @@ impl<'g> GpuLlama<'g> {
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(&scale)
-                    .launch(LaunchConfig {
-                        grid_dim: (t.div_ceil(TILE) as u32, hkv as u32, b as u32),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: s_kv as u32,
-                    })?;
-                s.launch_builder(&self.f.attn_dq)
+                    .launch(self.attn_cfg(t, hkv, b, self.f.attn.smem.1))?;
+                s.launch_builder(&self.f.attn.dq)
                     .arg(&q)
                     .arg(&k)
                     .arg(&vv)
@@ -910,11 +940,7 @@ impl<'g> GpuLlama<'g> {
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(&scale)
-                    .launch(LaunchConfig {
-                        grid_dim: (t.div_ceil(TILE) as u32, hq as u32, b as u32),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: s_q as u32,
-                    })?;
+                    .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.2))?;
             }
             drop((q, k, vv, a, lse, delta, da));
             let mut dq_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "dq bf16")?;
@@ -1159,7 +1185,7 @@ impl GpuLlama<'_> {
         let n = b * t;
         let scale = 1.0 / (d as f32).sqrt();
         let (ti, di, hqi, hkvi) = (t as i32, d as i32, hq as i32, hkv as i32);
-        let (s_fwd, s_kv, s_q) = attn_smem(d);
+        let (s_fwd, s_kv, s_q) = self.f.attn.smem;
         let mut out: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "out")?;
         let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "lse")?;
         let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "delta")?;
@@ -1174,13 +1200,9 @@ impl GpuLlama<'_> {
         gpu.stream
             .memcpy_htod(&vec![0x7fc0u16; out.len()], &mut out)?;
         let rows_n = (n * hq) as i32;
-        let grid = |heads: usize, smem: usize| LaunchConfig {
-            grid_dim: (t.div_ceil(TILE) as u32, heads as u32, b as u32),
-            block_dim: (256, 1, 1),
-            shared_mem_bytes: smem as u32,
-        };
+        let grid = |heads: usize, smem: usize| self.attn_cfg(t, heads, b, smem);
         unsafe {
-            s.launch_builder(&self.f.attn_fwd)
+            s.launch_builder(&self.f.attn.fwd)
                 .arg(q)
                 .arg(k)
                 .arg(v)
@@ -1205,7 +1227,7 @@ impl GpuLlama<'_> {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 })?;
-            s.launch_builder(&self.f.attn_dkdv)
+            s.launch_builder(&self.f.attn.dkdv)
                 .arg(q)
                 .arg(k)
                 .arg(v)
@@ -1220,7 +1242,7 @@ impl GpuLlama<'_> {
                 .arg(&di)
                 .arg(&scale)
                 .launch(grid(hkv, s_kv))?;
-            s.launch_builder(&self.f.attn_dq)
+            s.launch_builder(&self.f.attn.dq)
                 .arg(q)
                 .arg(k)
                 .arg(v)
