@@ -107,6 +107,31 @@ pub struct AdamParams {
     pub grad_clip: f32,
 }
 
+/// Wall time per phase of a step, when `OCTET_PROFILE` is set: the stream
+/// is synchronized at each phase boundary (which costs a little speed).
+struct Prof {
+    on: bool,
+    last: std::time::Instant,
+    acc: Vec<(&'static str, f64)>,
+}
+
+impl Prof {
+    fn mark(&mut self, gpu: &Gpu, what: &'static str) -> Result<()> {
+        if !self.on {
+            return Ok(());
+        }
+        gpu.synchronize()?;
+        let now = std::time::Instant::now();
+        let dt = now.duration_since(self.last).as_secs_f64() * 1e3;
+        self.last = now;
+        match self.acc.iter_mut().find(|(n, _)| *n == what) {
+            Some((_, t)) => *t += dt,
+            None => self.acc.push((what, dt)),
+        }
+        Ok(())
+    }
+}
+
 /// A Llama model on the GPU, with its optimizer state.
 pub struct GpuLlama<'g> {
     gpu: &'g Gpu,
@@ -129,6 +154,7 @@ pub struct GpuLlama<'g> {
     sin: CudaSlice<f32>,
     /// Optimizer steps taken.
     pub step: u64,
+    prof: Prof,
 }
 
 /// What one block's backward reads.
@@ -379,6 +405,11 @@ impl<'g> GpuLlama<'g> {
             cos: gpu.upload(&cos)?,
             sin: gpu.upload(&sin)?,
             step: 0,
+            prof: Prof {
+                on: std::env::var_os("OCTET_PROFILE").is_some(),
+                last: std::time::Instant::now(),
+                acc: Vec::new(),
+            },
         })
     }
 
@@ -394,6 +425,17 @@ impl<'g> GpuLlama<'g> {
     /// Whether attention runs on tensor cores (head dim 16, 32, 64 or 128).
     pub fn attention_on_tensor_cores(&self) -> bool {
         self.f.attn.tensor_cores
+    }
+
+    /// Milliseconds spent per phase since the model was made (empty unless
+    /// the `OCTET_PROFILE` environment variable is set).
+    pub fn profile(&self) -> Vec<(&'static str, f64)> {
+        self.prof.acc.clone()
+    }
+
+    fn mark(&mut self, what: &'static str) -> Result<()> {
+        let gpu = self.gpu;
+        self.prof.mark(gpu, what)
     }
 
     /// Parameter count.
@@ -495,12 +537,15 @@ impl<'g> GpuLlama<'g> {
         let scale = 1.0 / (d as f32).sqrt();
         for bi in 0..self.blocks.len() {
             let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
+            self.mark("other")?;
             let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
+            self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
             let blk = &mut self.blocks[bi];
             let (mut q, sq) = blk.lin[0].forward(gpu, &h, n)?;
             let (mut k, sk) = blk.lin[1].forward(gpu, &h, n)?;
             let (vv, sv) = blk.lin[2].forward(gpu, &h, n)?;
+            self.mark("linear fwd")?;
             lin_saved.extend([sq, sk, sv]);
             drop(h);
             for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
@@ -537,8 +582,10 @@ impl<'g> GpuLlama<'g> {
                         .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.0))?;
                 }
             }
+            self.mark("attention fwd (+rope)")?;
             let blk = &mut self.blocks[bi];
             let (o, so) = blk.lin[3].forward(gpu, &a, n)?;
+            self.mark("linear fwd")?;
             lin_saved.push(so);
             let mut x1: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
             let nc = n * c;
@@ -551,10 +598,13 @@ impl<'g> GpuLlama<'g> {
                     .launch(grid1(nc))?;
             }
             drop(o);
+            self.mark("elementwise")?;
             let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
+            self.mark("rmsnorm")?;
             let blk = &mut self.blocks[bi];
             let (gate, sg) = blk.lin[4].forward(gpu, &h2, n)?;
             let (up, su) = blk.lin[5].forward(gpu, &h2, n)?;
+            self.mark("linear fwd")?;
             drop(h2);
             lin_saved.extend([sg, su]);
             let mut act: CudaSlice<u16> = gpu.alloc_zeros(n * ff, "swiglu")?;
@@ -567,7 +617,9 @@ impl<'g> GpuLlama<'g> {
                     .arg(&nf)
                     .launch(grid1(nf))?;
             }
+            self.mark("elementwise")?;
             let (dn, sd) = self.blocks[bi].lin[6].forward(gpu, &act, n)?;
+            self.mark("linear fwd")?;
             drop(act);
             lin_saved.push(sd);
             let mut x2: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
@@ -597,6 +649,7 @@ impl<'g> GpuLlama<'g> {
                 });
             }
         }
+        self.mark("elementwise")?;
         let (hf, rstd_f) = self.norm_fwd(&x, self.norm_slot, n, eps)?;
         let mut logits: CudaSlice<f32> = gpu.alloc_zeros(n * v, "logits")?;
         gpu.gemm_bf16(&hf, &self.head, &mut logits, (n, v, c))?;
@@ -615,6 +668,7 @@ impl<'g> GpuLlama<'g> {
             }
             lb.arg(&vi).arg(&grad_scale).launch(rows_cfg(n))?;
         }
+        self.mark("head + loss")?;
         let host = gpu.download(&losses)?;
         let loss = host.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
         if !loss.is_finite() {
@@ -858,9 +912,12 @@ impl<'g> GpuLlama<'g> {
                 next()?,
             );
             let slots = self.blocks[bi].lin_slot;
+            self.mark("other")?;
             // MLP.
             let dres_bf = self.bf16(&dres, "d_residual bf16")?;
+            self.mark("elementwise")?;
             let (dact, dw) = self.blocks[bi].lin[6].backward(gpu, sd, &dres_bf)?;
+            self.mark("linear bwd")?;
             self.add_grad(slots[6], &dw)?;
             drop(dres_bf);
             let nf = n * ff;
@@ -877,20 +934,28 @@ impl<'g> GpuLlama<'g> {
                     .launch(grid1(nf))?;
             }
             drop((dact, gate, up));
+            self.mark("elementwise")?;
             let (mut dh2, dw) = self.blocks[bi].lin[4].backward(gpu, sg, &dg)?;
-            self.add_grad(slots[4], &dw)?;
+            let dw4 = dw;
             let (dh2u, dw) = self.blocks[bi].lin[5].backward(gpu, su, &du)?;
+            self.mark("linear bwd")?;
+            self.add_grad(slots[4], &dw4)?;
             self.add_grad(slots[5], &dw)?;
             drop((dg, du));
             self.add_inplace(&mut dh2, &dh2u)?;
             let mn = self.blocks[bi].mlp_norm;
+            self.mark("elementwise")?;
             self.norm_bwd(&x1, &rstd2, &dh2, &mut dres, mn, true)?;
+            self.mark("rmsnorm bwd")?;
             drop((dh2, dh2u, x1, rstd2));
             // Attention.
             let dres_bf = self.bf16(&dres, "d_residual bf16")?;
+            self.mark("elementwise")?;
             let (da, dw) = self.blocks[bi].lin[3].backward(gpu, so, &dres_bf)?;
+            self.mark("linear bwd")?;
             self.add_grad(slots[3], &dw)?;
             drop(dres_bf);
+            self.mark("elementwise")?;
             let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention delta")?;
             let rows_n = (n * hq) as i32;
             unsafe {
@@ -962,17 +1027,21 @@ impl<'g> GpuLlama<'g> {
             }
             let dv_bf = self.bf16(&dvv, "dv bf16")?;
             drop((dq, dk, dvv));
-            let (mut dh, dw) = self.blocks[bi].lin[0].backward(gpu, sq, &dq_bf)?;
-            self.add_grad(slots[0], &dw)?;
-            let (dhk, dw) = self.blocks[bi].lin[1].backward(gpu, sk, &dk_bf)?;
-            self.add_grad(slots[1], &dw)?;
+            self.mark("attention bwd (+rope)")?;
+            let (mut dh, dw0) = self.blocks[bi].lin[0].backward(gpu, sq, &dq_bf)?;
+            let (dhk, dw1) = self.blocks[bi].lin[1].backward(gpu, sk, &dk_bf)?;
             let (dhv, dw) = self.blocks[bi].lin[2].backward(gpu, sv, &dv_bf)?;
+            self.mark("linear bwd")?;
+            self.add_grad(slots[0], &dw0)?;
+            self.add_grad(slots[1], &dw1)?;
             self.add_grad(slots[2], &dw)?;
             drop((dq_bf, dk_bf, dv_bf));
             self.add_inplace(&mut dh, &dhk)?;
             self.add_inplace(&mut dh, &dhv)?;
             let an = self.blocks[bi].attn_norm;
+            self.mark("elementwise")?;
             self.norm_bwd(&x, &rstd1, &dh, &mut dres, an, true)?;
+            self.mark("rmsnorm bwd")?;
         }
         // Embedding: rows of dres added to their tokens' rows, in order.
         let sl = self.slots[self.embed_slot].clone();
@@ -1019,6 +1088,7 @@ impl<'g> GpuLlama<'g> {
     /// copies, rolls delayed-scaling histories. Returns the norm before
     /// clipping; a non-finite norm is an error and nothing is updated.
     pub fn adamw_step(&mut self, p: AdamParams) -> Result<f32> {
+        self.mark("other")?;
         let norm = self.grad_norm()? as f32;
         if !norm.is_finite() {
             return Err(Error::NonFinite);
@@ -1081,6 +1151,7 @@ impl<'g> GpuLlama<'g> {
                 l.update_scales(self.gpu)?;
             }
         }
+        self.mark("adamw")?;
         Ok(norm)
     }
 

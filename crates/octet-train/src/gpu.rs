@@ -255,6 +255,19 @@ pub fn train_gpu(
     ) {
         obs.note(&format!("no plot: {e}"));
     }
+    let prof = model.profile();
+    if !prof.is_empty() {
+        let total: f64 = prof.iter().map(|(_, t)| t).sum();
+        let mut text = format!("profile over {} steps (ms per step):", losses.len());
+        for (name, t) in &prof {
+            text += &format!(
+                "\n  {name:24} {:9.2}  {:5.1}%",
+                t / losses.len().max(1) as f64,
+                100.0 * t / total
+            );
+        }
+        obs.note(&text);
+    }
     let sample_text = if cfg.sample_tokens > 0 {
         let w: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
