@@ -68,6 +68,9 @@ pub struct TrainArgs {
     /// Tokens to generate at the end.
     #[arg(long)]
     sample_tokens: Option<usize>,
+    /// Write no checkpoint, not even the final one (benchmark runs).
+    #[arg(long)]
+    no_save: bool,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -126,6 +129,9 @@ impl TrainArgs {
         if let Some(d) = &self.data {
             c.data = Some(d.clone());
         }
+        if self.no_save {
+            c.save = false;
+        }
         if let Some(w) = self.weight_decay {
             c.adamw.weight_decay = w;
         }
@@ -152,7 +158,12 @@ impl Observer for Bar {
             .set_message(format!("loss {:.4}  {:.0} tok/s", m.loss, m.tokens_per_s));
     }
     fn note(&mut self, msg: &str) {
-        self.bar.println(msg);
+        // A hidden bar (output not a terminal) drops println: print directly.
+        if self.bar.is_hidden() {
+            println!("{msg}");
+        } else {
+            self.bar.println(msg);
+        }
     }
 }
 

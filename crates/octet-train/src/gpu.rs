@@ -231,7 +231,7 @@ pub fn train_gpu(
         }
         metrics.write(&m)?;
         obs.step(&m, cfg.steps);
-        if (cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last {
+        if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
             let p = save(&model, cfg.adamw, recipe, &dir, &trainer_json)?;
             obs.note(&format!("checkpoint {}", p.display()));
         }

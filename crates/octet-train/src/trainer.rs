@@ -61,6 +61,8 @@ pub struct TrainConfig {
     pub eval_batches: usize,
     /// Checkpoint every this many steps (0 = only at the end).
     pub ckpt_every: u64,
+    /// Write checkpoints at all (false: none, not even the final one).
+    pub save: bool,
     /// Tokens of generated text at the end (0 = none).
     pub sample_tokens: usize,
     /// Write per-layer amax / saturation / underflow telemetry every this many steps (0 = never).
@@ -163,6 +165,7 @@ impl Default for TrainConfig {
             eval_every: 50,
             eval_batches: 8,
             ckpt_every: 0,
+            save: true,
             sample_tokens: 200,
             telemetry_every: 50,
             lora: None,
@@ -487,7 +490,7 @@ pub fn train(
             }
         }
         obs.step(&m, cfg.steps);
-        if (cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last {
+        if cfg.save && ((cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last) {
             let p = checkpoint::save_checkpoint(
                 &dir.join("checkpoints"),
                 &format!("step_{:06}", opt.step),
