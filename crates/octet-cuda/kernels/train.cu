@@ -376,15 +376,19 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd(const unsigned short*
 }
 
 // delta (B, Hq, T) = sum_d dout * out per query row; one warp per row.
-extern "C" __global__ void attn_delta(const unsigned short* out, const float* dout, float* delta, int T, int Hq,
-                                      int D, int rows) {
+// Also writes dout as bf16 to `dout_bf` when given (what the tensor-core backward reads).
+extern "C" __global__ void attn_delta(const unsigned short* out, const float* dout, float* delta,
+                                      unsigned short* dout_bf, int T, int Hq, int D, int rows) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const int lane = threadIdx.x & 31;
     const int h = row % Hq, n = row / Hq; // row = n * Hq + h, n = b * T + t
     const size_t o = (size_t)n * Hq * D + (size_t)h * D;
     float s = 0.f;
-    for (int d = lane; d < D; d += 32) s += bf2f(out[o + d]) * dout[o + d];
+    for (int d = lane; d < D; d += 32) {
+        s += bf2f(out[o + d]) * dout[o + d];
+        if (dout_bf) dout_bf[o + d] = f2bf(dout[o + d]);
+    }
 #pragma unroll
     for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
     if (lane == 0) {
@@ -664,33 +668,24 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return r;
 }
 
-// Rows [r0, r0 + rows) of a bf16 (., ld) matrix, D columns from `col`, into
-// shared memory with pitch D + 8; rows at or past T are zero.
-template <int D>
-__device__ __forceinline__ void stage_bf16(unsigned short* s, const unsigned short* g, size_t ld, int r0, int rows,
-                                           int T) {
-    constexpr int P = D + 8, C8 = D / 8;
-    for (int i = threadIdx.x; i < rows * C8; i += blockDim.x) {
-        const int r = i / C8, c = (i % C8) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r0 + r < T) v = *reinterpret_cast<const uint4*>(g + (size_t)(r0 + r) * ld + c);
-        *reinterpret_cast<uint4*>(s + r * P + c) = v;
-    }
+// Rows [r0, r0 + rows) of a bf16 (., ld) matrix, D columns, into shared
+// memory with pitch D + 8, by asynchronous 16-byte copies (rows at or past T
+// are zero-filled); the caller commits and waits.
+__device__ __forceinline__ void cp_async16(unsigned short* dst, const unsigned short* src, int bytes) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
 }
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-// The same from f32, rounded to bf16.
 template <int D>
-__device__ __forceinline__ void stage_f32(unsigned short* s, const float* g, size_t ld, int r0, int rows, int T) {
+__device__ __forceinline__ void stage_async(unsigned short* s, const unsigned short* g, size_t ld, int r0, int rows,
+                                            int T) {
     constexpr int P = D + 8, C8 = D / 8;
     for (int i = threadIdx.x; i < rows * C8; i += blockDim.x) {
         const int r = i / C8, c = (i % C8) * 8;
-        uint4 v = make_uint4(0, 0, 0, 0);
-        if (r0 + r < T) {
-            const float4 a = *reinterpret_cast<const float4*>(g + (size_t)(r0 + r) * ld + c);
-            const float4 b = *reinterpret_cast<const float4*>(g + (size_t)(r0 + r) * ld + c + 4);
-            v = make_uint4(pack_bf16(a.x, a.y), pack_bf16(a.z, a.w), pack_bf16(b.x, b.y), pack_bf16(b.z, b.w));
-        }
-        *reinterpret_cast<uint4*>(s + r * P + c) = v;
+        const bool ok = r0 + r < T;
+        cp_async16(s + r * P + c, g + (size_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
     }
 }
 
@@ -743,15 +738,16 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
     }
 }
 
-// Forward: 4 warps x 16 queries, 64-key tiles. Grid (T / 64, Hq, B).
+// Forward: 4 warps x 16 queries (their Q fragments kept in registers),
+// 64-key tiles double-buffered in shared memory by cp.async (the next tile
+// loads while this one is multiplied). Grid (T / 64, Hq, B).
 template <int D>
 __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
-    constexpr int P = D + 8;
+    constexpr int P = D + 8, TS = 64 * P;
     extern __shared__ __align__(16) unsigned short smh[];
-    unsigned short* Qs = smh;
-    unsigned short* Ks = Qs + 64 * P;
-    unsigned short* Vs = Ks + 64 * P;
+    unsigned short* Kb[2] = {smh, smh + 2 * TS};
+    unsigned short* Vb[2] = {smh + TS, smh + 3 * TS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
@@ -759,30 +755,59 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_bf16<D>(Qs, qb, qw, q0, 64, T);
+    // Q passes through the second stage's K slot into registers.
+    stage_async<D>(Kb[1], qb, qw, q0, 64, T);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    unsigned qf[D / 16][4];
+#pragma unroll
+    for (int kc = 0; kc < D / 16; kc++)
+        ldsm4(qf[kc], Kb[1] + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
+    __syncthreads();
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const float c = scale * LOG2E;
     const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-    const int kend = min(T, q0 + 64);
-    for (int k0 = 0; k0 < kend; k0 += 64) {
+    const int ntiles = (min(T, q0 + 64) + 63) / 64;
+    stage_async<D>(Kb[0], kb, kw, 0, 64, T);
+    stage_async<D>(Vb[0], vb, kw, 0, 64, T);
+    cp_commit();
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 64;
+        if (it + 1 < ntiles) {
+            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 64, 64, T);
+            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 64, 64, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        stage_bf16<D>(Ks, kb, kw, k0, 64, T);
-        stage_bf16<D>(Vs, vb, kw, k0, 64, T);
-        __syncthreads();
+        const unsigned short* Ks = Kb[it & 1];
         float s[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        mma_abt<D, 8>(s, Qs, warp * 16, Ks, 0);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                unsigned bb[4];
+                ldsm4(bb, Ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
+                mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
+                mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+            }
+        // Only a tile reaching past this warp's first row, or past T, needs the mask.
+        const bool edge = k0 + 64 > q0 + warp * 16 || k0 + 64 > T;
         float mx[2] = {NEG_INF, NEG_INF};
 #pragma unroll
         for (int nt = 0; nt < 8; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int key = k0 + nt * 8 + tg * 2 + (e & 1), r = e >> 1;
-                s[nt][e] = (key <= rq[r] && key < T) ? s[nt][e] * c : NEG_INF;
+                s[nt][e] = (!edge || (key <= rq[r] && key < T)) ? s[nt][e] * c : NEG_INF;
                 mx[r] = fmaxf(mx[r], s[nt][e]);
             }
 #pragma unroll
@@ -809,7 +834,8 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
                 s[nt][e] = p;
                 l[r] += p;
             }
-        mma_pb<D, 4>(o, s, Vs, 0);
+        mma_pb<D, 4>(o, s, Vb[it & 1], 0);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -827,25 +853,41 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
 }
 
 // dK, dV: 4 warps x 16 keys, 32-query tiles from the keys' diagonal on, over
-// the group's query heads in order. Grid (T / 64, Hkv, B).
+// the group's query heads in order, double-buffered (Q, bf16 dO, lse, delta).
+// Grid (T / 64, Hkv, B).
 template <int D>
 __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                             const float* dout, const float* lse, const float* delta, float* dk, float* dv, int T,
-                             int Hq, int Hkv, float scale) {
-    constexpr int P = D + 8;
+                             const unsigned short* dout, const float* lse, const float* delta, float* dk,
+                             float* dv, int T, int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8, QS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
     unsigned short* Ks = smh;
     unsigned short* Vs = Ks + 64 * P;
-    unsigned short* Qs = Vs + 64 * P;
-    unsigned short* Os = Qs + 32 * P;
-    float* Ls = reinterpret_cast<float*>(Os + 32 * P); // lse * log2(e) of the query tile
-    float* Dl = Ls + 32;
+    unsigned short* Qb[2] = {Vs + 64 * P, Vs + 64 * P + 2 * QS};
+    unsigned short* Ob[2] = {Vs + 64 * P + QS, Vs + 64 * P + 3 * QS};
+    float* Lb = reinterpret_cast<float*>(Vs + 64 * P + 4 * QS); // [stage][32]: lse * log2(e)
+    float* Db = Lb + 64;                                         // [stage][32]: delta
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     const int k0 = blockIdx.x * 64, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_bf16<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
-    stage_bf16<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    stage_async<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    stage_async<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    const int nq = (T - k0 + 31) / 32, total = group * nq;
+    // Issue the loads of work item j (query head, query tile) into stage st.
+    auto issue = [&](int j, int st) {
+        const int h = kvh * group + j / nq, q0 = k0 + (j % nq) * 32;
+        stage_async<D>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 32, T);
+        stage_async<D>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 32, T);
+        if (threadIdx.x < 32) {
+            const bool ok = q0 + threadIdx.x < T;
+            const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
+            Lb[st * 32 + threadIdx.x] = ok ? lse[at] * LOG2E : 0.f;
+            Db[st * 32 + threadIdx.x] = ok ? delta[at] : 0.f;
+        }
+        cp_commit();
+    };
+    issue(0, 0);
     float adk[D / 8][4], adv[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
@@ -853,43 +895,41 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
         for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.f;
     const float c = scale * LOG2E;
     const int rk[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
-    for (int hh = 0; hh < group; hh++) {
-        const int h = kvh * group + hh;
-        const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
-        const float* ob = dout + (size_t)b * T * qw + (size_t)h * D;
-        const float* lb = lse + ((size_t)b * Hq + h) * T;
-        const float* db = delta + ((size_t)b * Hq + h) * T;
-        for (int q0 = k0; q0 < T; q0 += 32) {
-            __syncthreads();
-            stage_bf16<D>(Qs, qb, qw, q0, 32, T);
-            stage_f32<D>(Os, ob, qw, q0, 32, T);
-            if (threadIdx.x < 32) {
-                const bool ok = q0 + threadIdx.x < T;
-                Ls[threadIdx.x] = ok ? lb[q0 + threadIdx.x] * LOG2E : 0.f;
-                Dl[threadIdx.x] = ok ? db[q0 + threadIdx.x] : 0.f;
-            }
-            __syncthreads();
-            // Rows: this warp's keys; columns: the 32 queries.
-            float s[4][4], dp[4][4];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
-            mma_abt<D, 4>(s, Ks, warp * 16, Qs, 0);
-            mma_abt<D, 4>(dp, Vs, warp * 16, Os, 0);
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int qc = nt * 8 + tg * 2 + (e & 1), qi = q0 + qc, key = rk[e >> 1];
-                    const bool ok = key <= qi && qi < T && key < T;
-                    const float p = ok ? exp2f(s[nt][e] * c - Ls[qc]) : 0.f;
-                    s[nt][e] = p;
-                    dp[nt][e] = p * (dp[nt][e] - Dl[qc]);
-                }
-            mma_pb<D, 2>(adv, s, Os, 0);
-            mma_pb<D, 2>(adk, dp, Qs, 0);
+    for (int j = 0; j < total; j++) {
+        const int st = j & 1, q0 = k0 + (j % nq) * 32;
+        if (j + 1 < total) {
+            issue(j + 1, st ^ 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
         }
+        __syncthreads();
+        const unsigned short* Qs = Qb[st];
+        const unsigned short* Os = Ob[st];
+        const float* Ls = Lb + st * 32;
+        const float* Dl = Db + st * 32;
+        // Rows: this warp's keys; columns: the 32 queries.
+        float s[4][4], dp[4][4];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
+        mma_abt<D, 4>(s, Ks, warp * 16, Qs, 0);
+        mma_abt<D, 4>(dp, Vs, warp * 16, Os, 0);
+        const bool edge = q0 < k0 + warp * 16 + 16 || q0 + 32 > T;
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int qc = nt * 8 + tg * 2 + (e & 1), qi = q0 + qc, key = rk[e >> 1];
+                const bool ok = !edge || (key <= qi && qi < T && key < T);
+                const float p = ok ? exp2f(s[nt][e] * c - Ls[qc]) : 0.f;
+                s[nt][e] = p;
+                dp[nt][e] = p * (dp[nt][e] - Dl[qc]);
+            }
+        mma_pb<D, 2>(adv, s, Os, 0);
+        mma_pb<D, 2>(adk, dp, Qs, 0);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -904,25 +944,29 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
     }
 }
 
-// dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal. Grid (T / 64, Hq, B).
+// dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal, double-buffered.
+// Grid (T / 64, Hq, B).
 template <int D>
 __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                           const float* dout, const float* lse, const float* delta, float* dq, int T, int Hq,
-                           int Hkv, float scale) {
-    constexpr int P = D + 8;
+                           const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
+                           int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8, KS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
     unsigned short* Qs = smh;
     unsigned short* Os = Qs + 64 * P;
-    unsigned short* Ks = Os + 64 * P;
-    unsigned short* Vs = Ks + 32 * P;
+    unsigned short* Kb[2] = {Os + 64 * P, Os + 64 * P + 2 * KS};
+    unsigned short* Vb[2] = {Os + 64 * P + KS, Os + 64 * P + 3 * KS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_bf16<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
-    stage_f32<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
+    stage_async<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
+    stage_async<D>(Kb[0], kb, kw, 0, 32, T);
+    stage_async<D>(Vb[0], vb, kw, 0, 32, T);
+    cp_commit();
     const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     float l2[2], dl[2];
 #pragma unroll
@@ -935,29 +979,38 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
 #pragma unroll
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const float c = scale * LOG2E;
-    const int kend = min(T, q0 + 64);
-    for (int k0 = 0; k0 < kend; k0 += 32) {
+    const int ntiles = (min(T, q0 + 64) + 31) / 32;
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 32;
+        if (it + 1 < ntiles) {
+            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 32, 32, T);
+            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 32, 32, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
         __syncthreads();
-        stage_bf16<D>(Ks, kb, kw, k0, 32, T);
-        stage_bf16<D>(Vs, vb, kw, k0, 32, T);
-        __syncthreads();
+        const unsigned short* Ks = Kb[it & 1];
         float s[4][4], dp[4][4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
         mma_abt<D, 4>(s, Qs, warp * 16, Ks, 0);
-        mma_abt<D, 4>(dp, Os, warp * 16, Vs, 0);
+        mma_abt<D, 4>(dp, Os, warp * 16, Vb[it & 1], 0);
+        const bool edge = k0 + 32 > q0 + warp * 16 || k0 + 32 > T;
 #pragma unroll
         for (int nt = 0; nt < 4; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = e >> 1, key = k0 + nt * 8 + tg * 2 + (e & 1);
-                const bool ok = key <= rq[r] && rq[r] < T && key < T;
+                const bool ok = !edge || (key <= rq[r] && rq[r] < T && key < T);
                 const float p = ok ? exp2f(s[nt][e] * c - l2[r]) : 0.f;
                 dp[nt][e] = p * (dp[nt][e] - dl[r]);
             }
         mma_pb<D, 2>(acc, dp, Ks, 0);
+        __syncthreads();
     }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -977,12 +1030,12 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
         attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) attn_dkdv_tc##D(                                            \
-        const unsigned short* q, const unsigned short* k, const unsigned short* v, const float* dout,            \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
         attn_dkdv_tc<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128) attn_dq_tc##D(                                              \
-        const unsigned short* q, const unsigned short* k, const unsigned short* v, const float* dout,            \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
         attn_dq_tc<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
     }

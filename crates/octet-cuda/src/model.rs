@@ -132,6 +132,9 @@ impl Prof {
     }
 }
 
+/// One parameter's f32 master weights, first and second AdamW moments.
+pub type MasterMoments = (Vec<f32>, Vec<f32>, Vec<f32>);
+
 /// A Llama model on the GPU, with its optimizer state.
 pub struct GpuLlama<'g> {
     gpu: &'g Gpu,
@@ -278,15 +281,16 @@ impl<'g> GpuLlama<'g> {
             adamw: l("adamw")?,
             attn_delta: l("attn_delta")?,
             attn: if matches!(d, 16 | 32 | 64 | 128) {
-                // bf16 tiles of pitch D + 8: Q, K, V (64 rows each) forward;
-                // K, V (64) + Q, dO (32) + lse, delta (32 f32) for dK/dV; Q, dO (64) + K, V (32) for dQ.
+                // bf16 tiles of pitch D + 8, 256 rows in each kernel: two stages of
+                // K, V (64 rows) forward; K, V (64) + two stages of Q, dO (32) and of
+                // lse, delta (32 f32 each) for dK/dV; Q, dO (64) + two stages of K, V (32) for dQ.
                 let p = 2 * (d + 8);
                 Attn {
                     fwd: l(&format!("attn_fwd_tc{d}"))?,
                     dkdv: l(&format!("attn_dkdv_tc{d}"))?,
                     dq: l(&format!("attn_dq_tc{d}"))?,
                     threads: 128,
-                    smem: (192 * p, 192 * p + 256, 192 * p),
+                    smem: (256 * p, 256 * p + 512, 256 * p),
                     tensor_cores: true,
                 }
             } else {
@@ -438,6 +442,110 @@ impl<'g> GpuLlama<'g> {
         self.prof.mark(gpu, what)
     }
 
+    /// Attention forward: `(out bf16 (B*T, Hq*D), lse f32 (B, Hq, T))`.
+    fn attn_forward(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
+        let gpu = self.gpu;
+        let mut out: CudaSlice<u16> = gpu.alloc_zeros(b * t * hq * d, "attention output")?;
+        let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention lse")?;
+        let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
+        let scale = 1.0 / (d as f32).sqrt();
+        unsafe {
+            gpu.stream
+                .launch_builder(&self.f.attn.fwd)
+                .arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(&mut out)
+                .arg(&mut lse)
+                .arg(&ti)
+                .arg(&hqi)
+                .arg(&hkvi)
+                .arg(&di)
+                .arg(&scale)
+                .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.0))?;
+        }
+        Ok((out, lse))
+    }
+
+    /// Attention backward from the f32 output gradient: `(dq, dk, dv)` in f32.
+    /// The tensor-core kernels read the output gradient as bf16 (written by
+    /// the `delta` kernel, which reads it once anyway).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_backward(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: &CudaSlice<u16>,
+        dout: &CudaSlice<f32>,
+        lse: &CudaSlice<f32>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        let n = b * t;
+        let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
+        let scale = 1.0 / (d as f32).sqrt();
+        let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention delta")?;
+        let mut dob: Option<CudaSlice<u16>> = if self.f.attn.tensor_cores {
+            Some(gpu.alloc_zeros(n * hq * d, "attention d_out bf16")?)
+        } else {
+            None
+        };
+        let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
+        let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
+        let mut dv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
+        let rows_n = (n * hq) as i32;
+        let null: u64 = 0;
+        unsafe {
+            let mut lb = s.launch_builder(&self.f.attn_delta);
+            lb.arg(out).arg(dout).arg(&mut delta);
+            match dob.as_mut() {
+                Some(x) => lb.arg(x),
+                None => lb.arg(&null),
+            };
+            lb.arg(&ti)
+                .arg(&hqi)
+                .arg(&di)
+                .arg(&rows_n)
+                .launch(LaunchConfig {
+                    grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+            for (func, heads, smem, is_dq) in [
+                (&self.f.attn.dkdv, hkv, self.f.attn.smem.1, false),
+                (&self.f.attn.dq, hq, self.f.attn.smem.2, true),
+            ] {
+                let mut lb = s.launch_builder(func);
+                lb.arg(q).arg(k).arg(v);
+                match dob.as_ref() {
+                    Some(x) => lb.arg(x),
+                    None => lb.arg(dout),
+                };
+                lb.arg(lse).arg(&delta);
+                if is_dq {
+                    lb.arg(&mut dq);
+                } else {
+                    lb.arg(&mut dk).arg(&mut dv);
+                }
+                lb.arg(&ti)
+                    .arg(&hqi)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .arg(&scale)
+                    .launch(self.attn_cfg(t, heads, b, smem))?;
+            }
+        }
+        Ok((dq, dk, dv))
+    }
+
     /// Parameter count.
     pub fn num_params(&self) -> usize {
         self.master.len()
@@ -534,7 +642,6 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
-        let scale = 1.0 / (d as f32).sqrt();
         for bi in 0..self.blocks.len() {
             let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
             self.mark("other")?;
@@ -563,25 +670,7 @@ impl<'g> GpuLlama<'g> {
                         .launch(grid1(cnt))?;
                 }
             }
-            let mut a: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "attention output")?;
-            let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention lse")?;
-            {
-                let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
-                unsafe {
-                    s.launch_builder(&self.f.attn.fwd)
-                        .arg(&q)
-                        .arg(&k)
-                        .arg(&vv)
-                        .arg(&mut a)
-                        .arg(&mut lse)
-                        .arg(&ti)
-                        .arg(&hqi)
-                        .arg(&hkvi)
-                        .arg(&di)
-                        .arg(&scale)
-                        .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.0))?;
-                }
-            }
+            let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d))?;
             self.mark("attention fwd (+rope)")?;
             let blk = &mut self.blocks[bi];
             let (o, so) = blk.lin[3].forward(gpu, &a, n)?;
@@ -880,8 +969,7 @@ impl<'g> GpuLlama<'g> {
         let mut dres: CudaSlice<f32> = gpu.alloc_zeros(n * c, "d_residual")?;
         self.norm_bwd(&xf, &rstd_f, &dh, &mut dres, self.norm_slot, false)?;
         drop((dh, xf, rstd_f));
-        let scale = 1.0 / (d as f32).sqrt();
-        let (ni, ti, di, hqi, hkvi) = (n as i32, t as i32, d as i32, hq as i32, hkv as i32);
+        let (ni, ti, di) = (n as i32, t as i32, d as i32);
         for (bi, sb) in blocks.into_iter().enumerate().rev() {
             let BlockSaved {
                 x,
@@ -956,58 +1044,9 @@ impl<'g> GpuLlama<'g> {
             self.add_grad(slots[3], &dw)?;
             drop(dres_bf);
             self.mark("elementwise")?;
-            let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention delta")?;
-            let rows_n = (n * hq) as i32;
-            unsafe {
-                s.launch_builder(&self.f.attn_delta)
-                    .arg(&a)
-                    .arg(&da)
-                    .arg(&mut delta)
-                    .arg(&ti)
-                    .arg(&hqi)
-                    .arg(&di)
-                    .arg(&rows_n)
-                    .launch(LaunchConfig {
-                        grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
-                        block_dim: (256, 1, 1),
-                        shared_mem_bytes: 0,
-                    })?;
-            }
-            let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
-            let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
-            let mut dvv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
-            unsafe {
-                s.launch_builder(&self.f.attn.dkdv)
-                    .arg(&q)
-                    .arg(&k)
-                    .arg(&vv)
-                    .arg(&da)
-                    .arg(&lse)
-                    .arg(&delta)
-                    .arg(&mut dk)
-                    .arg(&mut dvv)
-                    .arg(&ti)
-                    .arg(&hqi)
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .arg(&scale)
-                    .launch(self.attn_cfg(t, hkv, b, self.f.attn.smem.1))?;
-                s.launch_builder(&self.f.attn.dq)
-                    .arg(&q)
-                    .arg(&k)
-                    .arg(&vv)
-                    .arg(&da)
-                    .arg(&lse)
-                    .arg(&delta)
-                    .arg(&mut dq)
-                    .arg(&ti)
-                    .arg(&hqi)
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .arg(&scale)
-                    .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.2))?;
-            }
-            drop((q, k, vv, a, lse, delta, da));
+            let (dq, dk, dvv) =
+                self.attn_backward(&q, &k, &vv, &a, &da, &lse, (b, t, hq, hkv, d))?;
+            drop((q, k, vv, a, lse, da));
             let mut dq_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "dq bf16")?;
             let mut dk_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hkv * d, "dk bf16")?;
             for (src, dst, heads) in [(&dq, &mut dq_bf, hq), (&dk, &mut dk_bf, hkv)] {
@@ -1168,7 +1207,7 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// `(masters, first moments, second moments)` per parameter, in order.
-    pub fn optimizer_state(&self) -> Result<Vec<(Vec<f32>, Vec<f32>, Vec<f32>)>> {
+    pub fn optimizer_state(&self) -> Result<Vec<MasterMoments>> {
         let (p, m, v) = (
             self.gpu.download(&self.master)?,
             self.gpu.download(&self.m)?,
@@ -1251,83 +1290,8 @@ impl GpuLlama<'_> {
                 self.cfg.head_dim()
             )));
         }
-        let gpu = self.gpu;
-        let s = &gpu.stream;
-        let n = b * t;
-        let scale = 1.0 / (d as f32).sqrt();
-        let (ti, di, hqi, hkvi) = (t as i32, d as i32, hq as i32, hkv as i32);
-        let (s_fwd, s_kv, s_q) = self.f.attn.smem;
-        let mut out: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "out")?;
-        let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "lse")?;
-        let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "delta")?;
-        let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
-        let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
-        let mut dv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
-        // Poison: an element a kernel never writes shows up as NaN.
-        let nan = |len: usize| vec![f32::NAN; len];
-        gpu.stream.memcpy_htod(&nan(dq.len()), &mut dq)?;
-        gpu.stream.memcpy_htod(&nan(dk.len()), &mut dk)?;
-        gpu.stream.memcpy_htod(&nan(dv.len()), &mut dv)?;
-        gpu.stream
-            .memcpy_htod(&vec![0x7fc0u16; out.len()], &mut out)?;
-        let rows_n = (n * hq) as i32;
-        let grid = |heads: usize, smem: usize| self.attn_cfg(t, heads, b, smem);
-        unsafe {
-            s.launch_builder(&self.f.attn.fwd)
-                .arg(q)
-                .arg(k)
-                .arg(v)
-                .arg(&mut out)
-                .arg(&mut lse)
-                .arg(&ti)
-                .arg(&hqi)
-                .arg(&hkvi)
-                .arg(&di)
-                .arg(&scale)
-                .launch(grid(hq, s_fwd))?;
-            s.launch_builder(&self.f.attn_delta)
-                .arg(&out)
-                .arg(dout)
-                .arg(&mut delta)
-                .arg(&ti)
-                .arg(&hqi)
-                .arg(&di)
-                .arg(&rows_n)
-                .launch(LaunchConfig {
-                    grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })?;
-            s.launch_builder(&self.f.attn.dkdv)
-                .arg(q)
-                .arg(k)
-                .arg(v)
-                .arg(dout)
-                .arg(&lse)
-                .arg(&delta)
-                .arg(&mut dk)
-                .arg(&mut dv)
-                .arg(&ti)
-                .arg(&hqi)
-                .arg(&hkvi)
-                .arg(&di)
-                .arg(&scale)
-                .launch(grid(hkv, s_kv))?;
-            s.launch_builder(&self.f.attn.dq)
-                .arg(q)
-                .arg(k)
-                .arg(v)
-                .arg(dout)
-                .arg(&lse)
-                .arg(&delta)
-                .arg(&mut dq)
-                .arg(&ti)
-                .arg(&hqi)
-                .arg(&hkvi)
-                .arg(&di)
-                .arg(&scale)
-                .launch(grid(hq, s_q))?;
-        }
+        let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d))?;
+        let (dq, dk, dv) = self.attn_backward(q, k, v, &out, dout, &lse, (b, t, hq, hkv, d))?;
         Ok((out, dq, dk, dv))
     }
 }
