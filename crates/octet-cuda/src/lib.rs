@@ -397,6 +397,16 @@ impl Gpu {
             .map_err(|e| oom(e, n * std::mem::size_of::<T>(), what))
     }
 
+    /// An uninitialised device buffer of `n` elements, for outputs a kernel
+    /// or GEMM overwrites in full (saves the memset of [`Gpu::alloc_zeros`]).
+    ///
+    /// # Safety
+    /// Every element must be written before it is read.
+    pub unsafe fn alloc_uninit<T: DeviceRepr>(&self, n: usize, what: &str) -> Result<CudaSlice<T>> {
+        // SAFETY: the caller writes before reading (this function's contract).
+        unsafe { self.stream.alloc::<T>(n) }.map_err(|e| oom(e, n * std::mem::size_of::<T>(), what))
+    }
+
     /// Copy a host slice to a new device buffer.
     pub fn upload<T: DeviceRepr>(&self, x: &[T]) -> Result<CudaSlice<T>> {
         self.stream

@@ -78,6 +78,54 @@ impl Quant {
     }
 }
 
+impl Quant {
+    /// Free the copy backward will not read (`keep_rowwise`: the dequantized
+    /// backward reads the row-wise copy, the quantized one the column-wise
+    /// copy), leaving a one-byte placeholder. Scales stay (they are small).
+    /// NVFP4 keeps both (its emulated GEMMs read the unpacked codes).
+    fn drop_copy(&mut self, gpu: &Gpu, keep_rowwise: bool) -> Result<()> {
+        let slot = match self {
+            Quant::Tensor(q) => Some((&mut q.rowwise, &mut q.colwise)),
+            Quant::Row(q) => Some((&mut q.rowwise, &mut q.colwise)),
+            Quant::Block1d(q, _, _) => Some((&mut q.rowwise, &mut q.colwise)),
+            Quant::Block2d(q) => Some((&mut q.rowwise, &mut q.colwise)),
+            Quant::Mx(q) => Some((&mut q.rowwise, &mut q.colwise)),
+            Quant::Nv(_) => None,
+        };
+        if let Some((row, col)) = slot {
+            let victim = if keep_rowwise { col } else { row };
+            *victim = gpu.alloc_zeros(1, "placeholder")?;
+        }
+        Ok(())
+    }
+}
+
+/// A layer input prepared once and shared by the layers that read it (q, k
+/// and v read one normalized activation; gate and up another): the FP8 copies
+/// under an FP8 recipe, the bf16 activation where backward or the bf16 layer
+/// reads it. Cheap to clone (reference counted).
+#[derive(Clone)]
+pub struct LinearInput {
+    m: usize,
+    k: usize,
+    x: Option<std::rc::Rc<CudaSlice<u16>>>,
+    xq: Option<std::rc::Rc<std::cell::RefCell<Quant>>>,
+    /// The FP8 copy the forward GEMMs read has been released.
+    finished: bool,
+}
+
+impl LinearInput {
+    /// Rows.
+    pub fn rows(&self) -> usize {
+        self.m
+    }
+
+    /// The bf16 activation, when kept (bf16 layer or `high_precision` backward).
+    pub fn bf16(&self) -> Option<std::rc::Rc<CudaSlice<u16>>> {
+        self.x.clone()
+    }
+}
+
 /// A linear layer on the GPU.
 pub struct GpuLinear {
     /// Output features `N`.
@@ -98,21 +146,36 @@ pub struct GpuLinear {
 /// What [`GpuLinear::forward`] keeps for backward.
 pub struct GpuLinearSaved {
     m: usize,
-    /// The bf16 input (bf16 layer, `high_precision` backward).
-    x: Option<CudaSlice<u16>>,
-    /// The FP8 input and weight (`quantized` backward; both copies are kept).
-    xq: Option<Quant>,
+    /// The bf16 input (bf16 layer, `high_precision` backward), maybe shared.
+    x: Option<std::rc::Rc<CudaSlice<u16>>>,
+    /// The FP8 input (maybe shared) and weight: after the forward, only the
+    /// copy backward reads (column-wise for `quantized`, row-wise for `dequantized`).
+    xq: Option<std::rc::Rc<std::cell::RefCell<Quant>>>,
     wq: Option<Quant>,
     /// Backward dequantizes `xq` and `wq` (row-wise copies) instead of quantizing `dy`.
     dequantized: bool,
 }
 
 impl GpuLinearSaved {
-    /// Device bytes kept alive for backward.
+    /// Device bytes kept alive for backward (a shared input counted in full).
     pub fn bytes(&self) -> usize {
-        self.x.as_ref().map_or(0, |x| 2 * x.len())
-            + self.xq.as_ref().map_or(0, Quant::bytes)
-            + self.wq.as_ref().map_or(0, Quant::bytes)
+        self.bytes_unique(&mut std::collections::HashSet::new())
+    }
+
+    /// Bytes kept, counting an input shared with layers already in `seen` once.
+    pub fn bytes_unique(&self, seen: &mut std::collections::HashSet<usize>) -> usize {
+        let mut total = self.wq.as_ref().map_or(0, Quant::bytes);
+        if let Some(x) = &self.x {
+            if seen.insert(std::rc::Rc::as_ptr(x) as usize) {
+                total += 2 * x.len();
+            }
+        }
+        if let Some(q) = &self.xq {
+            if seen.insert(std::rc::Rc::as_ptr(q) as usize) {
+                total += q.borrow().bytes();
+            }
+        }
+        total
     }
 }
 
@@ -365,11 +428,93 @@ impl GpuLinear {
         x: &CudaSlice<u16>,
         m: usize,
     ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
-        let (n, k) = (self.n, self.k);
+        let mut input = self.prepare(gpu, gpu.stream.clone_dtod(x)?, m)?;
+        let out = self.forward_input(gpu, &input)?;
+        self.finish_input(gpu, &mut input)?;
+        Ok(out)
+    }
+
+    /// Whether [`GpuLinear::prepare`] keeps the bf16 input (the bf16 layer and
+    /// the `high_precision` backward read it).
+    pub fn keeps_bf16_input(&self) -> bool {
+        self.kind == Kind::Bf16 || self.backward == BackwardMode::HighPrecision
+    }
+
+    /// Take ownership of the input `x (m, K)` and quantize it under this
+    /// layer's recipe, for [`GpuLinear::forward_input`] of this layer and of
+    /// others with the same `K` and recipe (their input quantization would give
+    /// the same bytes). Keeps the bf16 activation only where it is read.
+    pub fn prepare(&mut self, gpu: &Gpu, x: CudaSlice<u16>, m: usize) -> Result<LinearInput> {
+        let k = self.k;
         if x.len() != m * k || m == 0 {
             return Err(Error::Shape(format!(
                 "input of {} elements is not ({m}, {k})",
                 x.len()
+            )));
+        }
+        if self.kind == Kind::Bf16 {
+            return Ok(LinearInput {
+                m,
+                k,
+                x: Some(std::rc::Rc::new(x)),
+                xq: None,
+                finished: false,
+            });
+        }
+        let rx = self.rounding(0)?;
+        let xq = Self::quantize(
+            self.kind,
+            &mut self.states,
+            gpu,
+            &x,
+            m,
+            k,
+            Format::E4M3,
+            0,
+            rx,
+        )?;
+        let keep_x = self.backward == BackwardMode::HighPrecision;
+        Ok(LinearInput {
+            m,
+            k,
+            x: keep_x.then(|| std::rc::Rc::new(x)),
+            xq: Some(std::rc::Rc::new(std::cell::RefCell::new(xq))),
+            finished: false,
+        })
+    }
+
+    /// After the last forward that reads `input`: free its FP8 copy that
+    /// backward does not read (and the FP8 input altogether under the
+    /// `high_precision` backward).
+    pub fn finish_input(&self, gpu: &Gpu, input: &mut LinearInput) -> Result<()> {
+        if input.finished {
+            return Ok(());
+        }
+        input.finished = true;
+        match self.backward {
+            BackwardMode::HighPrecision => input.xq = None,
+            mode => {
+                if let Some(q) = &input.xq {
+                    q.borrow_mut()
+                        .drop_copy(gpu, mode == BackwardMode::Dequantized)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Forward `y (m, N)` from a prepared input ([`GpuLinear::prepare`], by
+    /// this layer or another of the same recipe and `K`).
+    pub fn forward_input(
+        &mut self,
+        gpu: &Gpu,
+        input: &LinearInput,
+    ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
+        let (n, k, m) = (self.n, self.k, input.m);
+        if input.k != k || input.finished {
+            return Err(Error::Shape(format!(
+                "prepared input of width {} (finished: {}) for a layer of width {k}",
+                input.k, input.finished
             )));
         }
         let mut saved = GpuLinearSaved {
@@ -379,26 +524,22 @@ impl GpuLinear {
             wq: None,
             dequantized: false,
         };
-        let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "linear output")?;
+        // SAFETY: the GEMM writes every element of y.
+        let mut y: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * n, "linear output")? };
         if self.kind == Kind::Bf16 {
+            let x = input
+                .x
+                .as_ref()
+                .ok_or_else(|| Error::Shape("bf16 input missing".into()))?;
             gpu.gemm_bf16(x, &self.weight, &mut y, (m, n, k))?;
-            saved.x = Some(gpu.stream.clone_dtod(x)?);
+            saved.x = Some(x.clone());
             return Ok((y, saved));
         }
-        let rx = self.rounding(0)?;
-        let xq = Self::quantize(
-            self.kind,
-            &mut self.states,
-            gpu,
-            x,
-            m,
-            k,
-            Format::E4M3,
-            0,
-            rx,
-        )?;
+        let xq = input.xq.as_ref().ok_or_else(|| {
+            Error::Shape("FP8 input missing (prepared for the bf16 layer?)".into())
+        })?;
         let rw = self.rounding(1)?;
-        let wq = Self::quantize(
+        let mut wq = Self::quantize(
             self.kind,
             &mut self.states,
             gpu,
@@ -409,19 +550,16 @@ impl GpuLinear {
             1,
             rw,
         )?;
-        Self::gemm(gpu, &xq, false, &wq, false, &mut y, (m, n, k))?;
+        Self::gemm(gpu, &xq.borrow(), false, &wq, false, &mut y, (m, n, k))?;
         match self.backward {
-            BackwardMode::Quantized => {
-                saved.xq = Some(xq);
+            BackwardMode::Quantized | BackwardMode::Dequantized => {
+                let deq = self.backward == BackwardMode::Dequantized;
+                wq.drop_copy(gpu, deq)?;
+                saved.xq = Some(xq.clone());
                 saved.wq = Some(wq);
+                saved.dequantized = deq;
             }
-            BackwardMode::Dequantized => {
-                // The forward's row-wise FP8 copies, dequantized at backward.
-                saved.xq = Some(xq);
-                saved.wq = Some(wq);
-                saved.dequantized = true;
-            }
-            BackwardMode::HighPrecision => saved.x = Some(gpu.stream.clone_dtod(x)?),
+            BackwardMode::HighPrecision => saved.x = input.x.clone(),
         }
         Ok((y, saved))
     }
@@ -440,13 +578,14 @@ impl GpuLinear {
                 dy.len()
             )));
         }
-        let mut dx: CudaSlice<f32> = gpu.alloc_zeros(m * k, "d_input")?;
-        let mut dw: CudaSlice<f32> = gpu.alloc_zeros(n * k, "d_weight")?;
+        // SAFETY: the GEMMs below write every element of dx and dw.
+        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(m * k, "d_input")? };
+        let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * k, "d_weight")? };
         match (saved.x, saved.xq, saved.wq) {
             (_, Some(xq), Some(wq)) if saved.dequantized => {
                 // grad_input = grad_output @ dequant(weight); grad_weight = grad_output^T @ dequant(input).
                 let wd = dequant_rowwise(gpu, &wq, n, k)?;
-                let xd = dequant_rowwise(gpu, &xq, m, k)?;
+                let xd = dequant_rowwise(gpu, &xq.borrow(), m, k)?;
                 gpu.gemm_bf16_op((dy, false), (&wd, false), &mut dx, (m, k, n))?;
                 gpu.gemm_bf16_op((dy, true), (&xd, false), &mut dw, (n, k, m))?;
             }
@@ -465,11 +604,11 @@ impl GpuLinear {
                 )?;
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
                 Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
-                Self::gemm(gpu, &gq, true, &xq, true, &mut dw, (n, k, m))?;
+                Self::gemm(gpu, &gq, true, &xq.borrow(), true, &mut dw, (n, k, m))?;
             }
             (Some(x), _, _) => {
                 gpu.gemm_bf16_op((dy, false), (&self.weight, false), &mut dx, (m, k, n))?;
-                gpu.gemm_bf16_op((dy, true), (&x, false), &mut dw, (n, k, m))?;
+                gpu.gemm_bf16_op((dy, true), (x.as_ref(), false), &mut dw, (n, k, m))?;
             }
             _ => {
                 return Err(Error::Shape(

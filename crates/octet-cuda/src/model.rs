@@ -168,7 +168,8 @@ struct BlockSaved {
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
-    a: CudaSlice<u16>,
+    /// The attention output (maybe shared with o's saved input).
+    a: std::rc::Rc<CudaSlice<u16>>,
     lse: CudaSlice<f32>,
     x1: CudaSlice<f32>,
     rstd2: CudaSlice<f32>,
@@ -177,7 +178,10 @@ struct BlockSaved {
 }
 
 impl BlockSaved {
+    /// Bytes kept, each buffer counted once however many layers share it.
     fn bytes(&self) -> usize {
+        let mut seen = std::collections::HashSet::new();
+        seen.insert(std::rc::Rc::as_ptr(&self.a) as usize);
         4 * (self.x.len() + self.rstd1.len() + self.lse.len() + self.x1.len() + self.rstd2.len())
             + 2 * (self.q.len()
                 + self.k.len()
@@ -185,7 +189,11 @@ impl BlockSaved {
                 + self.a.len()
                 + self.gate.len()
                 + self.up.len())
-            + self.lin.iter().map(GpuLinearSaved::bytes).sum::<usize>()
+            + self
+                .lin
+                .iter()
+                .map(|l| l.bytes_unique(&mut seen))
+                .sum::<usize>()
     }
 }
 
@@ -239,6 +247,9 @@ fn attn_smem(d: usize) -> (usize, usize, usize) {
     )
 }
 
+// Buffers from `alloc_uninit` in this file are outputs that the next kernel
+// or GEMM writes in full (every row below B*T, every column); the selftest's
+// comparisons against the CPU model would show any element left unwritten.
 impl<'g> GpuLlama<'g> {
     /// A model from named weights (Hugging Face names, any dtype; missing,
     /// extra or misshapen tensors are errors naming the tensor), its block
@@ -451,8 +462,9 @@ impl<'g> GpuLlama<'g> {
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
         let gpu = self.gpu;
-        let mut out: CudaSlice<u16> = gpu.alloc_zeros(b * t * hq * d, "attention output")?;
-        let mut lse: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention lse")?;
+        let mut out: CudaSlice<u16> =
+            unsafe { gpu.alloc_uninit(b * t * hq * d, "attention output")? };
+        let mut lse: CudaSlice<f32> = unsafe { gpu.alloc_uninit(b * hq * t, "attention lse")? };
         let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
         let scale = 1.0 / (d as f32).sqrt();
         unsafe {
@@ -492,15 +504,15 @@ impl<'g> GpuLlama<'g> {
         let n = b * t;
         let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
         let scale = 1.0 / (d as f32).sqrt();
-        let mut delta: CudaSlice<f32> = gpu.alloc_zeros(b * hq * t, "attention delta")?;
+        let mut delta: CudaSlice<f32> = unsafe { gpu.alloc_uninit(b * hq * t, "attention delta")? };
         let mut dob: Option<CudaSlice<u16>> = if self.f.attn.tensor_cores {
-            Some(gpu.alloc_zeros(n * hq * d, "attention d_out bf16")?)
+            Some(unsafe { gpu.alloc_uninit(n * hq * d, "attention d_out bf16")? })
         } else {
             None
         };
-        let mut dq: CudaSlice<f32> = gpu.alloc_zeros(n * hq * d, "dq")?;
-        let mut dk: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dk")?;
-        let mut dv: CudaSlice<f32> = gpu.alloc_zeros(n * hkv * d, "dv")?;
+        let mut dq: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hq * d, "dq")? };
+        let mut dk: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk")? };
+        let mut dv: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv")? };
         let rows_n = (n * hq) as i32;
         let null: u64 = 0;
         unsafe {
@@ -622,7 +634,7 @@ impl<'g> GpuLlama<'g> {
         let (ci, ni, ti) = (c as i32, n as i32, t as i32);
         let eps = cfg.rms_norm_eps as f32;
         // Embedding.
-        let mut x: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+        let mut x: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
         {
             let table = self.slot_view(self.embed_slot);
             // SAFETY (every launch in this file): argument types and order match
@@ -648,13 +660,16 @@ impl<'g> GpuLlama<'g> {
             let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
             self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
+            // q, k and v read one quantization (or copy) of h.
             let blk = &mut self.blocks[bi];
-            let (mut q, sq) = blk.lin[0].forward(gpu, &h, n)?;
-            let (mut k, sk) = blk.lin[1].forward(gpu, &h, n)?;
-            let (vv, sv) = blk.lin[2].forward(gpu, &h, n)?;
+            let mut hin = blk.lin[0].prepare(gpu, h, n)?;
+            let (mut q, sq) = blk.lin[0].forward_input(gpu, &hin)?;
+            let (mut k, sk) = blk.lin[1].forward_input(gpu, &hin)?;
+            let (vv, sv) = blk.lin[2].forward_input(gpu, &hin)?;
+            blk.lin[0].finish_input(gpu, &mut hin)?;
+            drop(hin);
             self.mark("linear fwd")?;
             lin_saved.extend([sq, sk, sv]);
-            drop(h);
             for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
                 let cnt = n * heads * d / 2;
                 let (hi, di) = (heads as i32, d as i32);
@@ -672,11 +687,27 @@ impl<'g> GpuLlama<'g> {
             }
             let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d))?;
             self.mark("attention fwd (+rope)")?;
+            // The attention output: o's input, and read again by the attention
+            // backward (shared with o's saved input when o keeps it in bf16).
             let blk = &mut self.blocks[bi];
-            let (o, so) = blk.lin[3].forward(gpu, &a, n)?;
+            let a_copy = if blk.lin[3].keeps_bf16_input() {
+                None
+            } else {
+                Some(gpu.stream.clone_dtod(&a)?)
+            };
+            let mut ain = blk.lin[3].prepare(gpu, a, n)?;
+            let (o, so) = blk.lin[3].forward_input(gpu, &ain)?;
+            blk.lin[3].finish_input(gpu, &mut ain)?;
+            let a = match a_copy {
+                Some(c) => std::rc::Rc::new(c),
+                None => ain
+                    .bf16()
+                    .ok_or_else(|| Error::Shape("attention output not kept".into()))?,
+            };
+            drop(ain);
             self.mark("linear fwd")?;
             lin_saved.push(so);
-            let mut x1: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+            let mut x1: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
             let nc = n * c;
             unsafe {
                 s.launch_builder(&self.f.add_residual)
@@ -691,12 +722,14 @@ impl<'g> GpuLlama<'g> {
             let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
             self.mark("rmsnorm")?;
             let blk = &mut self.blocks[bi];
-            let (gate, sg) = blk.lin[4].forward(gpu, &h2, n)?;
-            let (up, su) = blk.lin[5].forward(gpu, &h2, n)?;
+            let mut h2in = blk.lin[4].prepare(gpu, h2, n)?;
+            let (gate, sg) = blk.lin[4].forward_input(gpu, &h2in)?;
+            let (up, su) = blk.lin[5].forward_input(gpu, &h2in)?;
+            blk.lin[4].finish_input(gpu, &mut h2in)?;
+            drop(h2in);
             self.mark("linear fwd")?;
-            drop(h2);
             lin_saved.extend([sg, su]);
-            let mut act: CudaSlice<u16> = gpu.alloc_zeros(n * ff, "swiglu")?;
+            let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
             let nf = n * ff;
             unsafe {
                 s.launch_builder(&self.f.swiglu_fwd)
@@ -707,11 +740,14 @@ impl<'g> GpuLlama<'g> {
                     .launch(grid1(nf))?;
             }
             self.mark("elementwise")?;
-            let (dn, sd) = self.blocks[bi].lin[6].forward(gpu, &act, n)?;
+            let blk = &mut self.blocks[bi];
+            let mut actin = blk.lin[6].prepare(gpu, act, n)?;
+            let (dn, sd) = blk.lin[6].forward_input(gpu, &actin)?;
+            blk.lin[6].finish_input(gpu, &mut actin)?;
+            drop(actin);
             self.mark("linear fwd")?;
-            drop(act);
             lin_saved.push(sd);
-            let mut x2: CudaSlice<f32> = gpu.alloc_zeros(n * c, "residual")?;
+            let mut x2: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
             unsafe {
                 s.launch_builder(&self.f.add_residual)
                     .arg(&x1)
@@ -740,9 +776,9 @@ impl<'g> GpuLlama<'g> {
         }
         self.mark("elementwise")?;
         let (hf, rstd_f) = self.norm_fwd(&x, self.norm_slot, n, eps)?;
-        let mut logits: CudaSlice<f32> = gpu.alloc_zeros(n * v, "logits")?;
+        let mut logits: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * v, "logits")? };
         gpu.gemm_bf16(&hf, &self.head, &mut logits, (n, v, c))?;
-        let mut losses: CudaSlice<f32> = gpu.alloc_zeros(n, "losses")?;
+        let mut losses: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n, "losses")? };
         let mut dlogits: CudaSlice<u16> =
             gpu.alloc_zeros(if keep { n * v } else { 1 }, "d_logits")?;
         let vi = v as i32;
@@ -804,8 +840,8 @@ impl<'g> GpuLlama<'g> {
         eps: f32,
     ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
         let c = self.cfg.hidden_size;
-        let mut h: CudaSlice<u16> = self.gpu.alloc_zeros(n * c, "norm output")?;
-        let mut rstd: CudaSlice<f32> = self.gpu.alloc_zeros(n, "norm rstd")?;
+        let mut h: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n * c, "norm output")? };
+        let mut rstd: CudaSlice<f32> = unsafe { self.gpu.alloc_uninit(n, "norm rstd")? };
         let g = self.slot_view(slot);
         let ci = c as i32;
         unsafe {
@@ -903,7 +939,7 @@ impl<'g> GpuLlama<'g> {
 
     fn bf16(&self, x: &CudaSlice<f32>, what: &str) -> Result<CudaSlice<u16>> {
         let n = x.len();
-        let mut y: CudaSlice<u16> = self.gpu.alloc_zeros(n, what)?;
+        let mut y: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n, what)? };
         unsafe {
             self.gpu
                 .stream
@@ -960,13 +996,13 @@ impl<'g> GpuLlama<'g> {
         let n = b * t;
         let s = &gpu.stream;
         // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
-        let mut dh: CudaSlice<f32> = gpu.alloc_zeros(n * c, "d_hidden")?;
+        let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
         gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
-        let mut dw: CudaSlice<f32> = gpu.alloc_zeros(v * c, "d_lm_head")?;
+        let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(v * c, "d_lm_head")? };
         gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
         self.add_grad(self.head_slot, &dw)?;
         drop((dw, dlogits, hf));
-        let mut dres: CudaSlice<f32> = gpu.alloc_zeros(n * c, "d_residual")?;
+        let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
         self.norm_bwd(&xf, &rstd_f, &dh, &mut dres, self.norm_slot, false)?;
         drop((dh, xf, rstd_f));
         let (ni, ti, di) = (n as i32, t as i32, d as i32);
@@ -1009,8 +1045,8 @@ impl<'g> GpuLlama<'g> {
             self.add_grad(slots[6], &dw)?;
             drop(dres_bf);
             let nf = n * ff;
-            let mut dg: CudaSlice<u16> = gpu.alloc_zeros(nf, "d_gate")?;
-            let mut du: CudaSlice<u16> = gpu.alloc_zeros(nf, "d_up")?;
+            let mut dg: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_gate")? };
+            let mut du: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_up")? };
             unsafe {
                 s.launch_builder(&self.f.swiglu_bwd)
                     .arg(&gate)
@@ -1047,8 +1083,8 @@ impl<'g> GpuLlama<'g> {
             let (dq, dk, dvv) =
                 self.attn_backward(&q, &k, &vv, &a, &da, &lse, (b, t, hq, hkv, d))?;
             drop((q, k, vv, a, lse, da));
-            let mut dq_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hq * d, "dq bf16")?;
-            let mut dk_bf: CudaSlice<u16> = gpu.alloc_zeros(n * hkv * d, "dk bf16")?;
+            let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
+            let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
             for (src, dst, heads) in [(&dq, &mut dq_bf, hq), (&dk, &mut dk_bf, hkv)] {
                 let hi = heads as i32;
                 unsafe {
