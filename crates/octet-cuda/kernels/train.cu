@@ -749,7 +749,8 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     unsigned short* Kb[2] = {smh, smh + 2 * TS};
     unsigned short* Vb[2] = {smh + TS, smh + 3 * TS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
-    const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
+    // Causal work grows with the query tile: the longest tiles start first.
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * 64, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
@@ -957,7 +958,8 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     unsigned short* Kb[2] = {Os + 64 * P, Os + 64 * P + 2 * KS};
     unsigned short* Vb[2] = {Os + 64 * P + KS, Os + 64 * P + 3 * KS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
-    const int q0 = blockIdx.x * 64, h = blockIdx.y, b = blockIdx.z;
+    // Causal work grows with the query tile: the longest tiles start first.
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * 64, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
