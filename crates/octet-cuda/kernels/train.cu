@@ -738,9 +738,15 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
     }
 }
 
-// Forward: 4 warps x 16 queries (their Q fragments kept in registers),
-// 64-key tiles double-buffered in shared memory by cp.async (the next tile
-// loads while this one is multiplied). Grid (T / 64, Hq, B).
+// The tensor-core kernels run ATTN_WARPS warps of 16 rows each: a block owns
+// 16 * ATTN_WARPS queries (forward, dQ) or keys (dK/dV), so every K/V (or
+// Q/dO) tile staged in shared memory serves that many rows.
+#define ATTN_WARPS 8
+#define ATTN_ROWS (16 * ATTN_WARPS)
+
+// Forward: ATTN_WARPS warps x 16 queries (their Q fragments kept in
+// registers), 64-key tiles double-buffered in shared memory by cp.async (the
+// next tile loads while this one is multiplied). Grid (T / ATTN_ROWS, Hq, B).
 template <int D>
 __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
@@ -750,14 +756,15 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     unsigned short* Vb[2] = {smh + TS, smh + 3 * TS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     // Causal work grows with the query tile: the longest tiles start first.
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * 64, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    // Q passes through the second stage's K slot into registers.
-    stage_async<D>(Kb[1], qb, qw, q0, 64, T);
+    // Q passes through the second stage's K and V slots into registers.
+    static_assert(ATTN_ROWS <= 128, "Q staging uses the second stage (128 rows)");
+    stage_async<D>(Kb[1], qb, qw, q0, ATTN_ROWS, T);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
@@ -772,7 +779,7 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const float c = scale * LOG2E;
     const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
-    const int ntiles = (min(T, q0 + 64) + 63) / 64;
+    const int ntiles = (min(T, q0 + ATTN_ROWS) + 63) / 64;
     stage_async<D>(Kb[0], kb, kw, 0, 64, T);
     stage_async<D>(Vb[0], vb, kw, 0, 64, T);
     cp_commit();
@@ -853,9 +860,9 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     }
 }
 
-// dK, dV: 4 warps x 16 keys, 32-query tiles from the keys' diagonal on, over
-// the group's query heads in order, double-buffered (Q, bf16 dO, lse, delta).
-// Grid (T / 64, Hkv, B).
+// dK, dV: ATTN_WARPS warps x 16 keys, 32-query tiles from the keys' diagonal
+// on, over the group's query heads in order, double-buffered (Q, bf16 dO,
+// lse, delta). Grid (T / ATTN_ROWS, Hkv, B).
 template <int D>
 __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
@@ -863,17 +870,17 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
     constexpr int P = D + 8, QS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
     unsigned short* Ks = smh;
-    unsigned short* Vs = Ks + 64 * P;
-    unsigned short* Qb[2] = {Vs + 64 * P, Vs + 64 * P + 2 * QS};
-    unsigned short* Ob[2] = {Vs + 64 * P + QS, Vs + 64 * P + 3 * QS};
-    float* Lb = reinterpret_cast<float*>(Vs + 64 * P + 4 * QS); // [stage][32]: lse * log2(e)
+    unsigned short* Vs = Ks + ATTN_ROWS * P;
+    unsigned short* Qb[2] = {Vs + ATTN_ROWS * P, Vs + ATTN_ROWS * P + 2 * QS};
+    unsigned short* Ob[2] = {Vs + ATTN_ROWS * P + QS, Vs + ATTN_ROWS * P + 3 * QS};
+    float* Lb = reinterpret_cast<float*>(Vs + ATTN_ROWS * P + 4 * QS); // [stage][32]: lse * log2(e)
     float* Db = Lb + 64;                                         // [stage][32]: delta
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
-    const int k0 = blockIdx.x * 64, kvh = blockIdx.y, b = blockIdx.z;
+    const int k0 = blockIdx.x * ATTN_ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_async<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
-    stage_async<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, 64, T);
+    stage_async<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, ATTN_ROWS, T);
+    stage_async<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, ATTN_ROWS, T);
     const int nq = (T - k0 + 31) / 32, total = group * nq;
     // Issue the loads of work item j (query head, query tile) into stage st.
     auto issue = [&](int j, int st) {
@@ -945,8 +952,8 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
     }
 }
 
-// dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal, double-buffered.
-// Grid (T / 64, Hq, B).
+// dQ: ATTN_WARPS warps x 16 queries, 32-key tiles up to the diagonal,
+// double-buffered. Grid (T / ATTN_ROWS, Hq, B).
 template <int D>
 __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
@@ -954,18 +961,18 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     constexpr int P = D + 8, KS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
     unsigned short* Qs = smh;
-    unsigned short* Os = Qs + 64 * P;
-    unsigned short* Kb[2] = {Os + 64 * P, Os + 64 * P + 2 * KS};
-    unsigned short* Vb[2] = {Os + 64 * P + KS, Os + 64 * P + 3 * KS};
+    unsigned short* Os = Qs + ATTN_ROWS * P;
+    unsigned short* Kb[2] = {Os + ATTN_ROWS * P, Os + ATTN_ROWS * P + 2 * KS};
+    unsigned short* Vb[2] = {Os + ATTN_ROWS * P + KS, Os + ATTN_ROWS * P + 3 * KS};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     // Causal work grows with the query tile: the longest tiles start first.
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * 64, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
-    stage_async<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 64, T);
+    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, ATTN_ROWS, T);
+    stage_async<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, ATTN_ROWS, T);
     stage_async<D>(Kb[0], kb, kw, 0, 32, T);
     stage_async<D>(Vb[0], vb, kw, 0, 32, T);
     cp_commit();
@@ -981,7 +988,7 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
 #pragma unroll
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const float c = scale * LOG2E;
-    const int ntiles = (min(T, q0 + 64) + 31) / 32;
+    const int ntiles = (min(T, q0 + ATTN_ROWS) + 31) / 32;
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 32;
         if (it + 1 < ntiles) {
@@ -1026,17 +1033,17 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
 }
 
 #define ATTN_TC(D)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(128) attn_fwd_tc##D(                                             \
+    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_fwd_tc##D(                                             \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
         attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) attn_dkdv_tc##D(                                            \
+    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_dkdv_tc##D(                                            \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
         attn_dkdv_tc<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(128) attn_dq_tc##D(                                              \
+    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_dq_tc##D(                                              \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
         attn_dq_tc<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \

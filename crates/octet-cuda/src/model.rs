@@ -60,6 +60,8 @@ struct Attn {
     dkdv: CudaFunction,
     dq: CudaFunction,
     threads: u32,
+    /// Rows (queries or keys) per block.
+    rows: usize,
     /// Dynamic shared bytes of `(fwd, dkdv, dq)`.
     smem: (usize, usize, usize),
     tensor_cores: bool,
@@ -292,16 +294,17 @@ impl<'g> GpuLlama<'g> {
             adamw: l("adamw")?,
             attn_delta: l("attn_delta")?,
             attn: if matches!(d, 16 | 32 | 64 | 128) {
-                // bf16 tiles of pitch D + 8, 256 rows in each kernel: two stages of
-                // K, V (64 rows) forward; K, V (64) + two stages of Q, dO (32) and of
-                // lse, delta (32 f32 each) for dK/dV; Q, dO (64) + two stages of K, V (32) for dQ.
+                // 8 warps of 16 rows; bf16 tiles of pitch D + 8: two stages of K, V
+                // (64 rows) forward; K, V (128) + two stages of Q, dO (32) and of
+                // lse, delta (32 f32 each) for dK/dV; Q, dO (128) + two stages of K, V (32) for dQ.
                 let p = 2 * (d + 8);
                 Attn {
                     fwd: l(&format!("attn_fwd_tc{d}"))?,
                     dkdv: l(&format!("attn_dkdv_tc{d}"))?,
                     dq: l(&format!("attn_dq_tc{d}"))?,
-                    threads: 128,
-                    smem: (256 * p, 256 * p + 512, 256 * p),
+                    threads: 256,
+                    rows: 128,
+                    smem: (256 * p, 384 * p + 512, 384 * p),
                     tensor_cores: true,
                 }
             } else {
@@ -310,6 +313,7 @@ impl<'g> GpuLlama<'g> {
                     dkdv: l("attn_bwd_dkdv")?,
                     dq: l("attn_bwd_dq")?,
                     threads: 256,
+                    rows: TILE,
                     smem: attn_smem(d),
                     tensor_cores: false,
                 }
@@ -428,10 +432,10 @@ impl<'g> GpuLlama<'g> {
         })
     }
 
-    /// Launch shape of an attention kernel: one block per 64 rows of a head.
+    /// Launch shape of an attention kernel: one block per tile of rows of a head.
     fn attn_cfg(&self, t: usize, heads: usize, b: usize, smem: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (t.div_ceil(TILE) as u32, heads as u32, b as u32),
+            grid_dim: (t.div_ceil(self.f.attn.rows) as u32, heads as u32, b as u32),
             block_dim: (self.f.attn.threads, 1, 1),
             shared_mem_bytes: smem as u32,
         }
