@@ -738,16 +738,17 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
     }
 }
 
-// The tensor-core kernels run ATTN_WARPS warps of 16 rows each: a block owns
-// 16 * ATTN_WARPS queries (forward, dQ) or keys (dK/dV), so every K/V (or
-// Q/dO) tile staged in shared memory serves that many rows.
-#define ATTN_WARPS 8
-#define ATTN_ROWS (16 * ATTN_WARPS)
+// The tensor-core kernels run W warps of 16 rows each: a block owns 16 W
+// queries (forward, dQ) or keys (dK/dV), so every K/V (or Q/dO) tile staged
+// in shared memory serves that many rows. QREG: the forward keeps its Q
+// fragments in registers (else it reads them from shared memory each tile,
+// trading shared-memory traffic for registers, hence occupancy).
+#define ATTN_ROWS (16 * W)
 
 // Forward: ATTN_WARPS warps x 16 queries (their Q fragments kept in
 // registers), 64-key tiles double-buffered in shared memory by cp.async (the
 // next tile loads while this one is multiplied). Grid (T / ATTN_ROWS, Hq, B).
-template <int D>
+template <int D, int W, bool QREG>
 __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
     constexpr int P = D + 8, TS = 64 * P;
@@ -762,17 +763,21 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    // Q passes through the second stage's K and V slots into registers.
-    static_assert(ATTN_ROWS <= 128, "Q staging uses the second stage (128 rows)");
-    stage_async<D>(Kb[1], qb, qw, q0, ATTN_ROWS, T);
+    // QREG: Q passes through the second stage's K and V slots into registers;
+    // else it stays in its own slot after the two stages.
+    static_assert(!QREG || ATTN_ROWS <= 128, "Q staging uses the second stage (128 rows)");
+    unsigned short* Qs = QREG ? Kb[1] : smh + 4 * TS;
+    stage_async<D>(Qs, qb, qw, q0, ATTN_ROWS, T);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
-    unsigned qf[D / 16][4];
+    unsigned qf[QREG ? D / 16 : 1][4];
+    if (QREG) {
 #pragma unroll
-    for (int kc = 0; kc < D / 16; kc++)
-        ldsm4(qf[kc], Kb[1] + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
-    __syncthreads();
+        for (int kc = 0; kc < (QREG ? D / 16 : 0); kc++)
+            ldsm4(qf[kc], Qs + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
+        __syncthreads();
+    }
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -798,15 +803,19 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
         float s[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+        if (QREG) {
 #pragma unroll
-        for (int kc = 0; kc < D / 16; kc++)
+            for (int kc = 0; kc < (QREG ? D / 16 : 0); kc++)
 #pragma unroll
-            for (int np = 0; np < 4; np++) {
-                unsigned bb[4];
-                ldsm4(bb, Ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
-                mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
-                mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
-            }
+                for (int np = 0; np < 4; np++) {
+                    unsigned bb[4];
+                    ldsm4(bb, Ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
+                    mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
+                    mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+                }
+        } else {
+            mma_abt<D, 8>(s, Qs, warp * 16, Ks, 0);
+        }
         // Only a tile reaching past this warp's first row, or past T, needs the mask.
         const bool edge = k0 + 64 > q0 + warp * 16 || k0 + 64 > T;
         float mx[2] = {NEG_INF, NEG_INF};
@@ -863,7 +872,7 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
 // dK, dV: ATTN_WARPS warps x 16 keys, 32-query tiles from the keys' diagonal
 // on, over the group's query heads in order, double-buffered (Q, bf16 dO,
 // lse, delta). Grid (T / ATTN_ROWS, Hkv, B).
-template <int D>
+template <int D, int W>
 __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
                              float* dv, int T, int Hq, int Hkv, float scale) {
@@ -954,7 +963,7 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
 
 // dQ: ATTN_WARPS warps x 16 queries, 32-key tiles up to the diagonal,
 // double-buffered. Grid (T / ATTN_ROWS, Hq, B).
-template <int D>
+template <int D, int W>
 __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
                            int Hq, int Hkv, float scale) {
@@ -1032,24 +1041,36 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     }
 }
 
-#define ATTN_TC(D)                                                                                                 \
-    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_fwd_tc##D(                                             \
+#define ATTN_FWD(D, W, QREG, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(32 * W) attn_fwd_tc##D##_##NAME(                               \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
-        attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_dkdv_tc##D(                                            \
+        attn_fwd_tc<D, W, QREG>(q, k, v, out, lse, T, Hq, Hkv, scale);                                           \
+    }
+#define ATTN_BWD(D, W)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(32 * W) attn_dkdv_tc##D##_##W(                                 \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
-        attn_dkdv_tc<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
+        attn_dkdv_tc<D, W>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * ATTN_WARPS) attn_dq_tc##D(                                              \
+    extern "C" __global__ void __launch_bounds__(32 * W) attn_dq_tc##D##_##W(                                   \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
-        attn_dq_tc<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
+        attn_dq_tc<D, W>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                      \
     }
 
-ATTN_TC(16)
-ATTN_TC(32)
-ATTN_TC(64)
-ATTN_TC(128)
+// Variants by warps per block (4 or 8) and where the forward keeps Q
+// (registers `q`, shared memory `s`); `OCTET_ATTN` picks one at run time
+// (see model.rs), so that one run can measure them side by side.
+#define ATTN_ALL(D)         \
+    ATTN_FWD(D, 4, true, 4q)  \
+    ATTN_FWD(D, 8, true, 8q)  \
+    ATTN_FWD(D, 4, false, 4s) \
+    ATTN_FWD(D, 8, false, 8s) \
+    ATTN_BWD(D, 4)          \
+    ATTN_BWD(D, 8)
+
+ATTN_ALL(16)
+ATTN_ALL(32)
+ATTN_ALL(64)
+ATTN_ALL(128)

@@ -52,19 +52,42 @@ struct Fns {
     attn: Attn,
 }
 
-/// The attention kernels chosen for the head dim: tensor-core kernels
-/// (`*_tc{D}`, 128 threads) for D in {16, 32, 64, 128}, the SIMT kernels
-/// (256 threads, f32 products) otherwise.
-struct Attn {
-    fwd: CudaFunction,
-    dkdv: CudaFunction,
-    dq: CudaFunction,
+/// One attention kernel with its launch shape.
+struct AttnKernel {
+    f: CudaFunction,
     threads: u32,
     /// Rows (queries or keys) per block.
     rows: usize,
-    /// Dynamic shared bytes of `(fwd, dkdv, dq)`.
-    smem: (usize, usize, usize),
+    /// Dynamic shared bytes.
+    smem: usize,
+}
+
+/// The attention kernels chosen for the head dim: tensor-core kernels
+/// (`*_tc{D}_*`) for D in {16, 32, 64, 128}, the SIMT kernels (f32 products)
+/// otherwise.
+struct Attn {
+    fwd: AttnKernel,
+    dkdv: AttnKernel,
+    dq: AttnKernel,
     tensor_cores: bool,
+}
+
+/// Which tensor-core attention variant runs: `OCTET_ATTN=<fwd>,<bwd>` with
+/// `<fwd>` one of `4q 8q 4s 8s` (warps per block; Q fragments in registers or
+/// shared memory) and `<bwd>` `4` or `8` (warps per block). For measuring.
+fn attn_variant() -> (String, usize) {
+    let default = ("4q".to_string(), 4);
+    let Some(v) = std::env::var_os("OCTET_ATTN") else {
+        return default;
+    };
+    let v = v.to_string_lossy().to_string();
+    let mut it = v.split(',');
+    let fwd = it.next().unwrap_or("4q").trim().to_string();
+    let bwd = it.next().and_then(|b| b.trim().parse().ok()).unwrap_or(4);
+    if !["4q", "8q", "4s", "8s"].contains(&fwd.as_str()) || ![4, 8].contains(&bwd) {
+        return default;
+    }
+    (fwd, bwd)
 }
 
 /// One parameter's place in the flat buffers.
@@ -294,35 +317,53 @@ impl<'g> GpuLlama<'g> {
             adamw: l("adamw")?,
             attn_delta: l("attn_delta")?,
             attn: if matches!(d, 16 | 32 | 64 | 128) {
-                // 8 warps of 16 rows; bf16 tiles of pitch D + 8: two stages of K, V
-                // (64 rows) forward; K, V (128) + two stages of Q, dO (32) and of
-                // lse, delta (32 f32 each) for dK/dV; Q, dO (128) + two stages of K, V (32) for dQ.
+                // bf16 tiles of pitch D + 8 (p bytes a row). Forward: two stages of
+                // K, V (64 rows each), plus Q (16 W rows) when it stays in shared
+                // memory. dK/dV: K, V (16 W rows each) + two stages of Q, dO (32) and
+                // of lse, delta (32 f32 each). dQ: Q, dO (16 W) + two stages of K, V (32).
                 let p = 2 * (d + 8);
+                let (fv, bw) = attn_variant();
+                let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
+                let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
+                let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
+                    Ok(AttnKernel {
+                        f: l(&name)?,
+                        threads: 32 * w as u32,
+                        rows: 16 * w,
+                        smem,
+                    })
+                };
                 Attn {
-                    fwd: l(&format!("attn_fwd_tc{d}"))?,
-                    dkdv: l(&format!("attn_dkdv_tc{d}"))?,
-                    dq: l(&format!("attn_dq_tc{d}"))?,
-                    threads: 256,
-                    rows: 128,
-                    smem: (256 * p, 384 * p + 512, 384 * p),
+                    fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
+                    dkdv: k(
+                        format!("attn_dkdv_tc{d}_{bw}"),
+                        bw,
+                        (32 * bw + 128) * p + 512,
+                    )?,
+                    dq: k(format!("attn_dq_tc{d}_{bw}"), bw, (32 * bw + 128) * p)?,
                     tensor_cores: true,
                 }
             } else {
+                let (s0, s1, s2) = attn_smem(d);
+                let k = |name: &str, smem: usize| -> Result<AttnKernel> {
+                    Ok(AttnKernel {
+                        f: l(name)?,
+                        threads: 256,
+                        rows: TILE,
+                        smem,
+                    })
+                };
                 Attn {
-                    fwd: l("attn_fwd")?,
-                    dkdv: l("attn_bwd_dkdv")?,
-                    dq: l("attn_bwd_dq")?,
-                    threads: 256,
-                    rows: TILE,
-                    smem: attn_smem(d),
+                    fwd: k("attn_fwd", s0)?,
+                    dkdv: k("attn_bwd_dkdv", s1)?,
+                    dq: k("attn_bwd_dq", s2)?,
                     tensor_cores: false,
                 }
             },
         };
         use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
-        let a = &f.attn;
-        for (func, bytes) in [(&a.fwd, a.smem.0), (&a.dkdv, a.smem.1), (&a.dq, a.smem.2)] {
-            func.set_attribute(MAXSMEM, bytes as i32)?;
+        for a in [&f.attn.fwd, &f.attn.dkdv, &f.attn.dq] {
+            a.f.set_attribute(MAXSMEM, a.smem as i32)?;
         }
         // Flat parameter buffers in checkpoint order.
         let mut slots = Vec::new();
@@ -433,11 +474,11 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Launch shape of an attention kernel: one block per tile of rows of a head.
-    fn attn_cfg(&self, t: usize, heads: usize, b: usize, smem: usize) -> LaunchConfig {
+    fn attn_cfg(k: &AttnKernel, t: usize, heads: usize, b: usize) -> LaunchConfig {
         LaunchConfig {
-            grid_dim: (t.div_ceil(self.f.attn.rows) as u32, heads as u32, b as u32),
-            block_dim: (self.f.attn.threads, 1, 1),
-            shared_mem_bytes: smem as u32,
+            grid_dim: (t.div_ceil(k.rows) as u32, heads as u32, b as u32),
+            block_dim: (k.threads, 1, 1),
+            shared_mem_bytes: k.smem as u32,
         }
     }
 
@@ -473,7 +514,7 @@ impl<'g> GpuLlama<'g> {
         let scale = 1.0 / (d as f32).sqrt();
         unsafe {
             gpu.stream
-                .launch_builder(&self.f.attn.fwd)
+                .launch_builder(&self.f.attn.fwd.f)
                 .arg(q)
                 .arg(k)
                 .arg(v)
@@ -484,7 +525,7 @@ impl<'g> GpuLlama<'g> {
                 .arg(&hkvi)
                 .arg(&di)
                 .arg(&scale)
-                .launch(self.attn_cfg(t, hq, b, self.f.attn.smem.0))?;
+                .launch(Self::attn_cfg(&self.f.attn.fwd, t, hq, b))?;
         }
         Ok((out, lse))
     }
@@ -535,11 +576,10 @@ impl<'g> GpuLlama<'g> {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 })?;
-            for (func, heads, smem, is_dq) in [
-                (&self.f.attn.dkdv, hkv, self.f.attn.smem.1, false),
-                (&self.f.attn.dq, hq, self.f.attn.smem.2, true),
-            ] {
-                let mut lb = s.launch_builder(func);
+            for (kern, heads, is_dq) in
+                [(&self.f.attn.dkdv, hkv, false), (&self.f.attn.dq, hq, true)]
+            {
+                let mut lb = s.launch_builder(&kern.f);
                 lb.arg(q).arg(k).arg(v);
                 match dob.as_ref() {
                     Some(x) => lb.arg(x),
@@ -556,7 +596,7 @@ impl<'g> GpuLlama<'g> {
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(&scale)
-                    .launch(self.attn_cfg(t, heads, b, smem))?;
+                    .launch(Self::attn_cfg(kern, t, heads, b))?;
             }
         }
         Ok((dq, dk, dv))
