@@ -62,6 +62,9 @@ pub struct TrainArgs {
     /// Evaluate every N steps.
     #[arg(long)]
     eval_every: Option<u64>,
+    /// Validation batches per evaluation (0: no evaluation).
+    #[arg(long)]
+    eval_batches: Option<usize>,
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long)]
     ckpt_every: Option<u64>,
@@ -123,6 +126,7 @@ impl TrainArgs {
             warmup,
             seed,
             eval_every,
+            eval_batches,
             ckpt_every,
             sample_tokens
         );

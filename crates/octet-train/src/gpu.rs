@@ -223,7 +223,9 @@ pub fn train_gpu(
             device_bytes: Some(peak_dev),
         };
         let last = model.step == cfg.steps;
-        if (cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last {
+        if cfg.eval_batches > 0
+            && ((cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last)
+        {
             last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches)?;
             m.val_loss = Some(last_val);
             val_curve.push((model.step as f64, last_val));

@@ -469,7 +469,8 @@ pub fn train(
             device_bytes: None,
         };
         let last = opt.step == cfg.steps;
-        if (cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last {
+        if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
+        {
             last_val = evaluate(&mut model, &data, cfg, cfg.eval_batches)?;
             m.val_loss = Some(last_val);
             val_curve.push((opt.step as f64, last_val));
