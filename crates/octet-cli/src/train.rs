@@ -194,6 +194,7 @@ pub fn summary_table(runs: &[RunSummary]) {
         "val vs bf16",
         "tokens/s",
         "peak saved MiB",
+        "peak device GiB",
     ]);
     for r in runs {
         t.row(vec![
@@ -205,6 +206,11 @@ pub fn summary_table(runs: &[RunSummary]) {
             }),
             format!("{:.0}", r.tokens_per_s),
             format!("{:.2}", r.peak_saved_bytes as f64 / (1 << 20) as f64),
+            if r.peak_device_bytes > 0 {
+                format!("{:.2}", r.peak_device_bytes as f64 / (1u64 << 30) as f64)
+            } else {
+                "-".into()
+            },
         ]);
     }
     t.print();
@@ -287,6 +293,10 @@ pub struct CompareArgs {
 
 pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     let base = a.train.config()?;
+    let gpu = crate::gpu::open(&a.train.device)?;
+    if let Some(g) = &gpu {
+        println!("octet compare on {}", g.info()?);
+    }
     let mut runs = Vec::new();
     let mut series = Vec::new();
     for recipe in a.recipes.split(',').map(str::trim) {
@@ -296,8 +306,20 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
         cfg.sample_tokens = 0;
         cfg.validate()?;
         let mut obs = bar(recipe);
-        let s = train(&cfg, None, &mut obs)?;
+        let result = match &gpu {
+            Some(g) => octet_train::gpu::train_gpu(&cfg, None, &mut obs, g),
+            None => train(&cfg, None, &mut obs),
+        };
         obs.bar.finish();
+        // One recipe that cannot run here (a shape its GPU kernels refuse, say)
+        // is reported and the others still run.
+        let s = match result {
+            Ok(s) => s,
+            Err(e) => {
+                println!("{recipe}: {e}");
+                continue;
+            }
+        };
         series.push(Series {
             name: recipe.to_string(),
             points: s
@@ -322,7 +344,7 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     let json = base.out_dir.join(format!("{}-compare.json", base.name));
     let rows: Vec<_> = runs
         .iter()
-        .map(|r| serde_json::json!({"recipe": r.recipe, "final_loss": r.final_loss, "final_val_loss": r.final_val_loss, "tokens_per_s": r.tokens_per_s, "peak_saved_bytes": r.peak_saved_bytes}))
+        .map(|r| serde_json::json!({"recipe": r.recipe, "final_loss": r.final_loss, "final_val_loss": r.final_val_loss, "tokens_per_s": r.tokens_per_s, "peak_saved_bytes": r.peak_saved_bytes, "peak_device_bytes": r.peak_device_bytes}))
         .collect();
     crate::util::write_json(&json, "octet compare", &serde_json::json!(rows))?;
     println!("wrote {}", path.display());
