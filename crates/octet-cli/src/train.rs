@@ -220,6 +220,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let cfg = a.config()?;
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
     if a.nproc > 1 {
+        anyhow::ensure!(
+            a.device != "cuda",
+            "--nproc {} with --device cuda: sharded data parallel runs on CPU threads only so far (NCCL is not built yet); use --device cpu",
+            a.nproc
+        );
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;
