@@ -1556,6 +1556,33 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         worst
     };
     let grad_scale = 1.0 / (b * t) as f32;
+    // A NaN planted in block 1's down projection: the loss is NaN, and the
+    // checked forward names block 1's MLP.
+    {
+        let mut wn = w.clone();
+        let name = "model.layers.1.mlp.down_proj.weight";
+        if let Some(t) = wn.get_mut(name) {
+            let mut v = t.to_f32_vec();
+            v[7] = f32::NAN;
+            *t = Tensor::from_f32(t.shape(), v).map_err(|e| Error::Shape(e.to_string()))?;
+        }
+        let mut model = GpuLlama::new(gpu, &cfg, &wn, None)?;
+        let plain = model.forward(&toks, &tgts, (b, t), grad_scale, false);
+        model.check_layers = true;
+        let located = model.forward(&toks, &tgts, (b, t), grad_scale, false);
+        let ok = matches!(plain, Err(Error::NonFinite))
+            && matches!(&located, Err(Error::NonFiniteIn(at)) if at.starts_with("model.layers.1: its MLP"));
+        out.push(CaseResult {
+            name:
+                "Llama with a NaN in layers.1 down_proj: non-finite loss, located in block 1's MLP"
+                    .into(),
+            pass: ok,
+            worst: match located {
+                Err(e) => e.to_string(),
+                Ok((l, _)) => format!("loss {l}"),
+            },
+        });
+    }
     for recipe_name in ["bf16", "tensorwise", "rowwise", "blockwise", "delayed"] {
         let recipe = match recipe_name {
             "bf16" => None,

@@ -81,6 +81,9 @@ pub enum Error {
     /// NaN/inf in a tensor that needs a finite amax.
     #[error("non-finite values in the input: FP8 scales need finite data (look for the NaN/inf upstream)")]
     NonFinite,
+    /// NaN/inf located in a model: the first place they appear.
+    #[error("non-finite values first appear in {0}")]
+    NonFiniteIn(String),
     /// An error of the CPU reference.
     #[error(transparent)]
     Reference(#[from] octet_tensor::Error),

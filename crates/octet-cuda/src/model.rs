@@ -182,6 +182,10 @@ pub struct GpuLlama<'g> {
     sin: CudaSlice<f32>,
     /// Optimizer steps taken.
     pub step: u64,
+    /// Check every block's output for NaN/inf in the forward (one reduction
+    /// and a host read per block): set by the trainer to locate a non-finite
+    /// loss, which then fails with [`Error::NonFiniteIn`] naming the block.
+    pub check_layers: bool,
     prof: Prof,
 }
 
@@ -465,6 +469,7 @@ impl<'g> GpuLlama<'g> {
             cos: gpu.upload(&cos)?,
             sin: gpu.upload(&sin)?,
             step: 0,
+            check_layers: false,
             prof: Prof {
                 on: std::env::var_os("OCTET_PROFILE").is_some(),
                 last: std::time::Instant::now(),
@@ -697,6 +702,9 @@ impl<'g> GpuLlama<'g> {
                     })?;
             }
         }
+        if self.check_layers && !self.all_finite(&x)? {
+            return Err(Error::NonFiniteIn("model.embed_tokens".into()));
+        }
         let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
         for bi in 0..self.blocks.len() {
             let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
@@ -800,6 +808,14 @@ impl<'g> GpuLlama<'g> {
                     .arg(&nc)
                     .launch(grid1(nc))?;
             }
+            if self.check_layers && !self.all_finite(&x2)? {
+                let what = if self.all_finite(&x1)? {
+                    "its MLP (post_attention_layernorm, gate/up/down)"
+                } else {
+                    "its attention (input_layernorm, q/k/v, attention, o)"
+                };
+                return Err(Error::NonFiniteIn(format!("model.layers.{bi}: {what}")));
+            }
             let prev = std::mem::replace(&mut x, x2);
             if keep {
                 saved_blocks.push(BlockSaved {
@@ -841,7 +857,11 @@ impl<'g> GpuLlama<'g> {
         let host = gpu.download(&losses)?;
         let loss = host.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
         if !loss.is_finite() {
-            return Err(Error::NonFinite);
+            return Err(if self.check_layers {
+                Error::NonFiniteIn("the final norm, LM head or loss".into())
+            } else {
+                Error::NonFinite
+            });
         }
         if !keep {
             return Ok((loss, None));
@@ -1184,13 +1204,23 @@ impl<'g> GpuLlama<'g> {
 
     /// The global L2 norm of the gradients (f64 partial sums, added in a fixed order).
     pub fn grad_norm(&self) -> Result<f64> {
+        self.sum_squares(&self.grad).map(f64::sqrt)
+    }
+
+    /// Whether every element is finite: the f64 sum of squares of finite f32
+    /// values cannot overflow, so it is finite exactly when they all are.
+    fn all_finite(&self, x: &CudaSlice<f32>) -> Result<bool> {
+        Ok(self.sum_squares(x)?.is_finite())
+    }
+
+    fn sum_squares(&self, x: &CudaSlice<f32>) -> Result<f64> {
         let mut partial: CudaSlice<f64> = self.gpu.alloc_zeros(NORM_BLOCKS, "norm partials")?;
-        let n = self.grad.len();
+        let n = x.len();
         unsafe {
             self.gpu
                 .stream
                 .launch_builder(&self.f.sumsq)
-                .arg(&self.grad)
+                .arg(x)
                 .arg(&n)
                 .arg(&mut partial)
                 .launch(LaunchConfig {
@@ -1199,7 +1229,7 @@ impl<'g> GpuLlama<'g> {
                     shared_mem_bytes: 0,
                 })?;
         }
-        Ok(self.gpu.download(&partial)?.iter().sum::<f64>().sqrt())
+        Ok(self.gpu.download(&partial)?.iter().sum::<f64>())
     }
 
     /// One AdamW step on the device from the accumulated gradients: clips by

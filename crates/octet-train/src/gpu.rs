@@ -174,9 +174,23 @@ pub fn train_gpu(
                 cfg.seed,
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
-            let (loss, saved) = model
-                .forward(&x, &y, (cfg.batch, cfg.seq), grad_scale, true)
-                .map_err(gpu_err(step + 1))?;
+            let (loss, saved) = match model.forward(&x, &y, (cfg.batch, cfg.seq), grad_scale, true)
+            {
+                Err(octet_cuda::Error::NonFinite) => {
+                    // Run the batch again checking every block's output, to name
+                    // where the NaN/inf first appears.
+                    model.check_layers = true;
+                    let at = match model.forward(&x, &y, (cfg.batch, cfg.seq), 0.0, false) {
+                        Err(octet_cuda::Error::NonFiniteIn(at)) => at,
+                        _ => "a place the block checks did not find".into(),
+                    };
+                    return Err(Error::NonFinite(format!(
+                        "step {}: the loss is not finite; NaN/inf first appear in {at}; the last good checkpoint is kept",
+                        step + 1
+                    )));
+                }
+                r => r.map_err(gpu_err(step + 1))?,
+            };
             let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
             peak_saved = peak_saved.max(saved.bytes());
             peak_dev = peak_dev.max(gpu.mem_used()?);
