@@ -228,9 +228,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;
-    if let Some(gpu) = crate::gpu::open(&a.device)? {
+    let header = |device: String| {
         println!(
-            "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device {}",
+            "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device {device}",
             cfg.model,
             mcfg.num_params(),
             mcfg.hidden_size,
@@ -242,8 +242,10 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             cfg.batch,
             cfg.seq,
             cfg.steps,
-            gpu.info()?
-        );
+        )
+    };
+    if let Some(gpu) = crate::gpu::open(&a.device)? {
+        header(gpu.info()?);
         let mut obs = bar("train");
         let s = octet_train::gpu::train_gpu(&cfg, a.resume.as_deref(), &mut obs, &gpu)?;
         obs.bar.finish();
@@ -256,21 +258,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
-    println!(
-        "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device cpu ({} threads)",
-        cfg.model,
-        mcfg.num_params(),
-        mcfg.hidden_size,
-        mcfg.num_hidden_layers,
-        mcfg.num_attention_heads,
-        mcfg.num_key_value_heads,
-        cfg.recipe,
-        cfg.backward,
-        cfg.batch,
-        cfg.seq,
-        cfg.steps,
-        rayon::current_num_threads()
-    );
+    header(format!("cpu ({} threads)", rayon::current_num_threads()));
     let mut obs = bar("train");
     let s = train(&cfg, a.resume.as_deref(), &mut obs)?;
     obs.bar.finish();

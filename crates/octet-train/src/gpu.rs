@@ -13,8 +13,7 @@ use crate::checkpoint;
 use crate::data::{ByteTokenizer, Dataset, Split};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{lr_at, AdamW, ParamState};
-use crate::plot::{line_plot, Series};
-use crate::trainer::{pick_token, Observer, RunSummary, TrainConfig};
+use crate::trainer::{pick_token, plot_losses, Observer, RunSummary, TrainConfig};
 use crate::{Error, Result};
 use octet_cuda::decode::{GpuDecoder, GpuWeights};
 use octet_cuda::model::{AdamParams, GpuLlama};
@@ -252,25 +251,13 @@ pub fn train_gpu(
             obs.note(&format!("checkpoint {}", p.display()));
         }
     }
-    let series = [
-        Series {
-            name: format!("train ({recipe_name}, GPU)"),
-            points: curve,
-        },
-        Series {
-            name: "validation".into(),
-            points: val_curve,
-        },
-    ];
-    if let Err(e) = line_plot(
-        &dir.join("loss.png"),
-        "octet training loss",
-        "step",
-        "cross-entropy (nats/byte)",
-        &series,
-    ) {
-        obs.note(&format!("no plot: {e}"));
-    }
+    plot_losses(
+        &dir,
+        &format!("train ({recipe_name}, GPU)"),
+        curve,
+        val_curve,
+        obs,
+    );
     let prof = model.profile();
     if !prof.is_empty() {
         let total: f64 = prof.iter().map(|(_, t)| t).sum();

@@ -296,6 +296,36 @@ pub fn sample(
     Ok(toks[prompt.len()..].to_vec())
 }
 
+/// Write `dir/loss.png` with the training and validation curves; a plot that
+/// cannot be drawn is a note, not a failed run.
+pub fn plot_losses(
+    dir: &Path,
+    train_name: &str,
+    curve: Vec<(f64, f64)>,
+    val_curve: Vec<(f64, f64)>,
+    obs: &mut dyn Observer,
+) {
+    let series = [
+        Series {
+            name: train_name.to_string(),
+            points: curve,
+        },
+        Series {
+            name: "validation".into(),
+            points: val_curve,
+        },
+    ];
+    if let Err(e) = line_plot(
+        &dir.join("loss.png"),
+        "octet training loss",
+        "step",
+        "cross-entropy (nats/byte)",
+        &series,
+    ) {
+        obs.note(&format!("no plot: {e}"));
+    }
+}
+
 /// Draw a token from `logits` with `temperature` among the `top_k` most likely.
 pub fn pick_token(logits: &[f32], temperature: f32, top_k: usize, rng: &mut impl Rng) -> u32 {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
@@ -502,25 +532,13 @@ pub fn train(
             obs.note(&format!("checkpoint {}", p.display()));
         }
     }
-    let series = [
-        Series {
-            name: format!("train ({recipe_name})"),
-            points: curve,
-        },
-        Series {
-            name: "validation".into(),
-            points: val_curve,
-        },
-    ];
-    if let Err(e) = line_plot(
-        &dir.join("loss.png"),
-        "octet training loss",
-        "step",
-        "cross-entropy (nats/byte)",
-        &series,
-    ) {
-        obs.note(&format!("no plot: {e}"));
-    }
+    plot_losses(
+        &dir,
+        &format!("train ({recipe_name})"),
+        curve,
+        val_curve,
+        obs,
+    );
     let sample_text = if cfg.sample_tokens > 0 {
         let prompt = ByteTokenizer.encode("ROMEO:\n");
         let toks = sample(&mut model, &prompt, cfg.sample_tokens, 0.8, 40, cfg.seed)?;
