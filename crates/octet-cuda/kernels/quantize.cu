@@ -194,3 +194,47 @@ CAST_KERNEL(cast_transpose_bf16_e4m3, unsigned short, FMT_E4M3, 448.f)
 CAST_KERNEL(cast_transpose_bf16_e5m2, unsigned short, FMT_E5M2, 57344.f)
 CAST_KERNEL(cast_transpose_f32_e4m3, float, FMT_E4M3, 448.f)
 CAST_KERNEL(cast_transpose_f32_e5m2, float, FMT_E5M2, 57344.f)
+
+// Numerics telemetry of one per-tensor FP8 quantization of bf16 `x`, as
+// octet_fp8's quantizer counts it: out[0] = amax bits (atomicMax), out[1] =
+// values a plain (non-saturating) cast would overflow, |x * scale| > sat_at
+// (or >= with sat_inclusive: where the tie rounds away from max), out[2] =
+// non-zero values flushed to zero, |x * scale| <= flush_at (half the smallest
+// subnormal; the tie rounds to even, i.e. to zero). The scale is `*scale_ptr`
+// (delayed scaling), else derived from `*amax_bits` exactly as the cast
+// kernels derive it (current scaling); with neither only out[0] is written.
+extern "C" __global__ void __launch_bounds__(256) fp8_telemetry(const unsigned short* __restrict__ x,
+                                                                unsigned long long n, const float* scale_ptr,
+                                                                const unsigned int* amax_bits, float fmax,
+                                                                float sat_at, int sat_inclusive, float flush_at,
+                                                                unsigned int* out) {
+    const bool have = scale_ptr != 0 || amax_bits != 0;
+    const float scale =
+        scale_ptr ? *scale_ptr : (amax_bits ? scale_from_amax(__uint_as_float(*amax_bits), fmax, 0) : 0.f);
+    unsigned int amax = 0, sat = 0, under = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const float v = In<unsigned short>::load1(x + i);
+        const unsigned int bits = __float_as_uint(v) & 0x7fffffffu;
+        amax = bits > amax ? bits : amax;
+        if (have) {
+            const float s = fabsf(__fmul_rn(v, scale));
+            sat += sat_inclusive ? (s >= sat_at) : (s > sat_at);
+            under += (v != 0.f && s <= flush_at);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned int a = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = a > amax ? a : amax;
+        sat += __shfl_xor_sync(0xffffffffu, sat, o);
+        under += __shfl_xor_sync(0xffffffffu, under, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, amax);
+        if (have) {
+            atomicAdd(out + 1, sat);
+            atomicAdd(out + 2, under);
+        }
+    }
+}

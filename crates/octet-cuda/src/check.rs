@@ -178,6 +178,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     linear_cases(gpu, &mut out)?;
     mx_cases(gpu, &mut out)?;
     nvfp4_cases(gpu, &mut out)?;
+    telemetry_cases(gpu, &mut out)?;
     if let Err(e) = model_cases(gpu, &mut out) {
         out.push(CaseResult {
             name: "training model cases".into(),
@@ -1667,6 +1668,80 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 worst: format!("masters {worst:.2e}, grad norm {en:.2e}"),
             });
         }
+    }
+    Ok(())
+}
+
+/// Numerics telemetry of `GpuLinear` against the CPU `Linear` on the same
+/// data: amax, saturated and underflowed counts equal (shares compared
+/// exactly). Tensorwise on wide-range inputs (underflow), delayed over 3 steps
+/// whose magnitude jumps past the history (saturation of input and gradient).
+fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::linear::GpuLinear;
+    use octet_fp8::{Recipe, Role};
+    use octet_nn::Linear;
+    use octet_tensor::Tensor;
+    let (m, k, n) = (128usize, 256usize, 128usize);
+    let shape = |e: octet_tensor::Error| Error::Shape(e.to_string());
+    let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
+    for name in ["tensorwise", "delayed"] {
+        let recipe = Recipe::from_name(name)?;
+        let wb = random_bf16(n * k, 1501, 0.05);
+        let mut cpu = Linear::new(
+            Tensor::from_bf16(&[n, k], wb.clone()).map_err(shape)?,
+            None,
+            Some(recipe),
+            true,
+        )
+        .map_err(nn)?;
+        let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
+        layer.telemetry_on = true;
+        let (mut ok, mut worst) = (true, String::new());
+        for step in 0..3u64 {
+            let mag = [1.0f32, 1.0, 64.0][step as usize];
+            let xs: Vec<bf16> = random_wide_f32(m * k, 1510 + step)
+                .into_iter()
+                .map(|v| bf16::from_f32(v * mag))
+                .collect();
+            let gs: Vec<bf16> = random_wide_f32(m * n, 1520 + step)
+                .into_iter()
+                .map(|v| bf16::from_f32(v * 1e-3 * mag))
+                .collect();
+            let (_, cs) = cpu
+                .forward(
+                    &Tensor::from_bf16(&[m, k], xs.clone()).map_err(shape)?,
+                    true,
+                )
+                .map_err(nn)?;
+            cpu.backward(cs, &Tensor::from_bf16(&[m, n], gs.clone()).map_err(shape)?)
+                .map_err(nn)?;
+            cpu.update_scales();
+            let (_, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
+            layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?)?;
+            let got = layer.telemetry(gpu)?;
+            layer.update_scales(gpu)?;
+            for role in Role::ALL {
+                let want = cpu.telemetry(role);
+                let have = got.iter().find(|(r, _)| *r == role).map(|(_, t)| *t);
+                let same = match (want, have) {
+                    (Some(w), Some(h)) => {
+                        w.amax == h.amax
+                            && w.saturated == h.saturated
+                            && w.underflowed == h.underflowed
+                    }
+                    _ => false,
+                };
+                if !same || step == 2 {
+                    worst += &format!("step {step} {role:?}: cpu {want:?} gpu {have:?}; ");
+                }
+                ok &= same;
+            }
+        }
+        out.push(CaseResult {
+            name: format!("telemetry (amax, saturated, underflowed) {name} {m}x{k}x{n}, 3 steps, vs CPU Linear"),
+            pass: ok,
+            worst,
+        });
     }
     Ok(())
 }

@@ -196,6 +196,8 @@ pub(crate) struct Kernels {
     pub block_bf16_e4m3: CudaFunction,
     pub block_bf16_e5m2: CudaFunction,
     pub block_direct_bf16_e4m3: CudaFunction,
+    /// Telemetry counters of a per-tensor quantization (`linear.rs`).
+    pub fp8_telemetry: CudaFunction,
     /// Weight-only products, see `mixed.rs`.
     pub mixed: mixed::MixedKernels,
 }
@@ -295,6 +297,7 @@ impl Gpu {
                 "cast_transpose_f32_e5m2",
                 "cast_transpose_given_bf16_e4m3",
                 "cast_transpose_given_bf16_e5m2",
+                "fp8_telemetry",
             ],
         )?;
         let b = load(
@@ -326,6 +329,7 @@ impl Gpu {
             cast_f32_e5m2: next(&mut q)?,
             given_bf16_e4m3: next(&mut q)?,
             given_bf16_e5m2: next(&mut q)?,
+            fp8_telemetry: next(&mut q)?,
             block_bf16_e4m3: next(&mut b)?,
             block_bf16_e5m2: next(&mut b)?,
             block_direct_bf16_e4m3: next(&mut b)?,

@@ -112,6 +112,8 @@ pub struct LinearInput {
     xq: Option<std::rc::Rc<std::cell::RefCell<Quant>>>,
     /// The FP8 copy the forward GEMMs read has been released.
     finished: bool,
+    /// Telemetry counters of the input's quantization, when recorded.
+    tele: Option<(std::rc::Rc<CudaSlice<u32>>, usize)>,
 }
 
 impl LinearInput {
@@ -141,6 +143,11 @@ pub struct GpuLinear {
     recipe: Option<Recipe>,
     /// Quantizations so far: the salt of stochastic rounding, counted as the CPU `Linear` counts.
     calls: u64,
+    /// Record numerics telemetry of each quantization (see [`GpuLinear::telemetry`]).
+    pub telemetry_on: bool,
+    /// Counters of the last recorded quantization per role: `[amax bits,
+    /// saturated, underflowed]` and the element count.
+    tele: [Option<(std::rc::Rc<CudaSlice<u32>>, usize)>; 3],
 }
 
 /// What [`GpuLinear::forward`] keeps for backward.
@@ -248,6 +255,8 @@ impl GpuLinear {
             states,
             recipe,
             calls: 0,
+            telemetry_on: false,
+            tele: [None, None, None],
         })
     }
 
@@ -434,6 +443,98 @@ impl GpuLinear {
         Ok(out)
     }
 
+    /// Count the telemetry of quantizing `x` (role 0 input, 1 weight, 2
+    /// grad_output) into `q`: the amax for every recipe; saturated and
+    /// underflowed values for the per-tensor ones (tensorwise: the scale
+    /// follows from the amax; delayed: the role's scale), where one scale
+    /// decides them. Other recipes scale per row or block: counts not taken.
+    fn record(
+        &self,
+        gpu: &Gpu,
+        role: usize,
+        x: &CudaSlice<u16>,
+        q: &Quant,
+        format: Format,
+    ) -> Result<(std::rc::Rc<CudaSlice<u32>>, usize)> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        let mut out: CudaSlice<u32> = gpu.alloc_zeros(3, "telemetry")?;
+        let n = x.len() as u64;
+        let null: u64 = 0;
+        let fmax = format.max();
+        // A plain cast overflows past the midpoint between max and the next
+        // step (E4M3: 464, the tie rounds to even 448; E5M2: 61440, the tie
+        // rounds up to infinity); zero takes |v| up to half the smallest subnormal.
+        let (sat_at, inclusive) = match format {
+            Format::E5M2 => (61440.0f32, 1i32),
+            _ => (464.0f32, 0i32),
+        };
+        let flush_at = format.min_subnormal() / 2.0;
+        let cfg = LaunchConfig {
+            grid_dim: (x.len().div_ceil(256 * 8).clamp(1, 1024) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let s = &gpu.stream;
+        // SAFETY: argument types match `fp8_telemetry` in quantize.cu; `out`
+        // holds the three counters; scale and amax pointers hold one value.
+        unsafe {
+            let mut lb = s.launch_builder(&gpu.k.fp8_telemetry);
+            lb.arg(x).arg(&n);
+            match (self.kind, q) {
+                (Kind::Delayed, _) => {
+                    let st = self
+                        .states
+                        .get(role)
+                        .ok_or_else(|| Error::Shape("delayed scaling state missing".into()))?;
+                    lb.arg(&st.scale).arg(&null);
+                }
+                (Kind::Tensorwise, Quant::Tensor(t)) => {
+                    lb.arg(&null).arg(&t.amax_bits);
+                }
+                _ => {
+                    lb.arg(&null).arg(&null);
+                }
+            }
+            lb.arg(&fmax)
+                .arg(&sat_at)
+                .arg(&inclusive)
+                .arg(&flush_at)
+                .arg(&mut out)
+                .launch(cfg)?;
+        }
+        Ok((std::rc::Rc::new(out), x.len()))
+    }
+
+    /// Telemetry of the last recorded quantization of each role (input,
+    /// weight, grad_output) since [`GpuLinear::telemetry_on`] was set:
+    /// `(role, telemetry)`; saturated/underflowed are NaN where the recipe
+    /// scales per row or block (not counted on the GPU yet).
+    pub fn telemetry(&self, gpu: &Gpu) -> Result<Vec<(octet_fp8::Role, octet_fp8::Telemetry)>> {
+        let per_tensor = matches!(self.kind, Kind::Tensorwise | Kind::Delayed);
+        let mut out = Vec::new();
+        for (role, t) in octet_fp8::Role::ALL.into_iter().zip(&self.tele) {
+            if let Some((buf, n)) = t {
+                let c = gpu.download(buf)?;
+                let share = |v: u32| {
+                    if per_tensor {
+                        v as f64 / (*n).max(1) as f64
+                    } else {
+                        f64::NAN
+                    }
+                };
+                out.push((
+                    role,
+                    octet_fp8::Telemetry {
+                        amax: f32::from_bits(c[0]),
+                        saturated: share(c[1]),
+                        underflowed: share(c[2]),
+                    },
+                ));
+            }
+        }
+        Ok(out)
+    }
+
     /// Whether [`GpuLinear::prepare`] keeps the bf16 input (the bf16 layer and
     /// the `high_precision` backward read it).
     pub fn keeps_bf16_input(&self) -> bool {
@@ -459,6 +560,7 @@ impl GpuLinear {
                 x: Some(std::rc::Rc::new(x)),
                 xq: None,
                 finished: false,
+                tele: None,
             });
         }
         let rx = self.rounding(0)?;
@@ -473,6 +575,11 @@ impl GpuLinear {
             0,
             rx,
         )?;
+        let tele = if self.telemetry_on {
+            Some(self.record(gpu, 0, &x, &xq, Format::E4M3)?)
+        } else {
+            None
+        };
         let keep_x = self.backward == BackwardMode::HighPrecision;
         Ok(LinearInput {
             m,
@@ -480,6 +587,7 @@ impl GpuLinear {
             x: keep_x.then(|| std::rc::Rc::new(x)),
             xq: Some(std::rc::Rc::new(std::cell::RefCell::new(xq))),
             finished: false,
+            tele,
         })
     }
 
@@ -550,6 +658,10 @@ impl GpuLinear {
             1,
             rw,
         )?;
+        if self.telemetry_on {
+            self.tele[0] = input.tele.clone();
+            self.tele[1] = Some(self.record(gpu, 1, &self.weight, &wq, Format::E4M3)?);
+        }
         Self::gemm(gpu, &xq.borrow(), false, &wq, false, &mut y, (m, n, k))?;
         match self.backward {
             BackwardMode::Quantized | BackwardMode::Dequantized => {
@@ -602,6 +714,9 @@ impl GpuLinear {
                     2,
                     rg,
                 )?;
+                if self.telemetry_on {
+                    self.tele[2] = Some(self.record(gpu, 2, dy, &gq, Format::E5M2)?);
+                }
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
                 Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
                 Self::gemm(gpu, &gq, true, &xq.borrow(), true, &mut dw, (n, k, m))?;

@@ -492,6 +492,30 @@ impl<'g> GpuLlama<'g> {
         self.f.attn.tensor_cores
     }
 
+    /// Record numerics telemetry (amax, saturated and underflowed shares) of
+    /// every block linear's quantizations from now on (or stop).
+    pub fn set_telemetry(&mut self, on: bool) {
+        for blk in &mut self.blocks {
+            for l in &mut blk.lin {
+                l.telemetry_on = on;
+            }
+        }
+    }
+
+    /// Telemetry of each block linear's last recorded quantizations:
+    /// `(module name, role, telemetry)`, as `octet_nn::llama::Llama::telemetry`.
+    pub fn telemetry(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::Telemetry)>> {
+        let mut out = Vec::new();
+        for (i, blk) in self.blocks.iter().enumerate() {
+            for (l, (_, module)) in blk.lin.iter().zip(octet_nn::llama::PROJ_NAMES) {
+                for (role, t) in l.telemetry(self.gpu)? {
+                    out.push((format!("model.layers.{i}.{module}"), role, t));
+                }
+            }
+        }
+        Ok(out)
+    }
+
     /// Milliseconds spent per phase since the model was made (empty unless
     /// the `OCTET_PROFILE` environment variable is set).
     pub fn profile(&self) -> Vec<(&'static str, f64)> {

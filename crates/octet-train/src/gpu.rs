@@ -4,10 +4,10 @@
 //!
 //! Checkpoints are the CPU trainer's (f32 masters downloaded at save time), so
 //! a GPU run resumes on the CPU and the other way round. What differs from the
-//! CPU loop: the per-layer amax telemetry is not collected (the GPU quantizers
-//! keep no host-side statistics yet), a delayed-scaling run resumes with fresh
-//! amax histories, and the final sample decodes with the GPU KV-cache decoder
-//! (bf16 weights).
+//! CPU loop: the telemetry's saturated and underflowed shares are counted for
+//! the per-tensor recipes only (tensorwise, delayed; the amax for every
+//! recipe), a delayed-scaling run resumes with fresh amax histories, and the
+//! final sample decodes with the GPU KV-cache decoder (bf16 weights).
 
 use crate::checkpoint;
 use crate::data::{ByteTokenizer, Dataset, Split};
@@ -164,6 +164,8 @@ pub fn train_gpu(
         let ts = Instant::now();
         let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
         model.zero_grad()?;
+        let telemetry_step = cfg.telemetry_every > 0 && (step + 1) % cfg.telemetry_every == 0;
+        model.set_telemetry(telemetry_step);
         let mut loss_sum = 0.0;
         for micro in 0..cfg.grad_accum {
             let (x, y) = data.batch(
@@ -196,6 +198,13 @@ pub fn train_gpu(
             loss_sum += loss;
             model.backward(saved).map_err(gpu_err(step + 1))?;
         }
+        // The step's own quantizations (not the evaluation's that may follow).
+        let telemetry = if telemetry_step {
+            model.set_telemetry(false);
+            model.telemetry()?
+        } else {
+            Vec::new()
+        };
         let a = cfg.adamw;
         let grad_norm = model
             .adamw_step(AdamParams {
@@ -245,6 +254,18 @@ pub fn train_gpu(
             obs.note(&format!("step {}: val loss {last_val:.4}", model.step));
         }
         metrics.write(&m)?;
+        if telemetry_step {
+            let layers: Vec<serde_json::Value> = telemetry
+                .into_iter()
+                .map(|(name, role, t)| {
+                    serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
+                        "saturated": t.saturated, "underflowed": t.underflowed})
+                })
+                .collect();
+            if !layers.is_empty() {
+                metrics.write(&serde_json::json!({"step": model.step, "telemetry": layers}))?;
+            }
+        }
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
             let p = save(&model, cfg.adamw, recipe, &dir, &trainer_json)?;
