@@ -1041,11 +1041,301 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     }
 }
 
+// Forward with 32 query rows per warp (two m16 tiles sharing every K and V
+// fragment loaded from shared memory: about 40% less ldmatrix traffic per
+// product than 16 rows), 4 warps, 128 queries a block, Q resident in shared
+// memory, 64-key tiles double-buffered. Grid (T / 128, Hq, B).
+template <int D>
+__device__ void attn_fwd_tc2(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8, TS = 64 * P;
+    extern __shared__ __align__(16) unsigned short smh[];
+    unsigned short* Kb[2] = {smh, smh + 2 * TS};
+    unsigned short* Vb[2] = {smh + TS, smh + 3 * TS};
+    unsigned short* Qs = smh + 4 * TS; // 128 rows
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * 128, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 128, T);
+    stage_async<D>(Kb[0], kb, kw, 0, 64, T);
+    stage_async<D>(Vb[0], vb, kw, 0, 64, T);
+    cp_commit();
+    float o[2][D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.f;
+    // Rows of this thread: r = 2 mt + half, at q0 + warp * 32 + 16 mt + g + 8 half.
+    float m[4] = {NEG_INF, NEG_INF, NEG_INF, NEG_INF}, l[4] = {0.f, 0.f, 0.f, 0.f};
+    int rq[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) rq[r] = q0 + warp * 32 + 16 * (r >> 1) + g + 8 * (r & 1);
+    const float c = scale * LOG2E;
+    const int ntiles = (min(T, q0 + 128) + 63) / 64;
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 64;
+        if (it + 1 < ntiles) {
+            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 64, 64, T);
+            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 64, 64, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const unsigned short* Ks = Kb[it & 1];
+        const unsigned short* Vs = Vb[it & 1];
+        float s[2][8][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) s[mt][i][0] = s[mt][i][1] = s[mt][i][2] = s[mt][i][3] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            unsigned a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+                ldsm4(a[mt], Qs + (warp * 32 + 16 * mt + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 +
+                                 (lane >> 4) * 8);
+#pragma unroll
+            for (int np = 0; np < 4; np++) {
+                unsigned bb[4];
+                ldsm4(bb, Ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(s[mt][2 * np], a[mt], bb[0], bb[1]);
+                    mma_bf16(s[mt][2 * np + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        const bool edge = k0 + 64 > q0 + warp * 32 || k0 + 64 > T;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++) {
+            float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int key = k0 + nt * 8 + tg * 2 + (e & 1), r = 2 * mt + (e >> 1);
+                    s[mt][nt][e] = (!edge || (key <= rq[r] && key < T)) ? s[mt][nt][e] * c : NEG_INF;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[mt][nt][e]);
+                }
+#pragma unroll
+            for (int hr = 0; hr < 2; hr++) {
+                const int r = 2 * mt + hr;
+                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 1));
+                mx[hr] = fmaxf(mx[hr], __shfl_xor_sync(0xffffffffu, mx[hr], 2));
+                const float mn = fmaxf(m[r], mx[hr]);
+                const float alpha = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);
+                m[r] = mn;
+                l[r] *= alpha;
+#pragma unroll
+                for (int dn = 0; dn < D / 8; dn++) {
+                    o[mt][dn][2 * hr] *= alpha;
+                    o[mt][dn][2 * hr + 1] *= alpha;
+                }
+            }
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1);
+                    const float p = m[r] == NEG_INF ? 0.f : exp2f(s[mt][nt][e] - m[r]);
+                    s[mt][nt][e] = p;
+                    l[r] += p;
+                }
+        }
+        // O += P V, every V fragment feeding both m-tiles.
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            unsigned a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                a[mt][0] = pack_bf16(s[mt][2 * kc][0], s[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16(s[mt][2 * kc][2], s[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16(s[mt][2 * kc + 1][0], s[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16(s[mt][2 * kc + 1][2], s[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int dp = 0; dp < D / 16; dp++) {
+                unsigned bb[4];
+                ldsm4t(bb, Vs + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + dp * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(o[mt][2 * dp], a[mt], bb[0], bb[1]);
+                    mma_bf16(o[mt][2 * dp + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (rq[r] >= T) continue;
+        const int mt = r >> 1, hr = r & 1;
+        const float inv = 1.f / l[r];
+        unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) =
+                pack_bf16(o[mt][dn][2 * hr] * inv, o[mt][dn][2 * hr + 1] * inv);
+        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] + log2f(l[r])) * LN2;
+    }
+}
+
+// dQ with 32 query rows per warp (two m16 tiles sharing every K and V
+// fragment), 4 warps, 128 queries a block, 32-key tiles double-buffered.
+// Grid (T / 128, Hq, B).
+template <int D>
+__device__ void attn_dq_tc2(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
+                            int Hq, int Hkv, float scale) {
+    constexpr int P = D + 8, KS = 32 * P;
+    extern __shared__ __align__(16) unsigned short smh[];
+    unsigned short* Qs = smh;
+    unsigned short* Os = Qs + 128 * P;
+    unsigned short* Kb[2] = {Os + 128 * P, Os + 128 * P + 2 * KS};
+    unsigned short* Vb[2] = {Os + 128 * P + KS, Os + 128 * P + 3 * KS};
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * 128, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 128, T);
+    stage_async<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 128, T);
+    stage_async<D>(Kb[0], kb, kw, 0, 32, T);
+    stage_async<D>(Vb[0], vb, kw, 0, 32, T);
+    cp_commit();
+    int rq[4];
+    float l2[4], dl[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        rq[r] = q0 + warp * 32 + 16 * (r >> 1) + g + 8 * (r & 1);
+        const bool ok = rq[r] < T;
+        l2[r] = ok ? lse[((size_t)b * Hq + h) * T + rq[r]] * LOG2E : 0.f;
+        dl[r] = ok ? delta[((size_t)b * Hq + h) * T + rq[r]] : 0.f;
+    }
+    float acc[2][D / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int i = 0; i < D / 8; i++) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+    const float c = scale * LOG2E;
+    const int ntiles = (min(T, q0 + 128) + 31) / 32;
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 32;
+        if (it + 1 < ntiles) {
+            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 32, 32, T);
+            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 32, 32, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const unsigned short* Ks = Kb[it & 1];
+        const unsigned short* Vs = Vb[it & 1];
+        float s[2][4][4], dp[2][4][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[mt][i][e] = dp[mt][i][e] = 0.f;
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++) {
+            unsigned aq[2][4], ao[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                const int row = warp * 32 + 16 * mt + ((lane >> 3) & 1) * 8 + (lane & 7);
+                ldsm4(aq[mt], Qs + row * P + kc * 16 + (lane >> 4) * 8);
+                ldsm4(ao[mt], Os + row * P + kc * 16 + (lane >> 4) * 8);
+            }
+#pragma unroll
+            for (int np = 0; np < 2; np++) {
+                unsigned bk[4], bv[4];
+                const int nrow = np * 16 + (lane >> 4) * 8 + (lane & 7);
+                ldsm4(bk, Ks + nrow * P + kc * 16 + ((lane >> 3) & 1) * 8);
+                ldsm4(bv, Vs + nrow * P + kc * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(s[mt][2 * np], aq[mt], bk[0], bk[1]);
+                    mma_bf16(s[mt][2 * np + 1], aq[mt], bk[2], bk[3]);
+                    mma_bf16(dp[mt][2 * np], ao[mt], bv[0], bv[1]);
+                    mma_bf16(dp[mt][2 * np + 1], ao[mt], bv[2], bv[3]);
+                }
+            }
+        }
+        const bool edge = k0 + 32 > q0 + warp * 32 || k0 + 32 > T;
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int r = 2 * mt + (e >> 1), key = k0 + nt * 8 + tg * 2 + (e & 1);
+                    const bool ok = !edge || (key <= rq[r] && rq[r] < T && key < T);
+                    const float p = ok ? exp2f(s[mt][nt][e] * c - l2[r]) : 0.f;
+                    dp[mt][nt][e] = p * (dp[mt][nt][e] - dl[r]);
+                }
+        // dQ += dS K, every K fragment feeding both m-tiles.
+#pragma unroll
+        for (int kc = 0; kc < 2; kc++) {
+            unsigned a[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                a[mt][0] = pack_bf16(dp[mt][2 * kc][0], dp[mt][2 * kc][1]);
+                a[mt][1] = pack_bf16(dp[mt][2 * kc][2], dp[mt][2 * kc][3]);
+                a[mt][2] = pack_bf16(dp[mt][2 * kc + 1][0], dp[mt][2 * kc + 1][1]);
+                a[mt][3] = pack_bf16(dp[mt][2 * kc + 1][2], dp[mt][2 * kc + 1][3]);
+            }
+#pragma unroll
+            for (int dpi = 0; dpi < D / 16; dpi++) {
+                unsigned bb[4];
+                ldsm4t(bb, Ks + (kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + dpi * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+                    mma_bf16(acc[mt][2 * dpi], a[mt], bb[0], bb[1]);
+                    mma_bf16(acc[mt][2 * dpi + 1], a[mt], bb[2], bb[3]);
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        if (rq[r] >= T) continue;
+        const int mt = r >> 1, hr = r & 1;
+        float* row = dq + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
+                make_float2(acc[mt][dn][2 * hr] * scale, acc[mt][dn][2 * hr + 1] * scale);
+    }
+}
+
 #define ATTN_FWD(D, W, QREG, NAME)                                                                      \
     extern "C" __global__ void __launch_bounds__(32 * W) attn_fwd_tc##D##_##NAME(                               \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
         attn_fwd_tc<D, W, QREG>(q, k, v, out, lse, T, Hq, Hkv, scale);                                           \
+    }
+#define ATTN_FWD2(D)                                                                                    \
+    extern "C" __global__ void __launch_bounds__(128) attn_fwd_tc##D##_4w(                                      \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
+        float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
+        attn_fwd_tc2<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                   \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128) attn_dq_tc##D##_4w(                                       \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
+        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
+        attn_dq_tc2<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                        \
     }
 #define ATTN_BWD(D, W)                                                                                          \
     extern "C" __global__ void __launch_bounds__(32 * W) attn_dkdv_tc##D##_##W(                                 \
@@ -1063,6 +1353,7 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
 // (registers `q`, shared memory `s`); `OCTET_ATTN` picks one at run time
 // (see model.rs), so that one run can measure them side by side.
 #define ATTN_ALL(D)         \
+    ATTN_FWD2(D)            \
     ATTN_FWD(D, 4, true, 4q)  \
     ATTN_FWD(D, 8, true, 8q)  \
     ATTN_FWD(D, 4, false, 4s) \

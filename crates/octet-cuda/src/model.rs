@@ -73,18 +73,22 @@ struct Attn {
 }
 
 /// Which tensor-core attention variant runs: `OCTET_ATTN=<fwd>,<bwd>` with
-/// `<fwd>` one of `4q 8q 4s 8s` (warps per block; Q fragments in registers or
-/// shared memory) and `<bwd>` `4` or `8` (warps per block). For measuring.
-fn attn_variant() -> (String, usize) {
-    let default = ("4q".to_string(), 4);
+/// `<fwd>` one of `4q 8q 4s 8s` (warps per block of 16 rows each; Q fragments
+/// in registers or shared memory) or `4w` (4 warps of 32 rows), and `<bwd>` `4`
+/// or `8` (warps per block of the dK/dV and dQ kernels) or `4w` (dK/dV with 4
+/// warps, dQ with 4 warps of 32 rows). For measuring.
+fn attn_variant() -> (String, String) {
+    let default = ("4q".to_string(), "4".to_string());
     let Some(v) = std::env::var_os("OCTET_ATTN") else {
         return default;
     };
     let v = v.to_string_lossy().to_string();
     let mut it = v.split(',');
     let fwd = it.next().unwrap_or("4q").trim().to_string();
-    let bwd = it.next().and_then(|b| b.trim().parse().ok()).unwrap_or(4);
-    if !["4q", "8q", "4s", "8s"].contains(&fwd.as_str()) || ![4, 8].contains(&bwd) {
+    let bwd = it.next().unwrap_or("4").trim().to_string();
+    if !["4q", "8q", "4s", "8s", "4w"].contains(&fwd.as_str())
+        || !["4", "8", "4w"].contains(&bwd.as_str())
+    {
         return default;
     }
     (fwd, bwd)
@@ -327,8 +331,15 @@ impl<'g> GpuLlama<'g> {
                 // of lse, delta (32 f32 each). dQ: Q, dO (16 W) + two stages of K, V (32).
                 let p = 2 * (d + 8);
                 let (fv, bw) = attn_variant();
+                let bn: usize = if bw.starts_with('8') { 8 } else { 4 };
                 let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
-                let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
+                // Rows of shared memory: two stages of K, V (64 each), plus Q where it stays there.
+                let fwd_rows = 256
+                    + match fv.as_str() {
+                        "4w" => 128,
+                        f if f.ends_with('s') => 16 * fw,
+                        _ => 0,
+                    };
                 let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
                     Ok(AttnKernel {
                         f: l(&name)?,
@@ -337,14 +348,24 @@ impl<'g> GpuLlama<'g> {
                         smem,
                     })
                 };
+                let mut fwd = k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?;
+                if fv == "4w" {
+                    fwd.rows = 128;
+                }
                 Attn {
-                    fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
+                    fwd,
                     dkdv: k(
-                        format!("attn_dkdv_tc{d}_{bw}"),
-                        bw,
-                        (32 * bw + 128) * p + 512,
+                        format!("attn_dkdv_tc{d}_{bn}"),
+                        bn,
+                        (32 * bn + 128) * p + 512,
                     )?,
-                    dq: k(format!("attn_dq_tc{d}_{bw}"), bw, (32 * bw + 128) * p)?,
+                    dq: if bw == "4w" {
+                        let mut dq = k(format!("attn_dq_tc{d}_4w"), 4, (2 * 128 + 128) * p)?;
+                        dq.rows = 128;
+                        dq
+                    } else {
+                        k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?
+                    },
                     tensor_cores: true,
                 }
             } else {
