@@ -253,6 +253,26 @@ impl GpuLlamaSaved {
     }
 }
 
+/// Each token id's rows in `tokens`, for the deterministic embedding backward:
+/// `starts (V + 1)` and `rows (N)` such that id `v` occurs at rows
+/// `rows[starts[v]..starts[v + 1]]`, in increasing order (ids below `v`).
+pub fn token_rows(tokens: &[u32], v: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut starts = vec![0i32; v + 1];
+    for &tok in tokens {
+        starts[tok as usize + 1] += 1;
+    }
+    for i in 0..v {
+        starts[i + 1] += starts[i];
+    }
+    let mut fill = starts.clone();
+    let mut rows = vec![0i32; tokens.len()];
+    for (r, &tok) in tokens.iter().enumerate() {
+        rows[fill[tok as usize] as usize] = r as i32;
+        fill[tok as usize] += 1;
+    }
+    (starts, rows)
+}
+
 fn grid1(n: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (n.div_ceil(256) as u32, 1, 1),
@@ -911,20 +931,7 @@ impl<'g> GpuLlama<'g> {
         if !keep {
             return Ok((loss, None));
         }
-        // Each token's rows, for the deterministic embedding backward.
-        let mut counts = vec![0i32; v + 1];
-        for &tok in tokens {
-            counts[tok as usize + 1] += 1;
-        }
-        for i in 0..v {
-            counts[i + 1] += counts[i];
-        }
-        let mut fill = counts.clone();
-        let mut rows = vec![0i32; n];
-        for (r, &tok) in tokens.iter().enumerate() {
-            rows[fill[tok as usize] as usize] = r as i32;
-            fill[tok as usize] += 1;
-        }
+        let (counts, rows) = token_rows(tokens, v);
         Ok((
             loss,
             Some(GpuLlamaSaved {
@@ -1448,5 +1455,24 @@ impl GpuLlama<'_> {
         let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d))?;
         let (dq, dk, dv) = self.attn_backward(q, k, v, &out, dout, &lse, (b, t, hq, hkv, d))?;
         Ok((out, dq, dk, dv))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::token_rows;
+
+    #[test]
+    fn token_rows_lists_each_ids_rows_in_order() {
+        let tokens = [3u32, 0, 3, 1, 3, 0];
+        let (starts, rows) = token_rows(&tokens, 5);
+        assert_eq!(starts, vec![0, 2, 3, 3, 6, 6]);
+        assert_eq!(rows, vec![1, 5, 3, 0, 2, 4]);
+        // Every row appears once, under its own id.
+        for v in 0..5 {
+            for &r in &rows[starts[v] as usize..starts[v + 1] as usize] {
+                assert_eq!(tokens[r as usize] as usize, v);
+            }
+        }
     }
 }
