@@ -1266,6 +1266,10 @@ impl<'g> GpuLlama<'g> {
     }
 
     fn sum_squares(&self, x: &CudaSlice<f32>) -> Result<f64> {
+        self.sum_squares_of(&x.slice(..))
+    }
+
+    fn sum_squares_of(&self, x: &cudarc::driver::CudaView<'_, f32>) -> Result<f64> {
         let mut partial: CudaSlice<f64> = self.gpu.alloc_zeros(NORM_BLOCKS, "norm partials")?;
         let n = x.len();
         unsafe {
@@ -1282,6 +1286,20 @@ impl<'g> GpuLlama<'g> {
                 })?;
         }
         Ok(self.gpu.download(&partial)?.iter().sum::<f64>())
+    }
+
+    /// The parameters whose accumulated gradient holds a NaN or inf, in
+    /// backward order (the LM head first, the embedding last): the first one
+    /// named is nearest to where the non-finite values entered the backward.
+    pub fn nonfinite_grads(&self) -> Result<Vec<String>> {
+        let mut out = Vec::new();
+        for sl in self.slots.iter().rev() {
+            let v = self.grad.slice(sl.offset..sl.offset + sl.numel);
+            if !self.sum_squares_of(&v)?.is_finite() {
+                out.push(sl.name.clone());
+            }
+        }
+        Ok(out)
     }
 
     /// One AdamW step on the device from the accumulated gradients: clips by

@@ -216,10 +216,16 @@ pub fn train_gpu(
                 grad_clip: a.grad_clip,
             })
             .map_err(|e| match e {
-                octet_cuda::Error::NonFinite => Error::NonFinite(format!(
-                    "step {}: the gradient norm is not finite; the last good checkpoint is kept",
-                    step + 1
-                )),
+                octet_cuda::Error::NonFinite => {
+                    let names = model.nonfinite_grads().unwrap_or_default();
+                    let first = names.first().cloned().unwrap_or_else(|| "?".into());
+                    Error::NonFinite(format!(
+                        "step {}: the gradient norm is not finite ({} of {} gradients have NaN/inf, the first in backward order {first}); the last good checkpoint is kept",
+                        step + 1,
+                        names.len(),
+                        model.slots.len()
+                    ))
+                }
                 e => e.into(),
             })?;
         gpu.synchronize()?;
