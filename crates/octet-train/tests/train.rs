@@ -255,3 +255,27 @@ fn tied_embeddings_load_with_or_without_a_duplicate_head() {
         .to_string();
     assert!(err.contains("lm_head.weight differs"), "{err}");
 }
+
+#[test]
+fn a_benchmark_run_writes_no_checkpoint_and_skips_evaluation() {
+    let out = tmpdir("nosave");
+    let cfg = TrainConfig {
+        save: false,
+        eval_batches: 0,
+        ..small_run("nosave", &out, "tensorwise")
+    };
+    let s = train(&cfg, None, &mut Quiet).unwrap();
+    assert_eq!(s.losses.len(), 6);
+    assert!(
+        s.final_val_loss.is_nan(),
+        "no evaluation ran: {}",
+        s.final_val_loss
+    );
+    assert!(!out.join("nosave").join("checkpoints").exists());
+    // The metrics still record every step, without a validation loss.
+    let metrics = std::fs::read_to_string(out.join("nosave").join("metrics.jsonl")).unwrap();
+    let steps = metrics.lines().filter(|l| l.contains("\"loss\"")).count();
+    assert_eq!(steps, 6);
+    assert!(!metrics.contains("val_loss"));
+    let _ = std::fs::remove_dir_all(&out);
+}
