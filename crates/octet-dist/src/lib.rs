@@ -13,17 +13,22 @@
 //! - [`fsdp`]: [`FsdpRank`], one rank of a sharded data-parallel Llama training
 //!   step (gather, forward/backward, reduce-scatter, global-norm clip, AdamW on
 //!   the shard).
+//! - [`rendezvous`]: [`Rendezvous`], how the processes of a multi-process job
+//!   (`--nnodes`, `--master-addr`) meet and share one blob (the NCCL unique id),
+//!   with every wait bounded.
 #![warn(missing_docs)]
 
 pub mod comm;
 pub mod fp8;
 pub mod fsdp;
+pub mod rendezvous;
 pub mod shard;
 pub mod thread;
 
 pub use comm::{CollectiveKind, CommStats, Communicator, Elem, ReduceOp, Reducible};
 pub use fp8::{fp8_row_alignment, gather_fp8_weight, ColwisePlan};
 pub use fsdp::{local_batch, FsdpConfig, FsdpRank, StepOutput, Wire};
+pub use rendezvous::Rendezvous;
 pub use shard::ShardLayout;
 pub use thread::{spawn_ranks, spawn_ranks_with_timeout, ThreadComm};
 
