@@ -121,11 +121,6 @@ impl LinearInput {
     pub fn rows(&self) -> usize {
         self.m
     }
-
-    /// The bf16 activation, when kept (bf16 layer or `high_precision` backward).
-    pub fn bf16(&self) -> Option<std::rc::Rc<CudaSlice<u16>>> {
-        self.x.clone()
-    }
 }
 
 /// A linear layer on the GPU.
@@ -437,10 +432,10 @@ impl GpuLinear {
         x: &CudaSlice<u16>,
         m: usize,
     ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
-        let mut input = self.prepare(gpu, gpu.stream.clone_dtod(x)?, m)?;
-        let out = self.forward_input(gpu, &input)?;
-        self.finish_input(gpu, &mut input)?;
-        Ok(out)
+        let x = std::rc::Rc::new(gpu.stream.clone_dtod(x)?);
+        let mut out = forward_shared(std::slice::from_mut(self), gpu, x, m)?;
+        out.pop()
+            .ok_or_else(|| Error::Shape("no output from one layer".into()))
     }
 
     /// Count the telemetry of quantizing `x` (role 0 input, 1 weight, 2
@@ -535,17 +530,17 @@ impl GpuLinear {
         Ok(out)
     }
 
-    /// Whether [`GpuLinear::prepare`] keeps the bf16 input (the bf16 layer and
-    /// the `high_precision` backward read it).
-    pub fn keeps_bf16_input(&self) -> bool {
-        self.kind == Kind::Bf16 || self.backward == BackwardMode::HighPrecision
-    }
-
-    /// Take ownership of the input `x (m, K)` and quantize it under this
-    /// layer's recipe, for [`GpuLinear::forward_input`] of this layer and of
-    /// others with the same `K` and recipe (their input quantization would give
-    /// the same bytes). Keeps the bf16 activation only where it is read.
-    pub fn prepare(&mut self, gpu: &Gpu, x: CudaSlice<u16>, m: usize) -> Result<LinearInput> {
+    /// Quantize the input `x (m, K)` under this layer's recipe, for
+    /// [`GpuLinear::forward_input`] of this layer and of others with the same
+    /// `K` and recipe (their input quantization would give the same bytes).
+    /// `x` is shared, not copied: the handle is kept only where backward reads
+    /// the bf16 activation (the bf16 layer, the `high_precision` backward).
+    pub fn prepare(
+        &mut self,
+        gpu: &Gpu,
+        x: std::rc::Rc<CudaSlice<u16>>,
+        m: usize,
+    ) -> Result<LinearInput> {
         let k = self.k;
         if x.len() != m * k || m == 0 {
             return Err(Error::Shape(format!(
@@ -557,7 +552,7 @@ impl GpuLinear {
             return Ok(LinearInput {
                 m,
                 k,
-                x: Some(std::rc::Rc::new(x)),
+                x: Some(x),
                 xq: None,
                 finished: false,
                 tele: None,
@@ -584,7 +579,7 @@ impl GpuLinear {
         Ok(LinearInput {
             m,
             k,
-            x: keep_x.then(|| std::rc::Rc::new(x)),
+            x: keep_x.then_some(x),
             xq: Some(std::rc::Rc::new(std::cell::RefCell::new(xq))),
             finished: false,
             tele,
@@ -733,6 +728,37 @@ impl GpuLinear {
         }
         Ok((dx, dw))
     }
+}
+
+/// Forward of `layers` that all read the input `x (m, K)`: one preparation
+/// (one quantization under the first layer's recipe, which all share), each
+/// layer's product, then only what backward reads kept. Outputs in order.
+pub fn forward_shared(
+    layers: &mut [GpuLinear],
+    gpu: &Gpu,
+    x: std::rc::Rc<CudaSlice<u16>>,
+    m: usize,
+) -> Result<Vec<(CudaSlice<u16>, GpuLinearSaved)>> {
+    let (first, rest) = layers
+        .split_first_mut()
+        .ok_or_else(|| Error::Shape("forward_shared of no layers".into()))?;
+    if let Some(l) = rest
+        .iter()
+        .find(|l| l.k != first.k || l.kind != first.kind || l.backward != first.backward)
+    {
+        return Err(Error::Shape(format!(
+            "layers sharing an input differ: K {} / {}, {:?} / {:?}",
+            first.k, l.k, first.recipe, l.recipe
+        )));
+    }
+    let mut input = first.prepare(gpu, x, m)?;
+    let mut out = Vec::with_capacity(rest.len() + 1);
+    out.push(first.forward_input(gpu, &input)?);
+    for l in rest.iter_mut() {
+        out.push(l.forward_input(gpu, &input)?);
+    }
+    first.finish_input(gpu, &mut input)?;
+    Ok(out)
 }
 
 /// The row-wise copy of `q` (`rows x cols`) dequantized to bf16.

@@ -15,13 +15,14 @@
 //! tile; nothing of size T x T is stored). Every reduction runs in a fixed
 //! order, so a step is deterministic on a given GPU.
 
-use crate::linear::{GpuLinear, GpuLinearSaved};
+use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
 use crate::{nvrtc, Error, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Recipe;
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::Tensor;
 use std::collections::HashMap;
+use std::rc::Rc;
 
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
@@ -74,9 +75,8 @@ struct Attn {
 
 /// Which tensor-core attention variant runs: `OCTET_ATTN=<fwd>,<bwd>` with
 /// `<fwd>` one of `4q 8q 4s 8s` (warps per block of 16 rows each; Q fragments
-/// in registers or shared memory) or `4w` (4 warps of 32 rows), and `<bwd>` `4`
-/// or `8` (warps per block of the dK/dV and dQ kernels) or `4w` (dK/dV with 4
-/// warps, dQ with 4 warps of 32 rows). For measuring.
+/// in registers or shared memory) and `<bwd>` `4` or `8` (warps per block of
+/// the dK/dV and dQ kernels). For measuring.
 fn attn_variant() -> (String, String) {
     let default = ("4q".to_string(), "4".to_string());
     let Some(v) = std::env::var_os("OCTET_ATTN") else {
@@ -86,9 +86,7 @@ fn attn_variant() -> (String, String) {
     let mut it = v.split(',');
     let fwd = it.next().unwrap_or("4q").trim().to_string();
     let bwd = it.next().unwrap_or("4").trim().to_string();
-    if !["4q", "8q", "4s", "8s", "4w"].contains(&fwd.as_str())
-        || !["4", "8", "4w"].contains(&bwd.as_str())
-    {
+    if !["4q", "8q", "4s", "8s"].contains(&fwd.as_str()) || !["4", "8"].contains(&bwd.as_str()) {
         return default;
     }
     (fwd, bwd)
@@ -202,7 +200,7 @@ struct BlockSaved {
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     /// The attention output (maybe shared with o's saved input).
-    a: std::rc::Rc<CudaSlice<u16>>,
+    a: Rc<CudaSlice<u16>>,
     lse: CudaSlice<f32>,
     x1: CudaSlice<f32>,
     rstd2: CudaSlice<f32>,
@@ -214,7 +212,7 @@ impl BlockSaved {
     /// Bytes kept, each buffer counted once however many layers share it.
     fn bytes(&self) -> usize {
         let mut seen = std::collections::HashSet::new();
-        seen.insert(std::rc::Rc::as_ptr(&self.a) as usize);
+        seen.insert(Rc::as_ptr(&self.a) as usize);
         4 * (self.x.len() + self.rstd1.len() + self.lse.len() + self.x1.len() + self.rstd2.len())
             + 2 * (self.q.len()
                 + self.k.len()
@@ -271,6 +269,14 @@ pub fn token_rows(tokens: &[u32], v: usize) -> (Vec<i32>, Vec<i32>) {
         fill[tok as usize] += 1;
     }
     (starts, rows)
+}
+
+/// The last output of a [`forward_shared`] group (pop order: last layer first).
+fn next_out(
+    outs: &mut Vec<(CudaSlice<u16>, GpuLinearSaved)>,
+) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
+    outs.pop()
+        .ok_or_else(|| Error::Shape("a shared forward returned too few outputs".into()))
 }
 
 fn grid1(n: usize) -> LaunchConfig {
@@ -354,12 +360,7 @@ impl<'g> GpuLlama<'g> {
                 let bn: usize = if bw.starts_with('8') { 8 } else { 4 };
                 let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
                 // Rows of shared memory: two stages of K, V (64 each), plus Q where it stays there.
-                let fwd_rows = 256
-                    + match fv.as_str() {
-                        "4w" => 128,
-                        f if f.ends_with('s') => 16 * fw,
-                        _ => 0,
-                    };
+                let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
                 let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
                     Ok(AttnKernel {
                         f: l(&name)?,
@@ -368,24 +369,14 @@ impl<'g> GpuLlama<'g> {
                         smem,
                     })
                 };
-                let mut fwd = k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?;
-                if fv == "4w" {
-                    fwd.rows = 128;
-                }
                 Attn {
-                    fwd,
+                    fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
                     dkdv: k(
                         format!("attn_dkdv_tc{d}_{bn}"),
                         bn,
                         (32 * bn + 128) * p + 512,
                     )?,
-                    dq: if bw == "4w" {
-                        let mut dq = k(format!("attn_dq_tc{d}_4w"), 4, (2 * 128 + 128) * p)?;
-                        dq.rows = 128;
-                        dq
-                    } else {
-                        k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?
-                    },
+                    dq: k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?,
                     tensor_cores: true,
                 }
             } else {
@@ -777,14 +768,11 @@ impl<'g> GpuLlama<'g> {
             let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
             self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
-            // q, k and v read one quantization (or copy) of h.
-            let blk = &mut self.blocks[bi];
-            let mut hin = blk.lin[0].prepare(gpu, h, n)?;
-            let (mut q, sq) = blk.lin[0].forward_input(gpu, &hin)?;
-            let (mut k, sk) = blk.lin[1].forward_input(gpu, &hin)?;
-            let (vv, sv) = blk.lin[2].forward_input(gpu, &hin)?;
-            blk.lin[0].finish_input(gpu, &mut hin)?;
-            drop(hin);
+            // q, k and v read one quantization of h.
+            let mut qkv = forward_shared(&mut self.blocks[bi].lin[0..3], gpu, Rc::new(h), n)?;
+            let (vv, sv) = next_out(&mut qkv)?;
+            let (mut k, sk) = next_out(&mut qkv)?;
+            let (mut q, sq) = next_out(&mut qkv)?;
             self.mark("linear fwd")?;
             lin_saved.extend([sq, sk, sv]);
             for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
@@ -805,45 +793,20 @@ impl<'g> GpuLlama<'g> {
             let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d))?;
             self.mark("attention fwd (+rope)")?;
             // The attention output: o's input, and read again by the attention
-            // backward (shared with o's saved input when o keeps it in bf16).
-            let blk = &mut self.blocks[bi];
-            let a_copy = if blk.lin[3].keeps_bf16_input() {
-                None
-            } else {
-                Some(gpu.stream.clone_dtod(&a)?)
-            };
-            let mut ain = blk.lin[3].prepare(gpu, a, n)?;
-            let (o, so) = blk.lin[3].forward_input(gpu, &ain)?;
-            blk.lin[3].finish_input(gpu, &mut ain)?;
-            let a = match a_copy {
-                Some(c) => std::rc::Rc::new(c),
-                None => ain
-                    .bf16()
-                    .ok_or_else(|| Error::Shape("attention output not kept".into()))?,
-            };
-            drop(ain);
+            // backward (one buffer, shared with o's saved input when o keeps it).
+            let a = Rc::new(a);
+            let mut outs = forward_shared(&mut self.blocks[bi].lin[3..4], gpu, a.clone(), n)?;
+            let (o, so) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(so);
-            let mut x1: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
-            let nc = n * c;
-            unsafe {
-                s.launch_builder(&self.f.add_residual)
-                    .arg(&x)
-                    .arg(&o)
-                    .arg(&mut x1)
-                    .arg(&nc)
-                    .launch(grid1(nc))?;
-            }
+            let x1 = self.add_residual(&x, &o)?;
             drop(o);
             self.mark("elementwise")?;
             let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
             self.mark("rmsnorm")?;
-            let blk = &mut self.blocks[bi];
-            let mut h2in = blk.lin[4].prepare(gpu, h2, n)?;
-            let (gate, sg) = blk.lin[4].forward_input(gpu, &h2in)?;
-            let (up, su) = blk.lin[5].forward_input(gpu, &h2in)?;
-            blk.lin[4].finish_input(gpu, &mut h2in)?;
-            drop(h2in);
+            let mut gu = forward_shared(&mut self.blocks[bi].lin[4..6], gpu, Rc::new(h2), n)?;
+            let (up, su) = next_out(&mut gu)?;
+            let (gate, sg) = next_out(&mut gu)?;
             self.mark("linear fwd")?;
             lin_saved.extend([sg, su]);
             let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
@@ -857,22 +820,11 @@ impl<'g> GpuLlama<'g> {
                     .launch(grid1(nf))?;
             }
             self.mark("elementwise")?;
-            let blk = &mut self.blocks[bi];
-            let mut actin = blk.lin[6].prepare(gpu, act, n)?;
-            let (dn, sd) = blk.lin[6].forward_input(gpu, &actin)?;
-            blk.lin[6].finish_input(gpu, &mut actin)?;
-            drop(actin);
+            let mut outs = forward_shared(&mut self.blocks[bi].lin[6..7], gpu, Rc::new(act), n)?;
+            let (dn, sd) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(sd);
-            let mut x2: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
-            unsafe {
-                s.launch_builder(&self.f.add_residual)
-                    .arg(&x1)
-                    .arg(&dn)
-                    .arg(&mut x2)
-                    .arg(&nc)
-                    .launch(grid1(nc))?;
-            }
+            let x2 = self.add_residual(&x1, &dn)?;
             if self.check_layers && !self.all_finite(&x2)? {
                 let what = if self.all_finite(&x1)? {
                     "its MLP (post_attention_layernorm, gate/up/down)"
@@ -946,6 +898,24 @@ impl<'g> GpuLlama<'g> {
                 dlogits,
             }),
         ))
+    }
+
+    /// `x + y` (f32 residual plus a bf16 projection output) into a new buffer.
+    fn add_residual(&self, x: &CudaSlice<f32>, y: &CudaSlice<u16>) -> Result<CudaSlice<f32>> {
+        let n = x.len();
+        // SAFETY: the kernel writes all n elements; types match `add_residual` in train.cu.
+        let mut out: CudaSlice<f32> = unsafe { self.gpu.alloc_uninit(n, "residual")? };
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.add_residual)
+                .arg(x)
+                .arg(y)
+                .arg(&mut out)
+                .arg(&n)
+                .launch(grid1(n))?;
+        }
+        Ok(out)
     }
 
     fn norm_fwd(
