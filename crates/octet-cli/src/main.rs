@@ -8,6 +8,7 @@
 mod bench;
 mod demo;
 mod dist;
+mod dist_gpu;
 mod generate;
 mod gpu;
 mod info;

@@ -82,6 +82,22 @@ pub struct TrainArgs {
     /// recipes, gradients reduce-scattered. `--batch` is the global batch.
     #[arg(long, default_value_t = 1)]
     pub nproc: usize,
+    /// Machines of a multi-GPU job (`--nproc` GPUs each).
+    #[arg(long, default_value_t = 1)]
+    pub nnodes: usize,
+    /// This machine's index among `--nnodes` (0 hosts the rendezvous).
+    #[arg(long, default_value_t = 0)]
+    pub node_rank: usize,
+    /// Host of the rendezvous (node 0) for multi-GPU jobs.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub master_addr: String,
+    /// Port of the rendezvous (default: a free port on one machine, 29500 across machines).
+    #[arg(long)]
+    pub master_port: Option<u16>,
+    /// Seconds a GPU rank may go without finishing a step (or joining)
+    /// before it ends the job: a failed peer leaves the others waiting in a collective.
+    #[arg(long, default_value_t = 600)]
+    pub dist_timeout: u64,
     /// Device: cpu, cuda, or auto (the GPU when one is usable, else the CPU).
     #[arg(long, default_value = "auto")]
     pub device: String,
@@ -219,12 +235,23 @@ pub fn summary_table(runs: &[RunSummary]) {
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let cfg = a.config()?;
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
+    anyhow::ensure!(a.nnodes >= 1, "--nnodes must be at least 1");
+    anyhow::ensure!(
+        a.node_rank < a.nnodes,
+        "--node-rank {} of --nnodes {}",
+        a.node_rank,
+        a.nnodes
+    );
+    if let Some(local) = crate::dist_gpu::local_rank_from_env()? {
+        return crate::dist_gpu::run_rank(&cfg, &a, local);
+    }
+    let gpu_job = a.nnodes > 1
+        || (a.nproc > 1
+            && (a.device == "cuda" || (a.device == "auto" && crate::gpu::open("auto")?.is_some())));
+    if gpu_job {
+        return crate::dist_gpu::launch(&a);
+    }
     if a.nproc > 1 {
-        anyhow::ensure!(
-            a.device != "cuda",
-            "--nproc {} with --device cuda: sharded data parallel runs on CPU threads only so far (NCCL is not built yet); use --device cpu",
-            a.nproc
-        );
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;

@@ -28,6 +28,7 @@ pub mod linear;
 pub mod mixed;
 pub mod model;
 pub mod mx;
+pub mod nccl;
 pub mod nvfp4;
 pub mod nvrtc;
 mod quantize;
@@ -84,6 +85,9 @@ pub enum Error {
     /// NaN/inf located in a model: the first place they appear.
     #[error("non-finite values first appear in {0}")]
     NonFiniteIn(String),
+    /// An NCCL call failed or NCCL is missing.
+    #[error("NCCL: {0}")]
+    Nccl(String),
     /// An error of the CPU reference.
     #[error(transparent)]
     Reference(#[from] octet_tensor::Error),

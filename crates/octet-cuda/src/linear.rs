@@ -143,6 +143,11 @@ pub struct GpuLinear {
     /// Counters of the last recorded quantization per role: `[amax bits,
     /// saturated, underflowed]` and the element count.
     tele: [Option<(std::rc::Rc<CudaSlice<u32>>, usize)>; 3],
+    /// The weight comes quantized from outside (sharded data parallel gathers
+    /// it in FP8): no bf16 weight is kept; each forward takes [`GpuLinear::set_gathered`]'s.
+    external: bool,
+    /// The FP8 weight the next forward reads (when `external`).
+    gathered: Option<DeviceFp8>,
 }
 
 /// What [`GpuLinear::forward`] keeps for backward.
@@ -252,7 +257,43 @@ impl GpuLinear {
             calls: 0,
             telemetry_on: false,
             tele: [None, None, None],
+            external: false,
+            gathered: None,
         })
+    }
+
+    /// From now on the weight comes quantized from outside, one
+    /// [`GpuLinear::set_gathered`] per forward (sharded data parallel: the
+    /// per-tensor FP8 weight gathered from the ranks' shards); the bf16 weight
+    /// is freed. Only the tensorwise recipe with the `quantized` or
+    /// `dequantized` backward takes it: the others read a bf16 weight.
+    pub fn use_external_weight(&mut self, gpu: &Gpu) -> Result<()> {
+        if self.kind != Kind::Tensorwise || self.backward == BackwardMode::HighPrecision {
+            return Err(Error::Shape(format!(
+                "an FP8 weight from outside needs the tensorwise recipe with a quantized or dequantized backward, not {:?}",
+                self.recipe.map(|r| r.to_string())
+            )));
+        }
+        self.external = true;
+        self.weight = gpu.alloc_zeros(1, "placeholder")?;
+        Ok(())
+    }
+
+    /// Whether the weight comes quantized from outside ([`GpuLinear::use_external_weight`]).
+    pub fn external_weight(&self) -> bool {
+        self.external
+    }
+
+    /// The FP8 weight `(N, K)` (both copies, one per-tensor scale) the next forward reads.
+    pub fn set_gathered(&mut self, q: DeviceFp8) -> Result<()> {
+        if !self.external || q.rows != self.n || q.cols != self.k || q.format != Format::E4M3 {
+            return Err(Error::Shape(format!(
+                "gathered weight ({}, {}) {} for a layer ({}, {}) taking external weights: {}",
+                q.rows, q.cols, q.format, self.n, self.k, self.external
+            )));
+        }
+        self.gathered = Some(q);
+        Ok(())
     }
 
     /// Count one quantization in `role` and return its rounding: the recipe's
@@ -642,20 +683,31 @@ impl GpuLinear {
             Error::Shape("FP8 input missing (prepared for the bf16 layer?)".into())
         })?;
         let rw = self.rounding(1)?;
-        let mut wq = Self::quantize(
-            self.kind,
-            &mut self.states,
-            gpu,
-            &self.weight,
-            n,
-            k,
-            Format::E4M3,
-            1,
-            rw,
-        )?;
+        let mut wq = if self.external {
+            Quant::Tensor(self.gathered.take().ok_or_else(|| {
+                Error::Shape(format!(
+                    "layer ({n}, {k}): its FP8 weight was not gathered before the forward"
+                ))
+            })?)
+        } else {
+            Self::quantize(
+                self.kind,
+                &mut self.states,
+                gpu,
+                &self.weight,
+                n,
+                k,
+                Format::E4M3,
+                1,
+                rw,
+            )?
+        };
         if self.telemetry_on {
             self.tele[0] = input.tele.clone();
-            self.tele[1] = Some(self.record(gpu, 1, &self.weight, &wq, Format::E4M3)?);
+            // A gathered weight's bf16 values are on the ranks that own them.
+            if !self.external {
+                self.tele[1] = Some(self.record(gpu, 1, &self.weight, &wq, Format::E4M3)?);
+            }
         }
         Self::gemm(gpu, &xq.borrow(), false, &wq, false, &mut y, (m, n, k))?;
         match self.backward {

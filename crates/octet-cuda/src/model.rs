@@ -16,8 +16,11 @@
 //! order, so a step is deterministic on a given GPU.
 
 use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
-use crate::{nvrtc, Error, Gpu, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use crate::nccl::{NcclComm, Reduce};
+use crate::{nvrtc, DeviceFp8, Error, Gpu, Result};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+};
 use octet_fp8::Recipe;
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::Tensor;
@@ -50,6 +53,7 @@ struct Fns {
     sumsq: CudaFunction,
     adamw: CudaFunction,
     attn_delta: CudaFunction,
+    transpose_u8: CudaFunction,
     attn: Attn,
 }
 
@@ -189,6 +193,61 @@ pub struct GpuLlama<'g> {
     /// loss, which then fails with [`Error::NonFiniteIn`] naming the block.
     pub check_layers: bool,
     prof: Prof,
+    /// Sharded data parallel: how the parameters are split over the ranks.
+    shard: Option<Sharding<'g>>,
+}
+
+/// One parameter's shard: rows `[rank * rows, (rank + 1) * rows)` of its
+/// first dimension (the last rank's padded with zero rows).
+#[derive(Clone, Copy, Debug)]
+struct Part {
+    /// Rows per rank (the first dimension divided up, rounded up).
+    rows: usize,
+    /// Elements per row.
+    row_len: usize,
+    /// First element in the shard-flat buffers.
+    shard_off: usize,
+}
+
+impl Part {
+    fn numel(&self) -> usize {
+        self.rows * self.row_len
+    }
+
+    /// Rank `rank`'s rows of the full values `full`, padded with zeros to [`Part::numel`].
+    fn mine(&self, full: &[f32], rank: usize) -> Vec<f32> {
+        let lo = (rank * self.numel()).min(full.len());
+        let hi = ((rank + 1) * self.numel()).min(full.len());
+        let mut v = full[lo..hi].to_vec();
+        v.resize(self.numel(), 0.0);
+        v
+    }
+}
+
+/// Sharded data parallel state (FSDP-style) of one rank.
+///
+/// Masters and AdamW moments live only as this rank's shard of every
+/// parameter (`master`, `m`, `v` hold the shards back to back). Gradients
+/// are computed in full (`grad`, each parameter padded to `world` shards,
+/// so one reduce-scatter hands every rank its summed shard) and
+/// reduce-scattered into `gshard`. After AdamW the compute copies are
+/// gathered: bf16 block weights and LM head; f32 embedding and norm gains
+/// (`rep`); under the tensorwise recipe with an FP8 backward the block
+/// weights travel as FP8 instead, gathered block by block at each forward
+/// with one global scale (the amax all-reduced first): the bytes every rank
+/// holds are exactly those one rank would quantize from the whole weight.
+struct Sharding<'g> {
+    comm: &'g NcclComm,
+    parts: Vec<Part>,
+    gshard: CudaSlice<f32>,
+    /// Full f32 copies of the parameters the kernels read in f32 (embedding, norm gains).
+    rep: CudaSlice<f32>,
+    /// Offset of a slot in `rep`.
+    rep_off: Vec<Option<usize>>,
+    /// bf16 shards of the parameters with bf16 compute copies (block matrices, LM head).
+    wsh: Vec<Option<CudaSlice<u16>>>,
+    /// Block weights are gathered in FP8 at each forward.
+    fp8: bool,
 }
 
 /// What one block's backward reads.
@@ -319,6 +378,29 @@ impl<'g> GpuLlama<'g> {
         weights: &HashMap<String, Tensor>,
         recipe: Option<Recipe>,
     ) -> Result<GpuLlama<'g>> {
+        Self::build(gpu, cfg, weights, recipe, None)
+    }
+
+    /// [`GpuLlama::new`] as one rank of sharded data parallel over `comm`:
+    /// every rank passes the same full weights and keeps its shard of the
+    /// masters and optimizer state (see the module's sharding notes).
+    pub fn new_sharded(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        recipe: Option<Recipe>,
+        comm: &'g NcclComm,
+    ) -> Result<GpuLlama<'g>> {
+        Self::build(gpu, cfg, weights, recipe, Some(comm))
+    }
+
+    fn build(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        recipe: Option<Recipe>,
+        comm: Option<&'g NcclComm>,
+    ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
@@ -350,6 +432,7 @@ impl<'g> GpuLlama<'g> {
             sumsq: l("sumsq_partial")?,
             adamw: l("adamw")?,
             attn_delta: l("attn_delta")?,
+            transpose_u8: l("transpose_u8")?,
             attn: if matches!(d, 16 | 32 | 64 | 128) {
                 // bf16 tiles of pitch D + 8 (p bytes a row). Forward: two stages of
                 // K, V (64 rows each), plus Q (16 W rows) when it stays in shared
@@ -435,7 +518,6 @@ impl<'g> GpuLlama<'g> {
             )));
         }
         let p = host.len();
-        let master = gpu.upload(&host)?;
         let bf16_of = |slot: &Slot| -> Result<CudaSlice<u16>> {
             let b: Vec<half::bf16> = host[slot.offset..slot.offset + slot.numel]
                 .iter()
@@ -481,6 +563,25 @@ impl<'g> GpuLlama<'g> {
             norm_slot + 1
         };
         let head = bf16_of(&slots[head_slot])?;
+        let (master, grad_len, shard) = match comm {
+            None => (gpu.upload(&host)?, p, None),
+            Some(comm) => {
+                let mut lin_slots = std::collections::HashSet::new();
+                for blk in &blocks {
+                    lin_slots.extend(blk.lin_slot);
+                }
+                Self::shard_state(
+                    gpu,
+                    comm,
+                    &mut slots,
+                    &host,
+                    &lin_slots,
+                    head_slot,
+                    recipe,
+                    &mut blocks,
+                )?
+            }
+        };
         let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
             .map_err(|e| Error::Shape(e.to_string()))?;
         let (cos, sin) = rope.tables_f32();
@@ -489,10 +590,10 @@ impl<'g> GpuLlama<'g> {
             cfg: cfg.clone(),
             f,
             slots,
+            grad: gpu.alloc_zeros(grad_len, "gradients")?,
+            m: gpu.alloc_zeros(master.len(), "AdamW first moments")?,
+            v: gpu.alloc_zeros(master.len(), "AdamW second moments")?,
             master,
-            grad: gpu.alloc_zeros(p, "gradients")?,
-            m: gpu.alloc_zeros(p, "AdamW first moments")?,
-            v: gpu.alloc_zeros(p, "AdamW second moments")?,
             blocks,
             head,
             embed_slot,
@@ -507,6 +608,7 @@ impl<'g> GpuLlama<'g> {
                 last: std::time::Instant::now(),
                 acc: Vec::new(),
             },
+            shard,
         })
     }
 
@@ -665,13 +767,19 @@ impl<'g> GpuLlama<'g> {
 
     /// Parameter count.
     pub fn num_params(&self) -> usize {
-        self.master.len()
+        self.slots.iter().map(|s| s.numel).sum()
     }
 
     /// Device bytes of parameters, gradients and optimizer state (f32 each)
     /// and the bf16 compute copies.
     pub fn state_bytes(&self) -> usize {
-        16 * self.master.len()
+        let sharded = self.shard.as_ref().map_or(0, |sh| {
+            4 * (sh.gshard.len() + sh.rep.len())
+                + 2 * sh.wsh.iter().flatten().map(|w| w.len()).sum::<usize>()
+        });
+        12 * self.master.len()
+            + 4 * self.grad.len()
+            + sharded
             + 2 * self.head.len()
             + self
                 .blocks
@@ -681,9 +789,18 @@ impl<'g> GpuLlama<'g> {
                 .sum::<usize>()
     }
 
-    fn slot_view(&self, s: usize) -> cudarc::driver::CudaView<'_, f32> {
+    /// The f32 values of parameter `s` the kernels read (embedding, norm gains).
+    fn slot_view(&self, s: usize) -> Result<cudarc::driver::CudaView<'_, f32>> {
         let sl = &self.slots[s];
-        self.master.slice(sl.offset..sl.offset + sl.numel)
+        match &self.shard {
+            None => Ok(self.master.slice(sl.offset..sl.offset + sl.numel)),
+            Some(sh) => {
+                let off = sh.rep_off[s].ok_or_else(|| {
+                    Error::Shape(format!("{} has no full f32 copy on this rank", sl.name))
+                })?;
+                Ok(sh.rep.slice(off..off + sl.numel))
+            }
+        }
     }
 
     /// Forward and mean cross-entropy on `tokens (B, T)` with `targets (B, T)`.
@@ -741,7 +858,7 @@ impl<'g> GpuLlama<'g> {
         // Embedding.
         let mut x: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
         {
-            let table = self.slot_view(self.embed_slot);
+            let table = self.slot_view(self.embed_slot)?;
             // SAFETY (every launch in this file): argument types and order match
             // the kernels in train.cu, and every buffer has the length the
             // kernel indexes (sizes derived from the shapes checked above).
@@ -765,6 +882,10 @@ impl<'g> GpuLlama<'g> {
         for bi in 0..self.blocks.len() {
             let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
             self.mark("other")?;
+            if self.shard.as_ref().is_some_and(|sh| sh.fp8) {
+                self.gather_block_fp8(bi)?;
+                self.mark("fp8 all-gather")?;
+            }
             let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
             self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
@@ -928,7 +1049,7 @@ impl<'g> GpuLlama<'g> {
         let c = self.cfg.hidden_size;
         let mut h: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n * c, "norm output")? };
         let mut rstd: CudaSlice<f32> = unsafe { self.gpu.alloc_uninit(n, "norm rstd")? };
-        let g = self.slot_view(slot);
+        let g = self.slot_view(slot)?;
         let ci = c as i32;
         unsafe {
             self.gpu
@@ -960,7 +1081,7 @@ impl<'g> GpuLlama<'g> {
         let s = &self.gpu.stream;
         let mut partial: CudaSlice<f32> = self.gpu.alloc_zeros(DGAIN_SPLIT * c, "norm partials")?;
         {
-            let g = self.slot_view(slot);
+            let g = self.slot_view(slot)?;
             unsafe {
                 s.launch_builder(&self.f.norm_bwd)
                     .arg(x)
@@ -1277,6 +1398,9 @@ impl<'g> GpuLlama<'g> {
     /// copies, rolls delayed-scaling histories. Returns the norm before
     /// clipping; a non-finite norm is an error and nothing is updated.
     pub fn adamw_step(&mut self, p: AdamParams) -> Result<f32> {
+        if self.shard.is_some() {
+            return self.adamw_step_sharded(p);
+        }
         self.mark("other")?;
         let norm = self.grad_norm()? as f32;
         if !norm.is_finite() {
@@ -1346,7 +1470,7 @@ impl<'g> GpuLlama<'g> {
 
     /// The f32 masters as named tensors (checkpoint order).
     pub fn weights(&self) -> Result<Vec<(String, Tensor)>> {
-        let host = self.gpu.download(&self.master)?;
+        let host = self.full_host(&self.master)?;
         self.split(&host)
     }
 
@@ -1359,9 +1483,9 @@ impl<'g> GpuLlama<'g> {
     /// `(masters, first moments, second moments)` per parameter, in order.
     pub fn optimizer_state(&self) -> Result<Vec<MasterMoments>> {
         let (p, m, v) = (
-            self.gpu.download(&self.master)?,
-            self.gpu.download(&self.m)?,
-            self.gpu.download(&self.v)?,
+            self.full_host(&self.master)?,
+            self.full_host(&self.m)?,
+            self.full_host(&self.v)?,
         );
         Ok(self
             .slots
@@ -1396,6 +1520,17 @@ impl<'g> GpuLlama<'g> {
             hm.extend_from_slice(a);
             hv.extend_from_slice(b);
         }
+        if let Some(sh) = &self.shard {
+            let (hm_full, hv_full) = (hm, hv);
+            hm = Vec::with_capacity(self.master.len());
+            hv = Vec::with_capacity(self.master.len());
+            let mut off = 0;
+            for (s, part) in self.slots.iter().zip(&sh.parts) {
+                hm.extend(part.mine(&hm_full[off..off + s.numel], sh.comm.rank()));
+                hv.extend(part.mine(&hv_full[off..off + s.numel], sh.comm.rank()));
+                off += s.numel;
+            }
+        }
         self.m = self.gpu.upload(&hm)?;
         self.v = self.gpu.upload(&hv)?;
         self.step = step;
@@ -1412,6 +1547,356 @@ impl<'g> GpuLlama<'g> {
                 ))
             })
             .collect()
+    }
+}
+
+/// Gather every rank's `send` (one [`Part`], `part.numel()` elements) into
+/// `dst` (the parameter's `numel` elements, rank-major rows), leaving out
+/// the last rank's padding (through a temporary when there is any).
+fn gather_part<T: DeviceRepr + ValidAsZeroBits + cudarc::nccl::NcclType>(
+    gpu: &Gpu,
+    comm: &NcclComm,
+    send: &CudaView<'_, T>,
+    dst: &mut cudarc::driver::CudaViewMut<'_, T>,
+) -> Result<()> {
+    let full = send.len() * comm.world();
+    if full == dst.len() {
+        return comm.all_gather(send, dst);
+    }
+    // SAFETY: the all-gather writes every element.
+    let mut tmp: CudaSlice<T> = unsafe { gpu.alloc_uninit(full, "gather buffer")? };
+    comm.all_gather(send, &mut tmp)?;
+    let n = dst.len();
+    gpu.stream.memcpy_dtod(&tmp.slice(..n), dst)?;
+    Ok(())
+}
+
+/// [`gather_part`] of bf16 bits (NCCL moves them as `ncclBfloat16`).
+fn gather_bf16(
+    gpu: &Gpu,
+    comm: &NcclComm,
+    send: &CudaSlice<u16>,
+    dst: &mut CudaSlice<u16>,
+) -> Result<()> {
+    let (ns, nd) = (send.len(), dst.len());
+    // SAFETY: bf16 and u16 have the same size; the bits are only moved.
+    let (s, mut d) = unsafe {
+        (
+            send.transmute::<half::bf16>(ns),
+            dst.transmute_mut::<half::bf16>(nd),
+        )
+    };
+    match (s, d.as_mut()) {
+        (Some(s), Some(d)) => gather_part(gpu, comm, &s, d),
+        _ => Err(Error::Shape("bf16 view of a gather buffer".into())),
+    }
+}
+
+/// Sharded data parallel (see [`Sharding`]).
+impl<'g> GpuLlama<'g> {
+    /// Split the parameters over the ranks of `comm`: this rank's shard of
+    /// every parameter (masters, returned), the bf16 shards of the matrices,
+    /// the full f32 copies of embedding and norm gains; `slots` get their
+    /// offsets in the padded full-gradient layout (returned: its length).
+    /// Under tensorwise with an FP8 backward, the block linears switch to
+    /// weights gathered in FP8 (their bf16 copies are freed).
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    fn shard_state(
+        gpu: &'g Gpu,
+        comm: &'g NcclComm,
+        slots: &mut [Slot],
+        host: &[f32],
+        lin_slots: &std::collections::HashSet<usize>,
+        head_slot: usize,
+        recipe: Option<Recipe>,
+        blocks: &mut [Block],
+    ) -> Result<(CudaSlice<f32>, usize, Option<Sharding<'g>>)> {
+        let (world, rank) = (comm.world(), comm.rank());
+        let mut parts = Vec::with_capacity(slots.len());
+        let mut shard_host: Vec<f32> = Vec::new();
+        let mut rep_host: Vec<f32> = Vec::new();
+        let mut rep_off = vec![None; slots.len()];
+        let mut wsh = Vec::with_capacity(slots.len());
+        let mut full_off = 0;
+        for (i, sl) in slots.iter_mut().enumerate() {
+            let total_rows = sl.shape.first().copied().unwrap_or(1).max(1);
+            let row_len = sl.numel / total_rows;
+            let part = Part {
+                rows: total_rows.div_ceil(world),
+                row_len,
+                shard_off: shard_host.len(),
+            };
+            let src = &host[sl.offset..sl.offset + sl.numel];
+            let mine = part.mine(src, rank);
+            let bf16_copy = lin_slots.contains(&i) || i == head_slot;
+            wsh.push(if bf16_copy {
+                let b: Vec<half::bf16> = mine.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                Some(gpu.upload_bf16(&b)?)
+            } else {
+                None
+            });
+            // The embedding (also the tied head) and the norm gains are read in f32.
+            let untied_head = i == head_slot && i != 0;
+            if !(lin_slots.contains(&i) || untied_head) {
+                rep_off[i] = Some(rep_host.len());
+                rep_host.extend_from_slice(src);
+            }
+            shard_host.extend(mine);
+            sl.offset = full_off;
+            full_off += world * part.numel();
+            parts.push(part);
+        }
+        let fp8 = recipe.is_some_and(|r| {
+            matches!(
+                r.scaling(),
+                octet_fp8::Scaling::Tensorwise {
+                    power_of_two: false
+                }
+            ) && r.backward() != octet_fp8::BackwardMode::HighPrecision
+        });
+        if fp8 {
+            for blk in blocks.iter_mut() {
+                for l in &mut blk.lin {
+                    l.use_external_weight(gpu)?;
+                }
+            }
+        }
+        let sharding = Sharding {
+            comm,
+            parts,
+            gshard: gpu.alloc_zeros(shard_host.len(), "gradient shards")?,
+            rep: gpu.upload(&rep_host)?,
+            rep_off,
+            wsh,
+            fp8,
+        };
+        Ok((gpu.upload(&shard_host)?, full_off, Some(sharding)))
+    }
+
+    /// The GPU the model lives on.
+    pub fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
+    /// Whether the parameters are sharded over ranks.
+    pub fn sharded(&self) -> bool {
+        self.shard.is_some()
+    }
+
+    /// Whether block weights are all-gathered in FP8 (sharded, tensorwise, FP8 backward).
+    pub fn fp8_gather(&self) -> bool {
+        self.shard.as_ref().is_some_and(|sh| sh.fp8)
+    }
+
+    /// Gather block `bi`'s seven weights in FP8: each rank's bf16 shard's
+    /// amax, the maximum over the ranks (one all-reduce), each shard cast with
+    /// that one scale, the row-wise codes all-gathered and transposed here
+    /// for the column-wise copy (per-tensor scaling transposes locally).
+    fn gather_block_fp8(&mut self, bi: usize) -> Result<()> {
+        let gpu = self.gpu;
+        let Some(sh) = self.shard.as_ref() else {
+            return Ok(());
+        };
+        for li in 0..self.blocks[bi].lin.len() {
+            let si = self.blocks[bi].lin_slot[li];
+            let part = sh.parts[si];
+            let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let mut amax: CudaSlice<u32> = gpu.alloc_zeros(1, "amax")?;
+            let mut bad: CudaSlice<u32> = gpu.alloc_zeros(1, "flag")?;
+            gpu.launch_amax(w, &mut amax, &mut bad)?;
+            sh.comm.all_reduce(&mut amax, Reduce::Max)?;
+            let mut scale_inv: CudaSlice<f32> = gpu.alloc_zeros(1, "scale_inv")?;
+            // SAFETY (both): the cast kernel writes every code of the shard.
+            let mut row_sh: CudaSlice<u8> = unsafe { gpu.alloc_uninit(part.numel(), "FP8 shard")? };
+            let mut col_sh: CudaSlice<u8> = unsafe { gpu.alloc_uninit(part.numel(), "FP8 shard")? };
+            gpu.launch_cast(
+                w,
+                (part.rows, k),
+                octet_fp8::Format::E4M3,
+                &amax,
+                &mut row_sh,
+                &mut col_sh,
+                &mut scale_inv,
+                gpu.reverse_cast,
+            )?;
+            drop(col_sh);
+            // SAFETY: the gather writes every code; the transpose reads only those.
+            let mut rowwise: CudaSlice<u8> = unsafe { gpu.alloc_uninit(n * k, "gathered FP8")? };
+            gather_part(gpu, sh.comm, &row_sh.slice(..), &mut rowwise.slice_mut(..))?;
+            // SAFETY: the transpose writes every element.
+            let mut colwise: CudaSlice<u8> = unsafe { gpu.alloc_uninit(n * k, "gathered FP8^T")? };
+            let (ni, ki) = (n as i32, k as i32);
+            unsafe {
+                gpu.stream
+                    .launch_builder(&self.f.transpose_u8)
+                    .arg(&rowwise)
+                    .arg(&mut colwise)
+                    .arg(&ni)
+                    .arg(&ki)
+                    .launch(LaunchConfig {
+                        grid_dim: (k.div_ceil(32) as u32, n.div_ceil(32) as u32, 1),
+                        block_dim: (32, 8, 1),
+                        shared_mem_bytes: 0,
+                    })?;
+            }
+            self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
+                rows: n,
+                cols: k,
+                format: octet_fp8::Format::E4M3,
+                rowwise,
+                colwise,
+                scale_inv,
+                amax_bits: amax,
+                nonfinite: bad,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// AdamW on this rank's shards: gradients reduce-scattered (summed: each
+    /// rank's loss is already scaled by the global token count), the global
+    /// norm from every rank's shard (one f64 all-reduce), the update, then
+    /// the compute copies gathered (block weights in bf16 here, or in FP8 at
+    /// the next forward).
+    fn adamw_step_sharded(&mut self, p: AdamParams) -> Result<f32> {
+        self.mark("other")?;
+        let gpu = self.gpu;
+        let mut sh = self
+            .shard
+            .take()
+            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let r = self.adamw_sharded_inner(&mut sh, p);
+        self.shard = Some(sh);
+        let norm = r?;
+        for blk in &mut self.blocks {
+            for l in &mut blk.lin {
+                l.update_scales(gpu)?;
+            }
+        }
+        self.mark("adamw + collectives")?;
+        Ok(norm)
+    }
+
+    fn adamw_sharded_inner(&mut self, sh: &mut Sharding<'g>, p: AdamParams) -> Result<f32> {
+        let gpu = self.gpu;
+        let world = sh.comm.world();
+        sh.comm.group(|| {
+            for (sl, part) in self.slots.iter().zip(&sh.parts) {
+                let send = self.grad.slice(sl.offset..sl.offset + world * part.numel());
+                let mut recv = sh
+                    .gshard
+                    .slice_mut(part.shard_off..part.shard_off + part.numel());
+                sh.comm.reduce_scatter(&send, &mut recv, Reduce::Sum)?;
+            }
+            Ok(())
+        })?;
+        let local = self.sum_squares(&sh.gshard)?;
+        let norm = sh.comm.sum_f64(gpu, local)?.sqrt() as f32;
+        if !norm.is_finite() {
+            return Err(Error::NonFinite);
+        }
+        let clip = if p.grad_clip > 0.0 && norm > p.grad_clip {
+            p.grad_clip / norm
+        } else {
+            1.0
+        };
+        self.step += 1;
+        let tt = self.step as i32;
+        let (bc1, bc2) = (1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt));
+        let s = &gpu.stream;
+        for si in 0..self.slots.len() {
+            let part = sh.parts[si];
+            let wd = if self.slots[si].decay {
+                p.weight_decay
+            } else {
+                0.0
+            };
+            let range = part.shard_off..part.shard_off + part.numel();
+            let n = part.numel();
+            let mut pm = self.master.slice_mut(range.clone());
+            let g = sh.gshard.slice(range.clone());
+            let mut mm = self.m.slice_mut(range.clone());
+            let mut vm = self.v.slice_mut(range);
+            unsafe {
+                let null: u64 = 0;
+                let mut lb = s.launch_builder(&self.f.adamw);
+                lb.arg(&mut pm).arg(&g).arg(&mut mm).arg(&mut vm);
+                match sh.wsh[si].as_mut() {
+                    Some(o) => lb.arg(o),
+                    None => lb.arg(&null),
+                };
+                lb.arg(&n)
+                    .arg(&p.lr)
+                    .arg(&p.beta1)
+                    .arg(&p.beta2)
+                    .arg(&p.eps)
+                    .arg(&wd)
+                    .arg(&bc1)
+                    .arg(&bc2)
+                    .arg(&clip)
+                    .launch(grid1(n))?;
+            }
+        }
+        // The compute copies: f32 embedding and gains, bf16 head, bf16 block
+        // weights unless they travel in FP8 at the next forward.
+        for si in 0..self.slots.len() {
+            let part = sh.parts[si];
+            let numel = self.slots[si].numel;
+            if let Some(off) = sh.rep_off[si] {
+                let send = self
+                    .master
+                    .slice(part.shard_off..part.shard_off + part.numel());
+                gather_part(gpu, sh.comm, &send, &mut sh.rep.slice_mut(off..off + numel))?;
+            }
+            let Some(w) = sh.wsh[si].as_ref() else {
+                continue;
+            };
+            if si == self.head_slot {
+                gather_bf16(gpu, sh.comm, w, &mut self.head)?;
+            } else if !sh.fp8 {
+                let dst = self
+                    .blocks
+                    .iter_mut()
+                    .flat_map(|b| b.lin.iter_mut().zip(b.lin_slot))
+                    .find(|(_, s)| *s == si)
+                    .map(|(l, _)| l)
+                    .ok_or_else(|| Error::Shape(format!("slot {si} has no layer")))?;
+                gather_bf16(gpu, sh.comm, w, &mut dst.weight)?;
+            }
+        }
+        Ok(norm)
+    }
+
+    /// A flat f32 buffer (masters or moments) on the host in the padded full
+    /// layout of the slots' offsets: itself on one rank; gathered parameter
+    /// by parameter from the shards when sharded (a collective: every rank calls it).
+    fn full_host(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+        let Some(sh) = &self.shard else {
+            return self.gpu.download(buf);
+        };
+        let world = sh.comm.world();
+        let mut host = vec![0f32; self.grad.len()];
+        for (sl, part) in self.slots.iter().zip(&sh.parts) {
+            let full = world * part.numel();
+            let mut tmp: CudaSlice<f32> = self.gpu.alloc_zeros(full, "gather buffer")?;
+            sh.comm.all_gather(
+                &buf.slice(part.shard_off..part.shard_off + part.numel()),
+                &mut tmp,
+            )?;
+            host[sl.offset..sl.offset + full].copy_from_slice(&self.gpu.download(&tmp)?);
+        }
+        Ok(host)
+    }
+
+    /// Bytes and calls this rank handed to NCCL so far (zero when not sharded).
+    pub fn comm_stats(&self) -> crate::nccl::NcclStats {
+        self.shard
+            .as_ref()
+            .map(|sh| sh.comm.stats())
+            .unwrap_or_default()
     }
 }
 

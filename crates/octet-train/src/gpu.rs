@@ -17,6 +17,7 @@ use crate::trainer::{pick_token, plot_losses, Observer, RunSummary, TrainConfig}
 use crate::{Error, Result};
 use octet_cuda::decode::{GpuDecoder, GpuWeights};
 use octet_cuda::model::{AdamParams, GpuLlama};
+use octet_cuda::nccl::{NcclComm, NcclStats};
 use octet_cuda::Gpu;
 use octet_nn::llama::Llama;
 use octet_tensor::{DType, Tensor};
@@ -34,33 +35,54 @@ fn gpu_err(step: u64) -> impl Fn(octet_cuda::Error) -> Error {
     }
 }
 
-/// Mean validation loss over `n` deterministic batches, on the GPU.
+/// Mean validation loss over `n` deterministic batches, on the GPU (with
+/// `comm`, each rank takes its rows of every batch and the means are averaged).
 pub fn evaluate_gpu(
     model: &mut GpuLlama<'_>,
     data: &Dataset,
     cfg: &TrainConfig,
     n: usize,
+    comm: Option<&NcclComm>,
 ) -> Result<f64> {
+    let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
     let mut total = 0.0;
     for i in 0..n {
         let (x, y) = data.batch(Split::Val, cfg.batch, cfg.seq, cfg.seed, i as u64)?;
-        total += model.forward(&x, &y, (cfg.batch, cfg.seq), 0.0, false)?.0;
+        let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
+        total += model
+            .forward(&x, &y, (cfg.batch / world, cfg.seq), 0.0, false)?
+            .0;
     }
-    Ok(total / n.max(1) as f64)
+    let mean = total / n.max(1) as f64;
+    match comm {
+        Some(c) => Ok(c.sum_f64(model.gpu(), mean)? / world as f64),
+        None => Ok(mean),
+    }
 }
 
-/// Save the GPU model and optimizer as an ordinary checkpoint.
+/// Rank `rank`'s equal share of a batch's rows (`world` divides the batch).
+fn rows_of(x: &[u32], rank: usize, world: usize) -> Vec<u32> {
+    let chunk = x.len() / world;
+    x[rank * chunk..(rank + 1) * chunk].to_vec()
+}
+
+/// Save the GPU model and optimizer as an ordinary checkpoint. Sharded, every
+/// rank calls it (the shards are gathered) and rank 0 writes (`write`).
 fn save(
     model: &GpuLlama<'_>,
     adamw: crate::optim::AdamWConfig,
     recipe: Option<octet_fp8::Recipe>,
     dir: &Path,
     trainer_json: &str,
-) -> Result<std::path::PathBuf> {
+    write: bool,
+) -> Result<Option<std::path::PathBuf>> {
     let weights: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
+    let state = model.optimizer_state()?;
+    if !write {
+        return Ok(None);
+    }
     let cpu = Llama::from_weights(&model.cfg, weights, recipe)?;
-    let states = model
-        .optimizer_state()?
+    let states = state
         .into_iter()
         .zip(&model.slots)
         .map(|((master, m, v), s)| ParamState {
@@ -84,6 +106,7 @@ fn save(
         &opt,
         trainer_json,
     )
+    .map(Some)
 }
 
 /// Train on `gpu` from scratch, or resume from `resume` (a checkpoint of
@@ -94,7 +117,35 @@ pub fn train_gpu(
     obs: &mut dyn Observer,
     gpu: &Gpu,
 ) -> Result<RunSummary> {
+    train_gpu_ranked(cfg, resume, obs, gpu, None)
+}
+
+/// [`train_gpu`] as one rank of sharded data parallel over `comm` (`None`:
+/// the only rank). `cfg.batch` is the global batch: each rank trains on its
+/// equal share of every batch's rows, so the run sees the same data as one
+/// rank. Every rank calls this; rank 0 writes metrics, checkpoints, the plot
+/// and the sample, and its summary counts the bytes it handed to NCCL.
+pub fn train_gpu_ranked(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    obs: &mut dyn Observer,
+    gpu: &Gpu,
+    comm: Option<&NcclComm>,
+) -> Result<RunSummary> {
     cfg.validate()?;
+    let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
+    if cfg.batch % world != 0 {
+        return Err(Error::Train(format!(
+            "--batch {} (the global batch) does not split over {world} ranks",
+            cfg.batch
+        )));
+    }
+    let lead = rank == 0;
+    let local_b = cfg.batch / world;
+    let build = |mcfg: &octet_nn::llama::LlamaConfig, w: &HashMap<String, Tensor>| match comm {
+        Some(c) => GpuLlama::new_sharded(gpu, mcfg, w, cfg.recipe().ok().flatten(), c),
+        None => GpuLlama::new(gpu, mcfg, w, cfg.recipe().ok().flatten()),
+    };
     if cfg.lora.is_some() {
         return Err(Error::Train(
             "LoRA fine-tuning runs on the CPU only so far: use --device cpu".into(),
@@ -126,7 +177,7 @@ pub fn train_gpu(
                 })
                 .collect::<Result<_>>()?;
             drop(cpu);
-            let mut model = GpuLlama::new(gpu, &mcfg, &masters, recipe)?;
+            let mut model = build(&mcfg, &masters)?;
             let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
             model.set_moments(&m, &v, opt.step)?;
             obs.note(&format!(
@@ -145,11 +196,17 @@ pub fn train_gpu(
                 .collect();
             let mcfg = cpu.cfg.clone();
             drop(cpu);
-            GpuLlama::new(gpu, &mcfg, &w, recipe)?
+            build(&mcfg, &w)?
         }
     };
     let params = model.num_params();
-    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
+    let mut metrics = if lead {
+        Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)
+    } else {
+        None
+    };
+    let mut comm_from: Option<NcclStats> = None;
+    let mut comm_steps = 0u64;
     let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
     let t0 = Instant::now();
     let mut losses = Vec::new();
@@ -161,6 +218,11 @@ pub fn train_gpu(
     let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
     while model.step < cfg.steps {
         let step = model.step;
+        // NCCL bytes per step, counted over the steps after the first.
+        if comm.is_some() && comm_from.is_none() && model.step > 0 {
+            comm_from = Some(model.comm_stats());
+            comm_steps = 0;
+        }
         let ts = Instant::now();
         let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
         model.zero_grad()?;
@@ -175,19 +237,20 @@ pub fn train_gpu(
                 cfg.seed,
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
-            let (loss, saved) = match model.forward(&x, &y, (cfg.batch, cfg.seq), grad_scale, true)
-            {
+            let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
+            let (loss, saved) = match model.forward(&x, &y, (local_b, cfg.seq), grad_scale, true) {
                 Err(octet_cuda::Error::NonFinite) => {
                     // Run the batch again checking every block's output, to name
                     // where the NaN/inf first appears.
                     model.check_layers = true;
-                    let at = match model.forward(&x, &y, (cfg.batch, cfg.seq), 0.0, false) {
+                    let at = match model.forward(&x, &y, (local_b, cfg.seq), 0.0, false) {
                         Err(octet_cuda::Error::NonFiniteIn(at)) => at,
                         _ => "a place the block checks did not find".into(),
                     };
                     return Err(Error::NonFinite(format!(
-                        "step {}: the loss is not finite; NaN/inf first appear in {at}; the last good checkpoint is kept",
-                        step + 1
+                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}; the last good checkpoint is kept",
+                        step + 1,
+                        if world > 1 { format!(" on rank {rank}") } else { String::new() }
                     )));
                 }
                 r => r.map_err(gpu_err(step + 1))?,
@@ -229,6 +292,7 @@ pub fn train_gpu(
                 e => e.into(),
             })?;
         gpu.synchronize()?;
+        comm_steps += 1;
         let dt = ts.elapsed().as_secs_f64();
         // The first steps compile kernels and choose GEMM algorithms: the
         // run's tokens/s leaves them out when there are enough others.
@@ -236,7 +300,10 @@ pub fn train_gpu(
             tok_total += tokens_per_step;
             time_total += dt;
         }
-        let loss = loss_sum / cfg.grad_accum as f64;
+        let mut loss = loss_sum / cfg.grad_accum as f64;
+        if let Some(c) = comm {
+            loss = c.sum_f64(gpu, loss)? / world as f64;
+        }
         losses.push(loss);
         curve.push((model.step as f64, loss));
         let mut m = StepMetrics {
@@ -254,13 +321,15 @@ pub fn train_gpu(
         if cfg.eval_batches > 0
             && ((cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last)
         {
-            last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches)?;
+            last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches, comm)?;
             m.val_loss = Some(last_val);
             val_curve.push((model.step as f64, last_val));
             obs.note(&format!("step {}: val loss {last_val:.4}", model.step));
         }
-        metrics.write(&m)?;
-        if telemetry_step {
+        if let Some(mw) = metrics.as_mut() {
+            mw.write(&m)?;
+        }
+        if let (true, Some(mw)) = (telemetry_step, metrics.as_mut()) {
             let layers: Vec<serde_json::Value> = telemetry
                 .into_iter()
                 .map(|(name, role, t)| {
@@ -269,22 +338,25 @@ pub fn train_gpu(
                 })
                 .collect();
             if !layers.is_empty() {
-                metrics.write(&serde_json::json!({"step": model.step, "telemetry": layers}))?;
+                mw.write(&serde_json::json!({"step": model.step, "telemetry": layers}))?;
             }
         }
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
-            let p = save(&model, cfg.adamw, recipe, &dir, &trainer_json)?;
-            obs.note(&format!("checkpoint {}", p.display()));
+            if let Some(p) = save(&model, cfg.adamw, recipe, &dir, &trainer_json, lead)? {
+                obs.note(&format!("checkpoint {}", p.display()));
+            }
         }
     }
-    plot_losses(
-        &dir,
-        &format!("train ({recipe_name}, GPU)"),
-        curve,
-        val_curve,
-        obs,
-    );
+    if lead {
+        plot_losses(
+            &dir,
+            &format!("train ({recipe_name}, GPU)"),
+            curve,
+            val_curve,
+            obs,
+        );
+    }
     let prof = model.profile();
     if !prof.is_empty() {
         let total: f64 = prof.iter().map(|(_, t)| t).sum();
@@ -298,8 +370,26 @@ pub fn train_gpu(
         }
         obs.note(&text);
     }
-    let sample_text = if cfg.sample_tokens > 0 {
-        let w: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
+    let nccl_per_step = comm_from.map(|from| {
+        let d = model.comm_stats().since(&from);
+        let k = comm_steps.max(1);
+        NcclStats {
+            all_gather_bytes: d.all_gather_bytes / k,
+            all_gather_calls: d.all_gather_calls / k,
+            reduce_scatter_bytes: d.reduce_scatter_bytes / k,
+            reduce_scatter_calls: d.reduce_scatter_calls / k,
+            all_reduce_bytes: d.all_reduce_bytes / k,
+            all_reduce_calls: d.all_reduce_calls / k,
+        }
+    });
+    // Sharded, gathering the weights is a collective: every rank takes part.
+    let sample_weights = if cfg.sample_tokens > 0 {
+        Some(model.weights()?)
+    } else {
+        None
+    };
+    let sample_text = if let (true, Some(w)) = (lead, sample_weights) {
+        let w: HashMap<String, Tensor> = w.into_iter().collect();
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
         let prompt = ByteTokenizer.encode("ROMEO:\n");
         let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
@@ -338,5 +428,6 @@ pub fn train_gpu(
         sample: sample_text,
         params,
         peak_device_bytes: peak_dev,
+        nccl_per_step,
     })
 }

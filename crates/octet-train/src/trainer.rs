@@ -259,6 +259,9 @@ pub struct RunSummary {
     pub params: usize,
     /// Peak device memory in use (GPU runs; 0 on the CPU).
     pub peak_device_bytes: usize,
+    /// Sharded GPU runs: bytes and calls rank 0 handed to NCCL per step
+    /// (the mean over the steps after the first).
+    pub nccl_per_step: Option<octet_cuda::nccl::NcclStats>,
 }
 
 /// Mean validation loss over `n` deterministic batches.
@@ -561,5 +564,6 @@ pub fn train(
         sample: sample_text,
         params,
         peak_device_bytes: 0,
+        nccl_per_step: None,
     })
 }
