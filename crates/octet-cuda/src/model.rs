@@ -227,15 +227,19 @@ impl Part {
 /// Sharded data parallel state (FSDP-style) of one rank.
 ///
 /// Masters and AdamW moments live only as this rank's shard of every
-/// parameter (`master`, `m`, `v` hold the shards back to back). Gradients
-/// are computed in full (`grad`, each parameter padded to `world` shards,
-/// so one reduce-scatter hands every rank its summed shard) and
-/// reduce-scattered into `gshard`. After AdamW the compute copies are
-/// gathered: bf16 block weights and LM head; f32 embedding and norm gains
-/// (`rep`); under the tensorwise recipe with an FP8 backward the block
-/// weights travel as FP8 instead, gathered block by block at each forward
-/// with one global scale (the amax all-reduced first): the bytes every rank
-/// holds are exactly those one rank would quantize from the whole weight.
+/// parameter (`master`, `m`, `v` hold the shards back to back, padded rows
+/// zero). Gradients are computed in full for one block at a time: every
+/// block's parameters share one region of `grad` (each padded to `world`
+/// shards, rank-major), and as soon as backward finishes a block, one grouped
+/// reduce-scatter sums its gradients over the ranks, this rank's shards are
+/// added to `gshard`, and the region is zeroed for the next block (the
+/// embedding, final norm and head have their own region, flushed at the
+/// end). After AdamW the compute copies are gathered: bf16 block weights and
+/// LM head, f32 embedding and norm gains (`rep`). Under the tensorwise recipe
+/// with an FP8 backward the block weights travel as FP8 instead, gathered
+/// block by block at each forward with one global scale (each rank's amax,
+/// then the maximum over the ranks): the bytes every rank holds are exactly
+/// those one rank would quantize from the whole weight.
 struct Sharding<'g> {
     comm: &'g NcclComm,
     parts: Vec<Part>,
@@ -1176,6 +1180,9 @@ impl<'g> GpuLlama<'g> {
     /// Set every gradient to zero (before the first micro-batch of a step).
     pub fn zero_grad(&mut self) -> Result<()> {
         self.gpu.stream.memset_zeros(&mut self.grad)?;
+        if let Some(sh) = self.shard.as_mut() {
+            self.gpu.stream.memset_zeros(&mut sh.gshard)?;
+        }
         Ok(())
     }
 
@@ -1324,6 +1331,11 @@ impl<'g> GpuLlama<'g> {
             self.mark("elementwise")?;
             self.norm_bwd(&x, &rstd1, &dh, &mut dres, an, true)?;
             self.mark("rmsnorm bwd")?;
+            if self.shard.is_some() {
+                let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
+                self.flush_grads(&ids)?;
+                self.mark("reduce-scatter")?;
+            }
         }
         // Embedding: rows of dres added to their tokens' rows, in order.
         let sl = self.slots[self.embed_slot].clone();
@@ -1341,6 +1353,14 @@ impl<'g> GpuLlama<'g> {
                     block_dim: (128, 1, 1),
                     shared_mem_bytes: 0,
                 })?;
+        }
+        if self.shard.is_some() {
+            let nb = self.blocks.len();
+            let ids: Vec<usize> = (0..self.slots.len())
+                .filter(|&i| i == 0 || i > 9 * nb)
+                .collect();
+            self.flush_grads(&ids)?;
+            self.mark("reduce-scatter")?;
         }
         Ok(())
     }
@@ -1384,8 +1404,16 @@ impl<'g> GpuLlama<'g> {
     /// named is nearest to where the non-finite values entered the backward.
     pub fn nonfinite_grads(&self) -> Result<Vec<String>> {
         let mut out = Vec::new();
-        for sl in self.slots.iter().rev() {
-            let v = self.grad.slice(sl.offset..sl.offset + sl.numel);
+        for (i, sl) in self.slots.iter().enumerate().rev() {
+            let v = match &self.shard {
+                // This rank's shard of the summed gradients.
+                Some(sh) => {
+                    let part = sh.parts[i];
+                    sh.gshard
+                        .slice(part.shard_off..part.shard_off + part.numel())
+                }
+                None => self.grad.slice(sl.offset..sl.offset + sl.numel),
+            };
             if !self.sum_squares_of(&v)?.is_finite() {
                 out.push(sl.name.clone());
             }
@@ -1470,30 +1498,31 @@ impl<'g> GpuLlama<'g> {
 
     /// The f32 masters as named tensors (checkpoint order).
     pub fn weights(&self) -> Result<Vec<(String, Tensor)>> {
-        let host = self.full_host(&self.master)?;
-        self.split(&host)
+        let host = self.per_slot(&self.master)?;
+        self.named(host)
     }
 
-    /// The gradients accumulated so far, as named tensors (for tests).
+    /// The gradients accumulated so far, as named tensors (for tests). Sharded:
+    /// the reduce-scattered (summed over ranks) gradients, gathered.
     pub fn grads(&self) -> Result<Vec<(String, Tensor)>> {
-        let host = self.gpu.download(&self.grad)?;
-        self.split(&host)
+        let host = match &self.shard {
+            Some(sh) => self.per_slot(&sh.gshard)?,
+            None => self.per_slot(&self.grad)?,
+        };
+        self.named(host)
     }
 
     /// `(masters, first moments, second moments)` per parameter, in order.
     pub fn optimizer_state(&self) -> Result<Vec<MasterMoments>> {
         let (p, m, v) = (
-            self.full_host(&self.master)?,
-            self.full_host(&self.m)?,
-            self.full_host(&self.v)?,
+            self.per_slot(&self.master)?,
+            self.per_slot(&self.m)?,
+            self.per_slot(&self.v)?,
         );
-        Ok(self
-            .slots
-            .iter()
-            .map(|s| {
-                let r = s.offset..s.offset + s.numel;
-                (p[r.clone()].to_vec(), m[r.clone()].to_vec(), v[r].to_vec())
-            })
+        Ok(p.into_iter()
+            .zip(m)
+            .zip(v)
+            .map(|((p, m), v)| (p, m, v))
             .collect())
     }
 
@@ -1537,15 +1566,11 @@ impl<'g> GpuLlama<'g> {
         Ok(())
     }
 
-    fn split(&self, host: &[f32]) -> Result<Vec<(String, Tensor)>> {
+    fn named(&self, per_slot: Vec<Vec<f32>>) -> Result<Vec<(String, Tensor)>> {
         self.slots
             .iter()
-            .map(|s| {
-                Ok((
-                    s.name.clone(),
-                    Tensor::from_f32(&s.shape, host[s.offset..s.offset + s.numel].to_vec())?,
-                ))
-            })
+            .zip(per_slot)
+            .map(|(s, v)| Ok((s.name.clone(), Tensor::from_f32(&s.shape, v)?)))
             .collect()
     }
 }
@@ -1617,8 +1642,7 @@ impl<'g> GpuLlama<'g> {
         let mut rep_host: Vec<f32> = Vec::new();
         let mut rep_off = vec![None; slots.len()];
         let mut wsh = Vec::with_capacity(slots.len());
-        let mut full_off = 0;
-        for (i, sl) in slots.iter_mut().enumerate() {
+        for (i, sl) in slots.iter().enumerate() {
             let total_rows = sl.shape.first().copied().unwrap_or(1).max(1);
             let row_len = sl.numel / total_rows;
             let part = Part {
@@ -1642,10 +1666,42 @@ impl<'g> GpuLlama<'g> {
                 rep_host.extend_from_slice(src);
             }
             shard_host.extend(mine);
-            sl.offset = full_off;
-            full_off += world * part.numel();
             parts.push(part);
         }
+        // Gradient layout: the blocks' parameters share one region (backward
+        // reduce-scatters a block's gradients once they are complete, then
+        // zeroes the region for the next block); the embedding, final norm and
+        // head follow, each padded to `world` shards.
+        let block_ids = |i: usize| 1 + 9 * i..1 + 9 * (i + 1);
+        let mut off = 0;
+        let mut region = Vec::with_capacity(9);
+        if !blocks.is_empty() {
+            for j in block_ids(0) {
+                region.push(off);
+                off += world * parts[j].numel();
+            }
+        }
+        for (i, blk) in blocks.iter().enumerate() {
+            if blk.attn_norm != 1 + 9 * i {
+                return Err(Error::Shape("unexpected parameter order".into()));
+            }
+            for (j, sid) in block_ids(i).enumerate() {
+                if parts[sid].numel() != parts[1 + j].numel() {
+                    return Err(Error::Shape(format!(
+                        "block {i} differs in shape from block 0 ({})",
+                        slots[sid].name
+                    )));
+                }
+                slots[sid].offset = region[j];
+            }
+        }
+        for (sid, sl) in slots.iter_mut().enumerate() {
+            if sid == 0 || sid > 9 * blocks.len() {
+                sl.offset = off;
+                off += world * parts[sid].numel();
+            }
+        }
+        let full_off = off;
         let fp8 = recipe.is_some_and(|r| {
             matches!(
                 r.scaling(),
@@ -1782,17 +1838,6 @@ impl<'g> GpuLlama<'g> {
 
     fn adamw_sharded_inner(&mut self, sh: &mut Sharding<'g>, p: AdamParams) -> Result<f32> {
         let gpu = self.gpu;
-        let world = sh.comm.world();
-        sh.comm.group(|| {
-            for (sl, part) in self.slots.iter().zip(&sh.parts) {
-                let send = self.grad.slice(sl.offset..sl.offset + world * part.numel());
-                let mut recv = sh
-                    .gshard
-                    .slice_mut(part.shard_off..part.shard_off + part.numel());
-                sh.comm.reduce_scatter(&send, &mut recv, Reduce::Sum)?;
-            }
-            Ok(())
-        })?;
         let local = self.sum_squares(&sh.gshard)?;
         let norm = sh.comm.sum_f64(gpu, local)?.sqrt() as f32;
         if !norm.is_finite() {
@@ -1870,25 +1915,81 @@ impl<'g> GpuLlama<'g> {
         Ok(norm)
     }
 
-    /// A flat f32 buffer (masters or moments) on the host in the padded full
-    /// layout of the slots' offsets: itself on one rank; gathered parameter
-    /// by parameter from the shards when sharded (a collective: every rank calls it).
-    fn full_host(&self, buf: &CudaSlice<f32>) -> Result<Vec<f32>> {
+    /// A flat f32 buffer (masters, moments, gradients) on the host, one
+    /// vector per parameter: sharded, gathered parameter by parameter from
+    /// the shards (a collective: every rank calls it).
+    fn per_slot(&self, buf: &CudaSlice<f32>) -> Result<Vec<Vec<f32>>> {
         let Some(sh) = &self.shard else {
-            return self.gpu.download(buf);
+            let host = self.gpu.download(buf)?;
+            return Ok(self
+                .slots
+                .iter()
+                .map(|s| host[s.offset..s.offset + s.numel].to_vec())
+                .collect());
         };
         let world = sh.comm.world();
-        let mut host = vec![0f32; self.grad.len()];
+        let mut out = Vec::with_capacity(self.slots.len());
         for (sl, part) in self.slots.iter().zip(&sh.parts) {
-            let full = world * part.numel();
-            let mut tmp: CudaSlice<f32> = self.gpu.alloc_zeros(full, "gather buffer")?;
+            let mut tmp: CudaSlice<f32> =
+                self.gpu.alloc_zeros(world * part.numel(), "gather buffer")?;
             sh.comm.all_gather(
                 &buf.slice(part.shard_off..part.shard_off + part.numel()),
                 &mut tmp,
             )?;
-            host[sl.offset..sl.offset + full].copy_from_slice(&self.gpu.download(&tmp)?);
+            let mut v = self.gpu.download(&tmp)?;
+            v.truncate(sl.numel);
+            out.push(v);
         }
-        Ok(host)
+        Ok(out)
+    }
+
+    /// Sharded: reduce-scatter the finished gradients of parameters `ids`
+    /// (summed over the ranks), add them to this rank's shards, and zero
+    /// their full gradients (the region the next block reuses).
+    fn flush_grads(&mut self, ids: &[usize]) -> Result<()> {
+        let gpu = self.gpu;
+        let Some(sh) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        let world = sh.comm.world();
+        let total: usize = ids.iter().map(|&i| sh.parts[i].numel()).sum();
+        // SAFETY: the reduce-scatters write every element.
+        let mut tmp: CudaSlice<f32> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
+        let grad = &self.grad;
+        let slots = &self.slots;
+        let (comm, parts) = (sh.comm, &sh.parts);
+        comm.group(|| {
+            let mut o = 0;
+            for &i in ids {
+                let n = parts[i].numel();
+                let send = grad.slice(slots[i].offset..slots[i].offset + world * n);
+                comm.reduce_scatter(&send, &mut tmp.slice_mut(o..o + n), Reduce::Sum)?;
+                o += n;
+            }
+            Ok(())
+        })?;
+        let mut o = 0;
+        for &i in ids {
+            let part = sh.parts[i];
+            let n = part.numel();
+            let mut dst = sh
+                .gshard
+                .slice_mut(part.shard_off..part.shard_off + n);
+            let src = tmp.slice(o..o + n);
+            unsafe {
+                gpu.stream
+                    .launch_builder(&self.f.add)
+                    .arg(&mut dst)
+                    .arg(&src)
+                    .arg(&n)
+                    .launch(grid1(n))?;
+            }
+            let off = self.slots[i].offset;
+            gpu.stream
+                .memset_zeros(&mut self.grad.slice_mut(off..off + world * n))?;
+            o += n;
+        }
+        Ok(())
     }
 
     /// Bytes and calls this rank handed to NCCL so far (zero when not sharded).
