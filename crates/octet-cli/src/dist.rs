@@ -53,6 +53,11 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         let dist_err = |e: String| octet_dist::Error::Config(e);
         let fcfg = FsdpConfig {
             adamw: cfg.adamw,
+            grad_wire: if cfg.grad_reduce == "bf16" {
+                octet_dist::Wire::Bf16
+            } else {
+                octet_dist::Wire::F32
+            },
             ..Default::default()
         };
         // A checkpoint from any number of ranks is one full model and optimizer:

@@ -74,6 +74,9 @@ pub struct TrainArgs {
     /// Write no checkpoint, not even the final one (benchmark runs).
     #[arg(long)]
     no_save: bool,
+    /// Sharded runs (`--nproc`): gradients reduce-scattered in f32 or bf16 (half the bytes).
+    #[arg(long)]
+    grad_reduce: Option<String>,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -144,7 +147,8 @@ impl TrainArgs {
             eval_every,
             eval_batches,
             ckpt_every,
-            sample_tokens
+            sample_tokens,
+            grad_reduce
         );
         if let Some(d) = &self.data {
             c.data = Some(d.clone());

@@ -178,6 +178,12 @@ extern "C" __global__ void add_inplace(float* x, const float* y, size_t n) {
     if (i < n) x[i] += y[i];
 }
 
+// x += y with y in bf16 (gradients reduce-scattered in bf16, accumulated in f32).
+extern "C" __global__ void add_bf16_inplace(float* x, const unsigned short* y, size_t n) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] += __uint_as_float((unsigned int)y[i] << 16);
+}
+
 extern "C" __global__ void to_bf16(const float* x, unsigned short* y, size_t n) {
     const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) y[i] = f2bf(x[i]);

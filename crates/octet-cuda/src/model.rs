@@ -48,6 +48,7 @@ struct Fns {
     swiglu_bwd: CudaFunction,
     add_residual: CudaFunction,
     add: CudaFunction,
+    add_bf16: CudaFunction,
     to_bf16: CudaFunction,
     xent: CudaFunction,
     sumsq: CudaFunction,
@@ -252,6 +253,8 @@ struct Sharding<'g> {
     wsh: Vec<Option<CudaSlice<u16>>>,
     /// Block weights are gathered in FP8 at each forward.
     fp8: bool,
+    /// Gradients are reduce-scattered in bf16 (half the bytes), else f32.
+    bf16_grads: bool,
 }
 
 /// What one block's backward reads.
@@ -431,6 +434,7 @@ impl<'g> GpuLlama<'g> {
             swiglu_bwd: l("swiglu_bwd")?,
             add_residual: l("add_residual")?,
             add: l("add_inplace")?,
+            add_bf16: l("add_bf16_inplace")?,
             to_bf16: l("to_bf16")?,
             xent: l("cross_entropy")?,
             sumsq: l("sumsq_partial")?,
@@ -1725,6 +1729,7 @@ impl<'g> GpuLlama<'g> {
             rep_off,
             wsh,
             fp8,
+            bf16_grads: false,
         };
         Ok((gpu.upload(&shard_host)?, full_off, Some(sharding)))
     }
@@ -1737,6 +1742,15 @@ impl<'g> GpuLlama<'g> {
     /// Whether the parameters are sharded over ranks.
     pub fn sharded(&self) -> bool {
         self.shard.is_some()
+    }
+
+    /// Reduce-scatter gradients in bf16 (half the bytes; each rank's
+    /// gradient rounded to bf16 and NCCL's sum kept in bf16) instead of f32.
+    /// No effect on one rank.
+    pub fn set_grad_reduce_bf16(&mut self, on: bool) {
+        if let Some(sh) = self.shard.as_mut() {
+            sh.bf16_grads = on;
+        }
     }
 
     /// Whether block weights are all-gathered in FP8 (sharded, tensorwise, FP8 backward).
@@ -1930,8 +1944,9 @@ impl<'g> GpuLlama<'g> {
         let world = sh.comm.world();
         let mut out = Vec::with_capacity(self.slots.len());
         for (sl, part) in self.slots.iter().zip(&sh.parts) {
-            let mut tmp: CudaSlice<f32> =
-                self.gpu.alloc_zeros(world * part.numel(), "gather buffer")?;
+            let mut tmp: CudaSlice<f32> = self
+                .gpu
+                .alloc_zeros(world * part.numel(), "gather buffer")?;
             sh.comm.all_gather(
                 &buf.slice(part.shard_off..part.shard_off + part.numel()),
                 &mut tmp,
@@ -1953,6 +1968,9 @@ impl<'g> GpuLlama<'g> {
         };
         let world = sh.comm.world();
         let total: usize = ids.iter().map(|&i| sh.parts[i].numel()).sum();
+        if sh.bf16_grads {
+            return self.flush_grads_bf16(ids, total);
+        }
         // SAFETY: the reduce-scatters write every element.
         let mut tmp: CudaSlice<f32> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
         let grad = &self.grad;
@@ -1972,9 +1990,7 @@ impl<'g> GpuLlama<'g> {
         for &i in ids {
             let part = sh.parts[i];
             let n = part.numel();
-            let mut dst = sh
-                .gshard
-                .slice_mut(part.shard_off..part.shard_off + n);
+            let mut dst = sh.gshard.slice_mut(part.shard_off..part.shard_off + n);
             let src = tmp.slice(o..o + n);
             unsafe {
                 gpu.stream
@@ -1988,6 +2004,76 @@ impl<'g> GpuLlama<'g> {
             gpu.stream
                 .memset_zeros(&mut self.grad.slice_mut(off..off + world * n))?;
             o += n;
+        }
+        Ok(())
+    }
+
+    /// [`GpuLlama::flush_grads`] with bf16 on the wire.
+    fn flush_grads_bf16(&mut self, ids: &[usize], total: usize) -> Result<()> {
+        let gpu = self.gpu;
+        let Some(sh) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        let world = sh.comm.world();
+        let full: usize = world * total;
+        // SAFETY: `to_bf16` writes every element of `send`; the reduce-scatters every one of `tmp`.
+        let mut send: CudaSlice<u16> = unsafe { gpu.alloc_uninit(full, "bf16 gradients")? };
+        let mut tmp: CudaSlice<u16> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
+        let mut o = 0;
+        for &i in ids {
+            let n = world * sh.parts[i].numel();
+            let off = self.slots[i].offset;
+            let src = self.grad.slice(off..off + n);
+            let mut dst = send.slice_mut(o..o + n);
+            unsafe {
+                gpu.stream
+                    .launch_builder(&self.f.to_bf16)
+                    .arg(&src)
+                    .arg(&mut dst)
+                    .arg(&n)
+                    .launch(grid1(n))?;
+            }
+            gpu.stream
+                .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
+            o += n;
+        }
+        let (comm, parts) = (sh.comm, &sh.parts);
+        // SAFETY: bf16 and u16 have the same size; NCCL reads and writes bf16 values.
+        let (send16, tmp16) = unsafe {
+            (
+                send.transmute::<half::bf16>(full),
+                tmp.transmute_mut::<half::bf16>(total),
+            )
+        };
+        let (Some(send16), Some(mut tmp16)) = (send16, tmp16) else {
+            return Err(Error::Shape("bf16 view of the gradients".into()));
+        };
+        comm.group(|| {
+            let (mut o, mut t) = (0, 0);
+            for &i in ids {
+                let n = parts[i].numel();
+                let s = send16.slice(o..o + world * n);
+                comm.reduce_scatter(&s, &mut tmp16.slice_mut(t..t + n), Reduce::Sum)?;
+                o += world * n;
+                t += n;
+            }
+            Ok(())
+        })?;
+        let mut t = 0;
+        for &i in ids {
+            let part = sh.parts[i];
+            let n = part.numel();
+            let mut dst = sh.gshard.slice_mut(part.shard_off..part.shard_off + n);
+            let src = tmp.slice(t..t + n);
+            unsafe {
+                gpu.stream
+                    .launch_builder(&self.f.add_bf16)
+                    .arg(&mut dst)
+                    .arg(&src)
+                    .arg(&n)
+                    .launch(grid1(n))?;
+            }
+            t += n;
         }
         Ok(())
     }

@@ -199,6 +199,7 @@ pub fn train_gpu_ranked(
             build(&mcfg, &w)?
         }
     };
+    model.set_grad_reduce_bf16(cfg.grad_reduce == "bf16");
     let params = model.num_params();
     let mut metrics = if lead {
         Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)

@@ -69,6 +69,8 @@ pub struct TrainConfig {
     pub telemetry_every: u64,
     /// LoRA fine-tuning of a frozen base instead of full training.
     pub lora: Option<LoraSettings>,
+    /// Sharded runs: gradients reduce-scattered in `f32` or `bf16`.
+    pub grad_reduce: String,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -169,6 +171,7 @@ impl Default for TrainConfig {
             sample_tokens: 200,
             telemetry_every: 50,
             lora: None,
+            grad_reduce: "f32".into(),
         }
     }
 }
@@ -205,6 +208,12 @@ impl TrainConfig {
             return Err(Error::Train(format!(
                 "learning rate {} must be positive",
                 self.lr
+            )));
+        }
+        if !matches!(self.grad_reduce.as_str(), "f32" | "bf16") {
+            return Err(Error::Train(format!(
+                "--grad-reduce {}: expected f32 or bf16",
+                self.grad_reduce
             )));
         }
         match &self.lora {

@@ -279,3 +279,14 @@ fn a_benchmark_run_writes_no_checkpoint_and_skips_evaluation() {
     assert!(!metrics.contains("val_loss"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn config_rejects_an_unknown_gradient_reduction_type() {
+    let mut cfg = TrainConfig::default();
+    assert!(cfg.validate().is_ok());
+    cfg.grad_reduce = "bf16".into();
+    assert!(cfg.validate().is_ok());
+    cfg.grad_reduce = "f16".into();
+    let err = cfg.validate().expect_err("f16 is not a reduction type");
+    assert!(err.to_string().contains("--grad-reduce f16"), "{err}");
+}
