@@ -67,3 +67,22 @@ for r in bf16 tensorwise; do
   $bin train $common --batch $((4 * ngpu)) --nproc $ngpu --name n-$r 2>&1 | tail -9 | sed "s/^/$ngpu ranks $r: /"
 done
 fi
+if [ "$mode" = wire ]; then
+echo "== gradients reduce-scattered in bf16 vs f32: small model 2 ranks, 60 steps (loss), then ~1B tensorwise (speed)"
+common="--device cuda --model small --steps 60 --batch 16 --seq 256 --eval-batches 4 --sample-tokens 0 --no-save --recipe tensorwise --out-dir /tmp/wire --nproc 2"
+$bin train $common --name f32 2>&1 | grep -E "Error|error|NCCL" | sed "s/^/small f32 grads: /"
+$bin train $common --name bf16 --grad-reduce bf16 2>&1 | grep -E "Error|error|NCCL" | sed "s/^/small bf16 grads: /"
+python3 - <<'PY'
+import json
+def curve(n):
+    return {r["step"]: r for r in (json.loads(l) for l in open(f"/tmp/wire/{n}/metrics.jsonl")) if "loss" in r}
+a, b = curve("f32"), curve("bf16")
+last = max(a)
+print(f"final train {a[last]['loss']:.4f} (f32 grads) vs {b[last]['loss']:.4f} (bf16 grads); val {a[last].get('val_loss'):.4f} vs {b[last].get('val_loss'):.4f}")
+PY
+for w in f32 bf16; do
+  OCTET_PROFILE=1 $bin train --device cuda --model 1b --seq 2048 --steps 8 --eval-batches 0 --sample-tokens 0 --no-save \
+    --recipe tensorwise --batch $((4 * ngpu)) --nproc $ngpu --grad-reduce $w --out-dir /tmp/big --name w-$w 2>&1 \
+    | grep -E "tensorwise |NCCL|peak|profile|^  [a-z]|Error|error" | sed "s/^/1b $w grads: /"
+done
+fi
