@@ -1759,25 +1759,40 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Gather block `bi`'s seven weights in FP8: each rank's bf16 shard's
-    /// amax, the maximum over the ranks (one all-reduce), each shard cast with
-    /// that one scale, the row-wise codes all-gathered and transposed here
-    /// for the column-wise copy (per-tensor scaling transposes locally).
+    /// amax, the maximum over the ranks (one all-reduce of the seven), each
+    /// shard cast with its tensor's one scale, the row-wise codes all-gathered
+    /// (one NCCL group) and transposed here for the column-wise copy
+    /// (per-tensor scaling transposes locally).
     fn gather_block_fp8(&mut self, bi: usize) -> Result<()> {
         let gpu = self.gpu;
         let Some(sh) = self.shard.as_ref() else {
             return Ok(());
         };
-        for li in 0..self.blocks[bi].lin.len() {
+        let nl = self.blocks[bi].lin.len();
+        let mut amaxes: CudaSlice<u32> = gpu.alloc_zeros(nl, "amax")?;
+        let mut flags = Vec::with_capacity(nl);
+        for li in 0..nl {
             let si = self.blocks[bi].lin_slot[li];
-            let part = sh.parts[si];
-            let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
             let w = sh.wsh[si]
                 .as_ref()
                 .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
             let mut amax: CudaSlice<u32> = gpu.alloc_zeros(1, "amax")?;
             let mut bad: CudaSlice<u32> = gpu.alloc_zeros(1, "flag")?;
             gpu.launch_amax(w, &mut amax, &mut bad)?;
-            sh.comm.all_reduce(&mut amax, Reduce::Max)?;
+            gpu.stream
+                .memcpy_dtod(&amax, &mut amaxes.slice_mut(li..li + 1))?;
+            flags.push(bad);
+        }
+        sh.comm.all_reduce(&mut amaxes, Reduce::Max)?;
+        let mut shards = Vec::with_capacity(nl);
+        for li in 0..nl {
+            let si = self.blocks[bi].lin_slot[li];
+            let part = sh.parts[si];
+            let k = self.blocks[bi].lin[li].k;
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let amax = gpu.stream.clone_dtod(&amaxes.slice(li..li + 1))?;
             let mut scale_inv: CudaSlice<f32> = gpu.alloc_zeros(1, "scale_inv")?;
             // SAFETY (both): the cast kernel writes every code of the shard.
             let mut row_sh: CudaSlice<u8> = unsafe { gpu.alloc_uninit(part.numel(), "FP8 shard")? };
@@ -1792,10 +1807,30 @@ impl<'g> GpuLlama<'g> {
                 &mut scale_inv,
                 gpu.reverse_cast,
             )?;
-            drop(col_sh);
-            // SAFETY: the gather writes every code; the transpose reads only those.
-            let mut rowwise: CudaSlice<u8> = unsafe { gpu.alloc_uninit(n * k, "gathered FP8")? };
-            gather_part(gpu, sh.comm, &row_sh.slice(..), &mut rowwise.slice_mut(..))?;
+            shards.push((row_sh, amax, scale_inv));
+        }
+        // The gathered row-wise codes: straight into the weight's buffer when
+        // the ranks' shards tile it exactly, through a padded buffer otherwise.
+        let world = sh.comm.world();
+        let mut full: Vec<CudaSlice<u8>> = Vec::with_capacity(nl);
+        for li in 0..nl {
+            let part = sh.parts[self.blocks[bi].lin_slot[li]];
+            // SAFETY: the all-gather writes every code.
+            full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
+        }
+        sh.comm.group(|| {
+            for ((row_sh, _, _), dst) in shards.iter().zip(full.iter_mut()) {
+                sh.comm.all_gather(row_sh, dst)?;
+            }
+            Ok(())
+        })?;
+        for (li, ((_, amax, scale_inv), gathered)) in shards.into_iter().zip(full).enumerate() {
+            let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
+            let rowwise = if gathered.len() == n * k {
+                gathered
+            } else {
+                gpu.stream.clone_dtod(&gathered.slice(..n * k))?
+            };
             // SAFETY: the transpose writes every element.
             let mut colwise: CudaSlice<u8> = unsafe { gpu.alloc_uninit(n * k, "gathered FP8^T")? };
             let (ni, ki) = (n as i32, k as i32);
@@ -1812,6 +1847,7 @@ impl<'g> GpuLlama<'g> {
                         shared_mem_bytes: 0,
                     })?;
             }
+            let nonfinite = flags.remove(0);
             self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
                 rows: n,
                 cols: k,
@@ -1820,7 +1856,7 @@ impl<'g> GpuLlama<'g> {
                 colwise,
                 scale_inv,
                 amax_bits: amax,
-                nonfinite: bad,
+                nonfinite,
             })?;
         }
         Ok(())
