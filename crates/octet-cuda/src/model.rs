@@ -1600,6 +1600,38 @@ fn gather_part<T: DeviceRepr + ValidAsZeroBits + cudarc::nccl::NcclType>(
     Ok(())
 }
 
+/// Add the reduce-scattered shards of parameters `ids`, back to back in
+/// `tmp` (f32, or bf16 bits with the `add_bf16_inplace` kernel), to their
+/// places in `gshard`.
+fn accumulate_shards<T: DeviceRepr>(
+    gpu: &Gpu,
+    add: &CudaFunction,
+    gshard: &mut CudaSlice<f32>,
+    parts: &[Part],
+    ids: &[usize],
+    tmp: &CudaSlice<T>,
+) -> Result<()> {
+    let mut o = 0;
+    for &i in ids {
+        let part = parts[i];
+        let n = part.numel();
+        let mut dst = gshard.slice_mut(part.shard_off..part.shard_off + n);
+        let src = tmp.slice(o..o + n);
+        // SAFETY: `add` is `add_inplace` (f32) or `add_bf16_inplace` (u16 bits),
+        // matching `T`; both views hold `n` elements.
+        unsafe {
+            gpu.stream
+                .launch_builder(add)
+                .arg(&mut dst)
+                .arg(&src)
+                .arg(&n)
+                .launch(grid1(n))?;
+        }
+        o += n;
+    }
+    Ok(())
+}
+
 /// [`gather_part`] of bf16 bits (NCCL moves them as `ncclBfloat16`).
 fn gather_bf16(
     gpu: &Gpu,
@@ -2022,24 +2054,12 @@ impl<'g> GpuLlama<'g> {
             }
             Ok(())
         })?;
-        let mut o = 0;
+        accumulate_shards(gpu, &self.f.add, &mut sh.gshard, &sh.parts, ids, &tmp)?;
         for &i in ids {
-            let part = sh.parts[i];
-            let n = part.numel();
-            let mut dst = sh.gshard.slice_mut(part.shard_off..part.shard_off + n);
-            let src = tmp.slice(o..o + n);
-            unsafe {
-                gpu.stream
-                    .launch_builder(&self.f.add)
-                    .arg(&mut dst)
-                    .arg(&src)
-                    .arg(&n)
-                    .launch(grid1(n))?;
-            }
             let off = self.slots[i].offset;
+            let n = world * sh.parts[i].numel();
             gpu.stream
-                .memset_zeros(&mut self.grad.slice_mut(off..off + world * n))?;
-            o += n;
+                .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
         }
         Ok(())
     }
@@ -2095,23 +2115,7 @@ impl<'g> GpuLlama<'g> {
             }
             Ok(())
         })?;
-        let mut t = 0;
-        for &i in ids {
-            let part = sh.parts[i];
-            let n = part.numel();
-            let mut dst = sh.gshard.slice_mut(part.shard_off..part.shard_off + n);
-            let src = tmp.slice(t..t + n);
-            unsafe {
-                gpu.stream
-                    .launch_builder(&self.f.add_bf16)
-                    .arg(&mut dst)
-                    .arg(&src)
-                    .arg(&n)
-                    .launch(grid1(n))?;
-            }
-            t += n;
-        }
-        Ok(())
+        accumulate_shards(gpu, &self.f.add_bf16, &mut sh.gshard, &sh.parts, ids, &tmp)
     }
 
     /// Bytes and calls this rank handed to NCCL so far (zero when not sharded).
