@@ -1459,7 +1459,6 @@ impl<'g> GpuLlama<'g> {
             let sl = self.slots[si].clone();
             let wd = if sl.decay { p.weight_decay } else { 0.0 };
             let range = sl.offset..sl.offset + sl.numel;
-            let n = sl.numel;
             let mut pm = self.master.slice_mut(range.clone());
             let g = self.grad.slice(range.clone());
             let mut mm = self.m.slice_mut(range.clone());
@@ -1471,25 +1470,15 @@ impl<'g> GpuLlama<'g> {
             } else {
                 None
             };
-            unsafe {
-                let null: u64 = 0;
-                let mut lb = s.launch_builder(&self.f.adamw);
-                lb.arg(&mut pm).arg(&g).arg(&mut mm).arg(&mut vm);
-                match out {
-                    Some(o) => lb.arg(o),
-                    None => lb.arg(&null),
-                };
-                lb.arg(&n)
-                    .arg(&p.lr)
-                    .arg(&p.beta1)
-                    .arg(&p.beta2)
-                    .arg(&p.eps)
-                    .arg(&wd)
-                    .arg(&bc1)
-                    .arg(&bc2)
-                    .arg(&clip)
-                    .launch(grid1(n))?;
-            }
+            launch_adamw(
+                s,
+                &self.f.adamw,
+                (&mut pm, &g, &mut mm, &mut vm),
+                out,
+                &p,
+                wd,
+                (bc1, bc2, clip),
+            )?;
         }
         for blk in &mut self.blocks {
             for l in &mut blk.lin {
@@ -1597,6 +1586,50 @@ fn gather_part<T: DeviceRepr + ValidAsZeroBits + cudarc::nccl::NcclType>(
     comm.all_gather(send, &mut tmp)?;
     let n = dst.len();
     gpu.stream.memcpy_dtod(&tmp.slice(..n), dst)?;
+    Ok(())
+}
+
+/// One AdamW update of `n = p.len()` elements: `(master, grad, m, v)`, and the
+/// bf16 compute copy `out` rewritten from the new master where there is one.
+fn launch_adamw(
+    s: &std::sync::Arc<cudarc::driver::CudaStream>,
+    adamw: &CudaFunction,
+    (pm, g, mm, vm): (
+        &mut cudarc::driver::CudaViewMut<'_, f32>,
+        &CudaView<'_, f32>,
+        &mut cudarc::driver::CudaViewMut<'_, f32>,
+        &mut cudarc::driver::CudaViewMut<'_, f32>,
+    ),
+    out: Option<&mut CudaSlice<u16>>,
+    p: &AdamParams,
+    wd: f32,
+    (bc1, bc2, clip): (f32, f32, f32),
+) -> Result<()> {
+    let n = pm.len();
+    if g.len() != n || mm.len() != n || vm.len() != n || out.as_ref().is_some_and(|o| o.len() != n)
+    {
+        return Err(Error::Shape("AdamW buffers of different lengths".into()));
+    }
+    let null: u64 = 0;
+    // SAFETY: argument types match `adamw` in train.cu; every buffer holds `n` elements.
+    unsafe {
+        let mut lb = s.launch_builder(adamw);
+        lb.arg(pm).arg(g).arg(mm).arg(vm);
+        match out {
+            Some(o) => lb.arg(o),
+            None => lb.arg(&null),
+        };
+        lb.arg(&n)
+            .arg(&p.lr)
+            .arg(&p.beta1)
+            .arg(&p.beta2)
+            .arg(&p.eps)
+            .arg(&wd)
+            .arg(&bc1)
+            .arg(&bc2)
+            .arg(&clip)
+            .launch(grid1(n))?;
+    }
     Ok(())
 }
 
@@ -1856,7 +1889,9 @@ impl<'g> GpuLlama<'g> {
             }
             Ok(())
         })?;
-        for (li, ((_, amax, scale_inv), gathered)) in shards.into_iter().zip(full).enumerate() {
+        for (li, (((_, amax, scale_inv), gathered), nonfinite)) in
+            shards.into_iter().zip(full).zip(flags).enumerate()
+        {
             let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
             let rowwise = if gathered.len() == n * k {
                 gathered
@@ -1879,7 +1914,6 @@ impl<'g> GpuLlama<'g> {
                         shared_mem_bytes: 0,
                     })?;
             }
-            let nonfinite = flags.remove(0);
             self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
                 rows: n,
                 cols: k,
@@ -1942,30 +1976,19 @@ impl<'g> GpuLlama<'g> {
                 0.0
             };
             let range = part.shard_off..part.shard_off + part.numel();
-            let n = part.numel();
             let mut pm = self.master.slice_mut(range.clone());
             let g = sh.gshard.slice(range.clone());
             let mut mm = self.m.slice_mut(range.clone());
             let mut vm = self.v.slice_mut(range);
-            unsafe {
-                let null: u64 = 0;
-                let mut lb = s.launch_builder(&self.f.adamw);
-                lb.arg(&mut pm).arg(&g).arg(&mut mm).arg(&mut vm);
-                match sh.wsh[si].as_mut() {
-                    Some(o) => lb.arg(o),
-                    None => lb.arg(&null),
-                };
-                lb.arg(&n)
-                    .arg(&p.lr)
-                    .arg(&p.beta1)
-                    .arg(&p.beta2)
-                    .arg(&p.eps)
-                    .arg(&wd)
-                    .arg(&bc1)
-                    .arg(&bc2)
-                    .arg(&clip)
-                    .launch(grid1(n))?;
-            }
+            launch_adamw(
+                s,
+                &self.f.adamw,
+                (&mut pm, &g, &mut mm, &mut vm),
+                sh.wsh[si].as_mut(),
+                &p,
+                wd,
+                (bc1, bc2, clip),
+            )?;
         }
         // The compute copies: f32 embedding and gains, bf16 head, bf16 block
         // weights unless they travel in FP8 at the next forward.
