@@ -95,8 +95,13 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         compute: a.compute.clone(),
     });
     cfg.validate()?;
+    let gpu = crate::gpu::open(&a.train.device)?;
+    let device = match &gpu {
+        Some(g) => g.info()?,
+        None => format!("CPU ({} threads)", rayon::current_num_threads()),
+    };
     println!(
-        "octet lora: base {}, stored as {}, compute {}, rank {} alpha {} on {}; backward {}; {} steps, batch {}x{}, CPU ({} threads)",
+        "octet lora: base {}, stored as {}, compute {}, rank {} alpha {} on {}; backward {}; {} steps, batch {}x{}, {device}",
         base.as_ref().map_or(format!("random {} model", cfg.model), |p| p.display().to_string()),
         a.base_format,
         a.compute,
@@ -107,11 +112,24 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         cfg.steps,
         cfg.batch,
         cfg.seq,
-        rayon::current_num_threads()
     );
+    let run = |c: &octet_train::trainer::TrainConfig,
+               resume: Option<&std::path::Path>,
+               obs: &mut crate::train::Bar|
+     -> anyhow::Result<octet_train::trainer::RunSummary> {
+        Ok(match &gpu {
+            Some(g) => {
+                let s = octet_train::gpu::train_gpu(c, resume, obs, g)?;
+                // The next run's peak memory starts from the baseline.
+                g.release_pool()?;
+                s
+            }
+            None => train(c, resume, obs)?,
+        })
+    };
     let mut runs = Vec::new();
     let mut obs = bar("lora");
-    let s = train(&cfg, a.train.resume.as_deref(), &mut obs)?;
+    let s = run(&cfg, a.train.resume.as_deref(), &mut obs)?;
     obs.bar.finish();
     println!("\nsample:\n{}\n", s.sample);
     runs.push(s);
@@ -124,7 +142,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
             l.compute = "bf16".into();
         }
         let mut obs = bar("lora bf16 base");
-        let s2 = train(&c2, None, &mut obs)?;
+        let s2 = run(&c2, None, &mut obs)?;
         obs.bar.finish();
         runs.push(s2);
     }
@@ -132,6 +150,13 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     if runs.len() == 2 {
         let d = 100.0 * (runs[0].final_val_loss / runs[1].final_val_loss - 1.0);
         println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
+        if gpu.is_some() && runs[1].peak_device_bytes > 0 && runs[1].tokens_per_s > 0.0 {
+            println!(
+                "FP8 base vs bf16 base: peak device memory {:.3}x, step time {:.3}x",
+                runs[0].peak_device_bytes as f64 / runs[1].peak_device_bytes as f64,
+                runs[1].tokens_per_s / runs[0].tokens_per_s
+            );
+        }
     }
     println!(
         "\nwrote {}/metrics.jsonl, loss.png, checkpoints/ (adapter in PEFT layout)",

@@ -149,3 +149,21 @@ extern "C" __global__ void dequant_e5m2(const unsigned char* c, const float* s, 
                                         int br, int bc) {
     dequant_f32s<FMT_E5M2>(c, s, o, rows, cols, br, bc);
 }
+
+// out (cols, rows) = in (rows, cols)^T, bytes (the column-wise copy of a
+// per-tensor FP8 weight: gathered shards, a frozen LoRA base). 32x32 tiles through shared memory; block (32, 8).
+extern "C" __global__ void transpose_u8(const unsigned char* __restrict__ in, unsigned char* __restrict__ out,
+                                        int rows, int cols) {
+    __shared__ unsigned char t[32][33];
+    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) t[i][threadIdx.x] = in[(size_t)r * cols + c];
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < 32; i += 8) {
+        const int c = c0 + i, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) out[(size_t)c * rows + r] = t[threadIdx.x][i];
+    }
+}
+

@@ -1080,22 +1080,3 @@ ATTN_ALL(16)
 ATTN_ALL(32)
 ATTN_ALL(64)
 ATTN_ALL(128)
-
-// ---------------------------------------------------------------- sharding
-
-// out (cols, rows) = in (rows, cols)^T, bytes (the column-wise copy of a
-// gathered per-tensor FP8 weight). 32x32 tiles through shared memory; block (32, 8).
-extern "C" __global__ void transpose_u8(const unsigned char* __restrict__ in, unsigned char* __restrict__ out,
-                                        int rows, int cols) {
-    __shared__ unsigned char t[32][33];
-    const int c0 = blockIdx.x * 32, r0 = blockIdx.y * 32;
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) t[i][threadIdx.x] = in[(size_t)r * cols + c];
-    }
-    __syncthreads();
-    for (int i = threadIdx.y; i < 32; i += 8) {
-        const int c = c0 + i, r = r0 + threadIdx.x;
-        if (r < rows && c < cols) out[(size_t)c * rows + r] = t[threadIdx.x][i];
-    }
-}

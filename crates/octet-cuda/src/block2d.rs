@@ -16,6 +16,7 @@ use octet_fp8::Format;
 pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
+    transpose_u8: CudaFunction,
     dequant: [CudaFunction; 2],
 }
 
@@ -55,6 +56,7 @@ impl Gpu {
                 m.load_function("block128x128_bf16_e5m2")?,
             ],
             transpose: m.load_function("transpose_f32")?,
+            transpose_u8: m.load_function("transpose_u8")?,
             dequant: [
                 m.load_function("dequant_e4m3")?,
                 m.load_function("dequant_e5m2")?,
@@ -166,6 +168,42 @@ impl Gpu {
                 })?;
         }
         Ok(())
+    }
+
+    /// `(cols, rows)` FP8 codes = the transpose of `input (rows, cols)`, in a new
+    /// buffer (the column-wise copy of a per-tensor FP8 matrix: same codes, same scale).
+    pub fn transpose_u8(
+        &self,
+        input: &CudaSlice<u8>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaSlice<u8>> {
+        if input.len() != rows * cols || rows * cols > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "transpose of ({rows}, {cols}) from {} bytes",
+                input.len()
+            )));
+        }
+        let k = self.block2d_kernels()?;
+        // SAFETY: every element is written by the kernel below.
+        let mut out = unsafe { self.stream.alloc::<u8>(rows * cols) }
+            .map_err(|e| oom(e, rows * cols, "transposed FP8 codes"))?;
+        let (r, c) = (rows as i32, cols as i32);
+        // SAFETY: lengths checked above; the kernel guards rows and columns.
+        unsafe {
+            self.stream
+                .launch_builder(&k.transpose_u8)
+                .arg(input)
+                .arg(&mut out)
+                .arg(&r)
+                .arg(&c)
+                .launch(LaunchConfig {
+                    grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(out)
     }
 
     /// Dequantize one FP8 copy `(rows, cols)` with f32 `scale_inv` per

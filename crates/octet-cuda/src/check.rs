@@ -186,6 +186,13 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
             worst: e.to_string(),
         });
     }
+    if let Err(e) = crate::lora_check::lora_cases(gpu, &mut out) {
+        out.push(CaseResult {
+            name: "LoRA cases".into(),
+            pass: false,
+            worst: e.to_string(),
+        });
+    }
     if let Err(e) = sharded_cases(gpu, &mut out) {
         out.push(CaseResult {
             name: "sharded model cases (NCCL, one rank)".into(),
@@ -421,7 +428,7 @@ fn block_variant_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
-fn download_f32<D: crate::GemmOut>(gpu: &Gpu, d: &CudaSlice<D>) -> Result<Vec<f32>> {
+pub(crate) fn download_f32<D: crate::GemmOut>(gpu: &Gpu, d: &CudaSlice<D>) -> Result<Vec<f32>> {
     Ok(gpu.download(d)?.into_iter().map(D::to_f32).collect())
 }
 
@@ -1435,7 +1442,7 @@ fn attention_ref(
     (out, dq, dk, dv)
 }
 
-fn rel_frobenius_f64(got: &[f32], want: &[f64]) -> f64 {
+pub(crate) fn rel_frobenius_f64(got: &[f32], want: &[f64]) -> f64 {
     let num: f64 = got
         .iter()
         .zip(want)

@@ -265,7 +265,7 @@ impl Blas {
             OutType::Bf16 => sys::cudaDataType::CUDA_R_16BF,
             OutType::F32 => sys::cudaDataType::CUDA_R_32F,
         };
-        // C and D share one layout (beta = 0: C is never read).
+        // C and D share one layout and one buffer (read only when beta != 0).
         let d = blas(lt::create_matrix_layout(dt, n64, m64, n as i64), "layout d")?;
         let pref = blas(lt::create_matmul_pref(), "preference")?;
         let ws = WORKSPACE as u64;
@@ -344,7 +344,39 @@ impl Blas {
             tb,
             out: D::OUT,
         };
-        self.run(kind, m, n, k, a, b, d, None)
+        self.run(kind, m, n, k, a, b, d, None, (1.0, 0.0))
+    }
+
+    /// `d (m, n) = alpha op(a) @ op(b) + beta d` in bf16 (operands as
+    /// [`Blas::gemm_bf16_op`]): with `beta = 1` the product accumulates into
+    /// what `d` holds, in f32 before `d`'s one rounding (LoRA adds its
+    /// low-rank term to the base output, and its input gradient to the base's).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_bf16_acc<D: GemmOut>(
+        &mut self,
+        a: &CudaSlice<u16>,
+        ta: bool,
+        b: &CudaSlice<u16>,
+        tb: bool,
+        d: &mut CudaSlice<D>,
+        (m, n, k): (usize, usize, usize),
+        (alpha, beta): (f32, f32),
+    ) -> Result<()> {
+        check_dims(m, n, k)?;
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        if !(alpha.is_finite() && beta.is_finite()) {
+            return Err(Error::Shape(format!(
+                "GEMM alpha {alpha} / beta {beta} must be finite"
+            )));
+        }
+        let kind = Kind::Bf16 {
+            ta,
+            tb,
+            out: D::OUT,
+        };
+        self.run(kind, m, n, k, a, b, d, None, (alpha, beta))
     }
 
     /// `d (m, n) = diag(a_scale) (a (m, k) @ b (n, k)^T) diag(b_scale)` from
@@ -372,7 +404,7 @@ impl Blas {
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
         let kind = Kind::Fp8Outer(a_fmt, b_fmt, D::OUT);
-        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)))
+        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)), (1.0, 0.0))
     }
 
     /// `d (m, n) = a (m, k) @ b (n, k)^T` from FP8 codes (both K-major) with
@@ -412,7 +444,7 @@ impl Blas {
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
         let kind = Kind::Fp8Block(a_fmt, b_fmt, a2d, b2d, D::OUT);
-        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)))
+        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)), (1.0, 0.0))
     }
 
     /// `d (m, n) = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from
@@ -450,7 +482,17 @@ impl Blas {
             ));
         }
         let kind = Kind::Fp8(a_fmt, b_fmt, fast_accum, D::OUT);
-        self.run(kind, m, n, k, a, b, d, Some((a_scale_inv, b_scale_inv)))
+        self.run(
+            kind,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            Some((a_scale_inv, b_scale_inv)),
+            (1.0, 0.0),
+        )
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -464,6 +506,7 @@ impl Blas {
         b: &CudaSlice<T>,
         d: &mut CudaSlice<D>,
         scales: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
+        (alpha, beta): (f32, f32),
     ) -> Result<()> {
         let stream = self.stream.clone();
         let handle = self.handle;
@@ -508,7 +551,6 @@ impl Blas {
                 )?;
             }
         }
-        let (alpha, beta) = (1f32, 0f32);
         // SAFETY: pointers are live device buffers of the checked sizes; the plan matches the shapes.
         blas(
             unsafe {

@@ -25,6 +25,8 @@ pub mod decode;
 pub mod delayed;
 pub mod gemm;
 pub mod linear;
+pub mod lora;
+mod lora_check;
 pub mod mixed;
 pub mod model;
 pub mod mx;
@@ -392,6 +394,26 @@ impl Gpu {
         Ok(total.saturating_sub(free))
     }
 
+    /// Give the memory the pool keeps for reuse back to the driver (after a
+    /// model is dropped), so that [`Gpu::mem_used`] measures the next run from
+    /// the baseline. Waits for the stream first. Best effort without pools.
+    pub fn release_pool(&self) -> Result<()> {
+        use cudarc::driver::sys;
+        self.synchronize()?;
+        self.ctx.bind_to_thread()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: `pool` is written by the driver for a valid device ordinal;
+        // trimming releases only memory no allocation holds.
+        unsafe {
+            if sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                == sys::CUresult::CUDA_SUCCESS
+            {
+                sys::cuMemPoolTrimTo(pool, 0);
+            }
+        }
+        Ok(())
+    }
+
     /// Wait for all work queued on the stream.
     pub fn synchronize(&self) -> Result<()> {
         Ok(self.stream.synchronize()?)
@@ -457,6 +479,18 @@ impl Gpu {
         mnk: (usize, usize, usize),
     ) -> Result<()> {
         self.blas()?.gemm_bf16_op(a, ta, b, tb, d, mnk)
+    }
+
+    /// `d (m, n) = alpha op(a) @ op(b) + beta d` in bf16 (see [`gemm::Blas::gemm_bf16_acc`]).
+    pub fn gemm_bf16_acc<D: GemmOut>(
+        &self,
+        (a, ta): (&CudaSlice<u16>, bool),
+        (b, tb): (&CudaSlice<u16>, bool),
+        d: &mut CudaSlice<D>,
+        mnk: (usize, usize, usize),
+        alpha_beta: (f32, f32),
+    ) -> Result<()> {
+        self.blas()?.gemm_bf16_acc(a, ta, b, tb, d, mnk, alpha_beta)
     }
 
     /// `d (m, n) = a (m, k) @ b (n, k)^T` from two per-tensor FP8 operands,

@@ -16,13 +16,14 @@
 //! order, so a step is deterministic on a given GPU.
 
 use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
+use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
 use crate::{nvrtc, DeviceFp8, Error, Gpu, Result};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
 use octet_fp8::Recipe;
-use octet_nn::llama::{Llama, LlamaConfig};
+use octet_nn::llama::{Llama, LlamaConfig, LoraSpec, PROJ_NAMES};
 use octet_tensor::Tensor;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -54,7 +55,6 @@ struct Fns {
     sumsq: CudaFunction,
     adamw: CudaFunction,
     attn_delta: CudaFunction,
-    transpose_u8: CudaFunction,
     attn: Attn,
 }
 
@@ -116,10 +116,45 @@ struct Block {
     /// Slot indices of the two norm gains.
     attn_norm: usize,
     mlp_norm: usize,
-    /// q, k, v, o, gate, up, down.
+    /// q, k, v, o, gate, up, down (empty in LoRA mode).
     lin: Vec<GpuLinear>,
-    /// Slot index of each linear's weight.
+    /// Slot index of each linear's weight (LoRA mode: in [`LoraMode::base_slots`]).
     lin_slot: [usize; 7],
+    /// LoRA mode: the frozen q, k, v, o, gate, up, down with their adapters.
+    lora: Vec<GpuLoraLinear>,
+    /// LoRA mode: the trainable slots `(lora_A, lora_B)` of each targeted projection.
+    adapter_slots: [Option<(usize, usize)>; 7],
+}
+
+/// What one projection keeps for backward.
+enum ProjSaved {
+    Full(Box<GpuLinearSaved>),
+    Lora(GpuLoraSaved),
+}
+
+impl ProjSaved {
+    fn bytes_unique(&self, seen: &mut std::collections::HashSet<usize>) -> usize {
+        match self {
+            ProjSaved::Full(s) => s.bytes_unique(seen),
+            ProjSaved::Lora(s) => s.bytes_unique(seen),
+        }
+    }
+}
+
+/// LoRA fine-tuning (see [`GpuLlama::new_lora`]): the base model is frozen,
+/// and `GpuLlama::slots` with the flat master, gradient and moment buffers
+/// cover the adapters only.
+struct LoraMode {
+    /// The base model's parameters (Hugging Face names, checkpoint order).
+    base_slots: Vec<Slot>,
+    /// f32 values of the frozen parameters the kernels read in f32 (embedding, norm gains).
+    rep: CudaSlice<f32>,
+    /// Offset of a base slot in `rep`.
+    rep_off: Vec<Option<usize>>,
+    rank: usize,
+    alpha: f64,
+    /// Targeted projections (`q_proj`, ...).
+    targets: Vec<String>,
 }
 
 /// AdamW hyper-parameters of [`GpuLlama::adamw_step`] (as `octet_train::optim::AdamWConfig`).
@@ -196,6 +231,8 @@ pub struct GpuLlama<'g> {
     prof: Prof,
     /// Sharded data parallel: how the parameters are split over the ranks.
     shard: Option<Sharding<'g>>,
+    /// LoRA fine-tuning of a frozen base.
+    lora: Option<LoraMode>,
 }
 
 /// One parameter's shard: rows `[rank * rows, (rank + 1) * rows)` of its
@@ -261,7 +298,7 @@ struct Sharding<'g> {
 struct BlockSaved {
     x: CudaSlice<f32>,
     rstd1: CudaSlice<f32>,
-    lin: Vec<GpuLinearSaved>,
+    lin: Vec<ProjSaved>,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
@@ -337,10 +374,8 @@ pub fn token_rows(tokens: &[u32], v: usize) -> (Vec<i32>, Vec<i32>) {
     (starts, rows)
 }
 
-/// The last output of a [`forward_shared`] group (pop order: last layer first).
-fn next_out(
-    outs: &mut Vec<(CudaSlice<u16>, GpuLinearSaved)>,
-) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
+/// The last output of a group of projections (pop order: last layer first).
+fn next_out(outs: &mut Vec<(CudaSlice<u16>, ProjSaved)>) -> Result<(CudaSlice<u16>, ProjSaved)> {
     outs.pop()
         .ok_or_else(|| Error::Shape("a shared forward returned too few outputs".into()))
 }
@@ -370,6 +405,87 @@ fn attn_smem(d: usize) -> (usize, usize, usize) {
         4 * (4 * tile + 2 * p + 2 * TILE),
         4 * (4 * tile + p),
     )
+}
+
+/// Compile (or fetch from the cache) `train.cu` and load its kernels for head dim `d`.
+fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
+    let module = gpu.ctx.load_module(nvrtc::compile(
+        "train",
+        crate::KERNEL_SOURCES[9].1,
+        gpu.arch,
+    )?)?;
+    let l = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
+    let f = Fns {
+        embed_fwd: l("embed_fwd")?,
+        embed_bwd: l("embed_bwd")?,
+        norm_fwd: l("rmsnorm_fwd")?,
+        norm_bwd: l("rmsnorm_bwd")?,
+        dgain: l("rmsnorm_dgain_partial")?,
+        sum_partials: l("sum_partials")?,
+        rope_fwd: l("rope_fwd")?,
+        rope_bwd: l("rope_bwd")?,
+        swiglu_fwd: l("swiglu_fwd")?,
+        swiglu_bwd: l("swiglu_bwd")?,
+        add_residual: l("add_residual")?,
+        add: l("add_inplace")?,
+        add_bf16: l("add_bf16_inplace")?,
+        to_bf16: l("to_bf16")?,
+        xent: l("cross_entropy")?,
+        sumsq: l("sumsq_partial")?,
+        adamw: l("adamw")?,
+        attn_delta: l("attn_delta")?,
+        attn: if matches!(d, 16 | 32 | 64 | 128) {
+            // bf16 tiles of pitch D + 8 (p bytes a row). Forward: two stages of
+            // K, V (64 rows each), plus Q (16 W rows) when it stays in shared
+            // memory. dK/dV: K, V (16 W rows each) + two stages of Q, dO (32) and
+            // of lse, delta (32 f32 each). dQ: Q, dO (16 W) + two stages of K, V (32).
+            let p = 2 * (d + 8);
+            let (fv, bw) = attn_variant();
+            let bn: usize = if bw.starts_with('8') { 8 } else { 4 };
+            let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
+            // Rows of shared memory: two stages of K, V (64 each), plus Q where it stays there.
+            let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
+            let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
+                Ok(AttnKernel {
+                    f: l(&name)?,
+                    threads: 32 * w as u32,
+                    rows: 16 * w,
+                    smem,
+                })
+            };
+            Attn {
+                fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
+                dkdv: k(
+                    format!("attn_dkdv_tc{d}_{bn}"),
+                    bn,
+                    (32 * bn + 128) * p + 512,
+                )?,
+                dq: k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?,
+                tensor_cores: true,
+            }
+        } else {
+            let (s0, s1, s2) = attn_smem(d);
+            let k = |name: &str, smem: usize| -> Result<AttnKernel> {
+                Ok(AttnKernel {
+                    f: l(name)?,
+                    threads: 256,
+                    rows: TILE,
+                    smem,
+                })
+            };
+            Attn {
+                fwd: k("attn_fwd", s0)?,
+                dkdv: k("attn_bwd_dkdv", s1)?,
+                dq: k("attn_bwd_dq", s2)?,
+                tensor_cores: false,
+            }
+        },
+    };
+    use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+    for a in [&f.attn.fwd, &f.attn.dkdv, &f.attn.dq] {
+        a.f.set_attribute(MAXSMEM, a.smem as i32)?;
+    }
+    Ok(f)
 }
 
 // Buffers from `alloc_uninit` in this file are outputs that the next kernel
@@ -415,83 +531,7 @@ impl<'g> GpuLlama<'g> {
                 "head_dim {d}: the GPU attention kernels take at most {MAX_HEAD_DIM}"
             )));
         }
-        let module = gpu.ctx.load_module(nvrtc::compile(
-            "train",
-            crate::KERNEL_SOURCES[9].1,
-            gpu.arch,
-        )?)?;
-        let l = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
-        let f = Fns {
-            embed_fwd: l("embed_fwd")?,
-            embed_bwd: l("embed_bwd")?,
-            norm_fwd: l("rmsnorm_fwd")?,
-            norm_bwd: l("rmsnorm_bwd")?,
-            dgain: l("rmsnorm_dgain_partial")?,
-            sum_partials: l("sum_partials")?,
-            rope_fwd: l("rope_fwd")?,
-            rope_bwd: l("rope_bwd")?,
-            swiglu_fwd: l("swiglu_fwd")?,
-            swiglu_bwd: l("swiglu_bwd")?,
-            add_residual: l("add_residual")?,
-            add: l("add_inplace")?,
-            add_bf16: l("add_bf16_inplace")?,
-            to_bf16: l("to_bf16")?,
-            xent: l("cross_entropy")?,
-            sumsq: l("sumsq_partial")?,
-            adamw: l("adamw")?,
-            attn_delta: l("attn_delta")?,
-            transpose_u8: l("transpose_u8")?,
-            attn: if matches!(d, 16 | 32 | 64 | 128) {
-                // bf16 tiles of pitch D + 8 (p bytes a row). Forward: two stages of
-                // K, V (64 rows each), plus Q (16 W rows) when it stays in shared
-                // memory. dK/dV: K, V (16 W rows each) + two stages of Q, dO (32) and
-                // of lse, delta (32 f32 each). dQ: Q, dO (16 W) + two stages of K, V (32).
-                let p = 2 * (d + 8);
-                let (fv, bw) = attn_variant();
-                let bn: usize = if bw.starts_with('8') { 8 } else { 4 };
-                let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
-                // Rows of shared memory: two stages of K, V (64 each), plus Q where it stays there.
-                let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
-                let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
-                    Ok(AttnKernel {
-                        f: l(&name)?,
-                        threads: 32 * w as u32,
-                        rows: 16 * w,
-                        smem,
-                    })
-                };
-                Attn {
-                    fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
-                    dkdv: k(
-                        format!("attn_dkdv_tc{d}_{bn}"),
-                        bn,
-                        (32 * bn + 128) * p + 512,
-                    )?,
-                    dq: k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?,
-                    tensor_cores: true,
-                }
-            } else {
-                let (s0, s1, s2) = attn_smem(d);
-                let k = |name: &str, smem: usize| -> Result<AttnKernel> {
-                    Ok(AttnKernel {
-                        f: l(name)?,
-                        threads: 256,
-                        rows: TILE,
-                        smem,
-                    })
-                };
-                Attn {
-                    fwd: k("attn_fwd", s0)?,
-                    dkdv: k("attn_bwd_dkdv", s1)?,
-                    dq: k("attn_bwd_dq", s2)?,
-                    tensor_cores: false,
-                }
-            },
-        };
-        use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
-        for a in [&f.attn.fwd, &f.attn.dkdv, &f.attn.dq] {
-            a.f.set_attribute(MAXSMEM, a.smem as i32)?;
-        }
+        let f = load_fns(gpu, d)?;
         // Flat parameter buffers in checkpoint order.
         let mut slots = Vec::new();
         let mut host = Vec::with_capacity(cfg.num_params());
@@ -561,6 +601,8 @@ impl<'g> GpuLlama<'g> {
                 mlp_norm: base + 5,
                 lin,
                 lin_slot,
+                lora: Vec::new(),
+                adapter_slots: [None; 7],
             });
         }
         let embed_slot = 0;
@@ -617,6 +659,7 @@ impl<'g> GpuLlama<'g> {
                 acc: Vec::new(),
             },
             shard,
+            lora: None,
         })
     }
 
@@ -785,9 +828,19 @@ impl<'g> GpuLlama<'g> {
             4 * (sh.gshard.len() + sh.rep.len())
                 + 2 * sh.wsh.iter().flatten().map(|w| w.len()).sum::<usize>()
         });
+        let lora = self.lora.as_ref().map_or(0, |lm| 4 * lm.rep.len()) + self.base_bytes();
+        let adapters = self
+            .blocks
+            .iter()
+            .flat_map(|b| &b.lora)
+            .filter_map(|l| l.adapter.as_ref())
+            .map(|a| 2 * (a.a.len() + a.b.len()))
+            .sum::<usize>();
         12 * self.master.len()
             + 4 * self.grad.len()
             + sharded
+            + lora
+            + adapters
             + 2 * self.head.len()
             + self
                 .blocks
@@ -799,6 +852,12 @@ impl<'g> GpuLlama<'g> {
 
     /// The f32 values of parameter `s` the kernels read (embedding, norm gains).
     fn slot_view(&self, s: usize) -> Result<cudarc::driver::CudaView<'_, f32>> {
+        if let Some(lm) = &self.lora {
+            let sl = &lm.base_slots[s];
+            let off = lm.rep_off[s]
+                .ok_or_else(|| Error::Shape(format!("{} has no f32 copy in LoRA mode", sl.name)))?;
+            return Ok(lm.rep.slice(off..off + sl.numel));
+        }
         let sl = &self.slots[s];
         match &self.shard {
             None => Ok(self.master.slice(sl.offset..sl.offset + sl.numel)),
@@ -898,7 +957,7 @@ impl<'g> GpuLlama<'g> {
             self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
             // q, k and v read one quantization of h.
-            let mut qkv = forward_shared(&mut self.blocks[bi].lin[0..3], gpu, Rc::new(h), n)?;
+            let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), n)?;
             let (vv, sv) = next_out(&mut qkv)?;
             let (mut k, sk) = next_out(&mut qkv)?;
             let (mut q, sq) = next_out(&mut qkv)?;
@@ -924,7 +983,7 @@ impl<'g> GpuLlama<'g> {
             // The attention output: o's input, and read again by the attention
             // backward (one buffer, shared with o's saved input when o keeps it).
             let a = Rc::new(a);
-            let mut outs = forward_shared(&mut self.blocks[bi].lin[3..4], gpu, a.clone(), n)?;
+            let mut outs = self.proj_forward(bi, 3..4, a.clone(), n)?;
             let (o, so) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(so);
@@ -933,7 +992,7 @@ impl<'g> GpuLlama<'g> {
             self.mark("elementwise")?;
             let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
             self.mark("rmsnorm")?;
-            let mut gu = forward_shared(&mut self.blocks[bi].lin[4..6], gpu, Rc::new(h2), n)?;
+            let mut gu = self.proj_forward(bi, 4..6, Rc::new(h2), n)?;
             let (up, su) = next_out(&mut gu)?;
             let (gate, sg) = next_out(&mut gu)?;
             self.mark("linear fwd")?;
@@ -949,7 +1008,7 @@ impl<'g> GpuLlama<'g> {
                     .launch(grid1(nf))?;
             }
             self.mark("elementwise")?;
-            let mut outs = forward_shared(&mut self.blocks[bi].lin[6..7], gpu, Rc::new(act), n)?;
+            let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), n)?;
             let (dn, sd) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(sd);
@@ -1087,7 +1146,6 @@ impl<'g> GpuLlama<'g> {
         let (c, n) = (self.cfg.hidden_size, rstd.len());
         let (ci, ni, acc) = (c as i32, n as i32, accumulate as i32);
         let s = &self.gpu.stream;
-        let mut partial: CudaSlice<f32> = self.gpu.alloc_zeros(DGAIN_SPLIT * c, "norm partials")?;
         {
             let g = self.slot_view(slot)?;
             unsafe {
@@ -1100,6 +1158,15 @@ impl<'g> GpuLlama<'g> {
                     .arg(&ci)
                     .arg(&acc)
                     .launch(rows_cfg(n))?;
+            }
+        }
+        if self.lora.is_some() {
+            // The gain is frozen.
+            return Ok(());
+        }
+        let mut partial: CudaSlice<f32> = self.gpu.alloc_zeros(DGAIN_SPLIT * c, "norm partials")?;
+        {
+            unsafe {
                 s.launch_builder(&self.f.dgain)
                     .arg(x)
                     .arg(dy)
@@ -1216,10 +1283,12 @@ impl<'g> GpuLlama<'g> {
         // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
         let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
         gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
-        let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(v * c, "d_lm_head")? };
-        gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
-        self.add_grad(self.head_slot, &dw)?;
-        drop((dw, dlogits, hf));
+        if self.lora.is_none() {
+            let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(v * c, "d_lm_head")? };
+            gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
+            self.add_grad(self.head_slot, &dw)?;
+        }
+        drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
         self.norm_bwd(&xf, &rstd_f, &dh, &mut dres, self.norm_slot, false)?;
         drop((dh, xf, rstd_f));
@@ -1253,14 +1322,12 @@ impl<'g> GpuLlama<'g> {
                 next()?,
                 next()?,
             );
-            let slots = self.blocks[bi].lin_slot;
             self.mark("other")?;
             // MLP.
             let dres_bf = self.bf16(&dres, "d_residual bf16")?;
             self.mark("elementwise")?;
-            let (dact, dw) = self.blocks[bi].lin[6].backward(gpu, sd, &dres_bf)?;
+            let dact = self.proj_backward(bi, 6, sd, &dres_bf)?;
             self.mark("linear bwd")?;
-            self.add_grad(slots[6], &dw)?;
             drop(dres_bf);
             let nf = n * ff;
             let mut dg: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_gate")? };
@@ -1277,12 +1344,9 @@ impl<'g> GpuLlama<'g> {
             }
             drop((dact, gate, up));
             self.mark("elementwise")?;
-            let (mut dh2, dw) = self.blocks[bi].lin[4].backward(gpu, sg, &dg)?;
-            let dw4 = dw;
-            let (dh2u, dw) = self.blocks[bi].lin[5].backward(gpu, su, &du)?;
+            let mut dh2 = self.proj_backward(bi, 4, sg, &dg)?;
+            let dh2u = self.proj_backward(bi, 5, su, &du)?;
             self.mark("linear bwd")?;
-            self.add_grad(slots[4], &dw4)?;
-            self.add_grad(slots[5], &dw)?;
             drop((dg, du));
             self.add_inplace(&mut dh2, &dh2u)?;
             let mn = self.blocks[bi].mlp_norm;
@@ -1293,9 +1357,8 @@ impl<'g> GpuLlama<'g> {
             // Attention.
             let dres_bf = self.bf16(&dres, "d_residual bf16")?;
             self.mark("elementwise")?;
-            let (da, dw) = self.blocks[bi].lin[3].backward(gpu, so, &dres_bf)?;
+            let da = self.proj_backward(bi, 3, so, &dres_bf)?;
             self.mark("linear bwd")?;
-            self.add_grad(slots[3], &dw)?;
             drop(dres_bf);
             self.mark("elementwise")?;
             let (dq, dk, dvv) =
@@ -1321,13 +1384,10 @@ impl<'g> GpuLlama<'g> {
             let dv_bf = self.bf16(&dvv, "dv bf16")?;
             drop((dq, dk, dvv));
             self.mark("attention bwd (+rope)")?;
-            let (mut dh, dw0) = self.blocks[bi].lin[0].backward(gpu, sq, &dq_bf)?;
-            let (dhk, dw1) = self.blocks[bi].lin[1].backward(gpu, sk, &dk_bf)?;
-            let (dhv, dw) = self.blocks[bi].lin[2].backward(gpu, sv, &dv_bf)?;
+            let mut dh = self.proj_backward(bi, 0, sq, &dq_bf)?;
+            let dhk = self.proj_backward(bi, 1, sk, &dk_bf)?;
+            let dhv = self.proj_backward(bi, 2, sv, &dv_bf)?;
             self.mark("linear bwd")?;
-            self.add_grad(slots[0], &dw0)?;
-            self.add_grad(slots[1], &dw1)?;
-            self.add_grad(slots[2], &dw)?;
             drop((dq_bf, dk_bf, dv_bf));
             self.add_inplace(&mut dh, &dhk)?;
             self.add_inplace(&mut dh, &dhv)?;
@@ -1340,6 +1400,10 @@ impl<'g> GpuLlama<'g> {
                 self.flush_grads(&ids)?;
                 self.mark("reduce-scatter")?;
             }
+        }
+        if self.lora.is_some() {
+            // The embedding is frozen.
+            return Ok(());
         }
         // Embedding: rows of dres added to their tokens' rows, in order.
         let sl = self.slots[self.embed_slot].clone();
@@ -1448,13 +1512,23 @@ impl<'g> GpuLlama<'g> {
         let (bc1, bc2) = (1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt));
         let gpu = self.gpu;
         let s = &gpu.stream;
-        // Which bf16 copy each slot writes.
-        let mut targets: HashMap<usize, (usize, usize)> = HashMap::new();
+        // Which bf16 copy each slot writes: (block, projection, 0 weight / 1 lora_A / 2 lora_B).
+        let mut targets: HashMap<usize, (usize, usize, u8)> = HashMap::new();
         for (bi, blk) in self.blocks.iter().enumerate() {
-            for (li, &sl) in blk.lin_slot.iter().enumerate() {
-                targets.insert(sl, (bi, li));
+            if self.lora.is_some() {
+                for (li, ab) in blk.adapter_slots.iter().enumerate() {
+                    if let Some((sa, sb)) = *ab {
+                        targets.insert(sa, (bi, li, 1));
+                        targets.insert(sb, (bi, li, 2));
+                    }
+                }
+            } else {
+                for (li, &sl) in blk.lin_slot.iter().enumerate() {
+                    targets.insert(sl, (bi, li, 0));
+                }
             }
         }
+        let lora = self.lora.is_some();
         for si in 0..self.slots.len() {
             let sl = self.slots[si].clone();
             let wd = if sl.decay { p.weight_decay } else { 0.0 };
@@ -1463,12 +1537,16 @@ impl<'g> GpuLlama<'g> {
             let g = self.grad.slice(range.clone());
             let mut mm = self.m.slice_mut(range.clone());
             let mut vm = self.v.slice_mut(range);
-            let out: Option<&mut CudaSlice<u16>> = if let Some(&(bi, li)) = targets.get(&si) {
-                Some(&mut self.blocks[bi].lin[li].weight)
-            } else if si == self.head_slot {
-                Some(&mut self.head)
-            } else {
-                None
+            let out: Option<&mut CudaSlice<u16>> = match targets.get(&si) {
+                Some(&(bi, li, 0)) => Some(&mut self.blocks[bi].lin[li].weight),
+                Some(&(bi, li, which)) => {
+                    let ad = self.blocks[bi].lora[li].adapter.as_mut().ok_or_else(|| {
+                        Error::Shape(format!("{}: its layer has no adapter", sl.name))
+                    })?;
+                    Some(if which == 1 { &mut ad.a } else { &mut ad.b })
+                }
+                None if !lora && si == self.head_slot => Some(&mut self.head),
+                None => None,
             };
             launch_adamw(
                 s,
@@ -1565,6 +1643,402 @@ impl<'g> GpuLlama<'g> {
             .zip(per_slot)
             .map(|(s, v)| Ok((s.name.clone(), Tensor::from_f32(&s.shape, v)?)))
             .collect()
+    }
+}
+
+/// LoRA mode.
+impl<'g> GpuLlama<'g> {
+    /// A model for LoRA fine-tuning: the base from named weights (Hugging
+    /// Face names, any dtype, checked as [`GpuLlama::new`] checks them) is
+    /// frozen, its block matrices stored as `spec.base` (FP8 quantized once
+    /// here, one matrix at a time, by the CPU reference's `Base::new`, so the
+    /// codes are those of the CPU `LoraLinear`), the embedding and norm gains
+    /// in f32, the LM head in bf16. The targeted projections get adapters:
+    /// `adapters` (PEFT names, as `octet_train::checkpoint::load_adapter`
+    /// reads them) when given, else PEFT's initialisation with the seeds the
+    /// CPU `Llama::into_lora` uses. Only the adapters train: the slots, the
+    /// f32 masters, gradients and AdamW moments are theirs.
+    pub fn new_lora(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        spec: &LoraSpec,
+        adapters: Option<&HashMap<String, Tensor>>,
+    ) -> Result<GpuLlama<'g>> {
+        cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        let d = cfg.head_dim();
+        if d > MAX_HEAD_DIM {
+            return Err(Error::Shape(format!(
+                "head_dim {d}: the GPU attention kernels take at most {MAX_HEAD_DIM}"
+            )));
+        }
+        for t in &spec.targets {
+            if !PROJ_NAMES.iter().any(|(short, _)| short == t) {
+                return Err(Error::Shape(format!(
+                    "LoRA target '{t}': expected some of q, k, v, o, gate, up, down"
+                )));
+            }
+        }
+        if spec.targets.is_empty() || spec.rank == 0 {
+            return Err(Error::Shape(
+                "LoRA needs at least one target and a rank of at least 1".into(),
+            ));
+        }
+        if spec.recipe.scaling()
+            != (octet_fp8::Scaling::Tensorwise {
+                power_of_two: false,
+            })
+        {
+            return Err(Error::Shape(format!(
+                "GPU LoRA quantizes inputs and gradients with tensorwise current scaling; recipe {} runs LoRA on the CPU only",
+                spec.recipe
+            )));
+        }
+        let f = load_fns(gpu, d)?;
+        let mut base_slots = Vec::new();
+        let mut rep_host: Vec<f32> = Vec::new();
+        let mut rep_off = Vec::new();
+        let mut bases: Vec<Option<(GpuBase, usize, usize)>> = Vec::new();
+        let mut head: Option<CudaSlice<u16>> = None;
+        let mut remaining: HashMap<&str, &Tensor> =
+            weights.iter().map(|(k, v)| (k.as_str(), v)).collect();
+        let nl = cfg.num_hidden_layers;
+        let to_bf16 = |t: &Tensor| -> Result<CudaSlice<u16>> {
+            let b: Vec<half::bf16> = t
+                .to_f32_vec()
+                .iter()
+                .map(|&x| half::bf16::from_f32(x))
+                .collect();
+            gpu.upload_bf16(&b)
+        };
+        for (si, (name, shape)) in Llama::param_shapes(cfg).into_iter().enumerate() {
+            let t = remaining
+                .remove(name.as_str())
+                .ok_or_else(|| Error::Shape(format!("missing tensor {name}")))?;
+            if t.shape() != shape.as_slice() {
+                return Err(Error::Shape(format!(
+                    "tensor {name} has shape {:?}, expected {shape:?}",
+                    t.shape()
+                )));
+            }
+            // Block matrices: slots 1 + 9 i + {1, 2, 3, 4, 6, 7, 8}; the LM head is last when untied.
+            let in_block = si >= 1 && si <= 9 * nl && (si - 1) % 9 != 0 && (si - 1) % 9 != 5;
+            let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
+            let mut stored = None;
+            if in_block {
+                let (n, k) = (shape[0], shape[1]);
+                let b = octet_nn::lora::Base::new(t, spec.base)
+                    .map_err(|e| Error::Shape(format!("{name}: {e}")))?;
+                let gb = match b {
+                    octet_nn::lora::Base::Fp8(w) => GpuBase::Fp8(gpu.upload_fp8_weight(&w)?),
+                    octet_nn::lora::Base::Dense(w) => GpuBase::Bf16(to_bf16(&w)?),
+                };
+                stored = Some((gb, n, k));
+                rep_off.push(None);
+            } else if is_head {
+                head = Some(to_bf16(t)?);
+                rep_off.push(None);
+            } else {
+                rep_off.push(Some(rep_host.len()));
+                rep_host.extend(t.to_f32_vec());
+                if si == 0 && cfg.tie_word_embeddings {
+                    head = Some(to_bf16(t)?);
+                }
+            }
+            bases.push(stored);
+            base_slots.push(Slot {
+                offset: 0,
+                numel: t.numel(),
+                decay: shape.len() >= 2,
+                name,
+                shape,
+            });
+        }
+        if cfg.tie_word_embeddings {
+            remaining.remove("lm_head.weight");
+        }
+        if let Some(extra) = remaining.keys().next() {
+            return Err(Error::Shape(format!(
+                "unexpected tensor {extra} for this config"
+            )));
+        }
+        let head = head.ok_or_else(|| Error::Shape("no LM head".into()))?;
+        // Adapters, in the order (and with the seeds) of the CPU `into_lora`.
+        let mut given: Option<HashMap<&str, &Tensor>> =
+            adapters.map(|a| a.iter().map(|(k, v)| (k.as_str(), v)).collect());
+        let mut slots = Vec::new();
+        let mut host = Vec::new();
+        let mut blocks = Vec::with_capacity(nl);
+        let mut seed = spec.seed;
+        let scale = (spec.alpha / spec.rank as f64) as f32;
+        for i in 0..nl {
+            let base = 1 + 9 * i;
+            let lin_slot = [
+                base + 1,
+                base + 2,
+                base + 3,
+                base + 4,
+                base + 6,
+                base + 7,
+                base + 8,
+            ];
+            let mut lora = Vec::with_capacity(7);
+            let mut adapter_slots = [None; 7];
+            for (li, &s) in lin_slot.iter().enumerate() {
+                let (gb, n, k) = bases[s]
+                    .take()
+                    .ok_or_else(|| Error::Shape(format!("{}: no base", base_slots[s].name)))?;
+                let (short, module) = PROJ_NAMES[li];
+                let adapter = if spec.targets.iter().any(|t| t == short) {
+                    seed += 1;
+                    let prefix = format!("base_model.model.model.layers.{i}.{module}");
+                    let init = octet_nn::lora::Adapter::init(n, k, spec.rank, spec.alpha, seed)
+                        .map_err(|e| Error::Shape(e.to_string()))?;
+                    let mut pick =
+                        |suffix: &str, fresh: &Tensor, shape: [usize; 2]| -> Result<Vec<f32>> {
+                            let name = format!("{prefix}.{suffix}.weight");
+                            let t = match given.as_mut() {
+                                Some(g) => g.remove(name.as_str()).ok_or_else(|| {
+                                    Error::Shape(format!("adapter: missing tensor {name}"))
+                                })?,
+                                None => fresh,
+                            };
+                            if t.shape() != shape {
+                                return Err(Error::Shape(format!(
+                                    "adapter tensor {name} has shape {:?}, expected {shape:?}",
+                                    t.shape()
+                                )));
+                            }
+                            let v = t.to_f32_vec();
+                            slots.push(Slot {
+                                offset: host.len(),
+                                numel: v.len(),
+                                decay: true,
+                                name,
+                                shape: shape.to_vec(),
+                            });
+                            host.extend_from_slice(&v);
+                            Ok(v)
+                        };
+                    let a = pick("lora_A", &init.a, [spec.rank, k])?;
+                    let b = pick("lora_B", &init.b, [n, spec.rank])?;
+                    adapter_slots[li] = Some((slots.len() - 2, slots.len() - 1));
+                    let bf = |v: &[f32]| -> Result<CudaSlice<u16>> {
+                        let b: Vec<half::bf16> =
+                            v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                        gpu.upload_bf16(&b)
+                    };
+                    Some(GpuAdapter {
+                        a: bf(&a)?,
+                        b: bf(&b)?,
+                        rank: spec.rank,
+                        scale,
+                    })
+                } else {
+                    None
+                };
+                lora.push(GpuLoraLinear::new(
+                    gb,
+                    (n, k),
+                    adapter,
+                    spec.compute,
+                    spec.recipe.backward(),
+                )?);
+            }
+            blocks.push(Block {
+                attn_norm: base,
+                mlp_norm: base + 5,
+                lin: Vec::new(),
+                lin_slot,
+                lora,
+                adapter_slots,
+            });
+        }
+        if let Some(extra) = given.as_ref().and_then(|g| g.keys().next()) {
+            return Err(Error::Shape(format!(
+                "adapter: unexpected tensor {extra} for targets {:?}",
+                spec.targets
+            )));
+        }
+        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let (cos, sin) = rope.tables_f32();
+        let master = gpu.upload(&host)?;
+        let norm_slot = 1 + 9 * nl;
+        Ok(GpuLlama {
+            gpu,
+            cfg: cfg.clone(),
+            f,
+            grad: gpu.alloc_zeros(master.len(), "adapter gradients")?,
+            m: gpu.alloc_zeros(master.len(), "AdamW first moments")?,
+            v: gpu.alloc_zeros(master.len(), "AdamW second moments")?,
+            master,
+            slots,
+            blocks,
+            head,
+            embed_slot: 0,
+            norm_slot,
+            head_slot: if cfg.tie_word_embeddings {
+                0
+            } else {
+                norm_slot + 1
+            },
+            cos: gpu.upload(&cos)?,
+            sin: gpu.upload(&sin)?,
+            step: 0,
+            check_layers: false,
+            prof: Prof {
+                on: std::env::var_os("OCTET_PROFILE").is_some(),
+                last: std::time::Instant::now(),
+                acc: Vec::new(),
+            },
+            shard: None,
+            lora: Some(LoraMode {
+                base_slots,
+                rep: gpu.upload(&rep_host)?,
+                rep_off,
+                rank: spec.rank,
+                alpha: spec.alpha,
+                targets: PROJ_NAMES
+                    .iter()
+                    .filter(|(short, _)| spec.targets.iter().any(|t| t == short))
+                    .map(|(_, m)| m.rsplit('.').next().unwrap_or(m).to_string())
+                    .collect(),
+            }),
+        })
+    }
+
+    /// Whether the model is in LoRA mode ([`GpuLlama::new_lora`]).
+    pub fn is_lora(&self) -> bool {
+        self.lora.is_some()
+    }
+
+    /// LoRA mode: rank, alpha and the targeted module names (`q_proj`, ...).
+    pub fn lora_summary(&self) -> Option<(usize, f64, Vec<String>)> {
+        self.lora
+            .as_ref()
+            .map(|lm| (lm.rank, lm.alpha, lm.targets.clone()))
+    }
+
+    /// Device bytes of the block matrices' stored weights (the frozen base in
+    /// LoRA mode: FP8 codes and factors, or bf16; the bf16 compute copies otherwise).
+    pub fn base_bytes(&self) -> usize {
+        self.blocks
+            .iter()
+            .map(|b| {
+                b.lora.iter().map(|l| l.base.bytes()).sum::<usize>()
+                    + b.lin.iter().map(|l| 2 * l.weight.len()).sum::<usize>()
+            })
+            .sum()
+    }
+
+    /// LoRA mode: the full model with every adapter merged, `W + (alpha/r) B
+    /// A` in bf16 (Hugging Face names; embedding and norm gains in f32), one
+    /// matrix on the device at a time (for sampling and `merge`).
+    pub fn merged_weights(&self) -> Result<Vec<(String, Tensor)>> {
+        let lm = self
+            .lora
+            .as_ref()
+            .ok_or_else(|| Error::Shape("merged weights: the model is not in LoRA mode".into()))?;
+        let gpu = self.gpu;
+        let mut out = Vec::with_capacity(lm.base_slots.len());
+        let mut mats: HashMap<usize, (usize, usize)> = HashMap::new();
+        for (bi, b) in self.blocks.iter().enumerate() {
+            for (li, &s) in b.lin_slot.iter().enumerate() {
+                mats.insert(s, (bi, li));
+            }
+        }
+        let bf16_tensor = |shape: &[usize], bits: Vec<u16>| -> Result<Tensor> {
+            let v: Vec<half::bf16> = bits.into_iter().map(half::bf16::from_bits).collect();
+            Tensor::from_bf16(shape, v).map_err(|e| Error::Shape(e.to_string()))
+        };
+        for (si, sl) in lm.base_slots.iter().enumerate() {
+            let t = if let Some(&(bi, li)) = mats.get(&si) {
+                let l = &self.blocks[bi].lora[li];
+                let (n, k) = (l.n, l.k);
+                let mut w = match &l.base {
+                    GpuBase::Bf16(w) => gpu.stream.clone_dtod(w)?,
+                    GpuBase::Fp8(w) => {
+                        let block = match w.scaling {
+                            octet_tensor::mixed::WeightScaling::Tensor => (n, k),
+                            octet_tensor::mixed::WeightScaling::Channel => (1, k),
+                            octet_tensor::mixed::WeightScaling::Block128 => (128, 128),
+                        };
+                        gpu.dequant_bf16(&w.codes, &w.factors, (n, k), block, w.format)?
+                    }
+                };
+                if let Some(ad) = &l.adapter {
+                    gpu.gemm_bf16_acc(
+                        (&ad.b, false),
+                        (&ad.a, false),
+                        &mut w,
+                        (n, k, ad.rank),
+                        (ad.scale, 1.0),
+                    )?;
+                }
+                bf16_tensor(&sl.shape, gpu.download(&w)?)?
+            } else if si == self.head_slot && !self.cfg.tie_word_embeddings {
+                bf16_tensor(&sl.shape, gpu.download(&self.head)?)?
+            } else {
+                let v = self.slot_view(si)?;
+                let mut host = vec![0f32; sl.numel];
+                gpu.stream.memcpy_dtoh(&v, &mut host)?;
+                Tensor::from_f32(&sl.shape, host).map_err(|e| Error::Shape(e.to_string()))?
+            };
+            out.push((sl.name.clone(), t));
+        }
+        Ok(out)
+    }
+
+    /// Forward of projections `range` of block `bi`, which all read `x (n, K)`.
+    fn proj_forward(
+        &mut self,
+        bi: usize,
+        range: std::ops::Range<usize>,
+        x: Rc<CudaSlice<u16>>,
+        n: usize,
+    ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
+        let gpu = self.gpu;
+        let blk = &mut self.blocks[bi];
+        Ok(if self.lora.is_some() {
+            forward_group(&blk.lora[range], gpu, x, n)?
+                .into_iter()
+                .map(|(y, s)| (y, ProjSaved::Lora(s)))
+                .collect()
+        } else {
+            forward_shared(&mut blk.lin[range], gpu, x, n)?
+                .into_iter()
+                .map(|(y, s)| (y, ProjSaved::Full(Box::new(s))))
+                .collect()
+        })
+    }
+
+    /// Backward of projection `li` of block `bi` from `dy`: its input
+    /// gradient; its trainable gradients (the weight, or the adapter) added
+    /// to the gradient buffer.
+    fn proj_backward(
+        &mut self,
+        bi: usize,
+        li: usize,
+        saved: ProjSaved,
+        dy: &CudaSlice<u16>,
+    ) -> Result<CudaSlice<f32>> {
+        let gpu = self.gpu;
+        match saved {
+            ProjSaved::Full(s) => {
+                let (dx, dw) = self.blocks[bi].lin[li].backward(gpu, *s, dy)?;
+                self.add_grad(self.blocks[bi].lin_slot[li], &dw)?;
+                Ok(dx)
+            }
+            ProjSaved::Lora(s) => {
+                let (dx, g) = self.blocks[bi].lora[li].backward(gpu, s, dy)?;
+                if let (Some((da, db)), Some((sa, sb))) = (g, self.blocks[bi].adapter_slots[li]) {
+                    self.add_grad(sa, &da)?;
+                    self.add_grad(sb, &db)?;
+                }
+                Ok(dx)
+            }
+        }
     }
 }
 
@@ -1898,22 +2372,7 @@ impl<'g> GpuLlama<'g> {
             } else {
                 gpu.stream.clone_dtod(&gathered.slice(..n * k))?
             };
-            // SAFETY: the transpose writes every element.
-            let mut colwise: CudaSlice<u8> = unsafe { gpu.alloc_uninit(n * k, "gathered FP8^T")? };
-            let (ni, ki) = (n as i32, k as i32);
-            unsafe {
-                gpu.stream
-                    .launch_builder(&self.f.transpose_u8)
-                    .arg(&rowwise)
-                    .arg(&mut colwise)
-                    .arg(&ni)
-                    .arg(&ki)
-                    .launch(LaunchConfig {
-                        grid_dim: (k.div_ceil(32) as u32, n.div_ceil(32) as u32, 1),
-                        block_dim: (32, 8, 1),
-                        shared_mem_bytes: 0,
-                    })?;
-            }
+            let colwise = gpu.transpose_u8(&rowwise, n, k)?;
             self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
                 rows: n,
                 cols: k,

@@ -189,16 +189,27 @@ pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&Path>) -> Result<()
     let (r, alpha, targets) = model
         .lora_summary()
         .ok_or_else(|| Error::Checkpoint("the model has no LoRA adapter".into()))?;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
     let tensors: Vec<(String, Tensor)> = model
         .params()
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
+    write_adapter(dir, &tensors, (r, alpha, &targets), base)
+}
+
+/// Write adapter tensors (PEFT names) in PEFT's layout, with their rank,
+/// alpha and target module names (`q_proj`, ...).
+pub fn write_adapter(
+    dir: &Path,
+    tensors: &[(String, Tensor)],
+    (r, alpha, targets): (usize, f64, &[String]),
+    base: Option<&Path>,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
     write_atomic(
         &dir.join("adapter_model.safetensors"),
-        &serialize(&tensors, None)?,
+        &serialize(tensors, None)?,
     )?;
     let cfg = serde_json::json!({
         "peft_type": "LORA",
@@ -290,6 +301,30 @@ pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str, scaling: &str) -> 
 /// Load the optimizer state for `model`'s parameters and restore the model's
 /// delayed-scaling state; returns the optimizer and the trainer metadata.
 pub fn load_optimizer(dir: &Path, model: &mut Llama) -> Result<(AdamW, String)> {
+    let params: Vec<(String, Vec<usize>)> = model
+        .params()
+        .into_iter()
+        .map(|(n, p)| (n, p.shape().to_vec()))
+        .collect();
+    let (opt, trainer, scaling) = load_optimizer_for(dir, &params)?;
+    if let Some(scaling) = scaling {
+        model
+            .set_scaling_state(scaling)
+            .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
+    }
+    Ok((opt, trainer))
+}
+
+/// Delayed-scaling state of a checkpoint: `(layer, role, state)`.
+pub type ScalingState = Vec<(String, Role, DelayedState)>;
+
+/// Load the optimizer state of the parameters `params` (names and shapes,
+/// in order; every one must be there with its master and both moments):
+/// the optimizer, the trainer metadata, and the delayed-scaling state if saved.
+pub fn load_optimizer_for(
+    dir: &Path,
+    params: &[(String, Vec<usize>)],
+) -> Result<(AdamW, String, Option<ScalingState>)> {
     let path = dir.join("optimizer.safetensors");
     let (mut t, meta) = read_tensors(&path)?;
     let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
@@ -302,17 +337,17 @@ pub fn load_optimizer(dir: &Path, model: &mut Llama) -> Result<(AdamW, String)> 
         .and_then(|s| serde_json::from_str(s).ok())
         .ok_or_else(|| bad("missing adamw config".into()))?;
     let mut states = Vec::new();
-    for (name, p) in model.params() {
+    for (name, shape) in params {
         let mut take = |suffix: &str| -> Result<Vec<f32>> {
             let key = format!("{name}.{suffix}");
             let v = t
                 .remove(&key)
                 .ok_or_else(|| bad(format!("missing tensor {key}")))?;
-            if v.shape() != p.shape() {
+            if v.shape() != shape.as_slice() {
                 return Err(bad(format!(
                     "tensor {key} has shape {:?}, parameter is {:?}",
                     v.shape(),
-                    p.shape()
+                    shape
                 )));
             }
             Ok(v.to_f32_vec())
@@ -320,22 +355,22 @@ pub fn load_optimizer(dir: &Path, model: &mut Llama) -> Result<(AdamW, String)> 
         let (master, m, v) = (take("master")?, take("exp_avg")?, take("exp_avg_sq")?);
         states.push(ParamState {
             name: name.clone(),
-            shape: p.shape().to_vec(),
+            shape: shape.clone(),
             master,
             m,
             v,
-            decay: p.shape().len() >= 2,
+            decay: shape.len() >= 2,
         });
     }
-    if let Some(text) = meta.get("scaling") {
-        let scaling: Vec<(String, Role, DelayedState)> =
-            serde_json::from_str(text).map_err(|e| bad(format!("scaling state: {e}")))?;
-        model
-            .set_scaling_state(scaling)
-            .map_err(|e| bad(e.to_string()))?;
-    }
+    let scaling = match meta.get("scaling") {
+        Some(text) => Some(
+            serde_json::from_str::<ScalingState>(text)
+                .map_err(|e| bad(format!("scaling state: {e}")))?,
+        ),
+        None => None,
+    };
     let trainer = meta.get("trainer").cloned().unwrap_or_default();
-    Ok((AdamW { cfg, states, step }, trainer))
+    Ok((AdamW { cfg, states, step }, trainer, scaling))
 }
 
 /// Write a full checkpoint to `parent/name` so that it appears only whole:
@@ -347,14 +382,28 @@ pub fn save_checkpoint(
     opt: &AdamW,
     trainer: &str,
 ) -> Result<PathBuf> {
+    save_checkpoint_with(parent, name, |tmp| {
+        save_model(tmp, model)?;
+        let scaling = serde_json::to_string(&model.scaling_state())
+            .map_err(|e| Error::Checkpoint(e.to_string()))?;
+        save_optimizer(tmp, opt, trainer, &scaling)
+    })
+}
+
+/// Write a checkpoint `parent/name` whose files `write` puts into the
+/// directory it is given, so that it appears only whole: a temporary sibling
+/// directory renamed at the end, then `parent/latest` rewritten.
+pub fn save_checkpoint_with(
+    parent: &Path,
+    name: &str,
+    write: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
     let io = |e: std::io::Error| Error::Checkpoint(format!("{}: {e}", parent.display()));
     std::fs::create_dir_all(parent).map_err(io)?;
     let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
-    save_model(&tmp, model)?;
-    let scaling = serde_json::to_string(&model.scaling_state())
-        .map_err(|e| Error::Checkpoint(e.to_string()))?;
-    save_optimizer(&tmp, opt, trainer, &scaling)?;
+    std::fs::create_dir_all(&tmp).map_err(io)?;
+    write(&tmp)?;
     let dst = parent.join(name);
     if dst.exists() {
         std::fs::remove_dir_all(&dst).map_err(io)?;

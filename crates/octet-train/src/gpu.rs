@@ -13,7 +13,7 @@ use crate::checkpoint;
 use crate::data::{ByteTokenizer, Dataset, Split};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{lr_at, AdamW, ParamState};
-use crate::trainer::{pick_token, plot_losses, Observer, RunSummary, TrainConfig};
+use crate::trainer::{pick_token, plot_losses, LoraSettings, Observer, RunSummary, TrainConfig};
 use crate::{Error, Result};
 use octet_cuda::decode::{GpuDecoder, GpuWeights};
 use octet_cuda::model::{AdamParams, GpuLlama};
@@ -109,6 +109,116 @@ fn save(
     .map(Some)
 }
 
+/// The model of a LoRA run: the base from `l.base` (or the random base of
+/// the run's preset and seed, as the CPU run makes it), the adapters fresh or
+/// from a checkpoint's optimizer masters (`resume`, either device's).
+fn lora_model<'g>(
+    gpu: &'g Gpu,
+    cfg: &TrainConfig,
+    l: &LoraSettings,
+    resume: Option<&Path>,
+    obs: &mut dyn Observer,
+) -> Result<GpuLlama<'g>> {
+    let spec = l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?;
+    let (mcfg, weights) = match &l.base {
+        Some(dir) => (
+            checkpoint::load_config(dir)?,
+            checkpoint::load_weights(dir, DType::F32)?,
+        ),
+        None => {
+            let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
+            let w = cpu
+                .params()
+                .into_iter()
+                .map(|(n, t)| (n, t.clone()))
+                .collect();
+            (cpu.cfg.clone(), w)
+        }
+    };
+    let Some(ck) = resume else {
+        let model = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, None)?;
+        obs.note(&format!(
+            "LoRA on the GPU: base matrices {} bytes ({}), {} adapter tensors",
+            model.base_bytes(),
+            l.base_format,
+            model.slots.len()
+        ));
+        return Ok(model);
+    };
+    // The adapter names and shapes, from a model with fresh adapters.
+    let fresh = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, None)?;
+    let params: Vec<(String, Vec<usize>)> = fresh
+        .slots
+        .iter()
+        .map(|s| (s.name.clone(), s.shape.clone()))
+        .collect();
+    drop(fresh);
+    let (opt, _, _) = checkpoint::load_optimizer_for(ck, &params)?;
+    // The masters are the truth: the adapter file holds the same values.
+    let masters: HashMap<String, Tensor> = opt
+        .states
+        .iter()
+        .map(|s| {
+            Ok((
+                s.name.clone(),
+                Tensor::from_f32(&s.shape, s.master.clone())?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mut model = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, Some(&masters))?;
+    let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
+    model.set_moments(&m, &v, opt.step)?;
+    obs.note(&format!(
+        "resumed LoRA from {} at step {}",
+        ck.display(),
+        opt.step
+    ));
+    Ok(model)
+}
+
+/// Save a LoRA run's checkpoint as the CPU trainer does: the adapter in
+/// PEFT's layout with the base's `config.json`, and the adapters' optimizer state.
+fn save_lora(
+    model: &GpuLlama<'_>,
+    adamw: crate::optim::AdamWConfig,
+    l: &LoraSettings,
+    dir: &Path,
+    trainer_json: &str,
+) -> Result<Option<std::path::PathBuf>> {
+    let (r, alpha, targets) = model
+        .lora_summary()
+        .ok_or_else(|| Error::Train("the model is not in LoRA mode".into()))?;
+    let tensors = model.weights()?;
+    let states = model
+        .optimizer_state()?
+        .into_iter()
+        .zip(&model.slots)
+        .map(|((master, m, v), s)| ParamState {
+            name: s.name.clone(),
+            shape: s.shape.clone(),
+            master,
+            m,
+            v,
+            decay: s.decay,
+        })
+        .collect();
+    let opt = AdamW {
+        cfg: adamw,
+        states,
+        step: model.step,
+    };
+    checkpoint::save_checkpoint_with(
+        &dir.join("checkpoints"),
+        &format!("step_{:06}", model.step),
+        |tmp| {
+            checkpoint::write_adapter(tmp, &tensors, (r, alpha, &targets), l.base.as_deref())?;
+            checkpoint::write_config(tmp, &model.cfg, DType::F32)?;
+            checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")
+        },
+    )
+    .map(Some)
+}
+
 /// Train on `gpu` from scratch, or resume from `resume` (a checkpoint of
 /// either device).
 pub fn train_gpu(
@@ -146,21 +256,34 @@ pub fn train_gpu_ranked(
         Some(c) => GpuLlama::new_sharded(gpu, mcfg, w, cfg.recipe().ok().flatten(), c),
         None => GpuLlama::new(gpu, mcfg, w, cfg.recipe().ok().flatten()),
     };
-    if cfg.lora.is_some() {
+    if cfg.lora.is_some() && world > 1 {
         return Err(Error::Train(
-            "LoRA fine-tuning runs on the CPU only so far: use --device cpu".into(),
+            "LoRA fine-tuning runs on one GPU (or the CPU): drop --nproc".into(),
         ));
     }
-    let recipe = cfg.recipe()?;
-    let recipe_name = recipe.map_or("bf16".to_string(), |r| r.to_string());
+    let recipe = match &cfg.lora {
+        Some(_) => None,
+        None => cfg.recipe()?,
+    };
+    let recipe_name = match &cfg.lora {
+        Some(l) => format!(
+            "lora r={} base {} compute {} ({})",
+            l.rank,
+            l.base_format,
+            l.compute,
+            l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?.recipe
+        ),
+        None => recipe.map_or("bf16".to_string(), |r| r.to_string()),
+    };
     let data = match &cfg.data {
         Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
         None => Dataset::default_corpus(),
     };
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
-    let mut model = match resume {
-        Some(ck) => {
+    let mut model = match (resume, &cfg.lora) {
+        (_, Some(l)) => lora_model(gpu, cfg, l, resume, obs)?,
+        (Some(ck), None) => {
             let mcfg = checkpoint::load_config(ck)?;
             let weights = checkpoint::load_weights(ck, DType::F32)?;
             let mut cpu = Llama::from_weights(&mcfg, weights, recipe)?;
@@ -187,7 +310,7 @@ pub fn train_gpu_ranked(
             ));
             model
         }
-        None => {
+        (None, None) => {
             let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
             let w: HashMap<String, Tensor> = cpu
                 .params()
@@ -200,7 +323,7 @@ pub fn train_gpu_ranked(
         }
     };
     model.set_grad_reduce_bf16(cfg.grad_reduce == "bf16");
-    let params = model.num_params();
+    let params = model.cfg.num_params();
     let mut metrics = if lead {
         Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)
     } else {
@@ -344,7 +467,11 @@ pub fn train_gpu_ranked(
         }
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
-            if let Some(p) = save(&model, cfg.adamw, recipe, &dir, &trainer_json, lead)? {
+            let saved = match &cfg.lora {
+                Some(l) => save_lora(&model, cfg.adamw, l, &dir, &trainer_json)?,
+                None => save(&model, cfg.adamw, recipe, &dir, &trainer_json, lead)?,
+            };
+            if let Some(p) = saved {
                 obs.note(&format!("checkpoint {}", p.display()));
             }
         }
@@ -385,7 +512,11 @@ pub fn train_gpu_ranked(
     });
     // Sharded, gathering the weights is a collective: every rank takes part.
     let sample_weights = if cfg.sample_tokens > 0 {
-        Some(model.weights()?)
+        Some(if model.is_lora() {
+            model.merged_weights()?
+        } else {
+            model.weights()?
+        })
     } else {
         None
     };

@@ -1,0 +1,399 @@
+//! Conformance cases of GPU LoRA ([`crate::lora`], [`GpuLlama::new_lora`])
+//! against the CPU reference (`octet_nn::lora::LoraLinear`, the CPU `Llama`
+//! in LoRA mode) on the same data: fresh random inputs and adapters (`B`
+//! non-zero, so every gradient is), the same FP8 base codes.
+//!
+//! Tolerances. The CPU layer keeps `u = x A^T`, `s dy B` and the dequantized
+//! operands in f32 and rounds `y` and `d_input` once to bf16; the GPU rounds
+//! `u`, `du` and (in the `dequantized` backward) the dequantized input and
+//! base to bf16 before their products, and the base output before the
+//! adapter term is added. Each rounding is relative 2^-9 per element; two on
+//! a path give at most 2^-8 per element and about 2^-9 in relative Frobenius
+//! norm over random data: outputs within [`BF16_OUT_TOL`] (4e-3, as the other
+//! bf16 outputs of the selftest), gradients within 1e-2 (the same allowance
+//! plus the FP8 GEMM's reduced-precision partial sums, 2e-4).
+
+use crate::check::{download_f32, random_bf16, rel_frobenius, CaseResult};
+use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
+use crate::model::{AdamParams, GpuLlama};
+use crate::{Error, Gpu, Result};
+use octet_fp8::{BackwardMode, Recipe};
+use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
+use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
+use octet_tensor::mixed::WeightScaling;
+use octet_tensor::{DType, Tensor};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+const BF16_OUT_TOL: f64 = 4e-3;
+const GRAD_TOL: f64 = 1e-2;
+
+fn nn(e: octet_nn::Error) -> Error {
+    Error::Shape(e.to_string())
+}
+
+fn bits(t: &Tensor) -> Vec<u16> {
+    t.to_f32_vec()
+        .into_iter()
+        .map(|x| half::bf16::from_f32(x).to_bits())
+        .collect()
+}
+
+/// A bf16-valued tensor (so the CPU's f32 copy and the GPU's bf16 copy hold the same numbers).
+fn bf16_tensor(shape: &[usize], seed: u64, scale: f32) -> Result<Tensor> {
+    let n = shape.iter().product();
+    Tensor::from_bf16(shape, random_bf16(n, seed, scale)).map_err(|e| Error::Shape(e.to_string()))
+}
+
+fn gpu_base(gpu: &Gpu, b: &Base) -> Result<GpuBase> {
+    Ok(match b {
+        Base::Fp8(w) => GpuBase::Fp8(gpu.upload_fp8_weight(w)?),
+        Base::Dense(t) => GpuBase::Bf16(gpu.upload(&bits(t))?),
+    })
+}
+
+/// All GPU LoRA cases.
+pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    layer_cases(gpu, out)?;
+    model_cases(gpu, out)
+}
+
+/// `(base name, base format, compute, backward, (M, K, N))`.
+type LayerCase = (
+    &'static str,
+    BaseFormat,
+    Compute,
+    BackwardMode,
+    (usize, usize, usize),
+);
+
+fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let t = BaseFormat::Fp8(WeightScaling::Tensor);
+    let cases: [LayerCase; 7] = [
+        (
+            "fp8-tensorwise",
+            t,
+            Compute::Fp8,
+            BackwardMode::Dequantized,
+            (96, 256, 192),
+        ),
+        (
+            "fp8-tensorwise",
+            t,
+            Compute::Fp8,
+            BackwardMode::Quantized,
+            (96, 256, 192),
+        ),
+        (
+            "fp8-tensorwise",
+            t,
+            Compute::Fp8,
+            BackwardMode::HighPrecision,
+            (96, 256, 192),
+        ),
+        // M <= 64 takes the fused weight-only kernel; above, the upcast + cuBLASLt path.
+        (
+            "fp8-tensorwise",
+            t,
+            Compute::Bf16,
+            BackwardMode::Dequantized,
+            (40, 128, 80),
+        ),
+        (
+            "fp8-rowwise",
+            BaseFormat::Fp8(WeightScaling::Channel),
+            Compute::Bf16,
+            BackwardMode::Dequantized,
+            (96, 256, 192),
+        ),
+        (
+            "fp8-block",
+            BaseFormat::Fp8(WeightScaling::Block128),
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+            (130, 384, 200),
+        ),
+        (
+            "bf16",
+            BaseFormat::Bf16,
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+            (96, 256, 192),
+        ),
+    ];
+    let (r, alpha) = (16usize, 32.0f64);
+    for (ci, (name, format, compute, mode, (m, k, n))) in cases.into_iter().enumerate() {
+        let seed = 4000 + 10 * ci as u64;
+        let w = bf16_tensor(&[n, k], seed, 0.05)?;
+        let x = bf16_tensor(&[m, k], seed + 1, 1.0)?;
+        let dy = bf16_tensor(&[m, n], seed + 2, 0.1)?;
+        // A as PEFT initialises it (bound 1/sqrt(K)); B non-zero, so the adapter's
+        // term is a few percent of the base's and dA is not zero.
+        let a = bf16_tensor(&[r, k], seed + 3, 1.0 / (k as f32).sqrt())?;
+        let b = bf16_tensor(&[n, r], seed + 4, 0.02)?;
+        let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
+        let base = Base::new(&w, format).map_err(nn)?;
+        let gbase = gpu_base(gpu, &base)?;
+        let mut cpu = LoraLinear::new(
+            base,
+            Some(Adapter {
+                a: a.clone(),
+                b: b.clone(),
+                alpha,
+            }),
+            compute,
+            recipe,
+        )
+        .map_err(nn)?;
+        let (y_ref, saved) = cpu.forward(&x, true).map_err(nn)?;
+        let g_ref = cpu.backward(saved, &dy).map_err(nn)?;
+        let layer = GpuLoraLinear::new(
+            gbase,
+            (n, k),
+            Some(GpuAdapter {
+                a: gpu.upload(&bits(&a))?,
+                b: gpu.upload(&bits(&b))?,
+                rank: r,
+                scale: (alpha / r as f64) as f32,
+            }),
+            compute,
+            mode,
+        )?;
+        let xg = Rc::new(gpu.upload(&bits(&x))?);
+        let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, m)?;
+        let (y, saved) = outs
+            .pop()
+            .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
+        let saved_bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
+        let want_bytes = 2 * m * r
+            + if mode == BackwardMode::Dequantized {
+                m * k + 4
+            } else {
+                2 * m * k
+            };
+        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?)?;
+        let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
+        let ey = rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec());
+        let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
+        let ex = rel_frobenius(&gpu.download(&dx)?, &want(&g_ref.d_input));
+        let ea = rel_frobenius(&gpu.download(&da)?, &want(&g_ref.d_a));
+        let eb = rel_frobenius(&gpu.download(&db)?, &want(&g_ref.d_b));
+        out.push(CaseResult {
+            name: format!(
+                "LoRA layer {name} base, compute {compute:?}, {mode:?} backward, M={m} K={k} N={n} r={r} vs CPU LoraLinear; saved bytes exact"
+            ),
+            pass: ey <= BF16_OUT_TOL
+                && ex.max(ea).max(eb) <= GRAD_TOL
+                && saved_bytes == want_bytes,
+            worst: format!(
+                "y {ey:.2e}, d_input {ex:.2e}, dA {ea:.2e}, dB {eb:.2e}; saved {saved_bytes} B (want {want_bytes})"
+            ),
+        });
+    }
+    // A frozen layer without adapter keeps nothing for backward.
+    let (m, k, n) = (32, 64, 48);
+    let w = bf16_tensor(&[n, k], 4900, 0.05)?;
+    let base = Base::new(&w, BaseFormat::Fp8(WeightScaling::Tensor)).map_err(nn)?;
+    let layer = GpuLoraLinear::new(
+        gpu_base(gpu, &base)?,
+        (n, k),
+        None,
+        Compute::Fp8,
+        BackwardMode::Dequantized,
+    )?;
+    let xg = Rc::new(gpu.upload(&bits(&bf16_tensor(&[m, k], 4901, 1.0)?))?);
+    let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, m)?;
+    let (_, saved) = outs.pop().ok_or_else(|| Error::Shape("no output".into()))?;
+    let bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
+    out.push(CaseResult {
+        name: "LoRA layer without adapter (frozen FP8 base): saves 0 bytes".into(),
+        pass: bytes == 0,
+        worst: format!("{bytes} bytes"),
+    });
+    // Bad input: compute fp8 on a row-wise base is refused with a message.
+    let wb = Base::new(&w, BaseFormat::Fp8(WeightScaling::Channel)).map_err(nn)?;
+    let refused = GpuLoraLinear::new(
+        gpu_base(gpu, &wb)?,
+        (n, k),
+        None,
+        Compute::Fp8,
+        BackwardMode::Dequantized,
+    );
+    out.push(CaseResult {
+        name: "LoRA layer: --compute fp8 on an fp8-rowwise base is a clear error".into(),
+        pass: matches!(&refused, Err(Error::Shape(m)) if m.contains("--compute bf16")),
+        worst: match refused {
+            Err(e) => e.to_string(),
+            Ok(_) => "accepted".into(),
+        },
+    });
+    Ok(())
+}
+
+/// The whole model in LoRA mode, GPU against the CPU `Llama` (f32) with the
+/// same base, adapters and tokens: loss and every adapter gradient; then
+/// three AdamW steps on the GPU change only the adapters, lower the loss, and
+/// `merged_weights` reproduces the adapted model's loss as a plain model.
+fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let cfg = LlamaConfig {
+        vocab_size: 256,
+        hidden_size: 256,
+        intermediate_size: 512,
+        num_hidden_layers: 2,
+        num_attention_heads: 4,
+        num_key_value_heads: 2,
+        max_position_embeddings: 64,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+    };
+    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 91)
+        .map_err(nn)?
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let (b, t) = (4usize, 64usize);
+    let toks: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2301, i as u64) % 256) as u32)
+        .collect();
+    let tgts: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2302, i as u64) % 256) as u32)
+        .collect();
+    let targets: Vec<String> = ["q", "k", "v", "o", "gate", "up", "down"]
+        .map(String::from)
+        .to_vec();
+    for (name, base, compute, mode) in [
+        (
+            "fp8-tensorwise base, compute fp8, dequantized",
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Dequantized,
+        ),
+        (
+            "fp8-tensorwise base, compute fp8, quantized",
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Quantized,
+        ),
+        (
+            "bf16 base, compute bf16, high_precision",
+            BaseFormat::Bf16,
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+        ),
+    ] {
+        let spec = LoraSpec {
+            rank: 8,
+            alpha: 16.0,
+            targets: targets.clone(),
+            base,
+            compute,
+            recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
+            seed: 5,
+        };
+        let mut cpu = Llama::from_weights(&cfg, w.clone(), None)
+            .map_err(nn)?
+            .into_lora(&spec)
+            .map_err(nn)?;
+        // Adapters with a non-zero B (bf16 values: both sides hold the same numbers).
+        let mut adapters = HashMap::new();
+        for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
+            let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
+            adapters.insert(pname, bf16_tensor(p.shape(), 2400 + i as u64, scale)?);
+        }
+        cpu.load_params(
+            adapters
+                .iter()
+                .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
+                .collect(),
+        )
+        .map_err(nn)?;
+        let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
+        let cgrads = cpu.backward(cs).map_err(nn)?;
+        let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+        model.zero_grad()?;
+        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+        model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+        let grads = model.grads()?;
+        let mut worst = (0f64, String::new());
+        for ((gn, g), (cn, c)) in grads.iter().zip(&cgrads) {
+            let e = if gn == cn {
+                rel_frobenius(&g.to_f32_vec(), &c.to_f32_vec())
+            } else {
+                f64::INFINITY
+            };
+            if e > worst.0 || e.is_nan() {
+                worst = (e, gn.clone());
+            }
+        }
+        let el = (loss - closs).abs() / closs;
+        // bf16 activations against the CPU's f32 (as the full model's case: 2e-3
+        // on the loss, 3e-2 on the worst gradient).
+        out.push(CaseResult {
+            name: format!("Llama LoRA ({name}) fwd+bwd vs CPU LoRA model: loss, adapter grads"),
+            pass: el <= 2e-3 && worst.0 <= 3e-2 && grads.len() == cgrads.len() && grads.len() == 28,
+            worst: format!(
+                "loss {el:.2e}, worst grad {:.2e} ({}), {} adapter tensors",
+                worst.0,
+                worst.1,
+                grads.len()
+            ),
+        });
+        if mode != BackwardMode::Dequantized {
+            continue;
+        }
+        // Training: only adapters move; the merged model computes the adapted loss.
+        let before = model.weights()?;
+        let p = AdamParams {
+            lr: 1e-2,
+            beta1: 0.9,
+            beta2: 0.95,
+            eps: 1e-8,
+            weight_decay: 0.0,
+            grad_clip: 1.0,
+        };
+        let mut losses = vec![loss];
+        model.adamw_step(p)?;
+        for _ in 0..3 {
+            model.zero_grad()?;
+            let (l, s) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            model.backward(s.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            model.adamw_step(p)?;
+            losses.push(l);
+        }
+        let (last, _) = model.forward(&toks, &tgts, (b, t), 0.0, false)?;
+        let moved = model
+            .weights()?
+            .iter()
+            .zip(&before)
+            .all(|((_, a), (_, b))| a.to_f32_vec() != b.to_f32_vec());
+        let merged: HashMap<String, Tensor> = model.merged_weights()?.into_iter().collect();
+        let mut plain = GpuLlama::new(gpu, &cfg, &merged, None)?;
+        let (mloss, _) = plain.forward(&toks, &tgts, (b, t), 0.0, false)?;
+        // The merged bf16 weight rounds W + s B A once; the LoRA model adds the
+        // adapter's bf16 product to the FP8 base's: a few bf16 roundings apart.
+        let em = (mloss - last).abs() / last;
+        let fp8_bytes = model.base_bytes();
+        let bf16_bytes = {
+            let spec16 = LoraSpec {
+                base: BaseFormat::Bf16,
+                compute: Compute::Bf16,
+                ..spec.clone()
+            };
+            GpuLlama::new_lora(gpu, &cfg, &w, &spec16, None)?.base_bytes()
+        };
+        out.push(CaseResult {
+            name: format!("Llama LoRA ({name}): 4 AdamW steps move every adapter and lower the loss; merged weights give the adapted loss; FP8 base <= 0.52x bf16 bytes"),
+            pass: moved
+                && losses.windows(2).all(|p| p[1] < p[0])
+                && last < losses[losses.len() - 1]
+                && em <= 2e-2
+                && (fp8_bytes as f64) <= 0.52 * bf16_bytes as f64,
+            worst: format!(
+                "losses {losses:.4?} then {last:.4}; merged {mloss:.4} ({em:.2e}); base {fp8_bytes} vs {bf16_bytes} B"
+            ),
+        });
+    }
+    Ok(())
+}
