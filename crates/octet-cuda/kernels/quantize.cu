@@ -145,6 +145,8 @@ __device__ __forceinline__ void cast_transpose(const T* __restrict__ x, int rows
         *reinterpret_cast<unsigned int*>(&tile[rr][chunk * 8]) = q.x;
         *reinterpret_cast<unsigned int*>(&tile[rr][chunk * 8 + 4]) = q.y;
     }
+    // Row-wise only (a null column-wise output, the same for every thread).
+    if (out_col == nullptr) return;
     __syncthreads();
     // Column-wise: output row = input column; 8 consecutive bytes along the input rows.
     const bool full_t = (r0 + TILE <= rows) && (c0 + TILE <= cols) && (rows % 8 == 0);

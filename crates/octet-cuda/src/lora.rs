@@ -218,10 +218,13 @@ impl GpuLoraLinear {
             )));
         }
         let xq = if layers.iter().any(GpuLoraLinear::wants_fp8_input) {
-            let mut q = gpu.quantize_tensorwise(x.as_ref(), m, k, Format::E4M3, false)?;
             // Only the row-wise copy is read (forward GEMM, dequantized backward).
-            q.colwise = gpu.alloc_zeros(1, "placeholder")?;
-            Some(Rc::new(q))
+            Some(Rc::new(gpu.quantize_tensorwise_rowwise(
+                x.as_ref(),
+                m,
+                k,
+                Format::E4M3,
+            )?))
         } else {
             None
         };
@@ -315,8 +318,7 @@ impl GpuLoraLinear {
                 gpu.gemm_bf16_op((dy, false), (w, false), &mut dx, (m, k, n))?
             }
             (GpuBase::Fp8(w), BackwardMode::Quantized) => {
-                let mut gq = gpu.quantize_tensorwise(dy, m, n, Format::E5M2, false)?;
-                gq.colwise = gpu.alloc_zeros(1, "placeholder")?;
+                let gq = gpu.quantize_tensorwise_rowwise(dy, m, n, Format::E5M2)?;
                 let wt = gpu.transpose_u8(&w.codes, n, k)?;
                 gpu.gemm_fp8(
                     gq.rowwise_operand(),

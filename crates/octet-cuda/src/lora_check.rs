@@ -190,6 +190,28 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             ),
         });
     }
+    // The row-wise-only quantize (LoRA's inputs and gradients) writes the
+    // bytes and scale of the two-copy quantize's row-wise copy, partial tiles included.
+    for (rows, cols, fmt) in [
+        (217, 300, octet_fp8::Format::E4M3),
+        (96, 64, octet_fp8::Format::E5M2),
+    ] {
+        let x = gpu.upload(&crate::check::bf16_bits(&random_bf16(
+            rows * cols,
+            4950,
+            3.0,
+        )))?;
+        let both = gpu.quantize_tensorwise(&x, rows, cols, fmt, false)?;
+        let row = gpu.quantize_tensorwise_rowwise(&x, rows, cols, fmt)?;
+        let same = gpu.download(&both.rowwise)? == gpu.download(&row.rowwise)?
+            && gpu.download(&both.scale_inv)?[0].to_bits()
+                == gpu.download(&row.scale_inv)?[0].to_bits();
+        out.push(CaseResult {
+            name: format!("row-wise-only tensorwise quantize {rows}x{cols} {fmt}: bytes and scale equal the two-copy quantize's"),
+            pass: same,
+            worst: format!("equal: {same}"),
+        });
+    }
     // A frozen layer without adapter keeps nothing for backward.
     let (m, k, n) = (32, 64, 48);
     let w = bf16_tensor(&[n, k], 4900, 0.05)?;
@@ -311,32 +333,62 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         .map_err(nn)?;
         let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
         let cgrads = cpu.backward(cs).map_err(nn)?;
+        // The exact reference: the CPU model without input or gradient
+        // quantization (same base codes, weight-only products, f32 activations).
+        let exact_spec = LoraSpec {
+            compute: Compute::Bf16,
+            recipe: Recipe::from_name("tensorwise")?.with_backward(BackwardMode::HighPrecision)?,
+            ..spec.clone()
+        };
+        let mut exact = Llama::from_weights(&cfg, w.clone(), None)
+            .map_err(nn)?
+            .into_lora(&exact_spec)
+            .map_err(nn)?;
+        exact
+            .load_params(
+                adapters
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
+                    .collect(),
+            )
+            .map_err(nn)?;
+        let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
+        let egrads = exact.backward(es).map_err(nn)?;
+        let worst_vs = |got: &[(String, Tensor)]| -> (f64, String) {
+            let mut worst = (0f64, String::new());
+            for ((gn, g), (en, e)) in got.iter().zip(&egrads) {
+                let r = if gn == en {
+                    rel_frobenius(&g.to_f32_vec(), &e.to_f32_vec())
+                } else {
+                    f64::INFINITY
+                };
+                if r > worst.0 || r.is_nan() {
+                    worst = (r, gn.clone());
+                }
+            }
+            worst
+        };
         let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
         model.zero_grad()?;
         let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
         model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
         let grads = model.grads()?;
-        let mut worst = (0f64, String::new());
-        for ((gn, g), (cn, c)) in grads.iter().zip(&cgrads) {
-            let e = if gn == cn {
-                rel_frobenius(&g.to_f32_vec(), &c.to_f32_vec())
-            } else {
-                f64::INFINITY
-            };
-            if e > worst.0 || e.is_nan() {
-                worst = (e, gn.clone());
-            }
-        }
-        let el = (loss - closs).abs() / closs;
-        // bf16 activations against the CPU's f32 (as the full model's case: 2e-3
-        // on the loss, 3e-2 on the worst gradient).
+        let (eg, gname) = worst_vs(&grads);
+        let (ecg, _) = worst_vs(&cgrads);
+        let el = (loss - eloss).abs() / eloss;
+        let ecl = (closs - eloss).abs() / eloss;
+        // As the full model's case: bf16 activations against f32 allow 2e-3 on
+        // the loss and 3e-2 on the worst gradient; FP8 inputs and gradients
+        // (compute fp8, quantized backward) add their own noise, which the
+        // CPU model with the same settings shows against the same reference.
         out.push(CaseResult {
-            name: format!("Llama LoRA ({name}) fwd+bwd vs CPU LoRA model: loss, adapter grads"),
-            pass: el <= 2e-3 && worst.0 <= 3e-2 && grads.len() == cgrads.len() && grads.len() == 28,
+            name: format!("Llama LoRA ({name}) fwd+bwd vs CPU LoRA model (f32, no input quantization): loss, adapter grads"),
+            pass: el <= 2.0 * ecl + 2e-3
+                && eg <= 1.5 * ecg + 3e-2
+                && grads.len() == egrads.len()
+                && grads.len() == 28,
             worst: format!(
-                "loss {el:.2e}, worst grad {:.2e} ({}), {} adapter tensors",
-                worst.0,
-                worst.1,
+                "loss {el:.2e}, worst grad {eg:.2e} ({gname}), {} adapter tensors; CPU model with the same settings: loss {ecl:.2e}, grad {ecg:.2e}",
                 grads.len()
             ),
         });

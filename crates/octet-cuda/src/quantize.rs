@@ -304,6 +304,64 @@ impl Gpu {
         Ok(())
     }
 
+    /// Current per-tensor scaling of `x (rows, cols)` into the row-wise copy
+    /// only (the column-wise one is a one-byte placeholder): for operands that
+    /// no GEMM reads transposed (LoRA inputs and gradients). Same codes and
+    /// scale as [`Gpu::quantize_tensorwise`]'s row-wise copy, one byte less
+    /// written per element.
+    pub fn quantize_tensorwise_rowwise<T: QuantInput>(
+        &self,
+        x: &CudaSlice<T>,
+        rows: usize,
+        cols: usize,
+        format: Format,
+    ) -> Result<DeviceFp8> {
+        check_shape(rows, cols, x.len())?;
+        let s = &self.stream;
+        // SAFETY: the codes are written by the cast kernel below.
+        let mut rowwise = unsafe { s.alloc::<u8>(rows * cols) }
+            .map_err(|e| oom(e, rows * cols, "row-wise FP8"))?;
+        let mut out = DeviceFp8 {
+            rows,
+            cols,
+            format,
+            rowwise: self.alloc_zeros(1, "placeholder")?,
+            colwise: self.alloc_zeros(1, "placeholder")?,
+            scale_inv: self.alloc_zeros(1, "scale_inv")?,
+            amax_bits: self.alloc_zeros(1, "amax")?,
+            nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
+        };
+        self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?;
+        let kernel = self.cast_kernel::<T>(format)?;
+        if rows.div_ceil(64) > 65535 {
+            return Err(Error::Shape(format!(
+                "quantize: {rows} rows exceed the grid limit (65535 x 64)"
+            )));
+        }
+        let (r, c, rev) = (rows as i32, cols as i32, i32::from(self.reverse_cast));
+        let null: u64 = 0;
+        let mut b = s.launch_builder(kernel);
+        b.arg(x)
+            .arg(&r)
+            .arg(&c)
+            .arg(&out.amax_bits)
+            .arg(&mut rowwise)
+            .arg(&null)
+            .arg(&mut out.scale_inv)
+            .arg(&rev);
+        // SAFETY: argument types match; a null column-wise pointer makes the
+        // kernel stop after the row-wise codes, each written by one thread.
+        unsafe {
+            b.launch(LaunchConfig {
+                grid_dim: (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })
+        }?;
+        out.rowwise = rowwise;
+        Ok(out)
+    }
+
     /// Delayed scaling of a bf16 `(rows, cols)` matrix in one pass: cast both
     /// copies with the given `scale` (a one-element device buffer, set from the
     /// amax history) and record this tensor's amax in `out.amax_bits` (and
