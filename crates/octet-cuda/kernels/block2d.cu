@@ -150,6 +150,53 @@ extern "C" __global__ void dequant_e5m2(const unsigned char* c, const float* s, 
     dequant_f32s<FMT_E5M2>(c, s, o, rows, cols, br, bc);
 }
 
+// The same values, 8 per thread: one 8-byte load of codes, one 16-byte store
+// of bf16, one scale (needs cols % 8 == 0 and bc % 8 == 0, so the 8 elements
+// share a row and a scale block). The per-element kernel above takes the rest.
+template <int FMT>
+__device__ __forceinline__ void dequant8_f32s(const unsigned char* __restrict__ codes, const float* __restrict__ scales,
+                                              unsigned short* __restrict__ out, int rows, int cols, int br, int bc) {
+    const size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (g * 8 >= (size_t)rows * cols) return;
+    const size_t i = g * 8;
+    const int r = (int)(i / cols), c = (int)(i % cols);
+    const int gc = (cols + bc - 1) / bc;
+    const float s = scales[(size_t)(r / br) * gc + c / bc];
+    const uint2 q = *reinterpret_cast<const uint2*>(codes + i);
+    const unsigned int words[2] = {q.x, q.y};
+    unsigned int packed[4];
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const unsigned short two = (unsigned short)(words[w] >> (16 * half));
+            unsigned int h;
+            if (FMT == FMT_E4M3) {
+                asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(two));
+            } else {
+                asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(two));
+            }
+            float lo, hi;
+            asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+                : "=f"(lo), "=f"(hi)
+                : "r"(h));
+            unsigned short a, b;
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(a) : "f"(__fmul_rn(lo, s)));
+            asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(__fmul_rn(hi, s)));
+            packed[2 * w + half] = (unsigned int)a | ((unsigned int)b << 16);
+        }
+    }
+    *reinterpret_cast<uint4*>(out + i) = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+}
+extern "C" __global__ void dequant8_e4m3(const unsigned char* c, const float* s, unsigned short* o, int rows, int cols,
+                                         int br, int bc) {
+    dequant8_f32s<FMT_E4M3>(c, s, o, rows, cols, br, bc);
+}
+extern "C" __global__ void dequant8_e5m2(const unsigned char* c, const float* s, unsigned short* o, int rows, int cols,
+                                         int br, int bc) {
+    dequant8_f32s<FMT_E5M2>(c, s, o, rows, cols, br, bc);
+}
+
 // out (cols, rows) = in (rows, cols)^T, bytes (the column-wise copy of a
 // per-tensor FP8 weight: gathered shards, a frozen LoRA base). 32x32 tiles through shared memory; block (32, 8).
 extern "C" __global__ void transpose_u8(const unsigned char* __restrict__ in, unsigned char* __restrict__ out,

@@ -17,6 +17,8 @@ pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
     transpose_u8: CudaFunction,
+    /// 8 elements per thread (`cols % 8 == 0`, block width `% 8 == 0`).
+    dequant8: [CudaFunction; 2],
     dequant: [CudaFunction; 2],
 }
 
@@ -57,6 +59,10 @@ impl Gpu {
             ],
             transpose: m.load_function("transpose_f32")?,
             transpose_u8: m.load_function("transpose_u8")?,
+            dequant8: [
+                m.load_function("dequant8_e4m3")?,
+                m.load_function("dequant8_e5m2")?,
+            ],
             dequant: [
                 m.load_function("dequant_e4m3")?,
                 m.load_function("dequant_e5m2")?,
@@ -236,10 +242,19 @@ impl Gpu {
         let mut out = unsafe { self.stream.alloc::<u16>(rows * cols) }
             .map_err(|e| oom(e, 2 * rows * cols, "dequantized copy"))?;
         let (r, c, bri, bci) = (rows as i32, cols as i32, br as i32, bc as i32);
-        // SAFETY: lengths checked above; the kernel guards rows * cols.
+        // Eight elements a thread where a group of 8 stays in one row and one
+        // scale block (8-byte aligned codes, 16-byte aligned output: the
+        // buffers are allocation-aligned and each group starts at a multiple of 8).
+        let wide = cols % 8 == 0 && bc % 8 == 0;
+        let (f, threads) = if wide {
+            (&k.dequant8[fi], (rows * cols / 8) as u32)
+        } else {
+            (&k.dequant[fi], (rows * cols) as u32)
+        };
+        // SAFETY: lengths checked above; the kernels guard rows * cols.
         unsafe {
             self.stream
-                .launch_builder(&k.dequant[fi])
+                .launch_builder(f)
                 .arg(codes)
                 .arg(scales)
                 .arg(&mut out)
@@ -247,7 +262,7 @@ impl Gpu {
                 .arg(&c)
                 .arg(&bri)
                 .arg(&bci)
-                .launch(LaunchConfig::for_num_elems((rows * cols) as u32))?;
+                .launch(LaunchConfig::for_num_elems(threads))?;
         }
         Ok(out)
     }

@@ -25,7 +25,9 @@
 //! backward, so no step holds a second persistent copy of the base. The
 //! adapter saves its input once per group (the FP8 row-wise copy under the
 //! `dequantized` backward, the very copy the base GEMM read under
-//! `Compute::Fp8`; the bf16 activation otherwise) and `u (M, r)`.
+//! `Compute::Fp8`; the bf16 activation otherwise) and `u (M, r)`. In
+//! backward the group's FP8 input is dequantized to bf16 once, by the first
+//! layer of the group that runs, and shared with the others.
 //!
 //! Rounding against the CPU layer (which keeps `u`, `s dy B` and the
 //! dequantized input in f32): here `u` and `du = s dy B` are bf16 operands of
@@ -90,7 +92,15 @@ pub struct LoraInput {
     m: usize,
     k: usize,
     x: Rc<CudaSlice<u16>>,
-    xq: Option<Rc<DeviceFp8>>,
+    xq: Option<Rc<Fp8Input>>,
+}
+
+/// A group's FP8 input, and (in backward) its bf16 dequantization, made by
+/// the first layer of the group whose backward needs it and shared with the
+/// others (freed with the last layer's saved state).
+struct Fp8Input {
+    q: DeviceFp8,
+    deq: std::cell::RefCell<Option<Rc<CudaSlice<u16>>>>,
 }
 
 /// What [`GpuLoraLinear::forward_input`] keeps for backward (nothing for the base).
@@ -99,7 +109,7 @@ pub struct GpuLoraSaved {
     /// The adapter's input in bf16 (`high_precision`, `quantized` backward), shared in the group.
     x: Option<Rc<CudaSlice<u16>>>,
     /// The adapter's input in FP8 (`dequantized` backward), shared in the group.
-    xq: Option<Rc<DeviceFp8>>,
+    xq: Option<Rc<Fp8Input>>,
     /// `u = x A^T (M, r)`, bf16.
     u: Option<CudaSlice<u16>>,
 }
@@ -116,7 +126,7 @@ impl GpuLoraSaved {
         }
         if let Some(q) = &self.xq {
             if seen.insert(Rc::as_ptr(q) as usize) {
-                total += q.rowwise.len() + 4;
+                total += q.q.rowwise.len() + 4;
             }
         }
         total
@@ -219,12 +229,10 @@ impl GpuLoraLinear {
         }
         let xq = if layers.iter().any(GpuLoraLinear::wants_fp8_input) {
             // Only the row-wise copy is read (forward GEMM, dequantized backward).
-            Some(Rc::new(gpu.quantize_tensorwise_rowwise(
-                x.as_ref(),
-                m,
-                k,
-                Format::E4M3,
-            )?))
+            Some(Rc::new(Fp8Input {
+                q: gpu.quantize_tensorwise_rowwise(x.as_ref(), m, k, Format::E4M3)?,
+                deq: std::cell::RefCell::new(None),
+            }))
         } else {
             None
         };
@@ -254,7 +262,7 @@ impl GpuLoraLinear {
                     .as_ref()
                     .ok_or_else(|| Error::Shape("FP8 input missing".into()))?;
                 gpu.gemm_fp8(
-                    xq.rowwise_operand(),
+                    xq.q.rowwise_operand(),
                     operand(w, &w.codes),
                     &mut y,
                     (m, n, k),
@@ -363,8 +371,23 @@ impl GpuLoraLinear {
                 gpu.gemm_bf16_op((&du, true), (x.as_ref(), false), &mut da, (r, k, m))?
             }
             (None, Some(q)) => {
-                let xd = gpu.dequant_bf16(&q.rowwise, &q.scale_inv, (m, k), (m, k), q.format)?;
-                gpu.gemm_bf16_op((&du, true), (&xd, false), &mut da, (r, k, m))?;
+                let cached = q.deq.borrow().clone();
+                let xd = match cached {
+                    Some(d) => d,
+                    None => {
+                        let fp8 = &q.q;
+                        let d = Rc::new(gpu.dequant_bf16(
+                            &fp8.rowwise,
+                            &fp8.scale_inv,
+                            (m, k),
+                            (m, k),
+                            fp8.format,
+                        )?);
+                        *q.deq.borrow_mut() = Some(d.clone());
+                        d
+                    }
+                };
+                gpu.gemm_bf16_op((&du, true), (xd.as_ref(), false), &mut da, (r, k, m))?;
             }
             (None, None) => {
                 return Err(Error::Shape("LoRA backward: x was not saved".into()));
