@@ -183,6 +183,15 @@ struct Prof {
 }
 
 impl Prof {
+    /// On when the `OCTET_PROFILE` environment variable is set.
+    fn from_env() -> Prof {
+        Prof {
+            on: std::env::var_os("OCTET_PROFILE").is_some(),
+            last: std::time::Instant::now(),
+            acc: Vec::new(),
+        }
+    }
+
     fn mark(&mut self, gpu: &Gpu, what: &'static str) -> Result<()> {
         if !self.on {
             return Ok(());
@@ -407,6 +416,22 @@ fn attn_smem(d: usize) -> (usize, usize, usize) {
     )
 }
 
+/// Slot indices (checkpoint order) of block `i`'s q, k, v, o, gate, up and
+/// down weights: the block's slots are `1 + 9 i ..`, its norms at offsets 0 and 5.
+fn block_matrix_slots(i: usize) -> [usize; 7] {
+    let base = 1 + 9 * i;
+    [1, 2, 3, 4, 6, 7, 8].map(|o| base + o)
+}
+
+/// The rotary tables `(cos, sin)` of `cfg` on the device.
+fn rope_tables(gpu: &Gpu, cfg: &LlamaConfig) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+    let rope =
+        octet_nn::rope::Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+    let (cos, sin) = rope.tables_f32();
+    Ok((gpu.upload(&cos)?, gpu.upload(&sin)?))
+}
+
 /// Compile (or fetch from the cache) `train.cu` and load its kernels for head dim `d`.
 fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
     let module = gpu.ctx.load_module(nvrtc::compile(
@@ -576,15 +601,7 @@ impl<'g> GpuLlama<'g> {
         let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let base = 1 + 9 * i;
-            let lin_slot = [
-                base + 1,
-                base + 2,
-                base + 3,
-                base + 4,
-                base + 6,
-                base + 7,
-                base + 8,
-            ];
+            let lin_slot = block_matrix_slots(i);
             let mut lin = Vec::with_capacity(7);
             for &s in &lin_slot {
                 let slot = &slots[s];
@@ -632,9 +649,7 @@ impl<'g> GpuLlama<'g> {
                 )?
             }
         };
-        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
-            .map_err(|e| Error::Shape(e.to_string()))?;
-        let (cos, sin) = rope.tables_f32();
+        let (cos, sin) = rope_tables(gpu, cfg)?;
         Ok(GpuLlama {
             gpu,
             cfg: cfg.clone(),
@@ -649,15 +664,11 @@ impl<'g> GpuLlama<'g> {
             embed_slot,
             norm_slot,
             head_slot,
-            cos: gpu.upload(&cos)?,
-            sin: gpu.upload(&sin)?,
+            cos,
+            sin,
             step: 0,
             check_layers: false,
-            prof: Prof {
-                on: std::env::var_os("OCTET_PROFILE").is_some(),
-                last: std::time::Instant::now(),
-                acc: Vec::new(),
-            },
+            prof: Prof::from_env(),
             shard,
             lora: None,
         })
@@ -1722,7 +1733,8 @@ impl<'g> GpuLlama<'g> {
                 )));
             }
             // Block matrices: slots 1 + 9 i + {1, 2, 3, 4, 6, 7, 8}; the LM head is last when untied.
-            let in_block = si >= 1 && si <= 9 * nl && (si - 1) % 9 != 0 && (si - 1) % 9 != 5;
+            let in_block =
+                si >= 1 && si <= 9 * nl && block_matrix_slots((si - 1) / 9).contains(&si);
             let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
             let mut stored = None;
             if in_block {
@@ -1773,15 +1785,7 @@ impl<'g> GpuLlama<'g> {
         let scale = (spec.alpha / spec.rank as f64) as f32;
         for i in 0..nl {
             let base = 1 + 9 * i;
-            let lin_slot = [
-                base + 1,
-                base + 2,
-                base + 3,
-                base + 4,
-                base + 6,
-                base + 7,
-                base + 8,
-            ];
+            let lin_slot = block_matrix_slots(i);
             let mut lora = Vec::with_capacity(7);
             let mut adapter_slots = [None; 7];
             for (li, &s) in lin_slot.iter().enumerate() {
@@ -1860,9 +1864,7 @@ impl<'g> GpuLlama<'g> {
                 spec.targets
             )));
         }
-        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
-            .map_err(|e| Error::Shape(e.to_string()))?;
-        let (cos, sin) = rope.tables_f32();
+        let (cos, sin) = rope_tables(gpu, cfg)?;
         let master = gpu.upload(&host)?;
         let norm_slot = 1 + 9 * nl;
         Ok(GpuLlama {
@@ -1883,15 +1885,11 @@ impl<'g> GpuLlama<'g> {
             } else {
                 norm_slot + 1
             },
-            cos: gpu.upload(&cos)?,
-            sin: gpu.upload(&sin)?,
+            cos,
+            sin,
             step: 0,
             check_layers: false,
-            prof: Prof {
-                on: std::env::var_os("OCTET_PROFILE").is_some(),
-                last: std::time::Instant::now(),
-                acc: Vec::new(),
-            },
+            prof: Prof::from_env(),
             shard: None,
             lora: Some(LoraMode {
                 base_slots,

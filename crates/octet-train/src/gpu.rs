@@ -8,6 +8,11 @@
 //! the per-tensor recipes only (tensorwise, delayed; the amax for every
 //! recipe), a delayed-scaling run resumes with fresh amax histories, and the
 //! final sample decodes with the GPU KV-cache decoder (bf16 weights).
+//!
+//! A LoRA run (`cfg.lora`) builds the model with [`GpuLlama::new_lora`]: the
+//! base frozen on the device in its stored form, only the adapters training;
+//! its checkpoints are the CPU LoRA run's (adapter in PEFT layout, the
+//! adapters' optimizer state), and its sample decodes the merged weights.
 
 use crate::checkpoint;
 use crate::data::{ByteTokenizer, Dataset, Split};
@@ -66,6 +71,31 @@ fn rows_of(x: &[u32], rank: usize, world: usize) -> Vec<u32> {
     x[rank * chunk..(rank + 1) * chunk].to_vec()
 }
 
+/// The CPU optimizer's form of the model's optimizer state `state` (per slot).
+fn optimizer_of(
+    model: &GpuLlama<'_>,
+    state: Vec<octet_cuda::model::MasterMoments>,
+    adamw: crate::optim::AdamWConfig,
+) -> AdamW {
+    let states = state
+        .into_iter()
+        .zip(&model.slots)
+        .map(|((master, m, v), s)| ParamState {
+            name: s.name.clone(),
+            shape: s.shape.clone(),
+            master,
+            m,
+            v,
+            decay: s.decay,
+        })
+        .collect();
+    AdamW {
+        cfg: adamw,
+        states,
+        step: model.step,
+    }
+}
+
 /// Save the GPU model and optimizer as an ordinary checkpoint. Sharded, every
 /// rank calls it (the shards are gathered) and rank 0 writes (`write`).
 fn save(
@@ -82,23 +112,7 @@ fn save(
         return Ok(None);
     }
     let cpu = Llama::from_weights(&model.cfg, weights, recipe)?;
-    let states = state
-        .into_iter()
-        .zip(&model.slots)
-        .map(|((master, m, v), s)| ParamState {
-            name: s.name.clone(),
-            shape: s.shape.clone(),
-            master,
-            m,
-            v,
-            decay: s.decay,
-        })
-        .collect();
-    let opt = AdamW {
-        cfg: adamw,
-        states,
-        step: model.step,
-    };
+    let opt = optimizer_of(model, state, adamw);
     checkpoint::save_checkpoint(
         &dir.join("checkpoints"),
         &format!("step_{:06}", model.step),
@@ -189,24 +203,7 @@ fn save_lora(
         .lora_summary()
         .ok_or_else(|| Error::Train("the model is not in LoRA mode".into()))?;
     let tensors = model.weights()?;
-    let states = model
-        .optimizer_state()?
-        .into_iter()
-        .zip(&model.slots)
-        .map(|((master, m, v), s)| ParamState {
-            name: s.name.clone(),
-            shape: s.shape.clone(),
-            master,
-            m,
-            v,
-            decay: s.decay,
-        })
-        .collect();
-    let opt = AdamW {
-        cfg: adamw,
-        states,
-        step: model.step,
-    };
+    let opt = optimizer_of(model, model.optimizer_state()?, adamw);
     checkpoint::save_checkpoint_with(
         &dir.join("checkpoints"),
         &format!("step_{:06}", model.step),
@@ -265,16 +262,7 @@ pub fn train_gpu_ranked(
         Some(_) => None,
         None => cfg.recipe()?,
     };
-    let recipe_name = match &cfg.lora {
-        Some(l) => format!(
-            "lora r={} base {} compute {} ({})",
-            l.rank,
-            l.base_format,
-            l.compute,
-            l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?.recipe
-        ),
-        None => recipe.map_or("bf16".to_string(), |r| r.to_string()),
-    };
+    let recipe_name = cfg.run_label()?;
     let data = match &cfg.data {
         Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
         None => Dataset::default_corpus(),

@@ -197,6 +197,21 @@ impl TrainConfig {
         Ok(Some(r))
     }
 
+    /// What the run trains with, for summaries and plots: the recipe's
+    /// string (`bf16` for the baseline), or the LoRA settings with theirs.
+    pub fn run_label(&self) -> Result<String> {
+        Ok(match &self.lora {
+            Some(l) => format!(
+                "lora r={} base {} compute {} ({})",
+                l.rank,
+                l.base_format,
+                l.compute,
+                l.spec(&self.recipe, &self.backward, self.seed)?.recipe
+            ),
+            None => self.recipe()?.map_or("bf16".to_string(), |r| r.to_string()),
+        })
+    }
+
     /// Check the numbers make sense.
     pub fn validate(&self) -> Result<()> {
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 || self.steps == 0 {
@@ -382,16 +397,7 @@ pub fn train(
         Some(_) => None,
         None => cfg.recipe()?,
     };
-    let recipe_name = match &cfg.lora {
-        Some(l) => format!(
-            "lora r={} base {} compute {} ({})",
-            l.rank,
-            l.base_format,
-            l.compute,
-            l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?.recipe
-        ),
-        None => recipe.map_or("bf16".to_string(), |r| r.to_string()),
-    };
+    let recipe_name = cfg.run_label()?;
     let data = match &cfg.data {
         Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
         None => Dataset::default_corpus(),
