@@ -22,6 +22,7 @@ if [ "$mode" = check ]; then
     --compare-bf16 --sample-tokens 80 2>&1 | grep -v "^\s*$" | tail -25
   cp /tmp/runs/lora/metrics.jsonl "$out/small-lora-fp8.jsonl" 2>/dev/null
   cp /tmp/runs/lora-bf16base/metrics.jsonl "$out/small-lora-bf16.jsonl" 2>/dev/null
+  cp /tmp/runs/lora-compare-bf16.png "$out/small-lora-compare-bf16.png" 2>/dev/null
   echo "== GPU LoRA resume: 20 steps vs 10 + resumed 10 (tiny model)"
   common="--device cuda --model tiny --steps 20 --batch 8 --seq 64 --eval-batches 0 --sample-tokens 0 --out-dir /tmp/res"
   $bin lora $common --name a --ckpt-every 10 > /tmp/res-a.txt 2>&1 || tail -5 /tmp/res-a.txt

@@ -5,6 +5,7 @@ use crate::train::{bar, summary_table, TrainArgs};
 use octet_nn::llama::Llama;
 use octet_tensor::DType;
 use octet_train::checkpoint;
+use octet_train::plot::{line_plot, Series};
 use octet_train::trainer::{train, LoraSettings};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -150,6 +151,28 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     if runs.len() == 2 {
         let d = 100.0 * (runs[0].final_val_loss / runs[1].final_val_loss - 1.0);
         println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
+        let series: Vec<Series> = runs
+            .iter()
+            .zip([format!("{} base", a.base_format), "bf16 base".to_string()])
+            .map(|(r, name)| Series {
+                name,
+                points: r
+                    .losses
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &l)| (i as f64 + 1.0, l))
+                    .collect(),
+            })
+            .collect();
+        let path = cfg.out_dir.join(format!("{}-compare-bf16.png", cfg.name));
+        line_plot(
+            &path,
+            "LoRA training loss: FP8 base vs bf16 base",
+            "step",
+            "cross-entropy (nats/byte)",
+            &series,
+        )?;
+        println!("overlaid loss curves: {}", path.display());
         if gpu.is_some() && runs[1].peak_device_bytes > 0 && runs[1].tokens_per_s > 0.0 {
             println!(
                 "FP8 base vs bf16 base: peak device memory {:.3}x, step time {:.3}x",
