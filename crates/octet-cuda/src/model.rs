@@ -1510,17 +1510,7 @@ impl<'g> GpuLlama<'g> {
         }
         self.mark("other")?;
         let norm = self.grad_norm()? as f32;
-        if !norm.is_finite() {
-            return Err(Error::NonFinite);
-        }
-        let clip = if p.grad_clip > 0.0 && norm > p.grad_clip {
-            p.grad_clip / norm
-        } else {
-            1.0
-        };
-        self.step += 1;
-        let tt = self.step as i32;
-        let (bc1, bc2) = (1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt));
+        let (clip, bc1, bc2) = self.begin_step(norm, &p)?;
         let gpu = self.gpu;
         let s = &gpu.stream;
         // Which bf16 copy each slot writes: (block, projection, 0 weight / 1 lora_A / 2 lora_B).
@@ -1576,6 +1566,23 @@ impl<'g> GpuLlama<'g> {
         }
         self.mark("adamw")?;
         Ok(norm)
+    }
+
+    /// Start an optimizer step whose gradient norm is `norm`: a non-finite
+    /// norm is an error (nothing changes); else count the step and return the
+    /// clipping factor and the two bias corrections.
+    fn begin_step(&mut self, norm: f32, p: &AdamParams) -> Result<(f32, f32, f32)> {
+        if !norm.is_finite() {
+            return Err(Error::NonFinite);
+        }
+        let clip = if p.grad_clip > 0.0 && norm > p.grad_clip {
+            p.grad_clip / norm
+        } else {
+            1.0
+        };
+        self.step += 1;
+        let tt = self.step as i32;
+        Ok((clip, 1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt)))
     }
 
     /// The f32 masters as named tensors (checkpoint order).
@@ -1904,6 +1911,26 @@ impl<'g> GpuLlama<'g> {
                     .collect(),
             }),
         })
+    }
+
+    /// Names (PEFT's) and shapes of the adapter tensors [`GpuLlama::new_lora`]
+    /// makes for `cfg` and `spec`, in slot order (what a checkpoint's
+    /// optimizer state holds), without building the model.
+    pub fn adapter_params(cfg: &LlamaConfig, spec: &LoraSpec) -> Vec<(String, Vec<usize>)> {
+        let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
+        let kv = cfg.num_key_value_heads * cfg.head_dim();
+        let dims = [(c, c), (kv, c), (kv, c), (c, c), (f, c), (f, c), (c, f)];
+        let mut out = Vec::new();
+        for i in 0..cfg.num_hidden_layers {
+            for ((short, module), (n, k)) in PROJ_NAMES.iter().zip(dims) {
+                if spec.targets.iter().any(|t| t == short) {
+                    let prefix = format!("base_model.model.model.layers.{i}.{module}");
+                    out.push((format!("{prefix}.lora_A.weight"), vec![spec.rank, k]));
+                    out.push((format!("{prefix}.lora_B.weight"), vec![n, spec.rank]));
+                }
+            }
+        }
+        out
     }
 
     /// Whether the model is in LoRA mode ([`GpuLlama::new_lora`]).
@@ -2413,17 +2440,7 @@ impl<'g> GpuLlama<'g> {
         let gpu = self.gpu;
         let local = self.sum_squares(&sh.gshard)?;
         let norm = sh.comm.sum_f64(gpu, local)?.sqrt() as f32;
-        if !norm.is_finite() {
-            return Err(Error::NonFinite);
-        }
-        let clip = if p.grad_clip > 0.0 && norm > p.grad_clip {
-            p.grad_clip / norm
-        } else {
-            1.0
-        };
-        self.step += 1;
-        let tt = self.step as i32;
-        let (bc1, bc2) = (1.0 - p.beta1.powi(tt), 1.0 - p.beta2.powi(tt));
+        let (clip, bc1, bc2) = self.begin_step(norm, &p)?;
         let s = &gpu.stream;
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
@@ -2640,7 +2657,36 @@ impl GpuLlama<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::token_rows;
+    use super::*;
+
+    #[test]
+    fn adapter_params_are_the_cpu_lora_models_params() {
+        use octet_nn::lora::{BaseFormat, Compute};
+        let mut cfg = LlamaConfig::preset("tiny").unwrap();
+        cfg.num_key_value_heads = 1;
+        let spec = LoraSpec {
+            rank: 4,
+            alpha: 8.0,
+            targets: vec!["q".into(), "v".into(), "down".into()],
+            base: BaseFormat::Bf16,
+            compute: Compute::Bf16,
+            recipe: Recipe::from_name("tensorwise")
+                .unwrap()
+                .with_backward(octet_fp8::BackwardMode::HighPrecision)
+                .unwrap(),
+            seed: 1,
+        };
+        let cpu = Llama::new_random(&cfg, octet_tensor::DType::F32, None, 3)
+            .unwrap()
+            .into_lora(&spec)
+            .unwrap();
+        let want: Vec<(String, Vec<usize>)> = cpu
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.shape().to_vec()))
+            .collect();
+        assert_eq!(GpuLlama::adapter_params(&cfg, &spec), want);
+    }
 
     #[test]
     fn token_rows_lists_each_ids_rows_in_order() {

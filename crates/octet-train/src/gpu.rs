@@ -71,6 +71,19 @@ fn rows_of(x: &[u32], rank: usize, world: usize) -> Vec<u32> {
     x[rank * chunk..(rank + 1) * chunk].to_vec()
 }
 
+/// The optimizer's f32 masters as named tensors.
+fn masters_of(opt: &AdamW) -> Result<HashMap<String, Tensor>> {
+    opt.states
+        .iter()
+        .map(|s| {
+            Ok((
+                s.name.clone(),
+                Tensor::from_f32(&s.shape, s.master.clone())?,
+            ))
+        })
+        .collect()
+}
+
 /// The CPU optimizer's form of the model's optimizer state `state` (per slot).
 fn optimizer_of(
     model: &GpuLlama<'_>,
@@ -159,26 +172,10 @@ fn lora_model<'g>(
         ));
         return Ok(model);
     };
-    // The adapter names and shapes, from a model with fresh adapters.
-    let fresh = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, None)?;
-    let params: Vec<(String, Vec<usize>)> = fresh
-        .slots
-        .iter()
-        .map(|s| (s.name.clone(), s.shape.clone()))
-        .collect();
-    drop(fresh);
+    let params = GpuLlama::adapter_params(&mcfg, &spec);
     let (opt, _, _) = checkpoint::load_optimizer_for(ck, &params)?;
     // The masters are the truth: the adapter file holds the same values.
-    let masters: HashMap<String, Tensor> = opt
-        .states
-        .iter()
-        .map(|s| {
-            Ok((
-                s.name.clone(),
-                Tensor::from_f32(&s.shape, s.master.clone())?,
-            ))
-        })
-        .collect::<Result<_>>()?;
+    let masters = masters_of(&opt)?;
     let mut model = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, Some(&masters))?;
     let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
     model.set_moments(&m, &v, opt.step)?;
@@ -277,16 +274,7 @@ pub fn train_gpu_ranked(
             let mut cpu = Llama::from_weights(&mcfg, weights, recipe)?;
             let (opt, _) = checkpoint::load_optimizer(ck, &mut cpu)?;
             // The masters are the truth: the model file holds the same values.
-            let masters: HashMap<String, Tensor> = opt
-                .states
-                .iter()
-                .map(|s| {
-                    Ok((
-                        s.name.clone(),
-                        Tensor::from_f32(&s.shape, s.master.clone())?,
-                    ))
-                })
-                .collect::<Result<_>>()?;
+            let masters = masters_of(&opt)?;
             drop(cpu);
             let mut model = build(&mcfg, &masters)?;
             let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
