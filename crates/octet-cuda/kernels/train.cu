@@ -638,12 +638,24 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq(const unsigned sho
 
 // The same three attention kernels on bf16 tensor cores (mma.sync m16n8k16,
 // f32 accumulation), flash-attention-2 style, for head dims that are a
-// multiple of 16 up to 128: a warp owns 16 rows (queries in the forward and
-// dQ kernels, keys in the dK/dV kernel); tiles are staged in shared memory
-// as bf16 (row pitch D + 8 elements: 16-byte aligned rows for ldmatrix, and
-// the 8 rows of one ldmatrix fall in distinct banks); the probabilities are
-// rounded to bf16 to feed the second product, and the backward reads the
-// output gradient as bf16, as flash attention does.
+// multiple of 16 up to 128. A block is 4 warps of 16 rows each (queries in
+// the forward and dQ kernels, keys in the dK/dV kernel); tiles are staged in
+// shared memory as bf16 (row pitch D + 8 elements: 16-byte aligned rows for
+// ldmatrix, and the 8 rows of one ldmatrix fall in distinct banks); the
+// probabilities are rounded to bf16 to feed the second product, and the
+// backward reads the output gradient as bf16, as flash attention does.
+//
+// What keeps these kernels fast is the instruction count around the MMAs
+// (an earlier version issued 13 instructions per MMA and was issue-bound):
+// each thread's staging addresses are computed once per tile and the copy
+// loops are unrolled; the causal mask exists only in the instantiation that
+// runs on tiles crossing the diagonal or T; the softmax scale is folded into
+// one FFMA per score; exponentials are single `ex2.approx.ftz` instructions
+// (results below 2^-126 flush to zero, far under bf16's resolution of P).
+
+#define ATTN_W 4
+#define ATTN_NT (32 * ATTN_W)
+#define ATTN_ROWS (16 * ATTN_W)
 
 __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsigned b0, unsigned b1) {
     asm volatile(
@@ -653,19 +665,20 @@ __device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], unsign
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ void ldsm4(unsigned r[4], const unsigned short* p) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+// ldmatrix x4 from a shared-memory address (bytes, the `.shared` window).
+__device__ __forceinline__ void ldsm4(unsigned r[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
 
-__device__ __forceinline__ void ldsm4t(unsigned r[4], const unsigned short* p) {
-    const unsigned addr = (unsigned)__cvta_generic_to_shared(p);
+__device__ __forceinline__ void ldsm4t(unsigned r[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
 }
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 // Two floats -> bf16x2, `lo` in the low half (the lower column).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
@@ -674,24 +687,40 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return r;
 }
 
-// Rows [r0, r0 + rows) of a bf16 (., ld) matrix, D columns, into shared
-// memory with pitch D + 8, by asynchronous 16-byte copies (rows at or past T
-// are zero-filled); the caller commits and waits.
-__device__ __forceinline__ void cp_async16(unsigned short* dst, const unsigned short* src, int bytes) {
-    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(bytes));
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ void cp_async16(unsigned dst, const unsigned short* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
 template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
-template <int D>
-__device__ __forceinline__ void stage_async(unsigned short* s, const unsigned short* g, size_t ld, int r0, int rows,
-                                            int T) {
-    constexpr int P = D + 8, C8 = D / 8;
-    for (int i = threadIdx.x; i < rows * C8; i += blockDim.x) {
-        const int r = i / C8, c = (i % C8) * 8;
-        const bool ok = r0 + r < T;
-        cp_async16(s + r * P + c, g + (size_t)(ok ? r0 + r : 0) * ld + c, ok ? 16 : 0);
+// Rows [r0, r0 + ROWS) of a bf16 (., ld) matrix, D columns, into shared
+// memory `s` (pitch D + 8) by 16-byte asynchronous copies of the block's
+// ATTN_NT threads; rows at or past T are zero-filled. Each thread copies one
+// 16-byte column chunk of rows r, r + RPP, ...: one address computation, then
+// constant strides. The caller commits and waits.
+template <int D, int ROWS>
+__device__ __forceinline__ void stage_async(unsigned s, const unsigned short* g, size_t ld, int r0, int T) {
+    constexpr int P = D + 8, C8 = D / 8, RPP = ATTN_NT / C8, PASSES = (ROWS + RPP - 1) / RPP;
+    static_assert(ATTN_NT % C8 == 0, "a pass covers whole rows");
+    const int r = threadIdx.x / C8, c = (threadIdx.x % C8) * 8;
+    if (ROWS % RPP != 0 && r >= ROWS) return; // more threads than this tile's chunks
+    const unsigned short* src = g + (size_t)(r0 + r) * ld + c;
+    const unsigned dst = s + 2 * (r * P + c);
+    if (r0 + ROWS <= T) {
+#pragma unroll
+        for (int j = 0; j < PASSES; j++) cp_async16(dst + 2 * j * RPP * P, src + (size_t)j * RPP * ld, 16);
+    } else {
+#pragma unroll
+        for (int j = 0; j < PASSES; j++) {
+            const bool ok = r0 + r + j * RPP < T;
+            cp_async16(dst + 2 * j * RPP * P, ok ? src + (size_t)j * RPP * ld : g, ok ? 16 : 0);
+        }
     }
 }
 
@@ -699,21 +728,23 @@ __device__ __forceinline__ void stage_async(unsigned short* s, const unsigned sh
 #define NEG_INF __int_as_float(0xff800000u)
 #define LN2 0.6931471805599453f
 
-// acc[n-tile][4] += A (16 rows of `as`, pitch P, k = D) x B^T where B's rows
-// (the n side) are rows `nrow0 ..` of `bs`: S = Q K^T and its relatives.
+// acc[n-tile][4] += A (16 rows from row `arow0` of the tile at shared address
+// `as`, k = D) x B^T where B's rows (the n side) are rows `nrow0 ..` of `bs`:
+// S = Q K^T and its relatives.
 template <int D, int NT>
-__device__ __forceinline__ void mma_abt(float acc[NT][4], const unsigned short* as, int arow0,
-                                        const unsigned short* bs, int nrow0) {
+__device__ __forceinline__ void mma_abt(float acc[NT][4], unsigned as, int arow0, unsigned bs, int nrow0) {
     constexpr int P = D + 8;
     const int lane = threadIdx.x & 31;
+    const unsigned a0 = as + 2 * ((arow0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + (lane >> 4) * 8);
+    const unsigned b0 = bs + 2 * ((nrow0 + (lane >> 4) * 8 + (lane & 7)) * P + ((lane >> 3) & 1) * 8);
 #pragma unroll
     for (int kc = 0; kc < D / 16; kc++) {
         unsigned a[4];
-        ldsm4(a, as + (arow0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
+        ldsm4(a, a0 + 2 * kc * 16);
 #pragma unroll
         for (int np = 0; np < NT / 2; np++) {
             unsigned b[4];
-            ldsm4(b, bs + (nrow0 + np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
+            ldsm4(b, b0 + 2 * (np * 16 * P + kc * 16));
             mma_bf16(acc[2 * np], a, b[0], b[1]);
             mma_bf16(acc[2 * np + 1], a, b[2], b[3]);
         }
@@ -723,10 +754,10 @@ __device__ __forceinline__ void mma_abt(float acc[NT][4], const unsigned short* 
 // acc[d-tile][4] += P (16 x 16*KC, as A fragments from C-layout registers
 // `p[n-tile][4]`) x rows `krow0 ..` of `bs` (k side = rows, n side = D columns).
 template <int D, int KC>
-__device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC][4], const unsigned short* bs,
-                                       int krow0) {
+__device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC][4], unsigned bs, int krow0) {
     constexpr int P = D + 8;
     const int lane = threadIdx.x & 31;
+    const unsigned b0 = bs + 2 * ((krow0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + (lane >> 4) * 8);
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
         unsigned a[4];
@@ -737,31 +768,77 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             unsigned b[4];
-            ldsm4t(b, bs + (krow0 + kc * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + dp * 16 + (lane >> 4) * 8);
+            ldsm4t(b, b0 + 2 * (kc * 16 * P + dp * 16));
             mma_bf16(acc[2 * dp], a, b[0], b[1]);
             mma_bf16(acc[2 * dp + 1], a, b[2], b[3]);
         }
     }
 }
 
-// The tensor-core kernels run W warps of 16 rows each: a block owns 16 W
-// queries (forward, dQ) or keys (dK/dV), so every K/V (or Q/dO) tile staged
-// in shared memory serves that many rows. QREG: the forward keeps its Q
-// fragments in registers (else it reads them from shared memory each tile,
-// trading shared-memory traffic for registers, hence occupancy).
-#define ATTN_ROWS (16 * W)
+template <bool B> struct Flag {
+    static constexpr bool value = B;
+};
 
-// Forward: ATTN_WARPS warps x 16 queries (their Q fragments kept in
-// registers), 64-key tiles double-buffered in shared memory by cp.async (the
-// next tile loads while this one is multiplied). Grid (T / ATTN_ROWS, Hq, B).
-template <int D, int W, bool QREG>
+// The forward's online softmax over one 64-key tile of scores `s` (raw
+// Q K^T; the probabilities come back in `s`): running row max `m` (raw
+// units), row sum `l`, and the output accumulators rescaled. MASK: the tile
+// crosses this warp's diagonal or T.
+template <bool MASK, int D>
+__device__ __forceinline__ void fwd_softmax(float s[8][4], float o[D / 8][4], float m[2], float l[2], int k0,
+                                            const int rq[2], int T, float c) {
+    const int tg = threadIdx.x & 3;
+    float mx[2] = {NEG_INF, NEG_INF};
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            if (MASK) {
+                const int key = k0 + nt * 8 + tg * 2 + (e & 1);
+                if (key > rq[r] || key >= T) s[nt][e] = NEG_INF;
+            }
+            mx[r] = fmaxf(mx[r], s[nt][e]);
+        }
+    float mc[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+        const float mn = fmaxf(m[r], mx[r]);
+        // A row with nothing valid yet (padding rows past T) keeps m = -inf.
+        const float alpha = mn == NEG_INF ? 1.f : ex2((m[r] - mn) * c);
+        m[r] = mn;
+        mc[r] = mn == NEG_INF ? 0.f : mn * c;
+        l[r] *= alpha;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            o[dn][2 * r] *= alpha;
+            o[dn][2 * r + 1] *= alpha;
+        }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int r = e >> 1;
+            const float p = ex2(fmaf(s[nt][e], c, -mc[r]));
+            s[nt][e] = p;
+            l[r] += p;
+        }
+}
+
+// Forward: 4 warps x 16 queries (their Q fragments kept in registers), 64-key
+// tiles double-buffered in shared memory by cp.async (the next tile loads
+// while this one is multiplied). Grid (T / 64, Hq, B).
+template <int D>
 __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
     constexpr int P = D + 8, TS = 64 * P;
     extern __shared__ __align__(16) unsigned short smh[];
-    unsigned short* Kb[2] = {smh, smh + 2 * TS};
-    unsigned short* Vb[2] = {smh + TS, smh + 3 * TS};
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const unsigned sm = smem_addr(smh);
+    const unsigned Kb[2] = {sm, sm + 2 * 2 * TS};
+    const unsigned Vb[2] = {sm + 2 * TS, sm + 2 * 3 * TS};
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     // Causal work grows with the query tile: the longest tiles start first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
@@ -769,21 +846,18 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    // QREG: Q passes through the second stage's K and V slots into registers;
-    // else it stays in its own slot after the two stages.
-    static_assert(!QREG || ATTN_ROWS <= 128, "Q staging uses the second stage (128 rows)");
-    unsigned short* Qs = QREG ? Kb[1] : smh + 4 * TS;
-    stage_async<D>(Qs, qb, qw, q0, ATTN_ROWS, T);
+    // Q passes through the second stage's K slot into registers.
+    stage_async<D, ATTN_ROWS>(Kb[1], qb, qw, q0, T);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
-    unsigned qf[QREG ? D / 16 : 1][4];
-    if (QREG) {
+    unsigned qf[D / 16][4];
+    {
+        const unsigned a0 = Kb[1] + 2 * ((warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + (lane >> 4) * 8);
 #pragma unroll
-        for (int kc = 0; kc < (QREG ? D / 16 : 0); kc++)
-            ldsm4(qf[kc], Qs + (warp * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * P + kc * 16 + (lane >> 4) * 8);
-        __syncthreads();
+        for (int kc = 0; kc < D / 16; kc++) ldsm4(qf[kc], a0 + 2 * kc * 16);
     }
+    __syncthreads();
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -791,75 +865,43 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
     const float c = scale * LOG2E;
     const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     const int ntiles = (min(T, q0 + ATTN_ROWS) + 63) / 64;
-    stage_async<D>(Kb[0], kb, kw, 0, 64, T);
-    stage_async<D>(Vb[0], vb, kw, 0, 64, T);
+    stage_async<D, 64>(Kb[0], kb, kw, 0, T);
+    stage_async<D, 64>(Vb[0], vb, kw, 0, T);
     cp_commit();
+    const unsigned bk = 2 * (((lane >> 4) * 8 + (lane & 7)) * P + ((lane >> 3) & 1) * 8);
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 64;
         if (it + 1 < ntiles) {
-            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 64, 64, T);
-            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 64, 64, T);
+            stage_async<D, 64>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
+            stage_async<D, 64>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
             cp_commit();
             cp_wait<1>();
         } else {
             cp_wait<0>();
         }
         __syncthreads();
-        const unsigned short* Ks = Kb[it & 1];
+        const unsigned ks = Kb[it & 1] + bk;
         float s[8][4];
 #pragma unroll
         for (int i = 0; i < 8; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
-        if (QREG) {
 #pragma unroll
-            for (int kc = 0; kc < (QREG ? D / 16 : 0); kc++)
+        for (int kc = 0; kc < D / 16; kc++)
 #pragma unroll
-                for (int np = 0; np < 4; np++) {
-                    unsigned bb[4];
-                    ldsm4(bb, Ks + (np * 16 + (lane >> 4) * 8 + (lane & 7)) * P + kc * 16 + ((lane >> 3) & 1) * 8);
-                    mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
-                    mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
-                }
-        } else {
-            mma_abt<D, 8>(s, Qs, warp * 16, Ks, 0);
-        }
+            for (int np = 0; np < 4; np++) {
+                unsigned bb[4];
+                ldsm4(bb, ks + 2 * (np * 16 * P + kc * 16));
+                mma_bf16(s[2 * np], qf[kc], bb[0], bb[1]);
+                mma_bf16(s[2 * np + 1], qf[kc], bb[2], bb[3]);
+            }
         // Only a tile reaching past this warp's first row, or past T, needs the mask.
-        const bool edge = k0 + 64 > q0 + warp * 16 || k0 + 64 > T;
-        float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int key = k0 + nt * 8 + tg * 2 + (e & 1), r = e >> 1;
-                s[nt][e] = (!edge || (key <= rq[r] && key < T)) ? s[nt][e] * c : NEG_INF;
-                mx[r] = fmaxf(mx[r], s[nt][e]);
-            }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-            mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-            const float mn = fmaxf(m[r], mx[r]);
-            // A row with nothing valid yet (padding rows past T) keeps m = -inf.
-            const float alpha = mn == NEG_INF ? 1.f : exp2f(m[r] - mn);
-            m[r] = mn;
-            l[r] *= alpha;
-#pragma unroll
-            for (int dn = 0; dn < D / 8; dn++) {
-                o[dn][2 * r] *= alpha;
-                o[dn][2 * r + 1] *= alpha;
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1;
-                const float p = m[r] == NEG_INF ? 0.f : exp2f(s[nt][e] - m[r]);
-                s[nt][e] = p;
-                l[r] += p;
-            }
+        if (k0 + 64 > q0 + warp * 16 || k0 + 64 > T)
+            fwd_softmax<true, D>(s, o, m, l, k0, rq, T, c);
+        else
+            fwd_softmax<false, D>(s, o, m, l, k0, rq, T, c);
         mma_pb<D, 4>(o, s, Vb[it & 1], 0);
         __syncthreads();
     }
+    const int tg = lane & 3;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -871,37 +913,66 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
         for (int dn = 0; dn < D / 8; dn++)
             *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) =
                 pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
-        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] + log2f(l[r])) * LN2;
+        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
     }
 }
 
-// dK, dV: ATTN_WARPS warps x 16 keys, 32-query tiles from the keys' diagonal
-// on, over the group's query heads in order, double-buffered (Q, bf16 dO,
-// lse, delta). Grid (T / ATTN_ROWS, Hkv, B).
-template <int D, int W>
+// The backward's probabilities and dS of one tile, in place: `s` (raw
+// scores) becomes P = exp(s scale - lse) and `dp` (dO V^T) becomes
+// dS = P (dP - delta). `l2` / `dl`: lse * log2(e) and delta of the tile's
+// 32 query columns (dK/dV kernel: columns are queries, rows keys) or of the
+// thread's two rows (dQ kernel); MASK zeroes P outside causality and T.
+template <bool MASK, bool COLS_ARE_QUERIES>
+__device__ __forceinline__ void bwd_probs(float s[4][4], float dp[4][4], const float* l2, const float* dl, int c0,
+                                          const int rr[2], int T, float c) {
+    const int tg = threadIdx.x & 3;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int cc = nt * 8 + tg * 2 + (e & 1), col = c0 + cc, row = rr[e >> 1];
+            const float lv = COLS_ARE_QUERIES ? l2[cc] : l2[e >> 1];
+            const float dv = COLS_ARE_QUERIES ? dl[cc] : dl[e >> 1];
+            float p = ex2(fmaf(s[nt][e], c, -lv));
+            if (MASK) {
+                // Causal: key <= query; both inside T.
+                const int key = COLS_ARE_QUERIES ? row : col, qi = COLS_ARE_QUERIES ? col : row;
+                if (key > qi || qi >= T || key >= T) p = 0.f;
+            }
+            s[nt][e] = p;
+            dp[nt][e] = p * (dp[nt][e] - dv);
+        }
+}
+
+// dK, dV: 4 warps x 16 keys, 32-query tiles from the keys' diagonal on, over
+// the group's query heads in order, double-buffered (Q, bf16 dO, lse, delta).
+// Grid (T / 64, Hkv, B).
+template <int D>
 __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
                              float* dv, int T, int Hq, int Hkv, float scale) {
     constexpr int P = D + 8, QS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
-    unsigned short* Ks = smh;
-    unsigned short* Vs = Ks + ATTN_ROWS * P;
-    unsigned short* Qb[2] = {Vs + ATTN_ROWS * P, Vs + ATTN_ROWS * P + 2 * QS};
-    unsigned short* Ob[2] = {Vs + ATTN_ROWS * P + QS, Vs + ATTN_ROWS * P + 3 * QS};
-    float* Lb = reinterpret_cast<float*>(Vs + ATTN_ROWS * P + 4 * QS); // [stage][32]: lse * log2(e)
-    float* Db = Lb + 64;                                         // [stage][32]: delta
+    const unsigned sm = smem_addr(smh);
+    const unsigned Ks = sm, Vs = sm + 2 * ATTN_ROWS * P;
+    const unsigned Qb[2] = {Vs + 2 * ATTN_ROWS * P, Vs + 2 * (ATTN_ROWS * P + 2 * QS)};
+    const unsigned Ob[2] = {Vs + 2 * (ATTN_ROWS * P + QS), Vs + 2 * (ATTN_ROWS * P + 3 * QS)};
+    float* Lb = reinterpret_cast<float*>(smh + 2 * ATTN_ROWS * P + 4 * QS); // [stage][32]: lse * log2(e)
+    float* Db = Lb + 64;                                                    // [stage][32]: delta
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     const int k0 = blockIdx.x * ATTN_ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_async<D>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, ATTN_ROWS, T);
-    stage_async<D>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, ATTN_ROWS, T);
+    stage_async<D, ATTN_ROWS>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    stage_async<D, ATTN_ROWS>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
     const int nq = (T - k0 + 31) / 32, total = group * nq;
-    // Issue the loads of work item j (query head, query tile) into stage st.
-    auto issue = [&](int j, int st) {
-        const int h = kvh * group + j / nq, q0 = k0 + (j % nq) * 32;
-        stage_async<D>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, 32, T);
-        stage_async<D>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, 32, T);
+    // Work item j = (query head kvh * group + j / nq, query tile j % nq),
+    // walked with counters (no division per item).
+    int ih = 0, iq = 0; // the next item to issue
+    auto issue = [&](int st) {
+        const int h = kvh * group + ih, q0 = k0 + iq * 32;
+        stage_async<D, 32>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        stage_async<D, 32>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
         if (threadIdx.x < 32) {
             const bool ok = q0 + threadIdx.x < T;
             const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
@@ -909,8 +980,12 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
             Db[st * 32 + threadIdx.x] = ok ? delta[at] : 0.f;
         }
         cp_commit();
+        if (++iq == nq) {
+            iq = 0;
+            ih++;
+        }
     };
-    issue(0, 0);
+    issue(0);
     float adk[D / 8][4], adv[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++)
@@ -918,17 +993,18 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
         for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.f;
     const float c = scale * LOG2E;
     const int rk[2] = {k0 + warp * 16 + g, k0 + warp * 16 + g + 8};
+    int cq = 0; // the current item's query tile
     for (int j = 0; j < total; j++) {
-        const int st = j & 1, q0 = k0 + (j % nq) * 32;
+        const int st = j & 1, q0 = k0 + cq * 32;
+        if (++cq == nq) cq = 0;
         if (j + 1 < total) {
-            issue(j + 1, st ^ 1);
+            issue(st ^ 1);
             cp_wait<1>();
         } else {
             cp_wait<0>();
         }
         __syncthreads();
-        const unsigned short* Qs = Qb[st];
-        const unsigned short* Os = Ob[st];
+        const unsigned Qs = Qb[st], Os = Ob[st];
         const float* Ls = Lb + st * 32;
         const float* Dl = Db + st * 32;
         // Rows: this warp's keys; columns: the 32 queries.
@@ -939,17 +1015,10 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
         mma_abt<D, 4>(s, Ks, warp * 16, Qs, 0);
         mma_abt<D, 4>(dp, Vs, warp * 16, Os, 0);
-        const bool edge = q0 < k0 + warp * 16 + 16 || q0 + 32 > T;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int qc = nt * 8 + tg * 2 + (e & 1), qi = q0 + qc, key = rk[e >> 1];
-                const bool ok = !edge || (key <= qi && qi < T && key < T);
-                const float p = ok ? exp2f(s[nt][e] * c - Ls[qc]) : 0.f;
-                s[nt][e] = p;
-                dp[nt][e] = p * (dp[nt][e] - Dl[qc]);
-            }
+        if (q0 < k0 + warp * 16 + 16 || q0 + 32 > T)
+            bwd_probs<true, true>(s, dp, Ls, Dl, q0, rk, T, c);
+        else
+            bwd_probs<false, true>(s, dp, Ls, Dl, q0, rk, T, c);
         mma_pb<D, 2>(adv, s, Os, 0);
         mma_pb<D, 2>(adk, dp, Qs, 0);
         __syncthreads();
@@ -967,18 +1036,18 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
     }
 }
 
-// dQ: ATTN_WARPS warps x 16 queries, 32-key tiles up to the diagonal,
-// double-buffered. Grid (T / ATTN_ROWS, Hq, B).
-template <int D, int W>
+// dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal, double-buffered.
+// Grid (T / 64, Hq, B).
+template <int D>
 __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
                            int Hq, int Hkv, float scale) {
     constexpr int P = D + 8, KS = 32 * P;
     extern __shared__ __align__(16) unsigned short smh[];
-    unsigned short* Qs = smh;
-    unsigned short* Os = Qs + ATTN_ROWS * P;
-    unsigned short* Kb[2] = {Os + ATTN_ROWS * P, Os + ATTN_ROWS * P + 2 * KS};
-    unsigned short* Vb[2] = {Os + ATTN_ROWS * P + KS, Os + ATTN_ROWS * P + 3 * KS};
+    const unsigned sm = smem_addr(smh);
+    const unsigned Qs = sm, Os = sm + 2 * ATTN_ROWS * P;
+    const unsigned Kb[2] = {Os + 2 * ATTN_ROWS * P, Os + 2 * (ATTN_ROWS * P + 2 * KS)};
+    const unsigned Vb[2] = {Os + 2 * (ATTN_ROWS * P + KS), Os + 2 * (ATTN_ROWS * P + 3 * KS)};
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
     // Causal work grows with the query tile: the longest tiles start first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
@@ -986,10 +1055,10 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_async<D>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, ATTN_ROWS, T);
-    stage_async<D>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, ATTN_ROWS, T);
-    stage_async<D>(Kb[0], kb, kw, 0, 32, T);
-    stage_async<D>(Vb[0], vb, kw, 0, 32, T);
+    stage_async<D, ATTN_ROWS>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_async<D, ATTN_ROWS>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_async<D, 32>(Kb[0], kb, kw, 0, T);
+    stage_async<D, 32>(Vb[0], vb, kw, 0, T);
     cp_commit();
     const int rq[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
     float l2[2], dl[2];
@@ -1007,15 +1076,15 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 32;
         if (it + 1 < ntiles) {
-            stage_async<D>(Kb[(it + 1) & 1], kb, kw, k0 + 32, 32, T);
-            stage_async<D>(Vb[(it + 1) & 1], vb, kw, k0 + 32, 32, T);
+            stage_async<D, 32>(Kb[(it + 1) & 1], kb, kw, k0 + 32, T);
+            stage_async<D, 32>(Vb[(it + 1) & 1], vb, kw, k0 + 32, T);
             cp_commit();
             cp_wait<1>();
         } else {
             cp_wait<0>();
         }
         __syncthreads();
-        const unsigned short* Ks = Kb[it & 1];
+        const unsigned Ks = Kb[it & 1];
         float s[4][4], dp[4][4];
 #pragma unroll
         for (int i = 0; i < 4; i++)
@@ -1023,16 +1092,10 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.f;
         mma_abt<D, 4>(s, Qs, warp * 16, Ks, 0);
         mma_abt<D, 4>(dp, Os, warp * 16, Vb[it & 1], 0);
-        const bool edge = k0 + 32 > q0 + warp * 16 || k0 + 32 > T;
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = e >> 1, key = k0 + nt * 8 + tg * 2 + (e & 1);
-                const bool ok = !edge || (key <= rq[r] && rq[r] < T && key < T);
-                const float p = ok ? exp2f(s[nt][e] * c - l2[r]) : 0.f;
-                dp[nt][e] = p * (dp[nt][e] - dl[r]);
-            }
+        if (k0 + 32 > q0 + warp * 16 || k0 + 32 > T)
+            bwd_probs<true, false>(s, dp, l2, dl, k0, rq, T, c);
+        else
+            bwd_probs<false, false>(s, dp, l2, dl, k0, rq, T, c);
         mma_pb<D, 2>(acc, dp, Ks, 0);
         __syncthreads();
     }
@@ -1047,34 +1110,22 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     }
 }
 
-#define ATTN_FWD(D, W, QREG, NAME)                                                                      \
-    extern "C" __global__ void __launch_bounds__(32 * W) attn_fwd_tc##D##_##NAME(                               \
+#define ATTN_ALL(D)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(ATTN_NT, 3) attn_fwd_tc##D(                                       \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
-        attn_fwd_tc<D, W, QREG>(q, k, v, out, lse, T, Hq, Hkv, scale);                                           \
-    }
-#define ATTN_BWD(D, W)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(32 * W) attn_dkdv_tc##D##_##W(                                 \
+        attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(ATTN_NT) attn_dkdv_tc##D(                                      \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
-        attn_dkdv_tc<D, W>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                \
+        attn_dkdv_tc<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(32 * W) attn_dq_tc##D##_##W(                                   \
+    extern "C" __global__ void __launch_bounds__(ATTN_NT, 3) attn_dq_tc##D(                                        \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
         const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
-        attn_dq_tc<D, W>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                      \
+        attn_dq_tc<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
     }
-
-// Variants by warps per block (4 or 8) and where the forward keeps Q
-// (registers `q`, shared memory `s`); `OCTET_ATTN` picks one at run time
-// (see model.rs), so that one run can measure them side by side.
-#define ATTN_ALL(D)         \
-    ATTN_FWD(D, 4, true, 4q)  \
-    ATTN_FWD(D, 8, true, 8q)  \
-    ATTN_FWD(D, 4, false, 4s) \
-    ATTN_FWD(D, 8, false, 8s) \
-    ATTN_BWD(D, 4)          \
-    ATTN_BWD(D, 8)
 
 ATTN_ALL(16)
 ATTN_ALL(32)

@@ -78,25 +78,6 @@ struct Attn {
     tensor_cores: bool,
 }
 
-/// Which tensor-core attention variant runs: `OCTET_ATTN=<fwd>,<bwd>` with
-/// `<fwd>` one of `4q 8q 4s 8s` (warps per block of 16 rows each; Q fragments
-/// in registers or shared memory) and `<bwd>` `4` or `8` (warps per block of
-/// the dK/dV and dQ kernels). For measuring.
-fn attn_variant() -> (String, String) {
-    let default = ("4q".to_string(), "4".to_string());
-    let Some(v) = std::env::var_os("OCTET_ATTN") else {
-        return default;
-    };
-    let v = v.to_string_lossy().to_string();
-    let mut it = v.split(',');
-    let fwd = it.next().unwrap_or("4q").trim().to_string();
-    let bwd = it.next().unwrap_or("4").trim().to_string();
-    if !["4q", "8q", "4s", "8s"].contains(&fwd.as_str()) || !["4", "8"].contains(&bwd.as_str()) {
-        return default;
-    }
-    (fwd, bwd)
-}
-
 /// One parameter's place in the flat buffers.
 #[derive(Clone, Debug)]
 pub struct Slot {
@@ -460,32 +441,24 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         adamw: l("adamw")?,
         attn_delta: l("attn_delta")?,
         attn: if matches!(d, 16 | 32 | 64 | 128) {
-            // bf16 tiles of pitch D + 8 (p bytes a row). Forward: two stages of
-            // K, V (64 rows each), plus Q (16 W rows) when it stays in shared
-            // memory. dK/dV: K, V (16 W rows each) + two stages of Q, dO (32) and
-            // of lse, delta (32 f32 each). dQ: Q, dO (16 W) + two stages of K, V (32).
+            // 4 warps, 64 rows a block; bf16 tiles of pitch D + 8 (p bytes a
+            // row). Forward: two stages of K, V (64 rows each; Q passes through
+            // them into registers). dK/dV: K, V (64 rows each) + two stages of
+            // Q, dO (32) and of lse, delta (32 f32 each). dQ: Q, dO (64) + two
+            // stages of K, V (32).
             let p = 2 * (d + 8);
-            let (fv, bw) = attn_variant();
-            let bn: usize = if bw.starts_with('8') { 8 } else { 4 };
-            let fw: usize = if fv.starts_with('8') { 8 } else { 4 };
-            // Rows of shared memory: two stages of K, V (64 each), plus Q where it stays there.
-            let fwd_rows = 256 + if fv.ends_with('s') { 16 * fw } else { 0 };
-            let k = |name: String, w: usize, smem: usize| -> Result<AttnKernel> {
+            let k = |name: String, smem: usize| -> Result<AttnKernel> {
                 Ok(AttnKernel {
                     f: l(&name)?,
-                    threads: 32 * w as u32,
-                    rows: 16 * w,
+                    threads: 128,
+                    rows: 64,
                     smem,
                 })
             };
             Attn {
-                fwd: k(format!("attn_fwd_tc{d}_{fv}"), fw, fwd_rows * p)?,
-                dkdv: k(
-                    format!("attn_dkdv_tc{d}_{bn}"),
-                    bn,
-                    (32 * bn + 128) * p + 512,
-                )?,
-                dq: k(format!("attn_dq_tc{d}_{bn}"), bn, (32 * bn + 128) * p)?,
+                fwd: k(format!("attn_fwd_tc{d}"), 256 * p)?,
+                dkdv: k(format!("attn_dkdv_tc{d}"), 256 * p + 512)?,
+                dq: k(format!("attn_dq_tc{d}"), 256 * p)?,
                 tensor_cores: true,
             }
         } else {
