@@ -127,14 +127,19 @@ extern "C" __global__ void nv_dequant(const unsigned char* packed, const unsigne
 }
 
 // y = acc * (1/ga * 1/gb) in f32 (the CPU's tensor factors), then to the output type.
-extern "C" __global__ void nv_finish_f32(const float* acc, const float* ga, const float* gb, float* y, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = __fmul_rn(acc[i], __fmul_rn(__fdiv_rn(1.f, *ga), __fdiv_rn(1.f, *gb)));
-}
-extern "C" __global__ void nv_finish_bf16(const float* acc, const float* ga, const float* gb, unsigned short* y, int n) {
+// `add`: y += the product (a GEMM into an accumulating destination).
+extern "C" __global__ void nv_finish_f32(const float* acc, const float* ga, const float* gb, float* y, int n, int add) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float v = __fmul_rn(acc[i], __fmul_rn(__fdiv_rn(1.f, *ga), __fdiv_rn(1.f, *gb)));
+    y[i] = add ? y[i] + v : v;
+}
+extern "C" __global__ void nv_finish_bf16(const float* acc, const float* ga, const float* gb, unsigned short* y, int n,
+                                          int add) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = __fmul_rn(acc[i], __fmul_rn(__fdiv_rn(1.f, *ga), __fdiv_rn(1.f, *gb)));
+    if (add) v += __uint_as_float((unsigned)y[i] << 16);
     unsigned short o;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o) : "f"(v));
     y[i] = o;

@@ -27,6 +27,31 @@ __device__ __forceinline__ float block_sum_f(float v, float* red) {
     return t;
 }
 
+// The amax that a producer kernel computes for the quantizer of its output
+// (current per-tensor scaling then needs no amax pass): each thread passes the
+// max of |v| over the bf16 values it wrote (fmaxf leaves NaN out, as the amax
+// pass does) and whether any was NaN/inf; one atomic per block. Every thread
+// of the block calls it (it synchronizes), only when `amax` is given.
+__device__ __forceinline__ void amax_commit(float m, int bad, unsigned* amax, unsigned* nonfinite) {
+    __shared__ float sm[32];
+    m = warp_max(m);
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        float v = threadIdx.x < (blockDim.x >> 5) ? sm[threadIdx.x] : 0.f;
+        v = warp_max(v);
+        if (threadIdx.x == 0) atomicMax(amax, __float_as_uint(v));
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(nonfinite, 1u);
+}
+
+// Record one written bf16 value `b` into a producer's running (max, flag).
+__device__ __forceinline__ void amax_note(unsigned short b, float& m, int& bad) {
+    const float f = bf2f(b);
+    bad |= nonfinite_f32(f);
+    m = fmaxf(m, fabsf(f));
+}
+
 // ---------------------------------------------------------------- embedding
 
 // x (N, C) = table[tokens[n]] (f32 rows of the master table).
@@ -51,62 +76,169 @@ extern "C" __global__ void embed_bwd(const float* dx, const int* starts, const i
 
 // ---------------------------------------------------------------- RMSNorm
 
-// y = bf16(x * r * g), r = 1 / sqrt(mean(x^2) + eps); one block per row.
-extern "C" __global__ void rmsnorm_fwd(const float* x, const float* g, unsigned short* y, float* rstd, int C,
-                                       float eps) {
+// The residual add and the norm that reads its result, in one pass over the
+// row: xo = x + bf16 y (when `y` is given; else the norm reads x as is and
+// xo is not written), h = bf16(xo * r * g), rstd[row] = r, r = 1 / sqrt(mean(xo^2) + eps),
+// and h's amax when `amax` is given. One block per row; the second sweep
+// reads the row back from L1/L2.
+extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, float* xo, const float* g,
+                                       unsigned short* h, float* rstd, int C, float eps, unsigned* amax,
+                                       unsigned* nonfinite) {
     __shared__ float red[32];
-    const float* xr = x + (size_t)blockIdx.x * C;
+    const size_t off = (size_t)blockIdx.x * C;
+    const float* src = y ? xo + off : x + off;
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) s += xr[i] * xr[i];
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        float v = x[off + i];
+        if (y) {
+            v += bf2f(y[off + i]);
+            xo[off + i] = v;
+        }
+        s += v * v;
+    }
     s = block_sum_f(s, red);
     const float r = 1.f / sqrtf(s / (float)C + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    unsigned short* yr = y + (size_t)blockIdx.x * C;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) yr[i] = f2bf(xr[i] * r * g[i]);
-}
-
-// dres += dx, dx_i = r g_i dy_i - r^3 x_i mean_j(g_j dy_j x_j); one block per row.
-extern "C" __global__ void rmsnorm_bwd(const float* x, const float* g, const float* rstd, const float* dy,
-                                       float* dres, int C, int accumulate) {
-    __shared__ float red[32];
-    const size_t off = (size_t)blockIdx.x * C;
-    float dot = 0.f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) dot += g[i] * dy[off + i] * x[off + i];
-    dot = block_sum_f(dot, red);
-    const float r = rstd[blockIdx.x];
-    const float k = r * r * r * dot / (float)C;
+    float m = 0.f;
+    int bad = 0;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        const float d = r * g[i] * dy[off + i] - k * x[off + i];
-        dres[off + i] = accumulate ? dres[off + i] + d : d;
+        const unsigned short b = f2bf(src[i] * r * g[i]);
+        h[off + i] = b;
+        amax_note(b, m, bad);
     }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
-// The gain's gradient in two deterministic stages: partial[y][c] = sum over
-// rows y, y + Y, ... of dy x r (block (32, 8), grid (C / 32, Y)), then
-// dgain[c] += sum_y partial[y][c] in order.
-extern "C" __global__ void rmsnorm_dgain_partial(const float* x, const float* dy, const float* rstd,
-                                                 float* partial, int M, int C) {
+// V consecutive floats (V = 4: one 16-byte access; V = 1: one float).
+template <int V> struct Vf {
+    float v[V];
+};
+template <int V> __device__ __forceinline__ Vf<V> ldv(const float* p) {
+    Vf<V> r;
+    if (V == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) r.v[j] = p[j];
+    }
+    return r;
+}
+template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
+    if (V == 4)
+        *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    else
+#pragma unroll
+        for (int j = 0; j < V; j++) p[j] = r.v[j];
+}
+
+// RMSNorm backward over NORM_ROWS rows a block (rows NORM_ROWS blockIdx.x ..)
+// with dy = dy0 + dy1 + dy2 (null terms skipped: the input gradients of the
+// projections that read the norm's output, added in that order):
+// dres (+)= dx, dx_i = r g_i dy_i - r^3 x_i mean_j(g_j dy_j x_j); `dres_bf`
+// (when given) = bf16 of the updated dres, the next projection's
+// grad_output; `partial` (when given) row blockIdx.x = the sum over this
+// block's rows of dy x r (the gain's gradient; `sum_partials` adds the
+// blocks in order); dres_bf's amax when `amax` is given. V = 4 when C is a
+// multiple of 4 (16-byte accesses).
+// Dynamic shared memory: C floats when `partial` (each thread owns its columns).
+#define NORM_ROWS 8
+template <int V>
+__device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const float* dy0,
+                                 const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,
+                                 float* partial, int M, int C, int accumulate, unsigned* amax,
+                                 unsigned* nonfinite) {
+    float m = 0.f;
+    int bad = 0;
+    extern __shared__ float colacc[];
+    __shared__ float red[32];
+    if (partial)
+        for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) stv<V>(colacc + i, Vf<V>{});
+    const int r0 = blockIdx.x * NORM_ROWS, r1 = min(M, r0 + NORM_ROWS);
+    for (int row = r0; row < r1; row++) {
+        const size_t off = (size_t)row * C;
+        float dot = 0.f;
+        for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+            Vf<V> d = ldv<V>(dy0 + off + i);
+            if (dy1) {
+                const Vf<V> e = ldv<V>(dy1 + off + i);
+#pragma unroll
+                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
+            }
+            if (dy2) {
+                const Vf<V> e = ldv<V>(dy2 + off + i);
+#pragma unroll
+                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
+            }
+            const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
+#pragma unroll
+            for (int j = 0; j < V; j++) dot += gv.v[j] * d.v[j] * xv.v[j];
+        }
+        dot = block_sum_f(dot, red);
+        const float r = rstd[row];
+        const float k = r * r * r * dot / (float)C;
+        for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
+            Vf<V> d = ldv<V>(dy0 + off + i);
+            if (dy1) {
+                const Vf<V> e = ldv<V>(dy1 + off + i);
+#pragma unroll
+                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
+            }
+            if (dy2) {
+                const Vf<V> e = ldv<V>(dy2 + off + i);
+#pragma unroll
+                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
+            }
+            const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
+            Vf<V> o = accumulate ? ldv<V>(dres + off + i) : Vf<V>{};
+#pragma unroll
+            for (int j = 0; j < V; j++) o.v[j] += r * gv.v[j] * d.v[j] - k * xv.v[j];
+            stv<V>(dres + off + i, o);
+            if (dres_bf)
+#pragma unroll
+                for (int j = 0; j < V; j++) {
+                    const unsigned short b = f2bf(o.v[j]);
+                    dres_bf[off + i + j] = b;
+                    amax_note(b, m, bad);
+                }
+            if (partial)
+#pragma unroll
+                for (int j = 0; j < V; j++) colacc[i + j] += d.v[j] * xv.v[j] * r;
+        }
+    }
+    if (partial) {
+        __syncthreads();
+        for (int i = threadIdx.x; i < C; i += blockDim.x) partial[(size_t)blockIdx.x * C + i] = colacc[i];
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
+}
+
+#define NORM_BWD(NAME, V)                                                                                      \
+    extern "C" __global__ void NAME(const float* x, const float* g, const float* rstd, const float* dy0,        \
+                                    const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,   \
+                                    float* partial, int M, int C, int accumulate, unsigned* amax,               \
+                                    unsigned* nonfinite) {                                                      \
+        rmsnorm_bwd_impl<V>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, accumulate, amax,          \
+                            nonfinite);                                                                         \
+    }
+NORM_BWD(rmsnorm_bwd, 1)
+NORM_BWD(rmsnorm_bwd_v4, 4)
+
+// out[c] += sum over y of partial[y][c], y in order within each of 8 row
+// strides, then the 8 strides in order (deterministic). Block (32, 8), grid C / 32.
+extern "C" __global__ void sum_partials(const float* partial, float* out, int Y, int C) {
     __shared__ float red[8][33];
     const int c = blockIdx.x * 32 + threadIdx.x;
-    float acc = 0.f;
+    float t = 0.f;
     if (c < C)
-        for (int r = blockIdx.y * 8 + threadIdx.y; r < M; r += gridDim.y * 8)
-            acc += dy[(size_t)r * C + c] * x[(size_t)r * C + c] * rstd[r];
-    red[threadIdx.y][threadIdx.x] = acc;
+        for (int y = threadIdx.y; y < Y; y += 8) t += partial[(size_t)y * C + c];
+    red[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
     if (threadIdx.y == 0 && c < C) {
-        float t = 0.f;
-        for (int i = 0; i < 8; i++) t += red[i][threadIdx.x];
-        partial[(size_t)blockIdx.y * C + c] = t;
+        float s = 0.f;
+        for (int i = 0; i < 8; i++) s += red[i][threadIdx.x];
+        out[c] += s;
     }
-}
-
-extern "C" __global__ void sum_partials(const float* partial, float* out, int Y, int C) {
-    const int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    float t = 0.f;
-    for (int y = 0; y < Y; y++) t += partial[(size_t)y * C + c];
-    out[c] += t;
 }
 
 // ---------------------------------------------------------------- RoPE
@@ -128,48 +260,113 @@ extern "C" __global__ void rope_fwd(unsigned short* x, const float* cs, const fl
     p[i + half] = f2bf(b * c + a * s);
 }
 
-// Backward: rotate the f32 gradient by the opposite angle, write bf16.
+// Backward: rotate the f32 gradient by the opposite angle, write bf16 (and
+// its amax when `amax` is given). Grid-stride over the pairs.
 extern "C" __global__ void rope_bwd(const float* dy, unsigned short* dx, const float* cs, const float* sn, int N,
-                                    int T, int H, int D) {
+                                    int T, int H, int D, unsigned* amax, unsigned* nonfinite) {
     const int half = D / 2;
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)N * H * half) return;
-    const int i = idx % half;
-    const size_t nh = idx / half;
-    const int n = nh / H, h = nh % H;
-    const int pos = n % T;
-    const float c = cs[pos * half + i], s = -sn[pos * half + i];
-    const size_t o = (size_t)n * H * D + (size_t)h * D;
-    const float a = dy[o + i], b = dy[o + i + half];
-    dx[o + i] = f2bf(a * c - b * s);
-    dx[o + i + half] = f2bf(b * c + a * s);
+    const size_t total = (size_t)N * H * half;
+    float m = 0.f;
+    int bad = 0;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int i = idx % half;
+        const size_t nh = idx / half;
+        const int n = nh / H, h = nh % H;
+        const int pos = n % T;
+        const float c = cs[pos * half + i], s = -sn[pos * half + i];
+        const size_t o = (size_t)n * H * D + (size_t)h * D;
+        const float a = dy[o + i], b = dy[o + i + half];
+        const unsigned short lo = f2bf(a * c - b * s), hi = f2bf(b * c + a * s);
+        dx[o + i] = lo;
+        dx[o + i + half] = hi;
+        amax_note(lo, m, bad);
+        amax_note(hi, m, bad);
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
 // ---------------------------------------------------------------- SwiGLU, adds, casts
 
+// SwiGLU over 8 elements a thread-step (16-byte loads of the bf16 operands),
+// grid-stride; the last partial group element by element; the outputs'
+// amaxes when `amax*` are given.
+__device__ __forceinline__ float silu(float a) { return a / (1.f + expf(-a)); }
+
 extern "C" __global__ void swiglu_fwd(const unsigned short* g, const unsigned short* u, unsigned short* out,
-                                      size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float a = bf2f(g[i]);
-    out[i] = f2bf(a / (1.f + expf(-a)) * bf2f(u[i]));
+                                      size_t n, unsigned* amax, unsigned* nonfinite) {
+    float m = 0.f;
+    int bad = 0;
+    for (size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i0 < n;
+         i0 += (size_t)gridDim.x * blockDim.x * 8) {
+        if (i0 + 8 <= n) {
+            const uint4 gv = *reinterpret_cast<const uint4*>(g + i0), uv = *reinterpret_cast<const uint4*>(u + i0);
+            const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+            unsigned ow[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const unsigned short lo = f2bf(silu(bf2f(gw[j] & 0xffff)) * bf2f(uw[j] & 0xffff));
+                const unsigned short hi = f2bf(silu(bf2f(gw[j] >> 16)) * bf2f(uw[j] >> 16));
+                amax_note(lo, m, bad);
+                amax_note(hi, m, bad);
+                ow[j] = (unsigned)lo | ((unsigned)hi << 16);
+            }
+            *reinterpret_cast<uint4*>(out + i0) = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+        } else {
+            for (size_t i = i0; i < n; i++) {
+                out[i] = f2bf(silu(bf2f(g[i])) * bf2f(u[i]));
+                amax_note(out[i], m, bad);
+            }
+        }
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
 // d_up = dy silu(g), d_gate = dy u sig(g) (1 + g (1 - sig(g))), both bf16.
-extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned short* u, const float* dy,
-                                      unsigned short* dg, unsigned short* du, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float a = bf2f(g[i]), b = bf2f(u[i]), d = dy[i];
+__device__ __forceinline__ void swiglu_grad(float a, float b, float d, unsigned short& dg, unsigned short& du) {
     const float s = 1.f / (1.f + expf(-a));
-    du[i] = f2bf(d * a * s);
-    dg[i] = f2bf(d * b * s * (1.f + a * (1.f - s)));
+    du = f2bf(d * a * s);
+    dg = f2bf(d * b * s * (1.f + a * (1.f - s)));
 }
 
-// out = x + bf16 y (the residual add after a projection).
-extern "C" __global__ void add_residual(const float* x, const unsigned short* y, float* out, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) out[i] = x[i] + bf2f(y[i]);
+extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned short* u, const float* dy,
+                                      unsigned short* dg, unsigned short* du, size_t n, unsigned* amax_g,
+                                      unsigned* nonfinite_g, unsigned* amax_u, unsigned* nonfinite_u) {
+    float mg = 0.f, mu = 0.f;
+    int badg = 0, badu = 0;
+    for (size_t i0 = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 8; i0 < n;
+         i0 += (size_t)gridDim.x * blockDim.x * 8) {
+        if (i0 + 8 <= n) {
+            const uint4 gv = *reinterpret_cast<const uint4*>(g + i0), uv = *reinterpret_cast<const uint4*>(u + i0);
+            const float4 d0 = *reinterpret_cast<const float4*>(dy + i0),
+                         d1 = *reinterpret_cast<const float4*>(dy + i0 + 4);
+            const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
+            const float dv[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+            unsigned gw2[4], uw2[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                unsigned short g0, g1, u0, u1;
+                swiglu_grad(bf2f(gw[j] & 0xffff), bf2f(uw[j] & 0xffff), dv[2 * j], g0, u0);
+                swiglu_grad(bf2f(gw[j] >> 16), bf2f(uw[j] >> 16), dv[2 * j + 1], g1, u1);
+                amax_note(g0, mg, badg);
+                amax_note(g1, mg, badg);
+                amax_note(u0, mu, badu);
+                amax_note(u1, mu, badu);
+                gw2[j] = (unsigned)g0 | ((unsigned)g1 << 16);
+                uw2[j] = (unsigned)u0 | ((unsigned)u1 << 16);
+            }
+            *reinterpret_cast<uint4*>(dg + i0) = make_uint4(gw2[0], gw2[1], gw2[2], gw2[3]);
+            *reinterpret_cast<uint4*>(du + i0) = make_uint4(uw2[0], uw2[1], uw2[2], uw2[3]);
+        } else {
+            for (size_t i = i0; i < n; i++) {
+                swiglu_grad(bf2f(g[i]), bf2f(u[i]), dy[i], dg[i], du[i]);
+                amax_note(dg[i], mg, badg);
+                amax_note(du[i], mu, badu);
+            }
+        }
+    }
+    if (amax_g) amax_commit(mg, badg, amax_g, nonfinite_g);
+    if (amax_u) amax_commit(mu, badu, amax_u, nonfinite_u);
 }
 
 // x += y.
@@ -184,9 +381,15 @@ extern "C" __global__ void add_bf16_inplace(float* x, const unsigned short* y, s
     if (i < n) x[i] += __uint_as_float((unsigned int)y[i] << 16);
 }
 
-extern "C" __global__ void to_bf16(const float* x, unsigned short* y, size_t n) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) y[i] = f2bf(x[i]);
+// y = bf16(x), grid-stride, and y's amax when `amax` is given.
+extern "C" __global__ void to_bf16(const float* x, unsigned short* y, size_t n, unsigned* amax, unsigned* nonfinite) {
+    float m = 0.f;
+    int bad = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        y[i] = f2bf(x[i]);
+        amax_note(y[i], m, bad);
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
 // ---------------------------------------------------------------- loss
@@ -221,20 +424,33 @@ extern "C" __global__ void cross_entropy(const float* logits, const int* targets
 
 // ---------------------------------------------------------------- optimizer
 
-// partial[block] = sum of g^2 over a grid-stride share (f64; host adds the partials in order).
+// partial[block] = sum of g^2 over a grid-stride share (f64; host adds the
+// partials in order). 16-byte loads after the elements before the first
+// 16-byte boundary; the shares depend only on the grid and `n`, so the
+// result is deterministic.
 extern "C" __global__ void sumsq_partial(const float* g, size_t n, double* partial) {
     __shared__ double red[32];
+    const size_t mis = ((size_t)g >> 2) & 3, head = mis ? (4 - mis < n ? 4 - mis : n) : 0;
+    const size_t nv = (n - head) / 4, tid = (size_t)blockIdx.x * blockDim.x + threadIdx.x,
+                 stride = (size_t)gridDim.x * blockDim.x;
+    const float4* v = reinterpret_cast<const float4*>(g + head);
     double s = 0.0;
-    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        s += (double)g[i] * (double)g[i];
+    for (size_t i = tid; i < nv; i += stride) {
+        const float4 f = v[i];
+        s += (double)f.x * f.x + (double)f.y * f.y + (double)f.z * f.z + (double)f.w * f.w;
+    }
+    // The unaligned head and the tail past the last whole float4.
+    if (tid < head) s += (double)g[tid] * g[tid];
+    const size_t t = head + 4 * nv + tid;
+    if (t < n) s += (double)g[t] * g[t];
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x >> 5] = s;
     __syncthreads();
     if (threadIdx.x == 0) {
-        double t = 0.0;
-        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t += red[w];
-        partial[blockIdx.x] = t;
+        double t2 = 0.0;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) t2 += red[w];
+        partial[blockIdx.x] = t2;
     }
 }
 
@@ -832,7 +1048,8 @@ __device__ __forceinline__ void fwd_softmax(float s[8][4], float o[D / 8][4], fl
 // while this one is multiplied). Grid (T / 64, Hq, B).
 template <int D>
 __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                            unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale) {
+                            unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale, unsigned* amax,
+                            unsigned* nonfinite) {
     constexpr int P = D + 8, TS = 64 * P;
     extern __shared__ __align__(16) unsigned short smh[];
     const unsigned sm = smem_addr(smh);
@@ -902,6 +1119,8 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
         __syncthreads();
     }
     const int tg = lane & 3;
+    float om = 0.f;
+    int bad = 0;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -910,11 +1129,15 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
         const float inv = 1.f / l[r];
         unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
 #pragma unroll
-        for (int dn = 0; dn < D / 8; dn++)
-            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) =
-                pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+        for (int dn = 0; dn < D / 8; dn++) {
+            const unsigned w = pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) = w;
+            amax_note(w & 0xffff, om, bad);
+            amax_note(w >> 16, om, bad);
+        }
         if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
     }
+    if (amax) amax_commit(om, bad, amax, nonfinite);
 }
 
 // The backward's probabilities and dS of one tile, in place: `s` (raw
@@ -1113,8 +1336,8 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
 #define ATTN_ALL(D)                                                                                             \
     extern "C" __global__ void __launch_bounds__(ATTN_NT, 3) attn_fwd_tc##D(                                       \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
-        float* lse, int T, int Hq, int Hkv, int d, float scale) {                                                \
-        attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale);                                                    \
+        float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
+        attn_fwd_tc<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(ATTN_NT) attn_dkdv_tc##D(                                      \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \

@@ -8,7 +8,7 @@
 //! `(k / 128, rows)`, rows contiguous (the transpose of the CPU's row-major
 //! grid); 128x128 scales as the CPU's row-major `(rows / 128, k / 128)` grid.
 
-use crate::{nvrtc, oom, Error, GemmOut, Gpu, Result};
+use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
 
@@ -274,7 +274,7 @@ impl Gpu {
         &self,
         a: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
         b: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
     ) -> Result<()> {
         self.blas()?.gemm_fp8_block(a, b, d, mnk)

@@ -1192,16 +1192,34 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             .map_err(nn)?;
         let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, recipe)?;
         let (gy, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xb))?, m)?;
-        let (gdx, gdw) = layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gb))?)?;
+        // d_weight accumulates into a buffer that already holds `prior` (as a
+        // gradient slot does from earlier micro-batches), of the size of the
+        // gradient itself: what comes back minus `prior` is the layer's d_weight,
+        // up to the f32 rounding of the sum (2^-24 of |prior|, far below the tolerances).
+        let cdw = cg.d_weight.map(|t| t.to_f32_vec()).unwrap_or_default();
+        let rms = (cdw.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / cdw.len().max(1) as f64)
+            .sqrt() as f32;
+        let prior = random_f32(n * k, 1204, 2.0 * rms);
+        let mut acc = gpu.upload(&prior)?;
+        let gdx = layer.backward(
+            gpu,
+            saved,
+            &gpu.upload(&bf16_bits(&gb))?,
+            None,
+            &mut crate::AddTo(acc.slice_mut(..)),
+        )?;
+        let gdw: Vec<f32> = gpu
+            .download(&acc)?
+            .iter()
+            .zip(&prior)
+            .map(|(a, p)| a - p)
+            .collect();
         let ey = rel_frobenius(&download_f32(gpu, &gy)?, &cy.to_f32_vec());
         let edx = rel_frobenius(
             &gpu.download(&gdx)?,
             &cg.d_input.map(|t| t.to_f32_vec()).unwrap_or_default(),
         );
-        let edw = rel_frobenius(
-            &gpu.download(&gdw)?,
-            &cg.d_weight.map(|t| t.to_f32_vec()).unwrap_or_default(),
-        );
+        let edw = rel_frobenius(&gdw, &cdw);
         // The dequantized backward rounds its dequantized operand to bf16 on the
         // GPU (relative 2^-8 per element) where the CPU keeps f32: bf16 tolerance for d_weight.
         let dw_tol = if label.ends_with("dequantized") {
@@ -1210,7 +1228,7 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             FP8_TOL
         };
         out.push(CaseResult {
-            name: format!("linear fwd+bwd {label} {m}x{k}x{n} vs CPU Linear"),
+            name: format!("linear fwd+bwd {label} {m}x{k}x{n} (d_weight added to a filled buffer) vs CPU Linear"),
             pass: ey <= BF16_OUT_TOL && edx <= BF16_OUT_TOL && edw <= dw_tol,
             worst: format!("y {ey:.2e}, d_input {edx:.2e}, d_weight {edw:.2e}"),
         });
@@ -1239,7 +1257,9 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             .map_err(nn)?;
         cpu.update_scales();
         let (gy, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
-        let (gdx, gdw) = layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?)?;
+        // SAFETY: backward overwrites every element of gdw.
+        let mut gdw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * k, "d_weight")? };
+        let gdx = layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?, None, &mut gdw)?;
         layer.update_scales(gpu)?;
         let ey = rel_frobenius(&download_f32(gpu, &gy)?, &cy.to_f32_vec());
         let edx = rel_frobenius(
@@ -1633,6 +1653,36 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass,
             worst: format!("loss {el:.2e}, worst grad {eg:.2e} ({gname}){note}"),
         });
+        if recipe_name == "tensorwise" {
+            // The amaxes that the norm, SwiGLU, attention, RoPE and cast kernels
+            // compute for the quantizers that read their outputs must be the
+            // amax passes' own: the same scales give the same FP8 bytes, so the
+            // loss and every gradient are bit-identical with the fusion off.
+            let mut plain = GpuLlama::new(gpu, &cfg, &w, recipe)?;
+            plain.fuse_amax = false;
+            plain.zero_grad()?;
+            let (ploss, psaved) = plain.forward(&toks, &tgts, (b, t), grad_scale, true)?;
+            plain.backward(psaved.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
+            let (fused, unfused) = (model.grads()?, plain.grads()?);
+            let differ = fused
+                .iter()
+                .zip(&unfused)
+                .filter(|((_, a), (_, b))| {
+                    a.to_f32_vec()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .ne(b.to_f32_vec().iter().map(|v| v.to_bits()))
+                })
+                .count();
+            out.push(CaseResult {
+                name: "Llama tensorwise: amaxes fused into the producing kernels give the bytes of the amax passes".into(),
+                pass: ploss.to_bits() == loss.to_bits() && differ == 0 && fused.len() == unfused.len(),
+                worst: format!(
+                    "loss {loss} / {ploss}; {differ} of {} gradients differ",
+                    fused.len()
+                ),
+            });
+        }
         if recipe_name == "bf16" {
             // One AdamW step against the formula on the host.
             let before = model.optimizer_state()?;
@@ -1731,7 +1781,8 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 .map_err(nn)?;
             cpu.update_scales();
             let (_, saved) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
-            layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?)?;
+            let mut dw: CudaSlice<f32> = gpu.alloc_zeros(n * k, "d_weight")?;
+            layer.backward(gpu, saved, &gpu.upload(&bf16_bits(&gs))?, None, &mut dw)?;
             let got = layer.telemetry(gpu)?;
             layer.update_scales(gpu)?;
             for role in Role::ALL {

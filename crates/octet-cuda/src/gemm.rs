@@ -9,7 +9,7 @@
 
 use crate::{Error, Result};
 use cudarc::cublaslt::{result as lt, sys};
-use cudarc::driver::{CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{CudaSlice, CudaStream, CudaViewMut, DevicePtr, DevicePtrMut, DeviceSlice};
 use octet_fp8::Format;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -98,6 +98,50 @@ pub struct Blas {
 // may be used from any thread as long as no two threads use them at once; the
 // owning `Gpu` keeps `Blas` behind a `Mutex`.
 unsafe impl Send for Blas {}
+
+/// Where a GEMM writes: a buffer or view that it overwrites, or an
+/// [`AddTo`] that it adds its product to (cuBLASLt's `beta`).
+pub trait GemmDst<D>: DevicePtrMut<D> {
+    /// cuBLASLt's `beta`: 0 overwrites `d`, 1 adds the product to it.
+    fn beta(&self) -> f32 {
+        0.0
+    }
+}
+
+impl<D> GemmDst<D> for CudaSlice<D> {}
+impl<D> GemmDst<D> for CudaViewMut<'_, D> {}
+
+/// A GEMM destination that accumulates: `d += a @ b`, the sum formed in f32
+/// before `d`'s one rounding. Gradients accumulate into their slots of the
+/// flat gradient buffer this way, without a temporary and an add kernel.
+pub struct AddTo<'a, D>(pub CudaViewMut<'a, D>);
+
+impl<D> DeviceSlice<D> for AddTo<'_, D> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.0.stream()
+    }
+}
+
+impl<D> DevicePtrMut<D> for AddTo<'_, D> {
+    fn device_ptr_mut<'a>(
+        &'a mut self,
+        stream: &'a CudaStream,
+    ) -> (
+        cudarc::driver::sys::CUdeviceptr,
+        cudarc::driver::SyncOnDrop<'a>,
+    ) {
+        self.0.device_ptr_mut(stream)
+    }
+}
+
+impl<D> GemmDst<D> for AddTo<'_, D> {
+    fn beta(&self) -> f32 {
+        1.0
+    }
+}
 
 fn blas<T>(r: std::result::Result<T, lt::CublasError>, what: &str) -> Result<T> {
     r.map_err(|e| Error::Blas(format!("{what}: {e:?}")))
@@ -315,7 +359,7 @@ impl Blas {
         &mut self,
         a: &CudaSlice<u16>,
         b: &CudaSlice<u16>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         m: usize,
         n: usize,
         k: usize,
@@ -332,7 +376,7 @@ impl Blas {
         ta: bool,
         b: &CudaSlice<u16>,
         tb: bool,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         check_dims(m, n, k)?;
@@ -344,7 +388,7 @@ impl Blas {
             tb,
             out: D::OUT,
         };
-        self.run(kind, m, n, k, a, b, d, None, (1.0, 0.0))
+        self.run(kind, m, n, k, a, b, d, None, (1.0, d.beta()))
     }
 
     /// `d (m, n) = alpha op(a) @ op(b) + beta d` in bf16 (operands as
@@ -358,7 +402,7 @@ impl Blas {
         ta: bool,
         b: &CudaSlice<u16>,
         tb: bool,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
         (alpha, beta): (f32, f32),
     ) -> Result<()> {
@@ -391,7 +435,7 @@ impl Blas {
         b: &CudaSlice<u8>,
         b_fmt: Format,
         b_scale: &CudaSlice<f32>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         check_dims(m, n, k)?;
@@ -404,7 +448,17 @@ impl Blas {
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
         let kind = Kind::Fp8Outer(a_fmt, b_fmt, D::OUT);
-        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)), (1.0, 0.0))
+        self.run(
+            kind,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            Some((a_scale, b_scale)),
+            (1.0, d.beta()),
+        )
     }
 
     /// `d (m, n) = a (m, k) @ b (n, k)^T` from FP8 codes (both K-major) with
@@ -415,7 +469,7 @@ impl Blas {
         &mut self,
         (a, a_fmt, a_scale, a2d): (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
         (b, b_fmt, b_scale, b2d): (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         check_dims(m, n, k)?;
@@ -444,7 +498,17 @@ impl Blas {
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
         let kind = Kind::Fp8Block(a_fmt, b_fmt, a2d, b2d, D::OUT);
-        self.run(kind, m, n, k, a, b, d, Some((a_scale, b_scale)), (1.0, 0.0))
+        self.run(
+            kind,
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            Some((a_scale, b_scale)),
+            (1.0, d.beta()),
+        )
     }
 
     /// `d (m, n) = (a (m, k) @ b (n, k)^T) * a_scale_inv * b_scale_inv` from
@@ -461,7 +525,7 @@ impl Blas {
         b: &CudaSlice<u8>,
         b_fmt: Format,
         b_scale_inv: &CudaSlice<f32>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
         fast_accum: bool,
     ) -> Result<()> {
@@ -491,7 +555,7 @@ impl Blas {
             b,
             d,
             Some((a_scale_inv, b_scale_inv)),
-            (1.0, 0.0),
+            (1.0, d.beta()),
         )
     }
 
@@ -504,7 +568,7 @@ impl Blas {
         k: usize,
         a: &CudaSlice<T>,
         b: &CudaSlice<T>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         scales: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
         (alpha, beta): (f32, f32),
     ) -> Result<()> {

@@ -38,9 +38,9 @@ pub mod rowwise;
 
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};
-pub use gemm::{GemmOut, OutType};
+pub use gemm::{AddTo, GemmDst, GemmOut, OutType};
 pub use mixed::DeviceFp8Weight;
-pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput};
+pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput, TensorAmax};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -464,7 +464,7 @@ impl Gpu {
         &self,
         a: &CudaSlice<u16>,
         b: &CudaSlice<u16>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         self.blas()?.gemm_bf16(a, b, d, m, n, k)
@@ -475,7 +475,7 @@ impl Gpu {
         &self,
         (a, ta): (&CudaSlice<u16>, bool),
         (b, tb): (&CudaSlice<u16>, bool),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
     ) -> Result<()> {
         self.blas()?.gemm_bf16_op(a, ta, b, tb, d, mnk)
@@ -486,7 +486,7 @@ impl Gpu {
         &self,
         (a, ta): (&CudaSlice<u16>, bool),
         (b, tb): (&CudaSlice<u16>, bool),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
         alpha_beta: (f32, f32),
     ) -> Result<()> {
@@ -500,7 +500,7 @@ impl Gpu {
         &self,
         a: Fp8Operand<'_>,
         b: Fp8Operand<'_>,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
         fast_accum: bool,
     ) -> Result<()> {

@@ -19,7 +19,7 @@
 use crate::block2d::DeviceBlock2dFp8;
 use crate::quantize::DeviceBlockFp8;
 use crate::rowwise::DeviceRowwiseFp8;
-use crate::{DeviceFp8, Error, GemmOut, Gpu, Result};
+use crate::{DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
 use octet_fp8::{BackwardMode, Format, Recipe, Scaling};
 
@@ -333,6 +333,7 @@ impl GpuLinear {
         format: Format,
         role: usize,
         rounding: octet_fp8::Rounding,
+        known: Option<TensorAmax>,
     ) -> Result<Quant> {
         let weight = role == 1;
         Ok(match kind {
@@ -352,9 +353,10 @@ impl GpuLinear {
                 gpu.delayed_record(st, &q.amax_bits)?;
                 Quant::Tensor(q)
             }
-            Kind::Tensorwise => {
-                Quant::Tensor(gpu.quantize_tensorwise(x, rows, cols, format, false)?)
-            }
+            Kind::Tensorwise => Quant::Tensor(match known {
+                Some(a) => gpu.quantize_tensorwise_known(x, rows, cols, format, a)?,
+                None => gpu.quantize_tensorwise(x, rows, cols, format, false)?,
+            }),
             Kind::Rowwise => {
                 let mut q = gpu.alloc_rowwise_fp8(rows, cols, format)?;
                 gpu.quantize_rowwise_into(x, &mut q, false)?;
@@ -389,7 +391,7 @@ impl GpuLinear {
         a_col: bool,
         b: &Quant,
         b_col: bool,
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
     ) -> Result<()> {
         match (a, b) {
@@ -474,9 +476,17 @@ impl GpuLinear {
         m: usize,
     ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
         let x = std::rc::Rc::new(gpu.stream.clone_dtod(x)?);
-        let mut out = forward_shared(std::slice::from_mut(self), gpu, x, m)?;
+        let mut out = forward_shared(std::slice::from_mut(self), gpu, x, None, m)?;
         out.pop()
             .ok_or_else(|| Error::Shape("no output from one layer".into()))
+    }
+
+    /// Whether this layer's quantization reads a producer's amax
+    /// ([`GpuLinear::prepare`], [`GpuLinear::backward`]): current per-tensor
+    /// scaling, whose amax pass it saves. Row-wise and block scales are local
+    /// to a tile, delayed scaling uses the amax history.
+    pub fn takes_amax(&self) -> bool {
+        self.kind == Kind::Tensorwise
     }
 
     /// Count the telemetry of quantizing `x` (role 0 input, 1 weight, 2
@@ -576,10 +586,14 @@ impl GpuLinear {
     /// `K` and recipe (their input quantization would give the same bytes).
     /// `x` is shared, not copied: the handle is kept only where backward reads
     /// the bf16 activation (the bf16 layer, the `high_precision` backward).
+    /// `x_amax`: the amax of `x` from the kernel that wrote it, which current
+    /// per-tensor scaling then uses instead of an amax pass (see
+    /// [`GpuLinear::takes_amax`]; other recipes ignore it).
     pub fn prepare(
         &mut self,
         gpu: &Gpu,
         x: std::rc::Rc<CudaSlice<u16>>,
+        x_amax: Option<TensorAmax>,
         m: usize,
     ) -> Result<LinearInput> {
         let k = self.k;
@@ -610,6 +624,7 @@ impl GpuLinear {
             Format::E4M3,
             0,
             rx,
+            x_amax,
         )?;
         let tele = if self.telemetry_on {
             Some(self.record(gpu, 0, &x, &xq, Format::E4M3)?)
@@ -700,6 +715,7 @@ impl GpuLinear {
                 Format::E4M3,
                 1,
                 rw,
+                None,
             )?
         };
         if self.telemetry_on {
@@ -723,13 +739,19 @@ impl GpuLinear {
         Ok((y, saved))
     }
 
-    /// Backward from `dy (m, N)` (bf16 bits): `(d_input (m, K), d_weight (N, K))` in f32.
+    /// Backward from `dy (m, N)` (bf16 bits): returns `d_input (m, K)` in f32
+    /// and writes `d_weight (N, K)` to `dw` (overwriting a buffer, or adding
+    /// to an [`crate::AddTo`] such as the weight's slot of a gradient buffer).
+    /// `dy_amax`: the amax of `dy` from the kernel that wrote it (as in
+    /// [`GpuLinear::prepare`]).
     pub fn backward(
         &mut self,
         gpu: &Gpu,
         saved: GpuLinearSaved,
         dy: &CudaSlice<u16>,
-    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
+        dy_amax: Option<TensorAmax>,
+        dw: &mut impl GemmDst<f32>,
+    ) -> Result<CudaSlice<f32>> {
         let (m, n, k) = (saved.m, self.n, self.k);
         if dy.len() != m * n {
             return Err(Error::Shape(format!(
@@ -737,16 +759,21 @@ impl GpuLinear {
                 dy.len()
             )));
         }
-        // SAFETY: the GEMMs below write every element of dx and dw.
+        if dw.len() != n * k {
+            return Err(Error::Shape(format!(
+                "d_weight destination of {} elements for a ({n}, {k}) weight",
+                dw.len()
+            )));
+        }
+        // SAFETY: the GEMMs below write every element of dx.
         let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(m * k, "d_input")? };
-        let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * k, "d_weight")? };
         match (saved.x, saved.xq, saved.wq) {
             (_, Some(xq), Some(wq)) if saved.dequantized => {
                 // grad_input = grad_output @ dequant(weight); grad_weight = grad_output^T @ dequant(input).
                 let wd = dequant_rowwise(gpu, &wq, n, k)?;
                 let xd = dequant_rowwise(gpu, &xq.borrow(), m, k)?;
                 gpu.gemm_bf16_op((dy, false), (&wd, false), &mut dx, (m, k, n))?;
-                gpu.gemm_bf16_op((dy, true), (&xd, false), &mut dw, (n, k, m))?;
+                gpu.gemm_bf16_op((dy, true), (&xd, false), dw, (n, k, m))?;
             }
             (_, Some(xq), Some(wq)) => {
                 let rg = self.rounding(2)?;
@@ -760,17 +787,18 @@ impl GpuLinear {
                     Format::E5M2,
                     2,
                     rg,
+                    dy_amax,
                 )?;
                 if self.telemetry_on {
                     self.tele[2] = Some(self.record(gpu, 2, dy, &gq, Format::E5M2)?);
                 }
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
                 Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
-                Self::gemm(gpu, &gq, true, &xq.borrow(), true, &mut dw, (n, k, m))?;
+                Self::gemm(gpu, &gq, true, &xq.borrow(), true, dw, (n, k, m))?;
             }
             (Some(x), _, _) => {
                 gpu.gemm_bf16_op((dy, false), (&self.weight, false), &mut dx, (m, k, n))?;
-                gpu.gemm_bf16_op((dy, true), (x.as_ref(), false), &mut dw, (n, k, m))?;
+                gpu.gemm_bf16_op((dy, true), (x.as_ref(), false), dw, (n, k, m))?;
             }
             _ => {
                 return Err(Error::Shape(
@@ -778,7 +806,7 @@ impl GpuLinear {
                 ))
             }
         }
-        Ok((dx, dw))
+        Ok(dx)
     }
 }
 
@@ -789,6 +817,7 @@ pub fn forward_shared(
     layers: &mut [GpuLinear],
     gpu: &Gpu,
     x: std::rc::Rc<CudaSlice<u16>>,
+    x_amax: Option<TensorAmax>,
     m: usize,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLinearSaved)>> {
     let (first, rest) = layers
@@ -803,7 +832,7 @@ pub fn forward_shared(
             first.k, l.k, first.recipe, l.recipe
         )));
     }
-    let mut input = first.prepare(gpu, x, m)?;
+    let mut input = first.prepare(gpu, x, x_amax, m)?;
     let mut out = Vec::with_capacity(rest.len() + 1);
     out.push(first.forward_input(gpu, &input)?);
     for l in rest.iter_mut() {

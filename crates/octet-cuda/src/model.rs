@@ -18,7 +18,7 @@
 use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
 use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
-use crate::{nvrtc, DeviceFp8, Error, Gpu, Result};
+use crate::{nvrtc, AddTo, DeviceFp8, Error, Gpu, Result, TensorAmax};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
@@ -31,8 +31,10 @@ use std::rc::Rc;
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 const TILE: usize = 64;
-/// Row groups of the norm-gain reduction (a fixed count: deterministic).
-const DGAIN_SPLIT: usize = 64;
+/// Rows per block of the norm backward (`NORM_ROWS` in train.cu): each block
+/// writes one row of the gain's partial sums (a fixed grouping, so that the
+/// sum is deterministic).
+const NORM_ROWS: usize = 8;
 /// Blocks of the gradient-norm reduction.
 const NORM_BLOCKS: usize = 512;
 
@@ -41,13 +43,12 @@ struct Fns {
     embed_bwd: CudaFunction,
     norm_fwd: CudaFunction,
     norm_bwd: CudaFunction,
-    dgain: CudaFunction,
+    norm_bwd_v4: CudaFunction,
     sum_partials: CudaFunction,
     rope_fwd: CudaFunction,
     rope_bwd: CudaFunction,
     swiglu_fwd: CudaFunction,
     swiglu_bwd: CudaFunction,
-    add_residual: CudaFunction,
     add: CudaFunction,
     add_bf16: CudaFunction,
     to_bf16: CudaFunction,
@@ -218,6 +219,11 @@ pub struct GpuLlama<'g> {
     /// and a host read per block): set by the trainer to locate a non-finite
     /// loss, which then fails with [`Error::NonFiniteIn`] naming the block.
     pub check_layers: bool,
+    /// Kernels that write a projection's input or grad_output also compute
+    /// its amax when the projection's quantizer reads one (current
+    /// per-tensor scaling), saving that quantizer's amax pass. On by default;
+    /// the selftest turns it off to check that both give the same bytes.
+    pub fuse_amax: bool,
     prof: Prof,
     /// Sharded data parallel: how the parameters are split over the ranks.
     shard: Option<Sharding<'g>>,
@@ -378,6 +384,28 @@ fn grid1(n: usize) -> LaunchConfig {
     }
 }
 
+/// A grid-stride launch over `n` items: at most 2048 blocks of 256 (16 a
+/// multiprocessor on the H100), so that a kernel's per-block amax atomics stay few.
+fn grid_stride(n: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (n.div_ceil(256).clamp(1, 2048) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Push an optional amax (`amax_bits`, `nonfinite`) as two kernel pointers (null when `None`).
+fn push_amax<'a>(
+    lb: &mut cudarc::driver::LaunchArgs<'a>,
+    amax: &'a mut Option<TensorAmax>,
+    null: &'a u64,
+) {
+    match amax {
+        Some(a) => lb.arg(&mut a.amax_bits).arg(&mut a.nonfinite),
+        None => lb.arg(null).arg(null),
+    };
+}
+
 fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -426,13 +454,12 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         embed_bwd: l("embed_bwd")?,
         norm_fwd: l("rmsnorm_fwd")?,
         norm_bwd: l("rmsnorm_bwd")?,
-        dgain: l("rmsnorm_dgain_partial")?,
+        norm_bwd_v4: l("rmsnorm_bwd_v4")?,
         sum_partials: l("sum_partials")?,
         rope_fwd: l("rope_fwd")?,
         rope_bwd: l("rope_bwd")?,
         swiglu_fwd: l("swiglu_fwd")?,
         swiglu_bwd: l("swiglu_bwd")?,
-        add_residual: l("add_residual")?,
         add: l("add_inplace")?,
         add_bf16: l("add_bf16_inplace")?,
         to_bf16: l("to_bf16")?,
@@ -641,6 +668,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            fuse_amax: true,
             prof: Prof::from_env(),
             shard,
             lora: None,
@@ -653,6 +681,16 @@ impl<'g> GpuLlama<'g> {
             grid_dim: (t.div_ceil(k.rows) as u32, heads as u32, b as u32),
             block_dim: (k.threads, 1, 1),
             shared_mem_bytes: k.smem as u32,
+        }
+    }
+
+    /// A zeroed amax for the kernel that writes the input (or grad_output) of
+    /// projection `li` of block `bi`, when that projection's quantizer reads
+    /// one (see [`GpuLlama::fuse_amax`]); `None` otherwise.
+    fn amax_for(&self, bi: usize, li: usize) -> Result<Option<TensorAmax>> {
+        match self.blocks.get(bi).and_then(|b| b.lin.get(li)) {
+            Some(l) if self.fuse_amax && l.takes_amax() => Ok(Some(self.gpu.alloc_amax()?)),
+            _ => Ok(None),
         }
     }
 
@@ -703,6 +741,7 @@ impl<'g> GpuLlama<'g> {
         k: &CudaSlice<u16>,
         v: &CudaSlice<u16>,
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+        out_amax: &mut Option<TensorAmax>,
     ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
         let gpu = self.gpu;
         let mut out: CudaSlice<u16> =
@@ -710,10 +749,10 @@ impl<'g> GpuLlama<'g> {
         let mut lse: CudaSlice<f32> = unsafe { gpu.alloc_uninit(b * hq * t, "attention lse")? };
         let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
         let scale = 1.0 / (d as f32).sqrt();
+        let null: u64 = 0;
         unsafe {
-            gpu.stream
-                .launch_builder(&self.f.attn.fwd.f)
-                .arg(q)
+            let mut lb = gpu.stream.launch_builder(&self.f.attn.fwd.f);
+            lb.arg(q)
                 .arg(k)
                 .arg(v)
                 .arg(&mut out)
@@ -722,8 +761,15 @@ impl<'g> GpuLlama<'g> {
                 .arg(&hqi)
                 .arg(&hkvi)
                 .arg(&di)
-                .arg(&scale)
-                .launch(Self::attn_cfg(&self.f.attn.fwd, t, hq, b))?;
+                .arg(&scale);
+            // The tensor-core kernel also writes the output's amax; the SIMT one
+            // does not (the quantizer then runs its own amax pass).
+            if self.f.attn.tensor_cores {
+                push_amax(&mut lb, out_amax, &null);
+            } else {
+                *out_amax = None;
+            }
+            lb.launch(Self::attn_cfg(&self.f.attn.fwd, t, hq, b))?;
         }
         Ok((out, lse))
     }
@@ -900,6 +946,7 @@ impl<'g> GpuLlama<'g> {
         }
         let gpu = self.gpu;
         let s = &gpu.stream;
+        let null: u64 = 0;
         let toks: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let tgts: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
         let d_tok = gpu.upload(&toks)?;
@@ -930,18 +977,30 @@ impl<'g> GpuLlama<'g> {
             return Err(Error::NonFiniteIn("model.embed_tokens".into()));
         }
         let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        // Each residual add runs in the kernel of the norm that reads its
+        // result: the next norm's input `h` comes out of the previous block.
+        let first_norm = match self.blocks.first() {
+            Some(b) => b.attn_norm,
+            None => self.norm_slot,
+        };
+        let mut h_amax = self.amax_for(0, 0)?;
+        let (_, mut h, mut rstd1) = self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax)?;
+        self.mark("rmsnorm")?;
         for bi in 0..self.blocks.len() {
-            let (an, mn) = (self.blocks[bi].attn_norm, self.blocks[bi].mlp_norm);
+            let mn = self.blocks[bi].mlp_norm;
+            let next_norm = match self.blocks.get(bi + 1) {
+                Some(b) => b.attn_norm,
+                None => self.norm_slot,
+            };
             self.mark("other")?;
             if self.shard.as_ref().is_some_and(|sh| sh.fp8) {
                 self.gather_block_fp8(bi)?;
                 self.mark("fp8 all-gather")?;
             }
-            let (h, rstd1) = self.norm_fwd(&x, an, n, eps)?;
-            self.mark("rmsnorm")?;
             let mut lin_saved = Vec::with_capacity(7);
             // q, k and v read one quantization of h.
-            let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), n)?;
+            let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax.take(), n)?;
+            let rstd_in = rstd1;
             let (vv, sv) = next_out(&mut qkv)?;
             let (mut k, sk) = next_out(&mut qkv)?;
             let (mut q, sq) = next_out(&mut qkv)?;
@@ -962,41 +1021,46 @@ impl<'g> GpuLlama<'g> {
                         .launch(grid1(cnt))?;
                 }
             }
-            let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d))?;
+            let mut a_amax = self.amax_for(bi, 3)?;
+            let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d), &mut a_amax)?;
             self.mark("attention fwd (+rope)")?;
             // The attention output: o's input, and read again by the attention
             // backward (one buffer, shared with o's saved input when o keeps it).
             let a = Rc::new(a);
-            let mut outs = self.proj_forward(bi, 3..4, a.clone(), n)?;
+            let mut outs = self.proj_forward(bi, 3..4, a.clone(), a_amax, n)?;
             let (o, so) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(so);
-            let x1 = self.add_residual(&x, &o)?;
+            let mut h2_amax = self.amax_for(bi, 4)?;
+            let (x1, h2, rstd2) = self.add_norm(&x, Some(&o), mn, (n, eps), &mut h2_amax)?;
+            let x1 = x1.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(o);
-            self.mark("elementwise")?;
-            let (h2, rstd2) = self.norm_fwd(&x1, mn, n, eps)?;
             self.mark("rmsnorm")?;
-            let mut gu = self.proj_forward(bi, 4..6, Rc::new(h2), n)?;
+            let mut gu = self.proj_forward(bi, 4..6, Rc::new(h2), h2_amax, n)?;
             let (up, su) = next_out(&mut gu)?;
             let (gate, sg) = next_out(&mut gu)?;
             self.mark("linear fwd")?;
             lin_saved.extend([sg, su]);
             let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
             let nf = n * ff;
+            let mut act_amax = self.amax_for(bi, 6)?;
             unsafe {
-                s.launch_builder(&self.f.swiglu_fwd)
-                    .arg(&gate)
-                    .arg(&up)
-                    .arg(&mut act)
-                    .arg(&nf)
-                    .launch(grid1(nf))?;
+                let mut lb = s.launch_builder(&self.f.swiglu_fwd);
+                lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
+                push_amax(&mut lb, &mut act_amax, &null);
+                lb.launch(grid_stride(nf.div_ceil(8)))?;
             }
             self.mark("elementwise")?;
-            let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), n)?;
+            let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
             let (dn, sd) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(sd);
-            let x2 = self.add_residual(&x1, &dn)?;
+            h_amax = self.amax_for(bi + 1, 0)?;
+            let (x2, hn, rn) = self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax)?;
+            let x2 = x2.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
+            drop(dn);
+            (h, rstd1) = (hn, rn);
+            self.mark("rmsnorm")?;
             if self.check_layers && !self.all_finite(&x2)? {
                 let what = if self.all_finite(&x1)? {
                     "its MLP (post_attention_layernorm, gate/up/down)"
@@ -1009,7 +1073,7 @@ impl<'g> GpuLlama<'g> {
             if keep {
                 saved_blocks.push(BlockSaved {
                     x: prev,
-                    rstd1,
+                    rstd1: rstd_in,
                     lin: lin_saved,
                     q,
                     k,
@@ -1023,8 +1087,7 @@ impl<'g> GpuLlama<'g> {
                 });
             }
         }
-        self.mark("elementwise")?;
-        let (hf, rstd_f) = self.norm_fwd(&x, self.norm_slot, n, eps)?;
+        let (hf, rstd_f) = (h, rstd1);
         let mut logits: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * v, "logits")? };
         gpu.gemm_bf16(&hf, &self.head, &mut logits, (n, v, c))?;
         let mut losses: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n, "losses")? };
@@ -1072,111 +1135,149 @@ impl<'g> GpuLlama<'g> {
         ))
     }
 
-    /// `x + y` (f32 residual plus a bf16 projection output) into a new buffer.
-    fn add_residual(&self, x: &CudaSlice<f32>, y: &CudaSlice<u16>) -> Result<CudaSlice<f32>> {
-        let n = x.len();
-        // SAFETY: the kernel writes all n elements; types match `add_residual` in train.cu.
-        let mut out: CudaSlice<f32> = unsafe { self.gpu.alloc_uninit(n, "residual")? };
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&self.f.add_residual)
-                .arg(x)
-                .arg(y)
-                .arg(&mut out)
-                .arg(&n)
-                .launch(grid1(n))?;
-        }
-        Ok(out)
-    }
-
-    fn norm_fwd(
+    /// The residual add and the RMSNorm that reads it, in one kernel:
+    /// `xo = x + y` (f32 residual plus a bf16 projection output; with `y`
+    /// `None` the norm reads `x` and `xo` is `None`), `h = norm(xo)` in bf16
+    /// with gain `slot`, and the per-row `rstd` (and `h`'s amax into
+    /// `h_amax` when given). Returns `(xo, h, rstd)`.
+    #[allow(clippy::type_complexity)]
+    fn add_norm(
         &self,
         x: &CudaSlice<f32>,
+        y: Option<&CudaSlice<u16>>,
         slot: usize,
-        n: usize,
-        eps: f32,
-    ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
+        (n, eps): (usize, f32),
+        h_amax: &mut Option<TensorAmax>,
+    ) -> Result<(Option<CudaSlice<f32>>, CudaSlice<u16>, CudaSlice<f32>)> {
         let c = self.cfg.hidden_size;
+        // SAFETY: the kernel writes every element of xo (when y is given), h and rstd.
         let mut h: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n * c, "norm output")? };
         let mut rstd: CudaSlice<f32> = unsafe { self.gpu.alloc_uninit(n, "norm rstd")? };
+        let mut xo: Option<CudaSlice<f32>> = match y {
+            Some(_) => Some(unsafe { self.gpu.alloc_uninit(n * c, "residual")? }),
+            None => None,
+        };
         let g = self.slot_view(slot)?;
         let ci = c as i32;
+        let null: u64 = 0;
         unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&self.f.norm_fwd)
-                .arg(x)
-                .arg(&g)
-                .arg(&mut h)
-                .arg(&mut rstd)
-                .arg(&ci)
-                .arg(&eps)
-                .launch(rows_cfg(n))?;
+            let mut lb = self.gpu.stream.launch_builder(&self.f.norm_fwd);
+            lb.arg(x);
+            match (y, xo.as_mut()) {
+                (Some(y), Some(o)) => lb.arg(y).arg(o),
+                _ => lb.arg(&null).arg(&null),
+            };
+            lb.arg(&g).arg(&mut h).arg(&mut rstd).arg(&ci).arg(&eps);
+            push_amax(&mut lb, h_amax, &null);
+            lb.launch(rows_cfg(n))?;
         }
-        Ok((h, rstd))
+        Ok((xo, h, rstd))
     }
 
-    /// RMSNorm backward: `dres (+)= dx`; the gain's gradient added to its slot.
+    /// RMSNorm backward from `dy` = the sum of `dys` (one to three input
+    /// gradients of the projections that read the norm's output, added in
+    /// order): `dres (+)= dx`; the gain's gradient added to its slot (not in
+    /// LoRA mode, where the gains are frozen); with `bf16_for = (block,
+    /// projection)` also the updated `dres` in bf16, that projection's
+    /// grad_output, with its amax when the projection's quantizer reads one.
+    #[allow(clippy::too_many_arguments)]
     fn norm_bwd(
         &mut self,
         x: &CudaSlice<f32>,
         rstd: &CudaSlice<f32>,
-        dy: &CudaSlice<f32>,
+        dys: &[&CudaSlice<f32>],
         dres: &mut CudaSlice<f32>,
         slot: usize,
         accumulate: bool,
-    ) -> Result<()> {
+        bf16_for: Option<(usize, usize)>,
+    ) -> Result<Option<(CudaSlice<u16>, Option<TensorAmax>)>> {
         let (c, n) = (self.cfg.hidden_size, rstd.len());
+        if dys.is_empty() || dys.len() > 3 || dys.iter().any(|d| d.len() != n * c) {
+            return Err(Error::Shape(format!(
+                "norm backward takes 1 to 3 gradients of {n} x {c}"
+            )));
+        }
+        if 4 * c > 48 * 1024 {
+            return Err(Error::Shape(format!(
+                "hidden size {c} exceeds the norm backward's shared-memory column sums (12288)"
+            )));
+        }
         let (ci, ni, acc) = (c as i32, n as i32, accumulate as i32);
+        let frozen = self.lora.is_some();
+        let groups = n.div_ceil(NORM_ROWS);
+        let mut partial: Option<CudaSlice<f32>> = if frozen {
+            None
+        } else {
+            // SAFETY: every block writes its row of partials.
+            Some(unsafe { self.gpu.alloc_uninit(groups * c, "norm partials")? })
+        };
+        let mut dres_bf: Option<CudaSlice<u16>> = match bf16_for {
+            Some(_) => Some(unsafe { self.gpu.alloc_uninit(n * c, "d_residual bf16")? }),
+            None => None,
+        };
+        let mut amax = match bf16_for {
+            Some((bi, li)) => self.amax_for(bi, li)?,
+            None => None,
+        };
         let s = &self.gpu.stream;
+        let null: u64 = 0;
         {
             let g = self.slot_view(slot)?;
+            // 16-byte accesses when every row and the gain start on a 16-byte boundary.
+            let g_aligned = {
+                let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(&g, s);
+                ptr % 16 == 0
+            };
+            let kern = if c % 4 == 0 && g_aligned {
+                &self.f.norm_bwd_v4
+            } else {
+                &self.f.norm_bwd
+            };
             unsafe {
-                s.launch_builder(&self.f.norm_bwd)
-                    .arg(x)
-                    .arg(&g)
-                    .arg(rstd)
-                    .arg(dy)
-                    .arg(dres)
-                    .arg(&ci)
-                    .arg(&acc)
-                    .launch(rows_cfg(n))?;
+                let mut lb = s.launch_builder(kern);
+                lb.arg(x).arg(&g).arg(rstd);
+                for i in 0..3 {
+                    match dys.get(i) {
+                        Some(d) => lb.arg(*d),
+                        None => lb.arg(&null),
+                    };
+                }
+                lb.arg(dres);
+                match dres_bf.as_mut() {
+                    Some(b) => lb.arg(b),
+                    None => lb.arg(&null),
+                };
+                match partial.as_mut() {
+                    Some(p) => lb.arg(p),
+                    None => lb.arg(&null),
+                };
+                lb.arg(&ni).arg(&ci).arg(&acc);
+                push_amax(&mut lb, &mut amax, &null);
+                lb.launch(LaunchConfig {
+                    grid_dim: (groups as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: if frozen { 0 } else { 4 * c as u32 },
+                })?;
             }
         }
-        if self.lora.is_some() {
-            // The gain is frozen.
-            return Ok(());
-        }
-        let mut partial: CudaSlice<f32> = self.gpu.alloc_zeros(DGAIN_SPLIT * c, "norm partials")?;
-        {
+        if let Some(partial) = partial {
+            let sl = self.slots[slot].clone();
+            let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+            let yi = groups as i32;
             unsafe {
-                s.launch_builder(&self.f.dgain)
-                    .arg(x)
-                    .arg(dy)
-                    .arg(rstd)
-                    .arg(&mut partial)
-                    .arg(&ni)
+                s.launch_builder(&self.f.sum_partials)
+                    .arg(&partial)
+                    .arg(&mut gview)
+                    .arg(&yi)
                     .arg(&ci)
                     .launch(LaunchConfig {
-                        grid_dim: (c.div_ceil(32) as u32, DGAIN_SPLIT as u32, 1),
+                        grid_dim: (c.div_ceil(32) as u32, 1, 1),
                         block_dim: (32, 8, 1),
                         shared_mem_bytes: 0,
                     })?;
             }
         }
-        let sl = self.slots[slot].clone();
-        let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
-        let split = DGAIN_SPLIT as i32;
-        unsafe {
-            s.launch_builder(&self.f.sum_partials)
-                .arg(&partial)
-                .arg(&mut gview)
-                .arg(&split)
-                .arg(&ci)
-                .launch(grid1(c))?;
-        }
-        Ok(())
+        Ok(dres_bf.map(|b| (b, amax)))
     }
 
     fn add_grad(&mut self, slot: usize, g: &CudaSlice<f32>) -> Result<()> {
@@ -1203,33 +1304,23 @@ impl<'g> GpuLlama<'g> {
         Ok(())
     }
 
-    fn bf16(&self, x: &CudaSlice<f32>, what: &str) -> Result<CudaSlice<u16>> {
+    /// `x` rounded to bf16 (and its amax into `amax` when given).
+    fn bf16(
+        &self,
+        x: &CudaSlice<f32>,
+        what: &str,
+        amax: &mut Option<TensorAmax>,
+    ) -> Result<CudaSlice<u16>> {
         let n = x.len();
         let mut y: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n, what)? };
+        let null: u64 = 0;
         unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&self.f.to_bf16)
-                .arg(x)
-                .arg(&mut y)
-                .arg(&n)
-                .launch(grid1(n))?;
+            let mut lb = self.gpu.stream.launch_builder(&self.f.to_bf16);
+            lb.arg(x).arg(&mut y).arg(&n);
+            push_amax(&mut lb, amax, &null);
+            lb.launch(grid_stride(n))?;
         }
         Ok(y)
-    }
-
-    fn add_inplace(&self, x: &mut CudaSlice<f32>, y: &CudaSlice<f32>) -> Result<()> {
-        let n = x.len();
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&self.f.add)
-                .arg(x)
-                .arg(y)
-                .arg(&n)
-                .launch(grid1(n))?;
-        }
-        Ok(())
     }
 
     /// Set every gradient to zero (before the first micro-batch of a step).
@@ -1263,6 +1354,7 @@ impl<'g> GpuLlama<'g> {
             dlogits,
         } = saved;
         let n = b * t;
+        let null: u64 = 0;
         let s = &gpu.stream;
         // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
         let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
@@ -1274,7 +1366,16 @@ impl<'g> GpuLlama<'g> {
         }
         drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
-        self.norm_bwd(&xf, &rstd_f, &dh, &mut dres, self.norm_slot, false)?;
+        let nblocks = blocks.len();
+        let mut dres_bf = self.norm_bwd(
+            &xf,
+            &rstd_f,
+            &[&dh],
+            &mut dres,
+            self.norm_slot,
+            false,
+            nblocks.checked_sub(1).map(|last| (last, 6)),
+        )?;
         drop((dh, xf, rstd_f));
         let (ni, ti, di) = (n as i32, t as i32, d as i32);
         for (bi, sb) in blocks.into_iter().enumerate().rev() {
@@ -1308,76 +1409,94 @@ impl<'g> GpuLlama<'g> {
             );
             self.mark("other")?;
             // MLP.
-            let dres_bf = self.bf16(&dres, "d_residual bf16")?;
-            self.mark("elementwise")?;
-            let dact = self.proj_backward(bi, 6, sd, &dres_bf)?;
+            let (dres_bf_mlp, mlp_amax) = dres_bf
+                .take()
+                .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
+            let dact = self.proj_backward(bi, 6, sd, &dres_bf_mlp, mlp_amax)?;
             self.mark("linear bwd")?;
-            drop(dres_bf);
+            drop(dres_bf_mlp);
             let nf = n * ff;
             let mut dg: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_gate")? };
             let mut du: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_up")? };
+            let (mut g_amax, mut u_amax) = (self.amax_for(bi, 4)?, self.amax_for(bi, 5)?);
             unsafe {
-                s.launch_builder(&self.f.swiglu_bwd)
-                    .arg(&gate)
+                let mut lb = s.launch_builder(&self.f.swiglu_bwd);
+                lb.arg(&gate)
                     .arg(&up)
                     .arg(&dact)
                     .arg(&mut dg)
                     .arg(&mut du)
-                    .arg(&nf)
-                    .launch(grid1(nf))?;
+                    .arg(&nf);
+                push_amax(&mut lb, &mut g_amax, &null);
+                push_amax(&mut lb, &mut u_amax, &null);
+                lb.launch(grid_stride(nf.div_ceil(8)))?;
             }
             drop((dact, gate, up));
             self.mark("elementwise")?;
-            let mut dh2 = self.proj_backward(bi, 4, sg, &dg)?;
-            let dh2u = self.proj_backward(bi, 5, su, &du)?;
+            let dh2 = self.proj_backward(bi, 4, sg, &dg, g_amax)?;
+            let dh2u = self.proj_backward(bi, 5, su, &du, u_amax)?;
             self.mark("linear bwd")?;
             drop((dg, du));
-            self.add_inplace(&mut dh2, &dh2u)?;
             let mn = self.blocks[bi].mlp_norm;
-            self.mark("elementwise")?;
-            self.norm_bwd(&x1, &rstd2, &dh2, &mut dres, mn, true)?;
+            let (dres_bf_attn, o_amax) = self
+                .norm_bwd(
+                    &x1,
+                    &rstd2,
+                    &[&dh2, &dh2u],
+                    &mut dres,
+                    mn,
+                    true,
+                    Some((bi, 3)),
+                )?
+                .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
             self.mark("rmsnorm bwd")?;
             drop((dh2, dh2u, x1, rstd2));
             // Attention.
-            let dres_bf = self.bf16(&dres, "d_residual bf16")?;
-            self.mark("elementwise")?;
-            let da = self.proj_backward(bi, 3, so, &dres_bf)?;
+            let da = self.proj_backward(bi, 3, so, &dres_bf_attn, o_amax)?;
             self.mark("linear bwd")?;
-            drop(dres_bf);
+            drop(dres_bf_attn);
             self.mark("elementwise")?;
             let (dq, dk, dvv) =
                 self.attn_backward(&q, &k, &vv, &a, &da, &lse, (b, t, hq, hkv, d))?;
             drop((q, k, vv, a, lse, da));
             let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
             let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
-            for (src, dst, heads) in [(&dq, &mut dq_bf, hq), (&dk, &mut dk_bf, hkv)] {
+            let (mut q_amax, mut k_amax, mut v_amax) = (
+                self.amax_for(bi, 0)?,
+                self.amax_for(bi, 1)?,
+                self.amax_for(bi, 2)?,
+            );
+            for (src, dst, heads, amax) in [
+                (&dq, &mut dq_bf, hq, &mut q_amax),
+                (&dk, &mut dk_bf, hkv, &mut k_amax),
+            ] {
                 let hi = heads as i32;
                 unsafe {
-                    s.launch_builder(&self.f.rope_bwd)
-                        .arg(src)
+                    let mut lb = s.launch_builder(&self.f.rope_bwd);
+                    lb.arg(src)
                         .arg(dst)
                         .arg(&self.cos)
                         .arg(&self.sin)
                         .arg(&ni)
                         .arg(&ti)
                         .arg(&hi)
-                        .arg(&di)
-                        .launch(grid1(n * heads * d / 2))?;
+                        .arg(&di);
+                    push_amax(&mut lb, amax, &null);
+                    lb.launch(grid_stride(n * heads * d / 2))?;
                 }
             }
-            let dv_bf = self.bf16(&dvv, "dv bf16")?;
+            let dv_bf = self.bf16(&dvv, "dv bf16", &mut v_amax)?;
             drop((dq, dk, dvv));
             self.mark("attention bwd (+rope)")?;
-            let mut dh = self.proj_backward(bi, 0, sq, &dq_bf)?;
-            let dhk = self.proj_backward(bi, 1, sk, &dk_bf)?;
-            let dhv = self.proj_backward(bi, 2, sv, &dv_bf)?;
+            let dh = self.proj_backward(bi, 0, sq, &dq_bf, q_amax)?;
+            let dhk = self.proj_backward(bi, 1, sk, &dk_bf, k_amax)?;
+            let dhv = self.proj_backward(bi, 2, sv, &dv_bf, v_amax)?;
             self.mark("linear bwd")?;
             drop((dq_bf, dk_bf, dv_bf));
-            self.add_inplace(&mut dh, &dhk)?;
-            self.add_inplace(&mut dh, &dhv)?;
             let an = self.blocks[bi].attn_norm;
-            self.mark("elementwise")?;
-            self.norm_bwd(&x, &rstd1, &dh, &mut dres, an, true)?;
+            // The next block down reads the gradient in bf16; the embedding in f32.
+            let below = bi.checked_sub(1).map(|prev| (prev, 6));
+            dres_bf = self.norm_bwd(&x, &rstd1, &[&dh, &dhk, &dhv], &mut dres, an, true, below)?;
             self.mark("rmsnorm bwd")?;
             if self.shard.is_some() {
                 let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
@@ -1869,6 +1988,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            fuse_amax: true,
             prof: Prof::from_env(),
             shard: None,
             lora: Some(LoraMode {
@@ -1994,6 +2114,7 @@ impl<'g> GpuLlama<'g> {
         bi: usize,
         range: std::ops::Range<usize>,
         x: Rc<CudaSlice<u16>>,
+        x_amax: Option<TensorAmax>,
         n: usize,
     ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
         let gpu = self.gpu;
@@ -2004,7 +2125,7 @@ impl<'g> GpuLlama<'g> {
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
                 .collect()
         } else {
-            forward_shared(&mut blk.lin[range], gpu, x, n)?
+            forward_shared(&mut blk.lin[range], gpu, x, x_amax, n)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Full(Box::new(s))))
                 .collect()
@@ -2020,13 +2141,15 @@ impl<'g> GpuLlama<'g> {
         li: usize,
         saved: ProjSaved,
         dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
     ) -> Result<CudaSlice<f32>> {
         let gpu = self.gpu;
         match saved {
             ProjSaved::Full(s) => {
-                let (dx, dw) = self.blocks[bi].lin[li].backward(gpu, *s, dy)?;
-                self.add_grad(self.blocks[bi].lin_slot[li], &dw)?;
-                Ok(dx)
+                // The weight's gradient accumulates straight into its slot.
+                let sl = &self.slots[self.blocks[bi].lin_slot[li]];
+                let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
+                self.blocks[bi].lin[li].backward(gpu, *s, dy, dy_amax, &mut dw)
             }
             ProjSaved::Lora(s) => {
                 let (dx, g) = self.blocks[bi].lora[li].backward(gpu, s, dy)?;
@@ -2551,13 +2674,16 @@ impl<'g> GpuLlama<'g> {
             let off = self.slots[i].offset;
             let src = self.grad.slice(off..off + n);
             let mut dst = send.slice_mut(o..o + n);
+            let null: u64 = 0;
             unsafe {
                 gpu.stream
                     .launch_builder(&self.f.to_bf16)
                     .arg(&src)
                     .arg(&mut dst)
                     .arg(&n)
-                    .launch(grid1(n))?;
+                    .arg(&null)
+                    .arg(&null)
+                    .launch(grid_stride(n))?;
             }
             gpu.stream
                 .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
@@ -2622,7 +2748,7 @@ impl GpuLlama<'_> {
                 self.cfg.head_dim()
             )));
         }
-        let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d))?;
+        let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d), &mut None)?;
         let (dq, dk, dv) = self.attn_backward(q, k, v, &out, dout, &lse, (b, t, hq, hkv, d))?;
         Ok((out, dq, dk, dv))
     }

@@ -5,7 +5,7 @@
 //! value is a bf16) and multiplied by the bf16 GEMM. Labelled "emulated" in
 //! `octet info` and the selftest.
 
-use crate::{nvrtc, oom, Error, GemmOut, Gpu, Result};
+use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
 
@@ -162,7 +162,7 @@ impl Gpu {
         &self,
         (a, a_s, a_f): (&CudaSlice<u8>, &CudaSlice<u8>, Format),
         (b, b_s, b_f): (&CudaSlice<u8>, &CudaSlice<u8>, Format),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         let ab = self.mx_dequant_bf16(a, a_s, m, k, a_f)?;

@@ -6,7 +6,7 @@
 //! multiplies them with the bf16 GEMM and applies the two per-tensor factors.
 //! Native FP4 GEMMs need sm_100.
 
-use crate::{nvrtc, oom, Error, GemmOut, Gpu, OutType, Result};
+use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, OutType, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Rounding;
 
@@ -213,7 +213,7 @@ impl Gpu {
         &self,
         (a, a_br, a_g): (&NvCopy, usize, &CudaSlice<f32>),
         (b, b_br, b_g): (&NvCopy, usize, &CudaSlice<f32>),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         if (a.rows, a.cols, b.rows, b.cols) != (m, k, n, k) || d.len() != m * n {
@@ -228,6 +228,8 @@ impl Gpu {
         self.gemm_bf16(&ad, &bd, &mut acc, (m, n, k))?;
         let kern = &self.nv_kernels()?.finish[usize::from(D::OUT == OutType::Bf16)];
         let ni = (m * n) as i32;
+        let add = i32::from(d.beta() != 0.0);
+        let (dptr, _write) = d.device_ptr_mut(&self.stream);
         // SAFETY: acc and d hold m * n elements; the globals one each.
         unsafe {
             self.stream
@@ -235,8 +237,9 @@ impl Gpu {
                 .arg(&acc)
                 .arg(a_g)
                 .arg(b_g)
-                .arg(d)
+                .arg(&dptr)
                 .arg(&ni)
+                .arg(&add)
                 .launch(LaunchConfig::for_num_elems((m * n) as u32))?;
         }
         Ok(())

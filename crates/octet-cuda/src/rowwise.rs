@@ -4,7 +4,7 @@
 //! scales (`OUTER_VEC_32F`) that consumes them.
 
 use crate::quantize::QuantInput;
-use crate::{nvrtc, oom, Error, GemmOut, Gpu, Result};
+use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
 
@@ -166,7 +166,7 @@ impl Gpu {
         &self,
         (a, a_fmt, a_scale): (&CudaSlice<u8>, Format, &CudaSlice<f32>),
         (b, b_fmt, b_scale): (&CudaSlice<u8>, Format, &CudaSlice<f32>),
-        d: &mut CudaSlice<D>,
+        d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
         if a_scale.len() != m || b_scale.len() != n {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Attention rework check on the lent GPU ($OUT set): the conformance suite, the
+# Training-step check on the lent GPU ($OUT set): the conformance suite, the
 # ~1B training step (bf16, tensorwise) and the per-kernel times of one step.
 set -uo pipefail
 bin=dev-bin/octet
@@ -12,4 +12,7 @@ for r in "bf16 high_precision" "tensorwise quantized"; do
 done
 timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
   $train --steps 2 --recipe bf16 --name n > $OUT/ncu-step-bf16.csv 2> $OUT/ncu-step-bf16.err
+echo "ncu rc=$?"
+timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum --csv --print-units base \
+  $train --steps 2 --recipe tensorwise --backward quantized --name n2 > $OUT/ncu-step-tensorwise.csv 2> $OUT/ncu-step-tensorwise.err
 echo "ncu rc=$?"
