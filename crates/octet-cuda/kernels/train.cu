@@ -74,6 +74,29 @@ extern "C" __global__ void embed_bwd(const float* dx, const int* starts, const i
     dtable[(size_t)v * C + c] += acc;
 }
 
+// V consecutive floats (V = 4: one 16-byte access; V = 1: one float).
+template <int V> struct Vf {
+    float v[V];
+};
+template <int V> __device__ __forceinline__ Vf<V> ldv(const float* p) {
+    Vf<V> r;
+    if (V == 4) {
+        const float4 f = *reinterpret_cast<const float4*>(p);
+        r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) r.v[j] = p[j];
+    }
+    return r;
+}
+template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
+    if (V == 4)
+        *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
+    else
+#pragma unroll
+        for (int j = 0; j < V; j++) p[j] = r.v[j];
+}
+
 // ---------------------------------------------------------------- RMSNorm
 
 // The residual add and the norm that reads its result, in one pass over the
@@ -107,29 +130,6 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
         amax_note(b, m, bad);
     }
     if (amax) amax_commit(m, bad, amax, nonfinite);
-}
-
-// V consecutive floats (V = 4: one 16-byte access; V = 1: one float).
-template <int V> struct Vf {
-    float v[V];
-};
-template <int V> __device__ __forceinline__ Vf<V> ldv(const float* p) {
-    Vf<V> r;
-    if (V == 4) {
-        const float4 f = *reinterpret_cast<const float4*>(p);
-        r.v[0] = f.x, r.v[1] = f.y, r.v[2] = f.z, r.v[3] = f.w;
-    } else {
-#pragma unroll
-        for (int j = 0; j < V; j++) r.v[j] = p[j];
-    }
-    return r;
-}
-template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
-    if (V == 4)
-        *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
-    else
-#pragma unroll
-        for (int j = 0; j < V; j++) p[j] = r.v[j];
 }
 
 // RMSNorm backward over NORM_ROWS rows a block (rows NORM_ROWS blockIdx.x ..)
@@ -243,48 +243,98 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, int Y,
 
 // ---------------------------------------------------------------- RoPE
 
-// In place on bf16 (N, H * D): pairs (i, i + D/2) rotated by position n % T.
-extern "C" __global__ void rope_fwd(unsigned short* x, const float* cs, const float* sn, int N, int T, int H,
-                                    int D) {
-    const int half = D / 2;
-    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (size_t)N * H * half) return;
-    const int i = idx % half;
-    const size_t nh = idx / half;
-    const int n = nh / H, h = nh % H;
-    const int pos = n % T;
-    const float c = cs[pos * half + i], s = sn[pos * half + i];
-    unsigned short* p = x + (size_t)n * H * D + (size_t)h * D;
-    const float a = bf2f(p[i]), b = bf2f(p[i + half]);
-    p[i] = f2bf(a * c - b * s);
-    p[i + half] = f2bf(b * c + a * s);
+// Rotary embedding of (N, H * D) rows, pairs (i, i + D/2) rotated by the
+// angle of position n % T; a thread takes V consecutive pairs (V = 4 when
+// D/2 is a multiple of 4: 8-byte bf16 and 16-byte f32 accesses), grid-stride.
+template <int V> __device__ __forceinline__ void ld_bf(const unsigned short* p, float* f) {
+    if (V == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        f[0] = bf2f(w.x & 0xffff), f[1] = bf2f(w.x >> 16), f[2] = bf2f(w.y & 0xffff), f[3] = bf2f(w.y >> 16);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) f[j] = bf2f(p[j]);
+    }
+}
+template <int V> __device__ __forceinline__ void st_bf(unsigned short* p, const unsigned short* b) {
+    if (V == 4)
+        *reinterpret_cast<uint2*>(p) =
+            make_uint2((unsigned)b[0] | ((unsigned)b[1] << 16), (unsigned)b[2] | ((unsigned)b[3] << 16));
+    else
+#pragma unroll
+        for (int j = 0; j < V; j++) p[j] = b[j];
+}
+
+// Forward, in place on bf16 q or k.
+template <int V>
+__device__ void rope_fwd_impl(unsigned short* x, const float* cs, const float* sn, int N, int T, int H, int D) {
+    const int half = D / 2, groups = half / V;
+    const size_t total = (size_t)N * H * groups;
+    for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (size_t)gridDim.x * blockDim.x) {
+        const int i = (int)(idx % groups) * V;
+        const size_t nh = idx / groups;
+        const int n = nh / H, h = nh % H;
+        const int pos = n % T;
+        const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
+        unsigned short* p = x + (size_t)n * H * D + (size_t)h * D;
+        float a[V], b[V];
+        ld_bf<V>(p + i, a);
+        ld_bf<V>(p + i + half, b);
+        unsigned short lo[V], hi[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            lo[j] = f2bf(a[j] * c.v[j] - b[j] * s.v[j]);
+            hi[j] = f2bf(b[j] * c.v[j] + a[j] * s.v[j]);
+        }
+        st_bf<V>(p + i, lo);
+        st_bf<V>(p + i + half, hi);
+    }
 }
 
 // Backward: rotate the f32 gradient by the opposite angle, write bf16 (and
-// its amax when `amax` is given). Grid-stride over the pairs.
-extern "C" __global__ void rope_bwd(const float* dy, unsigned short* dx, const float* cs, const float* sn, int N,
-                                    int T, int H, int D, unsigned* amax, unsigned* nonfinite) {
-    const int half = D / 2;
-    const size_t total = (size_t)N * H * half;
+// its amax when `amax` is given).
+template <int V>
+__device__ void rope_bwd_impl(const float* dy, unsigned short* dx, const float* cs, const float* sn, int N, int T,
+                              int H, int D, unsigned* amax, unsigned* nonfinite) {
+    const int half = D / 2, groups = half / V;
+    const size_t total = (size_t)N * H * groups;
     float m = 0.f;
     int bad = 0;
     for (size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (size_t)gridDim.x * blockDim.x) {
-        const int i = idx % half;
-        const size_t nh = idx / half;
+        const int i = (int)(idx % groups) * V;
+        const size_t nh = idx / groups;
         const int n = nh / H, h = nh % H;
         const int pos = n % T;
-        const float c = cs[pos * half + i], s = -sn[pos * half + i];
+        const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
         const size_t o = (size_t)n * H * D + (size_t)h * D;
-        const float a = dy[o + i], b = dy[o + i + half];
-        const unsigned short lo = f2bf(a * c - b * s), hi = f2bf(b * c + a * s);
-        dx[o + i] = lo;
-        dx[o + i + half] = hi;
-        amax_note(lo, m, bad);
-        amax_note(hi, m, bad);
+        const Vf<V> a = ldv<V>(dy + o + i), b = ldv<V>(dy + o + i + half);
+        unsigned short lo[V], hi[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            lo[j] = f2bf(a.v[j] * c.v[j] + b.v[j] * s.v[j]);
+            hi[j] = f2bf(b.v[j] * c.v[j] - a.v[j] * s.v[j]);
+            amax_note(lo[j], m, bad);
+            amax_note(hi[j], m, bad);
+        }
+        st_bf<V>(dx + o + i, lo);
+        st_bf<V>(dx + o + i + half, hi);
     }
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
+
+#define ROPE(V, SUFFIX)                                                                                        \
+    extern "C" __global__ void rope_fwd##SUFFIX(unsigned short* x, const float* cs, const float* sn, int N,     \
+                                                int T, int H, int D) {                                          \
+        rope_fwd_impl<V>(x, cs, sn, N, T, H, D);                                                                \
+    }                                                                                                           \
+    extern "C" __global__ void rope_bwd##SUFFIX(const float* dy, unsigned short* dx, const float* cs,           \
+                                                const float* sn, int N, int T, int H, int D, unsigned* amax,    \
+                                                unsigned* nonfinite) {                                          \
+        rope_bwd_impl<V>(dy, dx, cs, sn, N, T, H, D, amax, nonfinite);                                          \
+    }
+ROPE(1, )
+ROPE(4, _v4)
 
 // ---------------------------------------------------------------- SwiGLU, adds, casts
 
@@ -456,21 +506,29 @@ extern "C" __global__ void sumsq_partial(const float* g, size_t n, double* parti
 
 // AdamW with bias correction and decoupled weight decay, the gradient
 // multiplied by `clip` first (octet_train::optim::AdamW::step); the new
-// master also written as bf16 to `out` when given (the compute copy).
+// master also written as bf16 to `out` when given (the compute copy), with
+// that copy's amax when `amax` is given (the weight's tensorwise quantizer
+// reads it). Grid-stride.
 extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, unsigned short* out, size_t n,
                                  float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
-                                 float clip) {
-    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const float gi = g[i] * clip;
-    const float mi = b1 * m[i] + (1.f - b1) * gi;
-    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-    const float w = p[i] - lr * (update + wd * p[i]);
-    p[i] = w;
-    if (out) out[i] = f2bf(w);
+                                 float clip, unsigned* amax, unsigned* nonfinite) {
+    float am = 0.f;
+    int bad = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float gi = g[i] * clip;
+        const float mi = b1 * m[i] + (1.f - b1) * gi;
+        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
+        const float w = p[i] - lr * (update + wd * p[i]);
+        p[i] = w;
+        if (out) {
+            out[i] = f2bf(w);
+            amax_note(out[i], am, bad);
+        }
+    }
+    if (amax) amax_commit(am, bad, amax, nonfinite);
 }
 
 // ---------------------------------------------------------------- attention

@@ -1674,11 +1674,28 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                         .ne(b.to_f32_vec().iter().map(|v| v.to_bits()))
                 })
                 .count();
+            // One AdamW step (which computes the weights' amaxes while writing
+            // their bf16 copies), then the next forward's loss.
+            let p = AdamParams {
+                lr: 1e-3,
+                beta1: 0.9,
+                beta2: 0.95,
+                eps: 1e-8,
+                weight_decay: 0.1,
+                grad_clip: 1.0,
+            };
+            model.adamw_step(p)?;
+            plain.adamw_step(p)?;
+            let (next, _) = model.forward(&toks, &tgts, (b, t), grad_scale, false)?;
+            let (pnext, _) = plain.forward(&toks, &tgts, (b, t), grad_scale, false)?;
             out.push(CaseResult {
-                name: "Llama tensorwise: amaxes fused into the producing kernels give the bytes of the amax passes".into(),
-                pass: ploss.to_bits() == loss.to_bits() && differ == 0 && fused.len() == unfused.len(),
+                name: "Llama tensorwise: amaxes fused into the producing kernels and AdamW give the bytes of the amax passes".into(),
+                pass: ploss.to_bits() == loss.to_bits()
+                    && differ == 0
+                    && fused.len() == unfused.len()
+                    && next.to_bits() == pnext.to_bits(),
                 worst: format!(
-                    "loss {loss} / {ploss}; {differ} of {} gradients differ",
+                    "loss {loss} / {ploss}; {differ} of {} gradients differ; after AdamW {next} / {pnext}",
                     fused.len()
                 ),
             });

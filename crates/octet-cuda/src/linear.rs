@@ -148,6 +148,9 @@ pub struct GpuLinear {
     external: bool,
     /// The FP8 weight the next forward reads (when `external`).
     gathered: Option<DeviceFp8>,
+    /// The amax of `weight` as the optimizer just wrote it (see
+    /// [`GpuLinear::set_weight_amax`]); the next weight quantization takes it.
+    weight_amax: Option<TensorAmax>,
 }
 
 /// What [`GpuLinear::forward`] keeps for backward.
@@ -258,6 +261,7 @@ impl GpuLinear {
             telemetry_on: false,
             tele: [None, None, None],
             external: false,
+            weight_amax: None,
             gathered: None,
         })
     }
@@ -489,6 +493,14 @@ impl GpuLinear {
         self.kind == Kind::Tensorwise
     }
 
+    /// The amax of `weight` as the caller has just written it (the AdamW
+    /// kernel computes it while writing the bf16 compute copy): the next
+    /// forward's weight quantization uses it instead of an amax pass, once.
+    /// Whoever writes `weight` another way must not call this.
+    pub fn set_weight_amax(&mut self, amax: TensorAmax) {
+        self.weight_amax = Some(amax);
+    }
+
     /// Count the telemetry of quantizing `x` (role 0 input, 1 weight, 2
     /// grad_output) into `q`: the amax for every recipe; saturated and
     /// underflowed values for the per-tensor ones (tensorwise: the scale
@@ -715,7 +727,7 @@ impl GpuLinear {
                 Format::E4M3,
                 1,
                 rw,
-                None,
+                self.weight_amax.take(),
             )?
         };
         if self.telemetry_on {

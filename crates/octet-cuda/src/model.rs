@@ -47,6 +47,8 @@ struct Fns {
     sum_partials: CudaFunction,
     rope_fwd: CudaFunction,
     rope_bwd: CudaFunction,
+    /// Pairs a RoPE thread rotates (4 when D/2 is a multiple of 4).
+    rope_vec: usize,
     swiglu_fwd: CudaFunction,
     swiglu_bwd: CudaFunction,
     add: CudaFunction,
@@ -456,8 +458,17 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         norm_bwd: l("rmsnorm_bwd")?,
         norm_bwd_v4: l("rmsnorm_bwd_v4")?,
         sum_partials: l("sum_partials")?,
-        rope_fwd: l("rope_fwd")?,
-        rope_bwd: l("rope_bwd")?,
+        rope_fwd: l(if (d / 2) % 4 == 0 {
+            "rope_fwd_v4"
+        } else {
+            "rope_fwd"
+        })?,
+        rope_bwd: l(if (d / 2) % 4 == 0 {
+            "rope_bwd_v4"
+        } else {
+            "rope_bwd"
+        })?,
+        rope_vec: if (d / 2) % 4 == 0 { 4 } else { 1 },
         swiglu_fwd: l("swiglu_fwd")?,
         swiglu_bwd: l("swiglu_bwd")?,
         add: l("add_inplace")?,
@@ -1007,7 +1018,7 @@ impl<'g> GpuLlama<'g> {
             self.mark("linear fwd")?;
             lin_saved.extend([sq, sk, sv]);
             for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
-                let cnt = n * heads * d / 2;
+                let cnt = n * heads * (d / 2) / self.f.rope_vec;
                 let (hi, di) = (heads as i32, d as i32);
                 unsafe {
                     s.launch_builder(&self.f.rope_fwd)
@@ -1018,7 +1029,7 @@ impl<'g> GpuLlama<'g> {
                         .arg(&ti)
                         .arg(&hi)
                         .arg(&di)
-                        .launch(grid1(cnt))?;
+                        .launch(grid_stride(cnt))?;
                 }
             }
             let mut a_amax = self.amax_for(bi, 3)?;
@@ -1482,7 +1493,7 @@ impl<'g> GpuLlama<'g> {
                         .arg(&hi)
                         .arg(&di);
                     push_amax(&mut lb, amax, &null);
-                    lb.launch(grid_stride(n * heads * d / 2))?;
+                    lb.launch(grid_stride(n * heads * (d / 2) / self.f.rope_vec))?;
                 }
             }
             let dv_bf = self.bf16(&dvv, "dv bf16", &mut v_amax)?;
@@ -1630,6 +1641,14 @@ impl<'g> GpuLlama<'g> {
             let g = self.grad.slice(range.clone());
             let mut mm = self.m.slice_mut(range.clone());
             let mut vm = self.v.slice_mut(range);
+            // A tensorwise projection's next weight quantization reads the
+            // amax that AdamW computes while writing the bf16 copy.
+            let mut amax = match targets.get(&si) {
+                Some(&(bi, li, 0)) if self.fuse_amax && self.blocks[bi].lin[li].takes_amax() => {
+                    Some(gpu.alloc_amax()?)
+                }
+                _ => None,
+            };
             let out: Option<&mut CudaSlice<u16>> = match targets.get(&si) {
                 Some(&(bi, li, 0)) => Some(&mut self.blocks[bi].lin[li].weight),
                 Some(&(bi, li, which)) => {
@@ -1645,11 +1664,14 @@ impl<'g> GpuLlama<'g> {
                 s,
                 &self.f.adamw,
                 (&mut pm, &g, &mut mm, &mut vm),
-                out,
+                (out, &mut amax),
                 &p,
                 wd,
                 (bc1, bc2, clip),
             )?;
+            if let (Some(a), Some(&(bi, li, 0))) = (amax, targets.get(&si)) {
+                self.blocks[bi].lin[li].set_weight_amax(a);
+            }
         }
         for blk in &mut self.blocks {
             for l in &mut blk.lin {
@@ -2195,7 +2217,7 @@ fn launch_adamw(
         &mut cudarc::driver::CudaViewMut<'_, f32>,
         &mut cudarc::driver::CudaViewMut<'_, f32>,
     ),
-    out: Option<&mut CudaSlice<u16>>,
+    (out, out_amax): (Option<&mut CudaSlice<u16>>, &mut Option<TensorAmax>),
     p: &AdamParams,
     wd: f32,
     (bc1, bc2, clip): (f32, f32, f32),
@@ -2222,8 +2244,9 @@ fn launch_adamw(
             .arg(&wd)
             .arg(&bc1)
             .arg(&bc2)
-            .arg(&clip)
-            .launch(grid1(n))?;
+            .arg(&clip);
+        push_amax(&mut lb, out_amax, &null);
+        lb.launch(grid_stride(n))?;
     }
     Ok(())
 }
@@ -2554,7 +2577,7 @@ impl<'g> GpuLlama<'g> {
                 s,
                 &self.f.adamw,
                 (&mut pm, &g, &mut mm, &mut vm),
-                sh.wsh[si].as_mut(),
+                (sh.wsh[si].as_mut(), &mut None),
                 &p,
                 wd,
                 (bc1, bc2, clip),
