@@ -1278,6 +1278,37 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         pass: ok,
         worst: format!("y {:.2e}, d_input {:.2e}, d_weight {:.2e}", worst.0, worst.1, worst.2),
     });
+    // The device states as a checkpoint stores them: equal to the CPU's after
+    // the same 4 steps, and loaded into a fresh layer they give the same next
+    // output bit for bit (what a resumed delayed run relies on).
+    let exported = layer.delayed_states(gpu)?;
+    let same_as_cpu = exported.len() == 3
+        && exported
+            .iter()
+            .all(|(role, st)| cpu.delayed_state(*role) == Some(st));
+    let mut fresh = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
+    for (role, st) in &exported {
+        fresh.set_delayed_state(gpu, *role, st)?;
+    }
+    let roundtrip = fresh.delayed_states(gpu)? == exported;
+    let xs = random_bf16(m * k, 1230, 4.0);
+    let (y1, _) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
+    let (y2, _) = fresh.forward(gpu, &gpu.upload(&bf16_bits(&xs))?, m)?;
+    let same_y = gpu.download(&y1)? == gpu.download(&y2)?;
+    let wrong = Recipe::from_name("delayed")?;
+    let mut other = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(wrong))?;
+    let mismatch =
+        octet_fp8::DelayedState::new(7, octet_fp8::AmaxAlgo::Max, 0, octet_fp8::Format::E4M3);
+    let refused = other
+        .set_delayed_state(gpu, octet_fp8::Role::Input, &mismatch)
+        .is_err();
+    out.push(CaseResult {
+        name: "delayed states exported from the device equal the CPU's; imported into a fresh layer, the next output is bit-identical; a mismatched state is refused".into(),
+        pass: same_as_cpu && roundtrip && same_y && refused,
+        worst: format!(
+            "equal to CPU {same_as_cpu}, round trip {roundtrip}, same output {same_y}, mismatch refused {refused}"
+        ),
+    });
     Ok(())
 }
 

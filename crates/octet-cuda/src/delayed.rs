@@ -6,7 +6,7 @@
 
 use crate::{nvrtc, Error, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
-use octet_fp8::{AmaxAlgo, Format};
+use octet_fp8::{AmaxAlgo, DelayedState, Format};
 
 /// The compiled state-update kernels.
 pub(crate) struct DelayedKernels {
@@ -108,6 +108,59 @@ impl Gpu {
                 .arg(&fmax)
                 .launch(LaunchConfig::for_num_elems(1))?;
         }
+        Ok(())
+    }
+
+    /// The state on the host, as the CPU's `DelayedState` (history oldest
+    /// first): what a checkpoint stores, so that a resumed run (on either
+    /// device) continues with the same histories and scales.
+    pub fn delayed_export(&self, st: &DeviceDelayed) -> Result<DelayedState> {
+        let hist = self.download(&st.history)?;
+        let state = self.download(&st.state)?;
+        let pending = f32::from_bits(self.download(&st.pending)?[0]);
+        let scale = self.download(&st.scale)?[0];
+        let (filled, next) = (state[0] as usize, state[1] as usize);
+        if filled > st.len || next >= st.len {
+            return Err(Error::Shape(format!(
+                "delayed state on the device is corrupt: {filled} filled, next slot {next} of {}",
+                st.len
+            )));
+        }
+        // Until the ring is full the entries are slots 0..filled in order;
+        // after that the oldest is the next slot to be overwritten.
+        let oldest_first: Vec<f32> = if filled < st.len {
+            hist[..filled].to_vec()
+        } else {
+            hist[next..].iter().chain(&hist[..next]).copied().collect()
+        };
+        Ok(DelayedState::restore(
+            (st.len, st.algo, st.margin, st.format),
+            &oldest_first,
+            scale,
+            pending,
+        ))
+    }
+
+    /// Load a host state (from [`Gpu::delayed_export`] or the CPU) into `st`,
+    /// whose history length, algorithm, margin and format must match.
+    pub fn delayed_import(&self, st: &mut DeviceDelayed, s: &DelayedState) -> Result<()> {
+        let want = (st.len, st.algo, st.margin, st.format);
+        if s.config() != want {
+            return Err(Error::Shape(format!(
+                "delayed-scaling state {:?} does not match this layer's {want:?} (history length, algorithm, margin, format)",
+                s.config()
+            )));
+        }
+        let h: Vec<f32> = s.history().collect();
+        let mut hist = vec![0f32; st.len];
+        hist[..h.len()].copy_from_slice(&h);
+        self.stream.memcpy_htod(&hist, &mut st.history)?;
+        let n = h.len() as u32;
+        self.stream
+            .memcpy_htod(&[n, n % st.len as u32], &mut st.state)?;
+        self.stream
+            .memcpy_htod(&[s.pending().to_bits()], &mut st.pending)?;
+        self.stream.memcpy_htod(&[s.scale()], &mut st.scale)?;
         Ok(())
     }
 }

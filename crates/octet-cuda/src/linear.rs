@@ -315,6 +315,36 @@ impl GpuLinear {
         }
     }
 
+    /// The delayed-scaling states (input, weight, grad_output) on the host,
+    /// as the CPU `Linear` keeps them; empty for other recipes.
+    pub fn delayed_states(
+        &self,
+        gpu: &Gpu,
+    ) -> Result<Vec<(octet_fp8::Role, octet_fp8::DelayedState)>> {
+        octet_fp8::Role::ALL
+            .into_iter()
+            .zip(&self.states)
+            .map(|(role, st)| Ok((role, gpu.delayed_export(st)?)))
+            .collect()
+    }
+
+    /// Restore a delayed-scaling state of `role` (from a checkpoint of either
+    /// device); an error for a layer without one or with another configuration.
+    pub fn set_delayed_state(
+        &mut self,
+        gpu: &Gpu,
+        role: octet_fp8::Role,
+        state: &octet_fp8::DelayedState,
+    ) -> Result<()> {
+        let st = self.states.get_mut(role as usize).ok_or_else(|| {
+            Error::Shape(format!(
+                "this layer ({:?}) has no delayed-scaling state for {role:?}",
+                self.recipe.map(|r| r.to_string())
+            ))
+        })?;
+        gpu.delayed_import(st, state)
+    }
+
     /// End of an optimizer step: roll the delayed-scaling histories on the
     /// device into the next scales (no-op for other recipes).
     pub fn update_scales(&mut self, gpu: &Gpu) -> Result<()> {

@@ -734,6 +734,47 @@ impl<'g> GpuLlama<'g> {
         Ok(out)
     }
 
+    /// The delayed-scaling states of the block linears, `(module name, role,
+    /// state)` as `octet_nn::llama::Llama::scaling_state` names them (empty
+    /// for other recipes): what a checkpoint keeps.
+    pub fn scaling_state(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::DelayedState)>> {
+        let mut out = Vec::new();
+        for (i, blk) in self.blocks.iter().enumerate() {
+            for (l, (_, module)) in blk.lin.iter().zip(octet_nn::llama::PROJ_NAMES) {
+                for (role, st) in l.delayed_states(self.gpu)? {
+                    out.push((format!("model.layers.{i}.{module}"), role, st));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restore states from [`GpuLlama::scaling_state`] (or a CPU checkpoint's);
+    /// an unknown module name is an error.
+    pub fn set_scaling_state(
+        &mut self,
+        states: &[(String, octet_fp8::Role, octet_fp8::DelayedState)],
+    ) -> Result<()> {
+        let gpu = self.gpu;
+        for (name, role, st) in states {
+            let mut found = false;
+            for (i, blk) in self.blocks.iter_mut().enumerate() {
+                for (l, (_, module)) in blk.lin.iter_mut().zip(octet_nn::llama::PROJ_NAMES) {
+                    if *name == format!("model.layers.{i}.{module}") {
+                        l.set_delayed_state(gpu, *role, st)?;
+                        found = true;
+                    }
+                }
+            }
+            if !found {
+                return Err(Error::Shape(format!(
+                    "scaling state for unknown module {name}"
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Milliseconds spent per phase since the model was made (empty unless
     /// the `OCTET_PROFILE` environment variable is set).
     pub fn profile(&self) -> Vec<(&'static str, f64)> {

@@ -452,6 +452,40 @@ impl DelayedState {
         self.scale
     }
 
+    /// The configuration: `(history length, algorithm, margin, format)`.
+    pub fn config(&self) -> (usize, AmaxAlgo, i32, Format) {
+        (self.len, self.algo, self.margin, self.format)
+    }
+
+    /// The amax recorded this step so far (0 right after [`DelayedState::update`]).
+    pub fn pending(&self) -> f32 {
+        self.pending
+    }
+
+    /// A state rebuilt from its parts (what another backend kept, e.g. a GPU's
+    /// device buffers): `history` oldest first, of which the last
+    /// `history_len` entries are kept; `scale` and `pending` as they were.
+    pub fn restore(
+        (history_len, algo, margin, format): (usize, AmaxAlgo, i32, Format),
+        history: &[f32],
+        scale: f32,
+        pending: f32,
+    ) -> Self {
+        let len = history_len.max(1);
+        DelayedState {
+            history: history[history.len().saturating_sub(len)..]
+                .iter()
+                .copied()
+                .collect(),
+            len,
+            algo,
+            margin,
+            format,
+            scale,
+            pending,
+        }
+    }
+
     /// The history, oldest first.
     pub fn history(&self) -> impl Iterator<Item = f32> + '_ {
         self.history.iter().copied()
@@ -509,6 +543,31 @@ mod tests {
         assert_eq!(
             r.to_string(),
             "i:mx1x32_e4m3,w:mx1x32_e4m3,go:mx1x32_e4m3,bwd:quantized"
+        );
+    }
+
+    #[test]
+    fn delayed_state_restores_from_its_parts() {
+        let mut a = DelayedState::new(3, AmaxAlgo::Max, 1, Format::E4M3);
+        for (i, amax) in [2.0f32, 7.5, 0.25, 3.0, 0.5].into_iter().enumerate() {
+            a.record(amax);
+            if i < 4 {
+                a.update();
+            }
+        }
+        let h: Vec<f32> = a.history().collect();
+        assert_eq!(h, vec![7.5, 0.25, 3.0]);
+        // From a longer history the oldest entries are dropped.
+        let long = [9.0f32, 7.5, 0.25, 3.0];
+        let b = DelayedState::restore(a.config(), &long, a.scale(), a.pending());
+        assert_eq!(a, b);
+        let (mut a2, mut b2) = (a.clone(), b.clone());
+        a2.update();
+        b2.update();
+        assert_eq!(a2, b2);
+        assert_eq!(
+            a2.scale(),
+            crate::scale::scale_from_amax(3.0, Format::E4M3, 1, false).unwrap()
         );
     }
 

@@ -2,12 +2,12 @@
 //! (data, schedule, evaluation, metrics, checkpoints, plot, sample), with the
 //! model, its gradients and AdamW on the device ([`octet_cuda::model::GpuLlama`]).
 //!
-//! Checkpoints are the CPU trainer's (f32 masters downloaded at save time), so
-//! a GPU run resumes on the CPU and the other way round. What differs from the
+//! Checkpoints are the CPU trainer's (f32 masters downloaded at save time,
+//! delayed-scaling histories and scales included), so a GPU run resumes on
+//! the CPU and the other way round. What differs from the
 //! CPU loop: the telemetry's saturated and underflowed shares are counted for
 //! the per-tensor recipes only (tensorwise, delayed; the amax for every
-//! recipe), a delayed-scaling run resumes with fresh amax histories, and the
-//! final sample decodes with the GPU KV-cache decoder (bf16 weights).
+//! recipe), and the final sample decodes with the GPU KV-cache decoder (bf16 weights).
 //!
 //! A LoRA run (`cfg.lora`) builds the model with [`GpuLlama::new_lora`]: the
 //! base frozen on the device in its stored form, only the adapters training;
@@ -124,7 +124,8 @@ fn save(
     if !write {
         return Ok(None);
     }
-    let cpu = Llama::from_weights(&model.cfg, weights, recipe)?;
+    let mut cpu = Llama::from_weights(&model.cfg, weights, recipe)?;
+    cpu.set_scaling_state(model.scaling_state()?)?;
     let opt = optimizer_of(model, state, adamw);
     checkpoint::save_checkpoint(
         &dir.join("checkpoints"),
@@ -275,8 +276,11 @@ pub fn train_gpu_ranked(
             let (opt, _) = checkpoint::load_optimizer(ck, &mut cpu)?;
             // The masters are the truth: the model file holds the same values.
             let masters = masters_of(&opt)?;
+            // Delayed scaling: the amax histories and scales as saved (either device's).
+            let scaling = cpu.scaling_state();
             drop(cpu);
             let mut model = build(&mcfg, &masters)?;
+            model.set_scaling_state(&scaling)?;
             let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
             model.set_moments(&m, &v, opt.step)?;
             obs.note(&format!(
