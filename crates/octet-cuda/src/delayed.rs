@@ -152,6 +152,13 @@ impl Gpu {
             )));
         }
         let h: Vec<f32> = s.history().collect();
+        if h.len() > st.len {
+            return Err(Error::Shape(format!(
+                "delayed-scaling state with {} history entries for a history of {}",
+                h.len(),
+                st.len
+            )));
+        }
         let mut hist = vec![0f32; st.len];
         hist[..h.len()].copy_from_slice(&h);
         self.stream.memcpy_htod(&hist, &mut st.history)?;

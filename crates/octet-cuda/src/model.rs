@@ -1249,11 +1249,6 @@ impl<'g> GpuLlama<'g> {
                 "norm backward takes 1 to 3 gradients of {n} x {c}"
             )));
         }
-        if 4 * c > 48 * 1024 {
-            return Err(Error::Shape(format!(
-                "hidden size {c} exceeds the norm backward's shared-memory column sums (12288)"
-            )));
-        }
         let (ci, ni, acc) = (c as i32, n as i32, accumulate as i32);
         let frozen = self.lora.is_some();
         let groups = n.div_ceil(NORM_ROWS);
@@ -1285,6 +1280,18 @@ impl<'g> GpuLlama<'g> {
             } else {
                 &self.f.norm_bwd
             };
+            // The gain's column sums take 4 C bytes of dynamic shared memory;
+            // past the default 48 KB (less the kernel's 256 static bytes) the
+            // kernel must be allowed more, up to what the device has.
+            if !frozen && 4 * c > 48 * 1024 - 256 {
+                use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+                kern.set_attribute(MAXSMEM, (4 * c) as i32).map_err(|e| {
+                    Error::Shape(format!(
+                        "hidden size {c}: the norm backward's column sums need {} bytes of shared memory: {e:?}",
+                        4 * c
+                    ))
+                })?;
+            }
             unsafe {
                 let mut lb = s.launch_builder(kern);
                 lb.arg(x).arg(&g).arg(rstd);
