@@ -34,7 +34,7 @@
 //! the next GEMMs, and the dequantized input and base are rounded once to bf16.
 
 use crate::mixed::DeviceFp8Weight;
-use crate::{DeviceFp8, Error, Fp8Operand, Gpu, Result};
+use crate::{DeviceFp8, Error, Fp8Operand, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::Compute;
@@ -194,6 +194,17 @@ impl GpuLoraLinear {
         })
     }
 
+    /// Whether this layer quantizes its input with current per-tensor scaling
+    /// (and its grad_output too, with `grad` and the quantized backward), so
+    /// that the kernel writing the tensor can compute the amax for it.
+    pub fn takes_amax(&self, grad: bool) -> bool {
+        if grad {
+            matches!(self.base, GpuBase::Fp8(_)) && self.backward == BackwardMode::Quantized
+        } else {
+            self.wants_fp8_input()
+        }
+    }
+
     /// Whether a prepared input needs its FP8 copy for this layer.
     fn wants_fp8_input(&self) -> bool {
         (self.compute == Compute::Fp8 && matches!(self.base, GpuBase::Fp8(_)))
@@ -202,10 +213,13 @@ impl GpuLoraLinear {
 
     /// Prepare `x (m, K)` (bf16 bits) for `layers`, which must share `K`,
     /// compute and backward mode: the FP8 copy is made once if any reads it.
+    /// `x_amax`: the amax of `x` from the kernel that wrote it (see
+    /// [`GpuLoraLinear::takes_amax`]), used instead of an amax pass.
     pub fn prepare(
         layers: &[GpuLoraLinear],
         gpu: &Gpu,
         x: Rc<CudaSlice<u16>>,
+        x_amax: Option<TensorAmax>,
         m: usize,
     ) -> Result<LoraInput> {
         let first = layers
@@ -230,7 +244,7 @@ impl GpuLoraLinear {
         let xq = if layers.iter().any(GpuLoraLinear::wants_fp8_input) {
             // Only the row-wise copy is read (forward GEMM, dequantized backward).
             Some(Rc::new(Fp8Input {
-                q: gpu.quantize_tensorwise_rowwise(x.as_ref(), m, k, Format::E4M3)?,
+                q: gpu.quantize_tensorwise_rowwise_known(x.as_ref(), m, k, Format::E4M3, x_amax)?,
                 deq: std::cell::RefCell::new(None),
             }))
         } else {
@@ -306,11 +320,14 @@ impl GpuLoraLinear {
 
     /// Backward from `dy (m, N)` (bf16 bits): `d_input (m, K)` in f32 and the
     /// adapter's gradients (none for a frozen layer without adapter).
+    /// `dy_amax`: the amax of `dy` from the kernel that wrote it (read by the
+    /// quantized backward's E5M2 quantization, else unused).
     pub fn backward(
         &self,
         gpu: &Gpu,
         saved: GpuLoraSaved,
         dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
     ) -> Result<(CudaSlice<f32>, Option<AdapterGrads>)> {
         let (m, n, k) = (saved.m, self.n, self.k);
         if dy.len() != m * n {
@@ -326,7 +343,7 @@ impl GpuLoraLinear {
                 gpu.gemm_bf16_op((dy, false), (w, false), &mut dx, (m, k, n))?
             }
             (GpuBase::Fp8(w), BackwardMode::Quantized) => {
-                let gq = gpu.quantize_tensorwise_rowwise(dy, m, n, Format::E5M2)?;
+                let gq = gpu.quantize_tensorwise_rowwise_known(dy, m, n, Format::E5M2, dy_amax)?;
                 let wt = gpu.transpose_u8(&w.codes, n, k)?;
                 gpu.gemm_fp8(
                     gq.rowwise_operand(),
@@ -414,9 +431,10 @@ pub fn forward_group(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
     x: Rc<CudaSlice<u16>>,
+    x_amax: Option<TensorAmax>,
     m: usize,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    let input = GpuLoraLinear::prepare(layers, gpu, x, m)?;
+    let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
     layers
         .iter()
         .map(|l| l.forward_input(gpu, &input))

@@ -160,7 +160,7 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             mode,
         )?;
         let xg = Rc::new(gpu.upload(&bits(&x))?);
-        let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, m)?;
+        let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, None, m)?;
         let (y, saved) = outs
             .pop()
             .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
@@ -171,7 +171,7 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             } else {
                 2 * m * k
             };
-        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?)?;
+        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?, None)?;
         let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
         let ey = rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec());
         let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
@@ -224,7 +224,7 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         BackwardMode::Dequantized,
     )?;
     let xg = Rc::new(gpu.upload(&bits(&bf16_tensor(&[m, k], 4901, 1.0)?))?);
-    let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, m)?;
+    let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, None, m)?;
     let (_, saved) = outs.pop().ok_or_else(|| Error::Shape("no output".into()))?;
     let bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
     out.push(CaseResult {
@@ -392,6 +392,40 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 grads.len()
             ),
         });
+        if mode == BackwardMode::Quantized {
+            // The norm, attention, SwiGLU, RoPE and cast kernels compute the
+            // amaxes of the FP8 base's inputs and output gradients: the same
+            // scales as the amax passes, so the same loss and gradients, bit for bit.
+            let mut plain = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            plain.fuse_amax = false;
+            plain.zero_grad()?;
+            let (ploss, psaved) =
+                plain.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            plain.backward(psaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            let pgrads = plain.grads()?;
+            let differ = grads
+                .iter()
+                .zip(&pgrads)
+                .filter(|((_, a), (_, b))| {
+                    a.to_f32_vec()
+                        .iter()
+                        .map(|v| v.to_bits())
+                        .ne(b.to_f32_vec().iter().map(|v| v.to_bits()))
+                })
+                .count();
+            out.push(CaseResult {
+                name: format!(
+                    "Llama LoRA ({name}): fused amaxes give the bytes of the amax passes"
+                ),
+                pass: ploss.to_bits() == loss.to_bits()
+                    && differ == 0
+                    && grads.len() == pgrads.len(),
+                worst: format!(
+                    "loss {loss} / {ploss}; {differ} of {} gradients differ",
+                    grads.len()
+                ),
+            });
+        }
         if mode != BackwardMode::Dequantized {
             continue;
         }

@@ -695,14 +695,23 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
-    /// A zeroed amax for the kernel that writes the input (or grad_output) of
-    /// projection `li` of block `bi`, when that projection's quantizer reads
-    /// one (see [`GpuLlama::fuse_amax`]); `None` otherwise.
-    fn amax_for(&self, bi: usize, li: usize) -> Result<Option<TensorAmax>> {
-        match self.blocks.get(bi).and_then(|b| b.lin.get(li)) {
-            Some(l) if self.fuse_amax && l.takes_amax() => Ok(Some(self.gpu.alloc_amax()?)),
-            _ => Ok(None),
-        }
+    /// A zeroed amax for the kernel that writes the input (or, with `grad`,
+    /// the grad_output) of projection `li` of block `bi`, when that
+    /// projection's quantizer reads one (see [`GpuLlama::fuse_amax`]); `None` otherwise.
+    fn amax_for(&self, bi: usize, li: usize, grad: bool) -> Result<Option<TensorAmax>> {
+        let Some(blk) = self.blocks.get(bi) else {
+            return Ok(None);
+        };
+        let takes = match (blk.lin.get(li), blk.lora.get(li)) {
+            (Some(l), _) => l.takes_amax(),
+            (None, Some(l)) => l.takes_amax(grad),
+            (None, None) => false,
+        };
+        Ok(if self.fuse_amax && takes {
+            Some(self.gpu.alloc_amax()?)
+        } else {
+            None
+        })
     }
 
     /// Whether attention runs on tensor cores (head dim 16, 32, 64 or 128).
@@ -1035,7 +1044,7 @@ impl<'g> GpuLlama<'g> {
             Some(b) => b.attn_norm,
             None => self.norm_slot,
         };
-        let mut h_amax = self.amax_for(0, 0)?;
+        let mut h_amax = self.amax_for(0, 0, false)?;
         let (_, mut h, mut rstd1) = self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax)?;
         self.mark("rmsnorm")?;
         for bi in 0..self.blocks.len() {
@@ -1073,7 +1082,7 @@ impl<'g> GpuLlama<'g> {
                         .launch(grid_stride(cnt))?;
                 }
             }
-            let mut a_amax = self.amax_for(bi, 3)?;
+            let mut a_amax = self.amax_for(bi, 3, false)?;
             let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d), &mut a_amax)?;
             self.mark("attention fwd (+rope)")?;
             // The attention output: o's input, and read again by the attention
@@ -1083,7 +1092,7 @@ impl<'g> GpuLlama<'g> {
             let (o, so) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(so);
-            let mut h2_amax = self.amax_for(bi, 4)?;
+            let mut h2_amax = self.amax_for(bi, 4, false)?;
             let (x1, h2, rstd2) = self.add_norm(&x, Some(&o), mn, (n, eps), &mut h2_amax)?;
             let x1 = x1.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(o);
@@ -1095,7 +1104,7 @@ impl<'g> GpuLlama<'g> {
             lin_saved.extend([sg, su]);
             let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
             let nf = n * ff;
-            let mut act_amax = self.amax_for(bi, 6)?;
+            let mut act_amax = self.amax_for(bi, 6, false)?;
             unsafe {
                 let mut lb = s.launch_builder(&self.f.swiglu_fwd);
                 lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
@@ -1107,7 +1116,7 @@ impl<'g> GpuLlama<'g> {
             let (dn, sd) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(sd);
-            h_amax = self.amax_for(bi + 1, 0)?;
+            h_amax = self.amax_for(bi + 1, 0, false)?;
             let (x2, hn, rn) = self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax)?;
             let x2 = x2.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(dn);
@@ -1263,7 +1272,7 @@ impl<'g> GpuLlama<'g> {
             None => None,
         };
         let mut amax = match bf16_for {
-            Some((bi, li)) => self.amax_for(bi, li)?,
+            Some((bi, li)) => self.amax_for(bi, li, true)?,
             None => None,
         };
         let s = &self.gpu.stream;
@@ -1477,7 +1486,8 @@ impl<'g> GpuLlama<'g> {
             let nf = n * ff;
             let mut dg: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_gate")? };
             let mut du: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_up")? };
-            let (mut g_amax, mut u_amax) = (self.amax_for(bi, 4)?, self.amax_for(bi, 5)?);
+            let (mut g_amax, mut u_amax) =
+                (self.amax_for(bi, 4, true)?, self.amax_for(bi, 5, true)?);
             unsafe {
                 let mut lb = s.launch_builder(&self.f.swiglu_bwd);
                 lb.arg(&gate)
@@ -1521,9 +1531,9 @@ impl<'g> GpuLlama<'g> {
             let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
             let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
             let (mut q_amax, mut k_amax, mut v_amax) = (
-                self.amax_for(bi, 0)?,
-                self.amax_for(bi, 1)?,
-                self.amax_for(bi, 2)?,
+                self.amax_for(bi, 0, true)?,
+                self.amax_for(bi, 1, true)?,
+                self.amax_for(bi, 2, true)?,
             );
             for (src, dst, heads, amax) in [
                 (&dq, &mut dq_bf, hq, &mut q_amax),
@@ -2190,7 +2200,7 @@ impl<'g> GpuLlama<'g> {
         let gpu = self.gpu;
         let blk = &mut self.blocks[bi];
         Ok(if self.lora.is_some() {
-            forward_group(&blk.lora[range], gpu, x, n)?
+            forward_group(&blk.lora[range], gpu, x, x_amax, n)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
                 .collect()
@@ -2222,7 +2232,7 @@ impl<'g> GpuLlama<'g> {
                 self.blocks[bi].lin[li].backward(gpu, *s, dy, dy_amax, &mut dw)
             }
             ProjSaved::Lora(s) => {
-                let (dx, g) = self.blocks[bi].lora[li].backward(gpu, s, dy)?;
+                let (dx, g) = self.blocks[bi].lora[li].backward(gpu, s, dy, dy_amax)?;
                 if let (Some((da, db)), Some((sa, sb))) = (g, self.blocks[bi].adapter_slots[li]) {
                     self.add_grad(sa, &da)?;
                     self.add_grad(sb, &db)?;

@@ -374,6 +374,19 @@ impl Gpu {
         cols: usize,
         format: Format,
     ) -> Result<DeviceFp8> {
+        self.quantize_tensorwise_rowwise_known(x, rows, cols, format, None)
+    }
+
+    /// [`Gpu::quantize_tensorwise_rowwise`] with the amax of `x` already
+    /// computed by the kernel that wrote it (`amax`; `None`: the amax pass runs).
+    pub fn quantize_tensorwise_rowwise_known<T: QuantInput>(
+        &self,
+        x: &CudaSlice<T>,
+        rows: usize,
+        cols: usize,
+        format: Format,
+        amax: Option<TensorAmax>,
+    ) -> Result<DeviceFp8> {
         check_shape(rows, cols, x.len())?;
         let s = &self.stream;
         // SAFETY: the codes are written by the cast kernel below.
@@ -389,7 +402,10 @@ impl Gpu {
             amax_bits: self.alloc_zeros(1, "amax")?,
             nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
         };
-        self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?;
+        match amax {
+            Some(a) => (out.amax_bits, out.nonfinite) = (a.amax_bits, a.nonfinite),
+            None => self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?,
+        }
         let kernel = self.cast_kernel::<T>(format)?;
         if rows.div_ceil(64) > 65535 {
             return Err(Error::Shape(format!(
