@@ -143,6 +143,22 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
 // multiple of 4 (16-byte accesses).
 // Dynamic shared memory: C floats when `partial` (each thread owns its columns).
 #define NORM_ROWS 8
+
+template <int V> __device__ __forceinline__ Vf<V> vadd(Vf<V> a, const Vf<V>& b) {
+#pragma unroll
+    for (int j = 0; j < V; j++) a.v[j] += b.v[j];
+    return a;
+}
+
+// dy0 + dy1 + dy2 at `at` (null terms skipped), added in that order.
+template <int V>
+__device__ __forceinline__ Vf<V> ld_dy(const float* dy0, const float* dy1, const float* dy2, size_t at) {
+    Vf<V> d = ldv<V>(dy0 + at);
+    if (dy1) d = vadd<V>(d, ldv<V>(dy1 + at));
+    if (dy2) d = vadd<V>(d, ldv<V>(dy2 + at));
+    return d;
+}
+
 template <int V>
 __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const float* dy0,
                                  const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,
@@ -159,17 +175,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
         const size_t off = (size_t)row * C;
         float dot = 0.f;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-            Vf<V> d = ldv<V>(dy0 + off + i);
-            if (dy1) {
-                const Vf<V> e = ldv<V>(dy1 + off + i);
-#pragma unroll
-                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
-            }
-            if (dy2) {
-                const Vf<V> e = ldv<V>(dy2 + off + i);
-#pragma unroll
-                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
-            }
+            const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
             const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
 #pragma unroll
             for (int j = 0; j < V; j++) dot += gv.v[j] * d.v[j] * xv.v[j];
@@ -178,17 +184,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
         const float r = rstd[row];
         const float k = r * r * r * dot / (float)C;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-            Vf<V> d = ldv<V>(dy0 + off + i);
-            if (dy1) {
-                const Vf<V> e = ldv<V>(dy1 + off + i);
-#pragma unroll
-                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
-            }
-            if (dy2) {
-                const Vf<V> e = ldv<V>(dy2 + off + i);
-#pragma unroll
-                for (int j = 0; j < V; j++) d.v[j] += e.v[j];
-            }
+            const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
             const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
             Vf<V> o = accumulate ? ldv<V>(dres + off + i) : Vf<V>{};
 #pragma unroll

@@ -1493,6 +1493,20 @@ fn attention_ref(
     (out, dq, dk, dv)
 }
 
+/// How many tensors of two lists (in the same order) differ in any bit.
+pub(crate) fn differing(
+    a: &[(String, octet_tensor::Tensor)],
+    b: &[(String, octet_tensor::Tensor)],
+) -> usize {
+    let bits = |t: &octet_tensor::Tensor| -> Vec<u32> {
+        t.to_f32_vec().iter().map(|v| v.to_bits()).collect()
+    };
+    a.iter()
+        .zip(b)
+        .filter(|((_, x), (_, y))| bits(x) != bits(y))
+        .count()
+}
+
 pub(crate) fn rel_frobenius_f64(got: &[f32], want: &[f64]) -> f64 {
     let num: f64 = got
         .iter()
@@ -1695,16 +1709,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let (ploss, psaved) = plain.forward(&toks, &tgts, (b, t), grad_scale, true)?;
             plain.backward(psaved.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
             let (fused, unfused) = (model.grads()?, plain.grads()?);
-            let differ = fused
-                .iter()
-                .zip(&unfused)
-                .filter(|((_, a), (_, b))| {
-                    a.to_f32_vec()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .ne(b.to_f32_vec().iter().map(|v| v.to_bits()))
-                })
-                .count();
+            let differ = differing(&fused, &unfused);
             // One AdamW step (which computes the weights' amaxes while writing
             // their bf16 copies), then the next forward's loss.
             let p = AdamParams {

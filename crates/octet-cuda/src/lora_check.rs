@@ -403,16 +403,7 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 plain.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
             plain.backward(psaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
             let pgrads = plain.grads()?;
-            let differ = grads
-                .iter()
-                .zip(&pgrads)
-                .filter(|((_, a), (_, b))| {
-                    a.to_f32_vec()
-                        .iter()
-                        .map(|v| v.to_bits())
-                        .ne(b.to_f32_vec().iter().map(|v| v.to_bits()))
-                })
-                .count();
+            let differ = crate::check::differing(&grads, &pgrads);
             out.push(CaseResult {
                 name: format!(
                     "Llama LoRA ({name}): fused amaxes give the bytes of the amax passes"

@@ -276,17 +276,26 @@ impl Gpu {
     ) -> Result<DeviceFp8> {
         check_shape(rows, cols, x.len())?;
         let mut out = self.alloc_fp8_with(rows, cols, format, amax)?;
+        self.cast_with_own_amax(x, &mut out)?;
+        Ok(out)
+    }
+
+    /// The cast + transpose of `x` into `out` with the scale from `out`'s amax.
+    fn cast_with_own_amax<T: QuantInput>(
+        &self,
+        x: &CudaSlice<T>,
+        out: &mut DeviceFp8,
+    ) -> Result<()> {
         self.launch_cast(
             x,
-            (rows, cols),
-            format,
+            (out.rows, out.cols),
+            out.format,
             &out.amax_bits,
             &mut out.rowwise,
             &mut out.colwise,
             &mut out.scale_inv,
             self.reverse_cast,
-        )?;
-        Ok(out)
+        )
     }
 
     /// Per-tensor current scaling of a `(rows, cols)` bf16 (`u16` bits) or f32
@@ -346,16 +355,7 @@ impl Gpu {
         check_shape(out.rows, out.cols, x.len())?;
         self.memset_quantize_state(out)?;
         self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?;
-        self.launch_cast(
-            x,
-            (out.rows, out.cols),
-            out.format,
-            &out.amax_bits,
-            &mut out.rowwise,
-            &mut out.colwise,
-            &mut out.scale_inv,
-            self.reverse_cast,
-        )?;
+        self.cast_with_own_amax(x, out)?;
         if check_finite && self.stream.clone_dtoh(&out.nonfinite)?[0] != 0 {
             return Err(Error::NonFinite);
         }
