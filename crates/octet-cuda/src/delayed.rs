@@ -29,6 +29,13 @@ pub struct DeviceDelayed {
     format: Format,
 }
 
+impl DeviceDelayed {
+    /// The step's amax so far (f32 bits), which the next update pushes.
+    pub(crate) fn pending_mut(&mut self) -> &mut CudaSlice<u32> {
+        &mut self.pending
+    }
+}
+
 impl Gpu {
     fn delayed_kernels(&self) -> Result<&DelayedKernels> {
         if let Some(k) = self.delayed.get() {

@@ -328,6 +328,14 @@ impl GpuLinear {
             .collect()
     }
 
+    /// The delayed-scaling states' step amaxes so far (f32 bits on the
+    /// device), input, weight and grad_output; none for other recipes.
+    /// Sharded data parallel max-reduces them over the ranks before
+    /// [`GpuLinear::update_scales`].
+    pub(crate) fn delayed_pending(&mut self) -> impl Iterator<Item = &mut CudaSlice<u32>> + '_ {
+        self.states.iter_mut().map(|s| s.pending_mut())
+    }
+
     /// Restore a delayed-scaling state of `role` (from a checkpoint of either
     /// device); an error for a layer without one or with another configuration.
     pub fn set_delayed_state(

@@ -2602,6 +2602,26 @@ impl<'g> GpuLlama<'g> {
             .take()
             .ok_or_else(|| Error::Shape("not sharded".into()))?;
         let r = self.adamw_sharded_inner(&mut sh, p);
+        // Delayed scaling: each rank saw the amaxes of its own rows of the
+        // batch; their maximum is what one rank would have seen over the whole
+        // batch, so every rank rolls the same histories into the same scales.
+        let mut pending: Vec<&mut CudaSlice<u32>> = self
+            .blocks
+            .iter_mut()
+            .flat_map(|b| b.lin.iter_mut())
+            .flat_map(|l| l.delayed_pending())
+            .collect();
+        if r.is_ok() && !pending.is_empty() {
+            let mut all: CudaSlice<u32> = gpu.alloc_zeros(pending.len(), "delayed amaxes")?;
+            for (i, p) in pending.iter().enumerate() {
+                gpu.stream.memcpy_dtod(&**p, &mut all.slice_mut(i..i + 1))?;
+            }
+            sh.comm.all_reduce(&mut all, Reduce::Max)?;
+            for (i, p) in pending.iter_mut().enumerate() {
+                gpu.stream.memcpy_dtod(&all.slice(i..i + 1), *p)?;
+            }
+        }
+        drop(pending);
         self.shard = Some(sh);
         let norm = r?;
         for blk in &mut self.blocks {

@@ -4,10 +4,9 @@
 //!
 //! Checkpoints are the CPU trainer's (f32 masters downloaded at save time,
 //! delayed-scaling histories and scales included), so a GPU run resumes on
-//! the CPU and the other way round. Sharded, each rank keeps its own input and
-//! gradient histories (their amaxes are not all-reduced) and the checkpoint
-//! holds rank 0's, which every rank restores: a sharded delayed run resumes
-//! close to, not bit-identical with, the uninterrupted one. What differs from the
+//! the CPU and the other way round. Sharded, the ranks max-reduce each step's
+//! amaxes before the histories roll, so every rank keeps the same histories
+//! and the checkpoint's (rank 0's) are every rank's. What differs from the
 //! CPU loop: the telemetry's saturated and underflowed shares are counted for
 //! the per-tensor recipes only (tensorwise, delayed; the amax for every
 //! recipe), and the final sample decodes with the GPU KV-cache decoder (bf16 weights).
