@@ -377,18 +377,10 @@ impl Blas {
         b: &CudaSlice<u16>,
         tb: bool,
         d: &mut impl GemmDst<D>,
-        (m, n, k): (usize, usize, usize),
+        mnk: (usize, usize, usize),
     ) -> Result<()> {
-        check_dims(m, n, k)?;
-        check_len(a.len(), m * k, "a")?;
-        check_len(b.len(), n * k, "b")?;
-        check_len(d.len(), m * n, "d")?;
-        let kind = Kind::Bf16 {
-            ta,
-            tb,
-            out: D::OUT,
-        };
-        self.run(kind, m, n, k, a, b, d, None, (1.0, d.beta()))
+        let beta = d.beta();
+        self.gemm_bf16_acc(a, ta, b, tb, d, mnk, (1.0, beta))
     }
 
     /// `d (m, n) = alpha op(a) @ op(b) + beta d` in bf16 (operands as

@@ -328,12 +328,16 @@ impl GpuLinear {
             .collect()
     }
 
-    /// The delayed-scaling states' step amaxes so far (f32 bits on the
-    /// device), input, weight and grad_output; none for other recipes.
-    /// Sharded data parallel max-reduces them over the ranks before
-    /// [`GpuLinear::update_scales`].
+    /// The delayed-scaling step amaxes so far (f32 bits on the device) of the
+    /// input and grad_output; none for other recipes. Sharded data parallel
+    /// max-reduces them over the ranks before [`GpuLinear::update_scales`]
+    /// (the weight's is the same on every rank: each quantizes the whole weight).
     pub(crate) fn delayed_pending(&mut self) -> impl Iterator<Item = &mut CudaSlice<u32>> + '_ {
-        self.states.iter_mut().map(|s| s.pending_mut())
+        self.states
+            .iter_mut()
+            .enumerate()
+            .filter(|(role, _)| *role != octet_fp8::Role::Weight as usize)
+            .map(|(_, s)| s.pending_mut())
     }
 
     /// Restore a delayed-scaling state of `role` (from a checkpoint of either

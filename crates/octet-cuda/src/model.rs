@@ -427,6 +427,13 @@ fn attn_smem(d: usize) -> (usize, usize, usize) {
     )
 }
 
+/// The module name of projection `li` (q, k, v, o, gate, up, down) of block
+/// `bi`, as the CPU `Llama` names it.
+fn lin_name(bi: usize, li: usize) -> String {
+    let module = octet_nn::llama::PROJ_NAMES[li % 7].1;
+    format!("model.layers.{bi}.{module}")
+}
+
 /// Slot indices (checkpoint order) of block `i`'s q, k, v, o, gate, up and
 /// down weights: the block's slots are `1 + 9 i ..`, its norms at offsets 0 and 5.
 fn block_matrix_slots(i: usize) -> [usize; 7] {
@@ -729,15 +736,24 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
+    /// The block linears with their module names (`model.layers.{i}.{module}`,
+    /// as the CPU `Llama` names them); none in LoRA mode.
+    fn named_lin(&self) -> impl Iterator<Item = (String, &GpuLinear)> + '_ {
+        self.blocks.iter().enumerate().flat_map(|(i, blk)| {
+            blk.lin
+                .iter()
+                .enumerate()
+                .map(move |(li, l)| (lin_name(i, li), l))
+        })
+    }
+
     /// Telemetry of each block linear's last recorded quantizations:
     /// `(module name, role, telemetry)`, as `octet_nn::llama::Llama::telemetry`.
     pub fn telemetry(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::Telemetry)>> {
         let mut out = Vec::new();
-        for (i, blk) in self.blocks.iter().enumerate() {
-            for (l, (_, module)) in blk.lin.iter().zip(octet_nn::llama::PROJ_NAMES) {
-                for (role, t) in l.telemetry(self.gpu)? {
-                    out.push((format!("model.layers.{i}.{module}"), role, t));
-                }
+        for (name, l) in self.named_lin() {
+            for (role, t) in l.telemetry(self.gpu)? {
+                out.push((name.clone(), role, t));
             }
         }
         Ok(out)
@@ -748,11 +764,9 @@ impl<'g> GpuLlama<'g> {
     /// for other recipes): what a checkpoint keeps.
     pub fn scaling_state(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::DelayedState)>> {
         let mut out = Vec::new();
-        for (i, blk) in self.blocks.iter().enumerate() {
-            for (l, (_, module)) in blk.lin.iter().zip(octet_nn::llama::PROJ_NAMES) {
-                for (role, st) in l.delayed_states(self.gpu)? {
-                    out.push((format!("model.layers.{i}.{module}"), role, st));
-                }
+        for (name, l) in self.named_lin() {
+            for (role, st) in l.delayed_states(self.gpu)? {
+                out.push((name.clone(), role, st));
             }
         }
         Ok(out)
@@ -765,21 +779,17 @@ impl<'g> GpuLlama<'g> {
         states: &[(String, octet_fp8::Role, octet_fp8::DelayedState)],
     ) -> Result<()> {
         let gpu = self.gpu;
+        let index: HashMap<String, (usize, usize)> = self
+            .blocks
+            .iter()
+            .enumerate()
+            .flat_map(|(bi, blk)| (0..blk.lin.len()).map(move |li| (lin_name(bi, li), (bi, li))))
+            .collect();
         for (name, role, st) in states {
-            let mut found = false;
-            for (i, blk) in self.blocks.iter_mut().enumerate() {
-                for (l, (_, module)) in blk.lin.iter_mut().zip(octet_nn::llama::PROJ_NAMES) {
-                    if *name == format!("model.layers.{i}.{module}") {
-                        l.set_delayed_state(gpu, *role, st)?;
-                        found = true;
-                    }
-                }
-            }
-            if !found {
-                return Err(Error::Shape(format!(
-                    "scaling state for unknown module {name}"
-                )));
-            }
+            let &(bi, li) = index
+                .get(name)
+                .ok_or_else(|| Error::Shape(format!("scaling state for unknown module {name}")))?;
+            self.blocks[bi].lin[li].set_delayed_state(gpu, *role, st)?;
         }
         Ok(())
     }
@@ -1428,9 +1438,10 @@ impl<'g> GpuLlama<'g> {
         let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
         gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
         if self.lora.is_none() {
-            let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(v * c, "d_lm_head")? };
+            // Accumulated straight into the head's (or the tied embedding's) slot.
+            let sl = &self.slots[self.head_slot];
+            let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
             gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
-            self.add_grad(self.head_slot, &dw)?;
         }
         drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
