@@ -342,6 +342,49 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
                 vs: "bf16".into(),
             });
         }
+        // As the training step runs it: the kernels that write the input, the
+        // weight (AdamW) and the output gradient also record their amax, so each
+        // quantize is the cast + transpose pass alone. The amaxes come from one
+        // untimed quantize of each tensor here.
+        gpu.quantize_tensorwise_into(&x, &mut qx, false)?;
+        gpu.quantize_tensorwise_into(&w, &mut qw, false)?;
+        gpu.quantize_tensorwise_into(&dy, &mut qdy, false)?;
+        let ms = time_ms(gpu, 3, 10, |g| {
+            g.quantize_tensorwise_known_into(&x, &mut qx)?;
+            g.quantize_tensorwise_known_into(&w, &mut qw)?;
+            g.gemm_fp8(
+                qx.rowwise_operand(),
+                qw.rowwise_operand(),
+                &mut y,
+                (m, n, k),
+                true,
+            )?;
+            g.quantize_tensorwise_known_into(&dy, &mut qdy)?;
+            g.gemm_fp8(
+                qdy.rowwise_operand(),
+                qw.colwise_operand(),
+                &mut dx,
+                (m, k, n),
+                true,
+            )?;
+            g.gemm_fp8(
+                qdy.colwise_operand(),
+                qx.colwise_operand(),
+                &mut dw,
+                (n, k, m),
+                false,
+            )
+        })?;
+        rows.push(BenchRow {
+            name: format!(
+                "linear fwd+bwd fp8 tensorwise quantized (fast-accum fwd/dgrad, amaxes from the producers) {shape}"
+            ),
+            ms,
+            rate: flops / ms / 1e9,
+            unit: "TFLOP/s",
+            ratio: bf / ms,
+            vs: "bf16".into(),
+        });
         drop((qx, qw, qdy));
         // Row-wise scaling: each copy scaled per row, GEMMs with outer-vector scales.
         let mut rx = gpu.alloc_rowwise_fp8(m, k, Format::E4M3)?;
@@ -457,6 +500,10 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         let w = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Channel)
             .map_err(|e| Error::Shape(e.to_string()))?;
         let dw = gpu.upload_fp8_weight(&w)?;
+        let wt = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Tensor)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let dwt = gpu.upload_fp8_weight(&wt)?;
+        drop(wt);
         let wb: Vec<u16> = wf
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_bits())
@@ -486,6 +533,19 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 ratio: bf / mixed,
                 vs: "mixed speedup".into(),
             });
+            // Per-tensor factors take the GEMM's alpha on the large-M path
+            // (per-row ones a separate pass over the f32 product).
+            if m > crate::mixed::SMALL_M {
+                let t = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dwt, &mut y))?;
+                rows.push(BenchRow {
+                    name: format!("mixed fp8 e4m3 per-tensor K={k} N={n} M={m}"),
+                    ms: t,
+                    rate: 2.0 * (m * n * k) as f64 / t / 1e9,
+                    unit: "TFLOP/s",
+                    ratio: bf / t,
+                    vs: "mixed speedup".into(),
+                });
+            }
         }
     }
     Ok(rows)

@@ -6,10 +6,13 @@
 //!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
 //!   accumulation); block factors apply per 128 columns, tensor and row
 //!   factors to the result. This is the decode path, where weight bytes are the cost.
-//! - `M > 16`: the codes are upcast to a bf16 scratch copy of the weight
+//! - `M > 64`: the codes are upcast to a bf16 scratch copy of the weight
 //!   (exact; under block scaling the factor is applied there and rounds to
-//!   bf16), a cuBLASLt bf16 GEMM runs into an f32 scratch, and an epilogue
-//!   applies the tensor or row factor. The scratch lives for the call only.
+//!   bf16) and a cuBLASLt bf16 GEMM multiplies it, with a per-tensor factor
+//!   as its alpha; under per-row scaling the GEMM writes f32 and a pass
+//!   applies the row factors. The scratch lives for the call only. (Measured
+//!   and dropped, `NOTES.md`: cuBLASLt's per-row alpha vector, and upcasting
+//!   in L2-sized slabs of columns; both slower on the H100.)
 //!
 //! Device layout of a [`DeviceFp8Weight`]: the codes row-major `(N, K)` as in
 //! [`Fp8Weight`] (each row's `K` codes contiguous: with `K % 16 == 0` every
@@ -68,6 +71,9 @@ pub struct DeviceFp8Weight {
     pub codes: CudaSlice<u8>,
     /// Dequantization factors.
     pub factors: CudaSlice<f32>,
+    /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
+    /// host as well: the large-M path passes it to the GEMM as its alpha.
+    pub tensor_factor: f32,
 }
 
 impl DeviceFp8Weight {
@@ -108,6 +114,10 @@ impl Gpu {
             k,
             format: w.format(),
             scaling: w.scaling(),
+            tensor_factor: match w.scaling() {
+                WeightScaling::Tensor => w.factors().first().copied().unwrap_or(1.0),
+                _ => 1.0,
+            },
             codes: self.upload(w.codes())?,
             factors: self.upload(w.factors())?,
         })
@@ -169,7 +179,8 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
-        // Large M: exact upcast (block factors applied), bf16 GEMM to f32, epilogue.
+        // Large M: exact upcast (block factors applied), then a bf16 GEMM with
+        // the tensor factor as its alpha, or into f32 for a pass applying row factors.
         // SAFETY: uninitialised, and every element is written by the upcast below.
         let mut wb = unsafe { self.stream.alloc::<u16>(n * k) }
             .map_err(|e| crate::oom(e, 2 * n * k, "mixed: bf16 copy of the weight"))?;
@@ -188,6 +199,13 @@ impl Gpu {
             .arg(&md);
         // SAFETY: types match; one thread per 16 codes, guarded by N * K.
         unsafe { b.launch(cfg) }?;
+        if w.scaling != WeightScaling::Channel {
+            let alpha = match w.scaling {
+                WeightScaling::Tensor => w.tensor_factor,
+                _ => 1.0,
+            };
+            return self.gemm_bf16_acc((x, false), (&wb, true), y, (m, n, k), (alpha, 0.0));
+        }
         // SAFETY: uninitialised, and every element is written by the GEMM (beta = 0).
         let mut acc = unsafe { self.stream.alloc::<f32>(m * n) }
             .map_err(|e| crate::oom(e, 4 * m * n, "mixed: f32 accumulator"))?;

@@ -362,6 +362,19 @@ impl Gpu {
         Ok(())
     }
 
+    /// [`Gpu::quantize_tensorwise_into`] when `out`'s amax buffer already
+    /// holds `x`'s amax (the kernel that produced `x` wrote it, as in the
+    /// training step, or an earlier quantize of the same `x` did): the cast +
+    /// transpose pass alone, 4 B of traffic per bf16 element.
+    pub fn quantize_tensorwise_known_into<T: QuantInput>(
+        &self,
+        x: &CudaSlice<T>,
+        out: &mut DeviceFp8,
+    ) -> Result<()> {
+        check_shape(out.rows, out.cols, x.len())?;
+        self.cast_with_own_amax(x, out)
+    }
+
     /// Current per-tensor scaling of `x (rows, cols)` into the row-wise copy
     /// only (the column-wise one is a one-byte placeholder): for operands that
     /// no GEMM reads transposed (LoRA inputs and gradients). Same codes and
