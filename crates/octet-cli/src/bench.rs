@@ -28,9 +28,10 @@ pub struct BenchArgs {
     /// Size of the quantize buffer in MiB of f32.
     #[arg(long, default_value_t = 64)]
     mib: usize,
-    /// Tensor for the full per-recipe quantize in `bench quantize`, RxC.
-    #[arg(long, default_value = "4096x4096")]
-    tensor: String,
+    /// Tensor for `bench quantize`, RxC (default 4096x4096 on the CPU,
+    /// 16384x8192 on the GPU).
+    #[arg(long)]
+    tensor: Option<String>,
     /// Timed repetitions per figure (the median is reported).
     #[arg(long, default_value_t = 5)]
     reps: usize,
@@ -40,8 +41,9 @@ pub struct BenchArgs {
     /// `bench mixed`: weight shapes, KxN[,KxN...].
     #[arg(long)]
     kn: Option<String>,
-    /// cpu, cuda or auto. On cuda, `quantize` and `gemm` run the GPU suite
-    /// (copy floor, fused quantize, bf16 and FP8 cuBLASLt GEMMs) in one run.
+    /// cpu, cuda or auto. On cuda, `gemm` runs the whole GPU suite (copy
+    /// floor, fused quantizes, bf16 and FP8 cuBLASLt GEMMs, `Linear` forward +
+    /// backward per recipe) in one run; `quantize` and `linear` run their part.
     #[arg(long, default_value = "cpu")]
     device: String,
 }
@@ -68,12 +70,21 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     .context("--kn")?;
             return crate::gpu::bench_mixed(&mut g, &ms, &kns, a.json.as_deref());
         }
-        anyhow::ensure!(
-            !matches!(a.op, Op::Linear),
-            "bench linear runs on the CPU only in this build"
-        );
-        let shapes = parse_shapes(a.shapes.as_deref().unwrap_or("8192x8192x8192,4096x4096x4096,16384x4096x14336,16384x14336x4096,2048x4096x4096,128x4096x4096")).context("--shapes")?;
-        return crate::gpu::bench(&mut g, &shapes, a.json.as_deref());
+        let part = match a.op {
+            Op::Quantize => {
+                let (r, c) = parse_dims2(a.tensor.as_deref().unwrap_or("16384x8192"))
+                    .context("--tensor")?;
+                crate::gpu::Suite::Quantize(r, c)
+            }
+            Op::Linear => crate::gpu::Suite::Linear(
+                parse_shapes(a.shapes.as_deref().unwrap_or(
+                    "16384x4096x14336,8192x8192x8192,4096x4096x4096,2048x4096x4096",
+                ))
+                .context("--shapes")?,
+            ),
+            _ => crate::gpu::Suite::All(parse_shapes(a.shapes.as_deref().unwrap_or("8192x8192x8192,4096x4096x4096,16384x4096x14336,16384x14336x4096,2048x4096x4096,128x4096x4096")).context("--shapes")?),
+        };
+        return crate::gpu::bench(&mut g, part, a.json.as_deref());
     }
     let rows = match a.op {
         Op::Quantize => quantize(&a)?,
@@ -88,7 +99,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 }
 
 fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    let (r, c) = parse_dims2(&a.tensor).context("--tensor")?;
+    let (r, c) = parse_dims2(a.tensor.as_deref().unwrap_or("4096x4096")).context("--tensor")?;
     let n = a.mib * (1 << 20) / 4;
     anyhow::ensure!(n > 0, "--mib must be at least 1");
     println!(

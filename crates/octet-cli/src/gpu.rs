@@ -107,23 +107,37 @@ fn print_rows(
     Ok(())
 }
 
-pub fn bench(
-    gpu: &mut Gpu,
-    shapes: &[(usize, usize, usize)],
-    json_path: Option<&Path>,
-) -> anyhow::Result<()> {
+/// Which part of the GPU benchmark suite [`bench`] runs.
+pub enum Suite {
+    /// Copy floor, quantizes, GEMMs at these `(m, k, n)`, and `Linear` at four shapes.
+    All(Vec<(usize, usize, usize)>),
+    /// The quantize kernels on one `(rows, cols)` matrix, with the copy floor.
+    Quantize(usize, usize),
+    /// `Linear` forward + backward per recipe at these `(m, k, n)`.
+    Linear(Vec<(usize, usize, usize)>),
+}
+
+/// Run `suite` on the GPU, print its table, and write it as JSON.
+pub fn bench(gpu: &mut Gpu, suite: Suite, json_path: Option<&Path>) -> anyhow::Result<()> {
     println!(
         "octet bench on {}: medians of CUDA-event timings\n",
         gpu.info()?
     );
-    let mut rows = check::bench(gpu, shapes)?;
-    let linear = [
-        (16384, 4096, 14336),
-        (8192, 8192, 8192),
-        (4096, 4096, 4096),
-        (2048, 4096, 4096),
-    ];
-    rows.extend(check::bench_linear(gpu, &linear)?);
+    let rows = match suite {
+        Suite::All(shapes) => {
+            let mut rows = check::bench(gpu, &shapes)?;
+            let linear = [
+                (16384, 4096, 14336),
+                (8192, 8192, 8192),
+                (4096, 4096, 4096),
+                (2048, 4096, 4096),
+            ];
+            rows.extend(check::bench_linear(gpu, &linear)?);
+            rows
+        }
+        Suite::Quantize(r, c) => octet_cuda::bench::bench_quantize(gpu, r, c)?,
+        Suite::Linear(shapes) => check::bench_linear(gpu, &shapes)?,
+    };
     let mut t = Table::new(&["op", "ms", "rate", "unit", "ratio", "vs"]);
     for r in &rows {
         t.row(vec![
