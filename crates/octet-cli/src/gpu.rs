@@ -29,7 +29,8 @@ pub fn describe() -> String {
 }
 
 /// What the CUDA backend of this build does for a recipe (the same on every GPU
-/// it supports, sm_89 and later; block-scaled MX/NVFP4 GEMMs would need sm_100).
+/// it supports, sm_89 and later; block-scaled MX/NVFP4 GEMMs would need sm_100,
+/// and octet emulates them there too).
 /// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
 /// with each backward mode it supports (checked by `octet selftest`).
 pub fn recipe_support(name: &str) -> &'static str {
@@ -40,8 +41,8 @@ pub fn recipe_support(name: &str) -> &'static str {
         "rowwise" => {
             "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
         }
-        "mxfp8" => "emulated on sm_90: bit-exact MX quantize (E8M0 1x32), exact dequantize to bf16, bf16 GEMM (native MX GEMMs need sm_100)",
-        "nvfp4" => "emulated on sm_90: bit-exact NVFP4 quantize (stochastic rounding included), exact dequantize to bf16, bf16 GEMM (native FP4 GEMMs need sm_100)",
+        "mxfp8" => "emulated: bit-exact MX quantize (E8M0 1x32), exact dequantize to bf16, bf16 GEMM (native MX GEMMs need sm_100, for which octet has no path yet)",
+        "nvfp4" => "emulated: bit-exact NVFP4 quantize (stochastic rounding included), exact dequantize to bf16, bf16 GEMM (native FP4 GEMMs need sm_100, for which octet has no path yet)",
         _ => "not yet (CPU reference)",
     }
 }
