@@ -240,3 +240,71 @@ extern "C" __global__ void __launch_bounds__(256) fp8_telemetry(const unsigned s
         }
     }
 }
+
+// Numerics telemetry of a quantization with per-row or per-block scales, from
+// bf16 `x (rows, cols)` and its row-wise codes, as octet_fp8's quantizer counts
+// it: out[0] = amax bits, out[1] = values a plain cast would overflow, out[2]
+// = non-zero values stored as zero (code magnitude 0). By `mode`:
+// 0: FP8 codes whose scale comes from each row's or block's own amax
+//    (rowwise, 1x128, 128x128): |x * scale| <= max by construction, none overflow;
+// 1: MXFP8 codes with one E8M0 scale code per 1x32 (`scales`, (rows,
+//    ceil(cols/32)) row-major): multiplier 2^(127 - code), overflow past sat_at
+//    (inclusive with sat_inclusive) as in fp8_telemetry (octet's MX exponent
+//    never lets a value overflow, except where it is clamped at 2^-127 / 2^127);
+// 2: NVFP4 E2M1 codes packed two per byte (low nibble first), one E4M3 scale
+//    code per br x 16 block (`scales`, row-major over the block grid):
+//    multiplier global / decode(code) (0 where it decodes to 0), overflow at 7
+//    (the midpoint from 6 to the next binade rounds up).
+__device__ __forceinline__ float tele_e4m3_decode(unsigned int code) {
+    unsigned int h;
+    const unsigned short one = (unsigned short)code;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
+    float v;
+    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    block_telemetry(const unsigned short* __restrict__ x, const unsigned char* __restrict__ codes, int rows,
+                    int cols, int mode, const unsigned char* __restrict__ scales, int br,
+                    const float* __restrict__ global, float sat_at, int sat_inclusive, unsigned int* out) {
+    const unsigned long long n = (unsigned long long)rows * cols;
+    const int gc32 = (cols + 31) / 32, gc16 = (cols + 15) / 16, packed = (cols + 1) / 2;
+    const float g = mode == 2 ? *global : 0.f;
+    unsigned int amax = 0, sat = 0, under = 0;
+    for (unsigned long long i = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (unsigned long long)gridDim.x * blockDim.x) {
+        const int r = (int)(i / cols), c = (int)(i % cols);
+        const float v = In<unsigned short>::load1(x + i);
+        const unsigned int bits = __float_as_uint(v) & 0x7fffffffu;
+        amax = bits > amax ? bits : amax;
+        unsigned int mag;
+        if (mode == 2) {
+            const unsigned int byte = codes[(size_t)r * packed + c / 2];
+            mag = ((c & 1) ? (byte >> 4) : byte) & 7u;
+            const float d = tele_e4m3_decode(scales[(size_t)(r / br) * gc16 + c / 16]);
+            const float mul = d == 0.f ? 0.f : __fdiv_rn(g, d);
+            sat += fabsf(__fmul_rn(v, mul)) >= 7.f;
+        } else {
+            mag = codes[i] & 0x7fu;
+            if (mode == 1) {
+                const float mul = ldexpf(1.f, 127 - (int)scales[(size_t)r * gc32 + c / 32]);
+                const float s = fabsf(__fmul_rn(v, mul));
+                sat += sat_inclusive ? (s >= sat_at) : (s > sat_at);
+            }
+        }
+        under += (v != 0.f && mag == 0u);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned int a = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = a > amax ? a : amax;
+        sat += __shfl_xor_sync(0xffffffffu, sat, o);
+        under += __shfl_xor_sync(0xffffffffu, under, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, amax);
+        atomicAdd(out + 1, sat);
+        atomicAdd(out + 2, under);
+    }
+}

@@ -1791,17 +1791,29 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 
 /// Numerics telemetry of `GpuLinear` against the CPU `Linear` on the same
 /// data: amax, saturated and underflowed counts equal (shares compared
-/// exactly). Tensorwise on wide-range inputs (underflow), delayed over 3 steps
-/// whose magnitude jumps past the history (saturation of input and gradient).
+/// exactly), for every recipe. Wide-range inputs (underflow in every recipe;
+/// saturation where NVFP4's E4M3-rounded block scales let a value past 6; the
+/// amax-derived scales of the other block recipes, MXFP8's included, cannot
+/// overflow), and
+/// for delayed scaling a third step whose magnitude jumps past the history
+/// (saturation of input and gradient). The case fails if no recipe's counts
+/// were non-zero, so that it cannot pass on empty counters.
 fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::linear::GpuLinear;
     use octet_fp8::{Recipe, Role};
     use octet_nn::Linear;
     use octet_tensor::Tensor;
-    let (m, k, n) = (128usize, 256usize, 128usize);
+    let (m, k, n) = (128usize, 512usize, 512usize);
     let shape = |e: octet_tensor::Error| Error::Shape(e.to_string());
     let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
-    for name in ["tensorwise", "delayed"] {
+    for name in [
+        "tensorwise",
+        "delayed",
+        "rowwise",
+        "blockwise",
+        "mxfp8",
+        "nvfp4",
+    ] {
         let recipe = Recipe::from_name(name)?;
         let wb = random_bf16(n * k, 1501, 0.05);
         let mut cpu = Linear::new(
@@ -1814,6 +1826,7 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
         layer.telemetry_on = true;
         let (mut ok, mut worst) = (true, String::new());
+        let (mut any_sat, mut any_under) = (false, false);
         for step in 0..3u64 {
             let mag = [1.0f32, 1.0, 64.0][step as usize];
             let xs: Vec<bf16> = random_wide_f32(m * k, 1510 + step)
@@ -1843,6 +1856,8 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 let have = got.iter().find(|(r, _)| *r == role).map(|(_, t)| *t);
                 let same = match (want, have) {
                     (Some(w), Some(h)) => {
+                        any_sat |= w.saturated > 0.0;
+                        any_under |= w.underflowed > 0.0;
                         w.amax == h.amax
                             && w.saturated == h.saturated
                             && w.underflowed == h.underflowed
@@ -1855,10 +1870,14 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 ok &= same;
             }
         }
+        // Inputs that exercise the counters: underflow in every recipe, and
+        // saturation where the scales let values overflow (delayed, NVFP4).
+        let want_sat = matches!(name, "delayed" | "nvfp4");
+        ok &= any_under && (any_sat || !want_sat);
         out.push(CaseResult {
             name: format!("telemetry (amax, saturated, underflowed) {name} {m}x{k}x{n}, 3 steps, vs CPU Linear"),
             pass: ok,
-            worst,
+            worst: format!("{worst}non-zero saturated {any_sat}, underflowed {any_under}"),
         });
     }
     Ok(())

@@ -204,6 +204,8 @@ pub(crate) struct Kernels {
     pub block_direct_bf16_e4m3: CudaFunction,
     /// Telemetry counters of a per-tensor quantization (`linear.rs`).
     pub fp8_telemetry: CudaFunction,
+    /// Telemetry of per-row / per-block quantizations (rowwise, blockwise, MXFP8, NVFP4).
+    pub block_telemetry: CudaFunction,
     /// Weight-only products, see `mixed.rs`.
     pub mixed: mixed::MixedKernels,
 }
@@ -304,6 +306,7 @@ impl Gpu {
                 "cast_transpose_given_bf16_e4m3",
                 "cast_transpose_given_bf16_e5m2",
                 "fp8_telemetry",
+                "block_telemetry",
             ],
         )?;
         let b = load(
@@ -336,6 +339,7 @@ impl Gpu {
             given_bf16_e4m3: next(&mut q)?,
             given_bf16_e5m2: next(&mut q)?,
             fp8_telemetry: next(&mut q)?,
+            block_telemetry: next(&mut q)?,
             block_bf16_e4m3: next(&mut b)?,
             block_bf16_e5m2: next(&mut b)?,
             block_direct_bf16_e4m3: next(&mut b)?,

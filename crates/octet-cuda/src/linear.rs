@@ -544,10 +544,11 @@ impl GpuLinear {
     }
 
     /// Count the telemetry of quantizing `x` (role 0 input, 1 weight, 2
-    /// grad_output) into `q`: the amax for every recipe; saturated and
-    /// underflowed values for the per-tensor ones (tensorwise: the scale
-    /// follows from the amax; delayed: the role's scale), where one scale
-    /// decides them. Other recipes scale per row or block: counts not taken.
+    /// grad_output) into `q`: amax, saturated and underflowed values, as the
+    /// CPU quantizer counts them. Per-tensor recipes from `x` and the one
+    /// scale (tensorwise: from the amax; delayed: the role's scale); per-row
+    /// and per-block recipes from `x`, the row-wise codes and their scales
+    /// (`block_telemetry` in quantize.cu).
     fn record(
         &self,
         gpu: &Gpu,
@@ -558,6 +559,10 @@ impl GpuLinear {
     ) -> Result<(std::rc::Rc<CudaSlice<u32>>, usize)> {
         use cudarc::driver::{LaunchConfig, PushKernelArg};
         let mut out: CudaSlice<u32> = gpu.alloc_zeros(3, "telemetry")?;
+        if !matches!(q, Quant::Tensor(_)) {
+            self.record_blocks(gpu, x, q, format, &mut out)?;
+            return Ok((std::rc::Rc::new(out), x.len()));
+        }
         let n = x.len() as u64;
         let null: u64 = 0;
         let fmax = format.max();
@@ -605,23 +610,89 @@ impl GpuLinear {
         Ok((std::rc::Rc::new(out), x.len()))
     }
 
+    /// [`GpuLinear::record`] for the per-row and per-block recipes.
+    fn record_blocks(
+        &self,
+        gpu: &Gpu,
+        x: &CudaSlice<u16>,
+        q: &Quant,
+        format: Format,
+        out: &mut CudaSlice<u32>,
+    ) -> Result<()> {
+        use cudarc::driver::{LaunchConfig, PushKernelArg};
+        // (mode, cols, codes, scale codes, block rows, NVFP4 global)
+        let none: Option<&CudaSlice<u8>> = None;
+        let (mode, cols, codes, scales, br, global) = match q {
+            Quant::Tensor(_) => {
+                return Err(Error::Shape(
+                    "per-tensor telemetry goes through fp8_telemetry".into(),
+                ))
+            }
+            Quant::Row(r) => (0i32, r.cols, &r.rowwise, none, 1, None),
+            Quant::Block1d(b, ..) => (0, b.cols, &b.rowwise, none, 1, None),
+            Quant::Block2d(b) => (0, b.cols, &b.rowwise, none, 1, None),
+            Quant::Mx(m) => (1, m.cols, &m.rowwise, Some(&m.row_scales), 1, None),
+            Quant::Nv(v) => (
+                2,
+                v.rowwise.cols,
+                &v.rowwise.packed,
+                Some(&v.rowwise.codes),
+                v.block_rows,
+                Some(&v.global),
+            ),
+        };
+        if cols == 0 || x.len() % cols != 0 {
+            return Err(Error::Shape(format!(
+                "telemetry: {} elements are not rows of {cols}",
+                x.len()
+            )));
+        }
+        let rows = x.len() / cols;
+        let (ri, ci, bri) = (rows as i32, cols as i32, br as i32);
+        // As in `record`: where a plain cast overflows (MXFP8 only, by the copy's format).
+        let format = match q {
+            Quant::Mx(m) => m.format,
+            _ => format,
+        };
+        let (sat_at, inclusive) = match format {
+            Format::E5M2 => (61440.0f32, 1i32),
+            _ => (464.0f32, 0i32),
+        };
+        let null: u64 = 0;
+        let cfg = LaunchConfig {
+            grid_dim: (x.len().div_ceil(256 * 8).clamp(1, 1024) as u32, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument types match `block_telemetry` in quantize.cu; the
+        // codes and scale grids are the row-wise copy of `x`'s quantization,
+        // of the sizes the kernel indexes; `out` holds three counters.
+        unsafe {
+            let mut lb = gpu.stream.launch_builder(&gpu.k.block_telemetry);
+            lb.arg(x).arg(codes).arg(&ri).arg(&ci).arg(&mode);
+            match scales {
+                Some(sc) => lb.arg(sc),
+                None => lb.arg(&null),
+            };
+            lb.arg(&bri);
+            match global {
+                Some(g) => lb.arg(g),
+                None => lb.arg(&null),
+            };
+            lb.arg(&sat_at).arg(&inclusive).arg(out).launch(cfg)?;
+        }
+        Ok(())
+    }
+
     /// Telemetry of the last recorded quantization of each role (input,
     /// weight, grad_output) since [`GpuLinear::telemetry_on`] was set:
-    /// `(role, telemetry)`; saturated/underflowed are NaN where the recipe
-    /// scales per row or block (not counted on the GPU yet).
+    /// `(role, telemetry)`, for every recipe.
     pub fn telemetry(&self, gpu: &Gpu) -> Result<Vec<(octet_fp8::Role, octet_fp8::Telemetry)>> {
-        let per_tensor = matches!(self.kind, Kind::Tensorwise | Kind::Delayed);
         let mut out = Vec::new();
         for (role, t) in octet_fp8::Role::ALL.into_iter().zip(&self.tele) {
             if let Some((buf, n)) = t {
                 let c = gpu.download(buf)?;
-                let share = |v: u32| {
-                    if per_tensor {
-                        v as f64 / (*n).max(1) as f64
-                    } else {
-                        f64::NAN
-                    }
-                };
+                let share = |v: u32| v as f64 / (*n).max(1) as f64;
                 out.push((
                     role,
                     octet_fp8::Telemetry {

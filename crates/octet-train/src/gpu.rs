@@ -7,9 +7,7 @@
 //! the CPU and the other way round. Sharded, the ranks max-reduce each step's
 //! amaxes before the histories roll, so every rank keeps the same histories
 //! and the checkpoint's (rank 0's) are every rank's. What differs from the
-//! CPU loop: the telemetry's saturated and underflowed shares are counted for
-//! the per-tensor recipes only (tensorwise, delayed; the amax for every
-//! recipe), and the final sample decodes with the GPU KV-cache decoder (bf16 weights).
+//! CPU loop: the final sample decodes with the GPU KV-cache decoder (bf16 weights).
 //!
 //! A LoRA run (`cfg.lora`) builds the model with [`GpuLlama::new_lora`]: the
 //! base frozen on the device in its stored form, only the adapters training;
