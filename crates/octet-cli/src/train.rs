@@ -77,6 +77,11 @@ pub struct TrainArgs {
     /// Sharded runs (`--nproc`): gradients reduce-scattered in f32 or bf16 (half the bytes).
     #[arg(long)]
     grad_reduce: Option<String>,
+    /// Sharded runs on GPUs: free each block's gathered weights after its
+    /// forward and gather them again for its backward (less memory, one more
+    /// all-gather of the block weights per step).
+    #[arg(long)]
+    reshard_after_forward: bool,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -155,6 +160,9 @@ impl TrainArgs {
         }
         if self.no_save {
             c.save = false;
+        }
+        if self.reshard_after_forward {
+            c.reshard_after_forward = true;
         }
         if let Some(w) = self.weight_decay {
             c.adamw.weight_decay = w;
@@ -255,7 +263,15 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if gpu_job {
         return crate::dist_gpu::launch(&a);
     }
+    anyhow::ensure!(
+        !cfg.reshard_after_forward || a.nproc > 1,
+        "--reshard-after-forward applies to sharded runs: give --nproc 2 or more"
+    );
     if a.nproc > 1 {
+        anyhow::ensure!(
+            !cfg.reshard_after_forward,
+            "--reshard-after-forward is built for the GPU ranks (--device cuda); the CPU ranks gather every weight once per step"
+        );
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
     let mcfg = cfg.llama_config()?;

@@ -1889,7 +1889,9 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// quantized backward (FP8 gathers with the all-reduced amax). With one rank
 /// every collective is a copy, so any difference is a bug in the sharded
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
-/// locally transposed column-wise copy). Several ranks: `bench/gpu-dist.sh`.
+/// locally transposed column-wise copy), with and without resharding after
+/// forward (the weights gathered again for backward must be the same bytes).
+/// Several ranks: `bench/gpu-dist.sh`.
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::{AdamParams, GpuLlama};
     use crate::nccl::NcclComm;
@@ -1951,23 +1953,26 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let want = run(&mut plain)?;
         let want_w = plain.weights()?;
         drop(plain);
-        let mut sharded = GpuLlama::new_sharded(gpu, &cfg, &w, recipe, &comm)?;
-        let fp8 = sharded.fp8_gather();
-        let got = run(&mut sharded)?;
-        let got_w = sharded.weights()?;
-        let same_w = want_w
-            .iter()
-            .zip(&got_w)
-            .all(|((_, a), (_, b))| f32_bits_equal(&a.to_f32_vec(), &b.to_f32_vec()));
-        let same_l = want
-            .iter()
-            .zip(&got)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        let gathered = sharded.comm_stats().all_gather_bytes;
-        out.push(CaseResult {
+        for reshard in [false, true] {
+            let mut sharded = GpuLlama::new_sharded(gpu, &cfg, &w, recipe, &comm)?;
+            sharded.set_reshard_after_forward(reshard)?;
+            let fp8 = sharded.fp8_gather();
+            let got = run(&mut sharded)?;
+            let got_w = sharded.weights()?;
+            let same_w = want_w
+                .iter()
+                .zip(&got_w)
+                .all(|((_, a), (_, b))| f32_bits_equal(&a.to_f32_vec(), &b.to_f32_vec()));
+            let same_l = want
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            let gathered = sharded.comm_stats().all_gather_bytes;
+            out.push(CaseResult {
             name: format!(
-                "sharded model, 1 rank, {recipe_name} ({} gathers): 3 AdamW steps equal the plain model's",
-                if fp8 { "FP8" } else { "bf16" }
+                "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps equal the plain model's",
+                if fp8 { "FP8" } else { "bf16" },
+                if reshard { ", resharded after forward" } else { "" }
             ),
             pass: same_w && same_l && (recipe.is_none() || fp8) && gathered > 0,
             worst: format!(
@@ -1975,6 +1980,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 got, want
             ),
         });
+        }
     }
     Ok(())
 }

@@ -300,6 +300,37 @@ impl GpuLinear {
         Ok(())
     }
 
+    /// Sharded, resharding after forward: drop the gathered FP8 weight that
+    /// `saved` keeps for backward (the layer's only copy). Before backward,
+    /// the model gathers the weight again and [`GpuLinear::reattach_gathered`]
+    /// puts it back.
+    pub fn release_saved_weight(&self, saved: &mut GpuLinearSaved) -> Result<()> {
+        if !self.external {
+            return Err(Error::Shape(
+                "only a layer taking gathered FP8 weights releases its saved weight".into(),
+            ));
+        }
+        saved.wq = None;
+        Ok(())
+    }
+
+    /// Give `saved` the weight [`GpuLinear::set_gathered`] was given again
+    /// after [`GpuLinear::release_saved_weight`]: the copy its backward reads,
+    /// as the forward kept it (the same bytes, since the weight's shards did
+    /// not change between forward and backward).
+    pub fn reattach_gathered(&mut self, gpu: &Gpu, saved: &mut GpuLinearSaved) -> Result<()> {
+        let q = self.gathered.take().ok_or_else(|| {
+            Error::Shape(format!(
+                "layer ({}, {}): its FP8 weight was not gathered again before backward",
+                self.n, self.k
+            ))
+        })?;
+        let mut wq = Quant::Tensor(q);
+        wq.drop_copy(gpu, saved.dequantized)?;
+        saved.wq = Some(wq);
+        Ok(())
+    }
+
     /// Count one quantization in `role` and return its rounding: the recipe's
     /// (stochastic for NVFP4 gradients, salted by the count as the CPU `Linear`
     /// salts it), nearest-even for every other recipe.

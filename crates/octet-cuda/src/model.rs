@@ -290,6 +290,9 @@ struct Sharding<'g> {
     fp8: bool,
     /// Gradients are reduce-scattered in bf16 (half the bytes), else f32.
     bf16_grads: bool,
+    /// Block weights are gathered for each block's forward and again for its
+    /// backward, and freed in between (FSDP's `reshard_after_forward`).
+    reshard: bool,
 }
 
 /// What one block's backward reads.
@@ -1064,10 +1067,7 @@ impl<'g> GpuLlama<'g> {
                 None => self.norm_slot,
             };
             self.mark("other")?;
-            if self.shard.as_ref().is_some_and(|sh| sh.fp8) {
-                self.gather_block_fp8(bi)?;
-                self.mark("fp8 all-gather")?;
-            }
+            self.gather_for_block(bi)?;
             let mut lin_saved = Vec::with_capacity(7);
             // q, k and v read one quantization of h.
             let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax.take(), n)?;
@@ -1141,6 +1141,7 @@ impl<'g> GpuLlama<'g> {
                 return Err(Error::NonFiniteIn(format!("model.layers.{bi}: {what}")));
             }
             let prev = std::mem::replace(&mut x, x2);
+            self.reshard_after_block_forward(bi, &mut lin_saved)?;
             if keep {
                 saved_blocks.push(BlockSaved {
                     x: prev,
@@ -1457,7 +1458,8 @@ impl<'g> GpuLlama<'g> {
         )?;
         drop((dh, xf, rstd_f));
         let (ni, ti, di) = (n as i32, t as i32, d as i32);
-        for (bi, sb) in blocks.into_iter().enumerate().rev() {
+        for (bi, mut sb) in blocks.into_iter().enumerate().rev() {
+            self.gather_for_block_backward(bi, &mut sb.lin)?;
             let BlockSaved {
                 x,
                 rstd1,
@@ -1582,6 +1584,7 @@ impl<'g> GpuLlama<'g> {
                 let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
                 self.flush_grads(&ids)?;
                 self.mark("reduce-scatter")?;
+                self.release_block_bf16(bi)?;
             }
         }
         if self.lora.is_some() {
@@ -2482,6 +2485,7 @@ impl<'g> GpuLlama<'g> {
             wsh,
             fp8,
             bf16_grads: false,
+            reshard: false,
         };
         Ok((gpu.upload(&shard_host)?, full_off, Some(sharding)))
     }
@@ -2508,6 +2512,128 @@ impl<'g> GpuLlama<'g> {
     /// Whether block weights are all-gathered in FP8 (sharded, tensorwise, FP8 backward).
     pub fn fp8_gather(&self) -> bool {
         self.shard.as_ref().is_some_and(|sh| sh.fp8)
+    }
+
+    /// FSDP's `reshard_after_forward`: each block's weights are gathered
+    /// before its forward, freed after it, and gathered again before its
+    /// backward (one more all-gather of the block weights per step), so that
+    /// no rank holds more than one block's full weights at a time. Off, the
+    /// bf16 block weights stay gathered from one AdamW step to the next, and
+    /// FP8-gathered ones from a block's forward to its backward. Sharded only.
+    pub fn set_reshard_after_forward(&mut self, on: bool) -> Result<()> {
+        let Some(sh) = self.shard.as_mut() else {
+            return Err(Error::Shape(
+                "reshard after forward needs sharded parameters (--nproc)".into(),
+            ));
+        };
+        sh.reshard = on;
+        if on {
+            for bi in 0..self.blocks.len() {
+                self.release_block_bf16(bi)?;
+            }
+        } else if !self.fp8_gather() {
+            for bi in 0..self.blocks.len() {
+                self.gather_block_bf16(bi)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether block weights are resharded after forward.
+    pub fn reshard_after_forward(&self) -> bool {
+        self.shard.as_ref().is_some_and(|sh| sh.reshard)
+    }
+
+    /// Before block `bi`'s forward: its weights gathered in FP8 (each
+    /// forward), or in bf16 when resharding after forward.
+    fn gather_for_block(&mut self, bi: usize) -> Result<()> {
+        let Some(sh) = self.shard.as_ref() else {
+            return Ok(());
+        };
+        if sh.fp8 {
+            self.gather_block_fp8(bi)?;
+            self.mark("fp8 all-gather")?;
+        } else if sh.reshard {
+            self.gather_block_bf16(bi)?;
+            self.mark("bf16 all-gather")?;
+        }
+        Ok(())
+    }
+
+    /// After block `bi`'s forward, resharding: the FP8 weights its saved
+    /// layers keep for backward dropped, or its bf16 weights freed.
+    fn reshard_after_block_forward(&mut self, bi: usize, saved: &mut [ProjSaved]) -> Result<()> {
+        let Some(sh) = self.shard.as_ref() else {
+            return Ok(());
+        };
+        if !sh.reshard {
+            return Ok(());
+        }
+        if sh.fp8 {
+            for (li, ps) in saved.iter_mut().enumerate() {
+                if let ProjSaved::Full(s) = ps {
+                    self.blocks[bi].lin[li].release_saved_weight(s)?;
+                }
+            }
+            Ok(())
+        } else {
+            self.release_block_bf16(bi)
+        }
+    }
+
+    /// Before block `bi`'s backward, resharding: its weights gathered again
+    /// (FP8: into the saved layers, the bytes the forward used).
+    fn gather_for_block_backward(&mut self, bi: usize, saved: &mut [ProjSaved]) -> Result<()> {
+        let Some(sh) = self.shard.as_ref() else {
+            return Ok(());
+        };
+        if !sh.reshard {
+            return Ok(());
+        }
+        if sh.fp8 {
+            self.gather_block_fp8(bi)?;
+            let gpu = self.gpu;
+            for (li, ps) in saved.iter_mut().enumerate() {
+                if let ProjSaved::Full(s) = ps {
+                    self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
+                }
+            }
+            self.mark("fp8 all-gather")
+        } else {
+            self.gather_block_bf16(bi)?;
+            self.mark("bf16 all-gather")
+        }
+    }
+
+    /// Gather block `bi`'s bf16 weights from the ranks' shards into full buffers.
+    fn gather_block_bf16(&mut self, bi: usize) -> Result<()> {
+        let gpu = self.gpu;
+        let Some(sh) = self.shard.as_ref() else {
+            return Ok(());
+        };
+        for li in 0..self.blocks[bi].lin.len() {
+            let si = self.blocks[bi].lin_slot[li];
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let l = &mut self.blocks[bi].lin[li];
+            // SAFETY: the all-gather writes every element.
+            l.weight = unsafe { gpu.alloc_uninit(l.n * l.k, "gathered bf16 weight")? };
+            gather_bf16(gpu, sh.comm, w, &mut l.weight)?;
+        }
+        Ok(())
+    }
+
+    /// Resharding with bf16 gathers: free block `bi`'s full bf16 weights.
+    fn release_block_bf16(&mut self, bi: usize) -> Result<()> {
+        let gpu = self.gpu;
+        if !self.shard.as_ref().is_some_and(|sh| sh.reshard && !sh.fp8) {
+            return Ok(());
+        }
+        for l in &mut self.blocks[bi].lin {
+            l.weight = gpu.alloc_zeros(1, "placeholder")?;
+        }
+        Ok(())
     }
 
     /// Gather block `bi`'s seven weights in FP8: each rank's bf16 shard's
@@ -2688,7 +2814,7 @@ impl<'g> GpuLlama<'g> {
             };
             if si == self.head_slot {
                 gather_bf16(gpu, sh.comm, w, &mut self.head)?;
-            } else if !sh.fp8 {
+            } else if !sh.fp8 && !sh.reshard {
                 let dst = self
                     .blocks
                     .iter_mut()

@@ -303,6 +303,9 @@ pub fn train_gpu_ranked(
         }
     };
     model.set_grad_reduce_bf16(cfg.grad_reduce == "bf16");
+    if cfg.reshard_after_forward {
+        model.set_reshard_after_forward(true)?;
+    }
     let params = model.cfg.num_params();
     let mut metrics = if lead {
         Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)

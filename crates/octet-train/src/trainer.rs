@@ -71,6 +71,9 @@ pub struct TrainConfig {
     pub lora: Option<LoraSettings>,
     /// Sharded runs: gradients reduce-scattered in `f32` or `bf16`.
     pub grad_reduce: String,
+    /// Sharded runs on GPUs: each block's weights gathered for its forward,
+    /// freed, and gathered again for its backward (FSDP's `reshard_after_forward`).
+    pub reshard_after_forward: bool,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -172,6 +175,7 @@ impl Default for TrainConfig {
             telemetry_every: 50,
             lora: None,
             grad_reduce: "f32".into(),
+            reshard_after_forward: false,
         }
     }
 }
