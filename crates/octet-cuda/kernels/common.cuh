@@ -93,3 +93,13 @@ template <> struct In<float> {
     }
     static __device__ __forceinline__ float load1(const float* p) { return *p; }
 };
+
+// One E4M3 code -> f32, exactly (the hardware conversion to f16, then to f32).
+__device__ __forceinline__ float e4m3_decode(unsigned int code) {
+    unsigned int h;
+    const unsigned short one = (unsigned short)code;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
+    float v;
+    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
+    return v;
+}

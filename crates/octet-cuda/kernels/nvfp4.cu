@@ -47,14 +47,6 @@ __device__ __forceinline__ float e2m1_decode(unsigned int c) {
     return (c & 8u) ? -v : v;
 }
 
-__device__ __forceinline__ float e4m3_decode(unsigned int code) {
-    unsigned int h;
-    const unsigned short one = (unsigned short)code;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
-    float v;
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
-    return v;
-}
 
 // Element (r, c) of the copy: the input or its transpose.
 __device__ __forceinline__ float elem(const unsigned short* x, int src_cols, int transposed, int r, int c) {

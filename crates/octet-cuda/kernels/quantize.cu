@@ -197,6 +197,26 @@ CAST_KERNEL(cast_transpose_bf16_e5m2, unsigned short, FMT_E5M2, 57344.f)
 CAST_KERNEL(cast_transpose_f32_e4m3, float, FMT_E4M3, 448.f)
 CAST_KERNEL(cast_transpose_f32_e5m2, float, FMT_E5M2, 57344.f)
 
+// A thread's telemetry counts summed over its warp, then added to `out`
+// (amax bits by atomicMax; the counts only when `counts`).
+__device__ __forceinline__ void telemetry_commit(unsigned int amax, unsigned int sat, unsigned int under,
+                                                 bool counts, unsigned int* out) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const unsigned int a = __shfl_xor_sync(0xffffffffu, amax, o);
+        amax = a > amax ? a : amax;
+        sat += __shfl_xor_sync(0xffffffffu, sat, o);
+        under += __shfl_xor_sync(0xffffffffu, under, o);
+    }
+    if ((threadIdx.x & 31) == 0) {
+        atomicMax(out, amax);
+        if (counts) {
+            atomicAdd(out + 1, sat);
+            atomicAdd(out + 2, under);
+        }
+    }
+}
+
 // Numerics telemetry of one per-tensor FP8 quantization of bf16 `x`, as
 // octet_fp8's quantizer counts it: out[0] = amax bits (atomicMax), out[1] =
 // values a plain (non-saturating) cast would overflow, |x * scale| > sat_at
@@ -225,20 +245,7 @@ extern "C" __global__ void __launch_bounds__(256) fp8_telemetry(const unsigned s
             under += (v != 0.f && s <= flush_at);
         }
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned int a = __shfl_xor_sync(0xffffffffu, amax, o);
-        amax = a > amax ? a : amax;
-        sat += __shfl_xor_sync(0xffffffffu, sat, o);
-        under += __shfl_xor_sync(0xffffffffu, under, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicMax(out, amax);
-        if (have) {
-            atomicAdd(out + 1, sat);
-            atomicAdd(out + 2, under);
-        }
-    }
+    telemetry_commit(amax, sat, under, have, out);
 }
 
 // Numerics telemetry of a quantization with per-row or per-block scales, from
@@ -255,14 +262,6 @@ extern "C" __global__ void __launch_bounds__(256) fp8_telemetry(const unsigned s
 //    code per br x 16 block (`scales`, row-major over the block grid):
 //    multiplier global / decode(code) (0 where it decodes to 0), overflow at 7
 //    (the midpoint from 6 to the next binade rounds up).
-__device__ __forceinline__ float tele_e4m3_decode(unsigned int code) {
-    unsigned int h;
-    const unsigned short one = (unsigned short)code;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
-    float v;
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
-    return v;
-}
 
 extern "C" __global__ void __launch_bounds__(256)
     block_telemetry(const unsigned short* __restrict__ x, const unsigned char* __restrict__ codes, int rows,
@@ -282,7 +281,7 @@ extern "C" __global__ void __launch_bounds__(256)
         if (mode == 2) {
             const unsigned int byte = codes[(size_t)r * packed + c / 2];
             mag = ((c & 1) ? (byte >> 4) : byte) & 7u;
-            const float d = tele_e4m3_decode(scales[(size_t)(r / br) * gc16 + c / 16]);
+            const float d = e4m3_decode(scales[(size_t)(r / br) * gc16 + c / 16]);
             const float mul = d == 0.f ? 0.f : __fdiv_rn(g, d);
             sat += fabsf(__fmul_rn(v, mul)) >= 7.f;
         } else {
@@ -295,16 +294,5 @@ extern "C" __global__ void __launch_bounds__(256)
         }
         under += (v != 0.f && mag == 0u);
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const unsigned int a = __shfl_xor_sync(0xffffffffu, amax, o);
-        amax = a > amax ? a : amax;
-        sat += __shfl_xor_sync(0xffffffffu, sat, o);
-        under += __shfl_xor_sync(0xffffffffu, under, o);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        atomicMax(out, amax);
-        atomicAdd(out + 1, sat);
-        atomicAdd(out + 2, under);
-    }
+    telemetry_commit(amax, sat, under, true, out);
 }

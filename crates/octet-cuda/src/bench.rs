@@ -306,32 +306,45 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
         let mut qx = gpu.alloc_fp8(m, k, Format::E4M3)?;
         let mut qw = gpu.alloc_fp8(n, k, Format::E4M3)?;
         let mut qdy = gpu.alloc_fp8(m, n, Format::E5M2)?;
+        // The three FP8 GEMMs of the layer: output, grad_input, grad_weight
+        // (fast accumulation never for the weight gradient).
+        let gemms = |g: &Gpu,
+                     (qx, qw, qdy): (&crate::DeviceFp8, &crate::DeviceFp8, &crate::DeviceFp8),
+                     (y, dx, dw): (
+            &mut CudaSlice<u16>,
+            &mut CudaSlice<u16>,
+            &mut CudaSlice<u16>,
+        ),
+                     fast: bool|
+         -> Result<()> {
+            g.gemm_fp8(
+                qx.rowwise_operand(),
+                qw.rowwise_operand(),
+                y,
+                (m, n, k),
+                fast,
+            )?;
+            g.gemm_fp8(
+                qdy.rowwise_operand(),
+                qw.colwise_operand(),
+                dx,
+                (m, k, n),
+                fast,
+            )?;
+            g.gemm_fp8(
+                qdy.colwise_operand(),
+                qx.colwise_operand(),
+                dw,
+                (n, k, m),
+                false,
+            )
+        };
         for (label, fast) in [("fast-accum fwd/dgrad", true), ("no fast-accum", false)] {
             let ms = time_ms(gpu, 3, 10, |g| {
                 g.quantize_tensorwise_into(&x, &mut qx, false)?;
                 g.quantize_tensorwise_into(&w, &mut qw, false)?;
-                g.gemm_fp8(
-                    qx.rowwise_operand(),
-                    qw.rowwise_operand(),
-                    &mut y,
-                    (m, n, k),
-                    fast,
-                )?;
                 g.quantize_tensorwise_into(&dy, &mut qdy, false)?;
-                g.gemm_fp8(
-                    qdy.rowwise_operand(),
-                    qw.colwise_operand(),
-                    &mut dx,
-                    (m, k, n),
-                    fast,
-                )?;
-                g.gemm_fp8(
-                    qdy.colwise_operand(),
-                    qx.colwise_operand(),
-                    &mut dw,
-                    (n, k, m),
-                    false,
-                )
+                gemms(g, (&qx, &qw, &qdy), (&mut y, &mut dx, &mut dw), fast)
             })?;
             rows.push(BenchRow {
                 name: format!("linear fwd+bwd fp8 tensorwise quantized ({label}) {shape}"),
@@ -352,28 +365,8 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
         let ms = time_ms(gpu, 3, 10, |g| {
             g.quantize_tensorwise_known_into(&x, &mut qx)?;
             g.quantize_tensorwise_known_into(&w, &mut qw)?;
-            g.gemm_fp8(
-                qx.rowwise_operand(),
-                qw.rowwise_operand(),
-                &mut y,
-                (m, n, k),
-                true,
-            )?;
             g.quantize_tensorwise_known_into(&dy, &mut qdy)?;
-            g.gemm_fp8(
-                qdy.rowwise_operand(),
-                qw.colwise_operand(),
-                &mut dx,
-                (m, k, n),
-                true,
-            )?;
-            g.gemm_fp8(
-                qdy.colwise_operand(),
-                qx.colwise_operand(),
-                &mut dw,
-                (n, k, m),
-                false,
-            )
+            gemms(g, (&qx, &qw, &qdy), (&mut y, &mut dx, &mut dw), true)
         })?;
         rows.push(BenchRow {
             name: format!(
