@@ -1527,22 +1527,11 @@ pub(crate) fn rel_frobenius_f64(got: &[f32], want: &[f64]) -> f64 {
 /// recipes), and one AdamW step against the formula on the host.
 pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::{AdamParams, GpuLlama};
-    use octet_nn::llama::{Llama, LlamaConfig};
+    use octet_nn::llama::Llama;
     use octet_tensor::{DType, Tensor};
     use std::collections::HashMap;
     let nn = |e: octet_nn::Error| Error::Shape(e.to_string());
-    let config = |c: usize, f: usize, l: usize, hq: usize, hkv: usize, t: usize| LlamaConfig {
-        vocab_size: 256,
-        hidden_size: c,
-        intermediate_size: f,
-        num_hidden_layers: l,
-        num_attention_heads: hq,
-        num_key_value_heads: hkv,
-        max_position_embeddings: t,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
-    };
+    let config = test_config;
     // Attention kernels alone: out within bf16 rounding; gradients within f32
     // accumulation noise of the f64 reference fed the GPU's own bf16 output.
     for (b, t, hq, hkv, d) in [
@@ -1883,6 +1872,30 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
+/// A byte-vocabulary Llama config of the given width `c`, MLP width `f`,
+/// layers `l`, heads `hq` / `hkv` and context `t`, for the GPU model checks.
+pub(crate) fn test_config(
+    c: usize,
+    f: usize,
+    l: usize,
+    hq: usize,
+    hkv: usize,
+    t: usize,
+) -> octet_nn::llama::LlamaConfig {
+    octet_nn::llama::LlamaConfig {
+        vocab_size: 256,
+        hidden_size: c,
+        intermediate_size: f,
+        num_hidden_layers: l,
+        num_attention_heads: hq,
+        num_key_value_heads: hkv,
+        max_position_embeddings: t,
+        rms_norm_eps: 1e-5,
+        rope_theta: 10000.0,
+        tie_word_embeddings: false,
+    }
+}
+
 /// Sharded data parallel on one rank (an NCCL communicator of one): three
 /// AdamW steps of the sharded model equal those of the plain model bit for
 /// bit (losses, masters), in bf16 (bf16 gathers) and in tensorwise with the
@@ -1895,21 +1908,10 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::{AdamParams, GpuLlama};
     use crate::nccl::NcclComm;
-    use octet_nn::llama::{Llama, LlamaConfig};
+    use octet_nn::llama::Llama;
     use octet_tensor::{DType, Tensor};
     use std::collections::HashMap;
-    let cfg = LlamaConfig {
-        vocab_size: 256,
-        hidden_size: 256,
-        intermediate_size: 512,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
-    };
+    let cfg = test_config(256, 512, 2, 4, 2, 64);
     let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 77)
         .map_err(|e| Error::Shape(e.to_string()))?
         .params()

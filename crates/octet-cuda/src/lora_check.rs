@@ -18,7 +18,7 @@ use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
 use crate::model::{AdamParams, GpuLlama};
 use crate::{Error, Gpu, Result};
 use octet_fp8::{BackwardMode, Recipe};
-use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
+use octet_nn::llama::{Llama, LoraSpec};
 use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
 use octet_tensor::mixed::WeightScaling;
 use octet_tensor::{DType, Tensor};
@@ -257,18 +257,7 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// three AdamW steps on the GPU change only the adapters, lower the loss, and
 /// `merged_weights` reproduces the adapted model's loss as a plain model.
 fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    let cfg = LlamaConfig {
-        vocab_size: 256,
-        hidden_size: 256,
-        intermediate_size: 512,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        tie_word_embeddings: false,
-    };
+    let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
     let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 91)
         .map_err(nn)?
         .params()

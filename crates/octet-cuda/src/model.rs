@@ -2638,7 +2638,7 @@ impl<'g> GpuLlama<'g> {
 
     /// Gather block `bi`'s seven weights in FP8: each rank's bf16 shard's
     /// amax, the maximum over the ranks (one all-reduce of the seven), each
-    /// shard cast with its tensor's one scale, the row-wise codes all-gathered
+    /// shard cast (row-wise only) with its tensor's one scale, the codes all-gathered
     /// (one NCCL group) and transposed here for the column-wise copy
     /// (per-tensor scaling transposes locally).
     fn gather_block_fp8(&mut self, bi: usize) -> Result<()> {
@@ -2662,30 +2662,27 @@ impl<'g> GpuLlama<'g> {
             flags.push(bad);
         }
         sh.comm.all_reduce(&mut amaxes, Reduce::Max)?;
+        // Each shard cast with its tensor's global amax, row-wise copy only
+        // (the gathered weight's column-wise copy is transposed locally below).
         let mut shards = Vec::with_capacity(nl);
-        for li in 0..nl {
+        for (li, nonfinite) in flags.into_iter().enumerate() {
             let si = self.blocks[bi].lin_slot[li];
             let part = sh.parts[si];
             let k = self.blocks[bi].lin[li].k;
             let w = sh.wsh[si]
                 .as_ref()
                 .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let amax = gpu.stream.clone_dtod(&amaxes.slice(li..li + 1))?;
-            let mut scale_inv: CudaSlice<f32> = gpu.alloc_zeros(1, "scale_inv")?;
-            // SAFETY (both): the cast kernel writes every code of the shard.
-            let mut row_sh: CudaSlice<u8> = unsafe { gpu.alloc_uninit(part.numel(), "FP8 shard")? };
-            let mut col_sh: CudaSlice<u8> = unsafe { gpu.alloc_uninit(part.numel(), "FP8 shard")? };
-            gpu.launch_cast(
+            let amax = TensorAmax {
+                amax_bits: gpu.stream.clone_dtod(&amaxes.slice(li..li + 1))?,
+                nonfinite,
+            };
+            shards.push(gpu.quantize_tensorwise_rowwise_known(
                 w,
-                (part.rows, k),
+                part.rows,
+                k,
                 octet_fp8::Format::E4M3,
-                &amax,
-                &mut row_sh,
-                &mut col_sh,
-                &mut scale_inv,
-                gpu.reverse_cast,
-            )?;
-            shards.push((row_sh, amax, scale_inv));
+                Some(amax),
+            )?);
         }
         // The gathered row-wise codes: straight into the weight's buffer when
         // the ranks' shards tile it exactly, through a padded buffer otherwise.
@@ -2697,14 +2694,12 @@ impl<'g> GpuLlama<'g> {
             full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
         }
         sh.comm.group(|| {
-            for ((row_sh, _, _), dst) in shards.iter().zip(full.iter_mut()) {
-                sh.comm.all_gather(row_sh, dst)?;
+            for (shard, dst) in shards.iter().zip(full.iter_mut()) {
+                sh.comm.all_gather(&shard.rowwise, dst)?;
             }
             Ok(())
         })?;
-        for (li, (((_, amax, scale_inv), gathered), nonfinite)) in
-            shards.into_iter().zip(full).zip(flags).enumerate()
-        {
+        for (li, (shard, gathered)) in shards.into_iter().zip(full).enumerate() {
             let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
             let rowwise = if gathered.len() == n * k {
                 gathered
@@ -2718,9 +2713,9 @@ impl<'g> GpuLlama<'g> {
                 format: octet_fp8::Format::E4M3,
                 rowwise,
                 colwise,
-                scale_inv,
-                amax_bits: amax,
-                nonfinite,
+                scale_inv: shard.scale_inv,
+                amax_bits: shard.amax_bits,
+                nonfinite: shard.nonfinite,
             })?;
         }
         Ok(())

@@ -276,7 +276,7 @@ impl Gpu {
     ) -> Result<DeviceFp8> {
         check_shape(rows, cols, x.len())?;
         let mut out = self.alloc_fp8_with(rows, cols, format, amax)?;
-        self.cast_with_own_amax(x, &mut out)?;
+        self.quantize_tensorwise_known_into(x, &mut out)?;
         Ok(out)
     }
 
