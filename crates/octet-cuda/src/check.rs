@@ -1903,8 +1903,11 @@ pub(crate) fn test_config(
 /// every collective is a copy, so any difference is a bug in the sharded
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
 /// locally transposed column-wise copy), with and without resharding after
-/// forward (the weights gathered again for backward must be the same bytes).
-/// Several ranks: `bench/gpu-dist.sh`.
+/// forward (the weights gathered again for backward must be the same bytes),
+/// with an evaluation forward after each step. The collectives run on the
+/// communicator's own stream, ordered with the compute stream by events, so
+/// these cases also check that ordering (a missing wait reads stale or
+/// half-written weights or gradients). Several ranks: `bench/gpu-dist.sh`.
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::{AdamParams, GpuLlama};
     use crate::nccl::NcclComm;
@@ -1948,6 +1951,9 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
                 model.adamw_step(p)?;
                 losses.push(loss);
+                // An evaluation forward (nothing kept, no backward) between
+                // steps: the sharded model gathers and frees the weights itself.
+                losses.push(model.forward(&toks, &tgts, (b, t), 1.0, false)?.0);
             }
             Ok(losses)
         };
@@ -1972,7 +1978,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let gathered = sharded.comm_stats().all_gather_bytes;
             out.push(CaseResult {
             name: format!(
-                "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps equal the plain model's",
+                "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps and evaluations equal the plain model's",
                 if fp8 { "FP8" } else { "bf16" },
                 if reshard { ", resharded after forward" } else { "" }
             ),

@@ -278,8 +278,11 @@ impl Gpu {
             )));
         }
         let ctx = CudaContext::new(ordinal)?;
-        // SAFETY: all of octet's work goes to the one stream below, in order,
-        // so cudarc's cross-stream event tracking has nothing to order.
+        // SAFETY: all of octet's kernels and copies go to the one stream below,
+        // in order. The one other stream, NCCL's (`nccl`), is ordered with it
+        // by explicit events, and every buffer it touches is allocated on this
+        // stream and dropped only after this stream waited for it, so cudarc's
+        // cross-stream event tracking has nothing left to order.
         unsafe { ctx.disable_event_tracking() };
         // A created stream rather than the legacy default one: CUDA graphs can
         // only be captured from created streams (GPU decoding captures one step).

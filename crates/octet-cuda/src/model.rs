@@ -1001,6 +1001,11 @@ impl<'g> GpuLlama<'g> {
         let mut h_amax = self.amax_for(0, 0, false)?;
         let (_, mut h, mut rstd1) = self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax)?;
         self.mark("rmsnorm")?;
+        // Sharded: block i + 1's weights are gathered while block i computes.
+        let mut gathering = match self.blocks.is_empty() {
+            true => None,
+            false => self.start_forward_gather(0)?,
+        };
         for bi in 0..self.blocks.len() {
             let mn = self.blocks[bi].mlp_norm;
             let next_norm = match self.blocks.get(bi + 1) {
@@ -1008,7 +1013,13 @@ impl<'g> GpuLlama<'g> {
                 None => self.norm_slot,
             };
             self.mark("other")?;
-            self.gather_for_block(bi)?;
+            if let Some(g) = gathering.take() {
+                self.finish_gather(bi, g, None)?;
+                self.mark("all-gather wait")?;
+            }
+            if bi + 1 < self.blocks.len() {
+                gathering = self.start_forward_gather(bi + 1)?;
+            }
             let mut lin_saved = Vec::with_capacity(7);
             // q, k and v read one quantization of h.
             let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax.take(), n)?;
@@ -1082,7 +1093,7 @@ impl<'g> GpuLlama<'g> {
                 return Err(Error::NonFiniteIn(format!("model.layers.{bi}: {what}")));
             }
             let prev = std::mem::replace(&mut x, x2);
-            self.reshard_after_block_forward(bi, &mut lin_saved)?;
+            self.after_block_forward(bi, &mut lin_saved, keep)?;
             if keep {
                 saved_blocks.push(BlockSaved {
                     x: prev,
@@ -1399,8 +1410,28 @@ impl<'g> GpuLlama<'g> {
         )?;
         drop((dh, xf, rstd_f));
         let (ni, ti, di) = (n as i32, t as i32, d as i32);
+        // Sharded: block i - 1's weights are gathered (when resharding) and
+        // block i + 1's gradients reduce-scattered while block i runs backward.
+        let mut gathering = match nblocks.checked_sub(1) {
+            Some(last) => self.start_backward_gather(last)?,
+            None => None,
+        };
+        let mut flushing = std::collections::VecDeque::new();
         for (bi, mut sb) in blocks.into_iter().enumerate().rev() {
-            self.gather_for_block_backward(bi, &mut sb.lin)?;
+            if let Some(g) = gathering.take() {
+                self.finish_gather(bi, g, Some(&mut sb.lin))?;
+                self.mark("all-gather wait")?;
+            }
+            if bi > 0 {
+                gathering = self.start_backward_gather(bi - 1)?;
+            }
+            // This block writes the gradient region of the block after next.
+            if flushing.len() >= 2 {
+                if let Some(f) = flushing.pop_front() {
+                    self.finish_flush(f)?;
+                    self.mark("reduce-scatter wait")?;
+                }
+            }
             let BlockSaved {
                 x,
                 rstd1,
@@ -1523,10 +1554,13 @@ impl<'g> GpuLlama<'g> {
             self.mark("rmsnorm bwd")?;
             if self.shard.is_some() {
                 let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
-                self.flush_grads(&ids)?;
-                self.mark("reduce-scatter")?;
+                flushing.extend(self.start_flush(&ids)?);
                 self.release_block_bf16(bi)?;
+                self.mark("reduce-scatter start")?;
             }
+        }
+        for f in flushing {
+            self.finish_flush(f)?;
         }
         if self.lora.is_some() {
             // The embedding is frozen.

@@ -4,6 +4,8 @@
 //! gradients, and AdamW on this rank's shards.
 
 use super::*;
+use crate::nccl::InFlight;
+
 /// One parameter's shard: rows `[rank * rows, (rank + 1) * rows)` of its
 /// first dimension (the last rank's padded with zero rows).
 #[derive(Clone, Copy, Debug)]
@@ -35,18 +37,28 @@ impl Part {
 ///
 /// Masters and AdamW moments live only as this rank's shard of every
 /// parameter (`master`, `m`, `v` hold the shards back to back, padded rows
-/// zero). Gradients are computed in full for one block at a time: every
-/// block's parameters share one region of `grad` (each padded to `world`
-/// shards, rank-major), and as soon as backward finishes a block, one grouped
-/// reduce-scatter sums its gradients over the ranks, this rank's shards are
-/// added to `gshard`, and the region is zeroed for the next block (the
-/// embedding, final norm and head have their own region, flushed at the
-/// end). After AdamW the compute copies are gathered: bf16 block weights and
-/// LM head, f32 embedding and norm gains (`rep`). Under the tensorwise recipe
-/// with an FP8 backward the block weights travel as FP8 instead, gathered
-/// block by block at each forward with one global scale (each rank's amax,
-/// then the maximum over the ranks): the bytes every rank holds are exactly
-/// those one rank would quantize from the whole weight.
+/// zero).
+///
+/// Block weights are gathered block by block, on the communicator's stream,
+/// one block ahead of the compute: block `i + 1`'s all-gather runs while
+/// block `i` computes (and block `i - 1`'s while block `i` runs backward,
+/// when resharding). bf16 weights are kept from a block's forward to its
+/// backward (or freed after the forward when resharding) and freed after the
+/// backward. Under the tensorwise recipe with an FP8 backward they travel as
+/// FP8 instead, with one global scale per tensor (each rank's amax, then the
+/// maximum over the ranks): the bytes every rank holds are exactly those one
+/// rank would quantize from the whole weight. After AdamW the other compute
+/// copies are gathered: the bf16 LM head, the f32 embedding and norm gains
+/// (`rep`).
+///
+/// Gradients are computed in full for one block at a time, in two regions
+/// of `grad` that even and odd blocks take in turn (each parameter padded to
+/// `world` shards, rank-major): as soon as backward finishes a block, one
+/// grouped reduce-scatter of its gradients starts on the communicator's
+/// stream while the next block runs backward; once it is done this rank's
+/// shards are added to `gshard` and the region is zeroed, before the block
+/// after next writes it (the embedding, final norm and head have their own
+/// region, flushed at the end).
 pub(super) struct Sharding<'g> {
     pub(super) comm: &'g NcclComm,
     pub(super) parts: Vec<Part>,
@@ -64,6 +76,87 @@ pub(super) struct Sharding<'g> {
     /// Block weights are gathered for each block's forward and again for its
     /// backward, and freed in between (FSDP's `reshard_after_forward`).
     pub(super) reshard: bool,
+    /// bf16 gathers: whether a block's full weights are on this rank now.
+    held: Vec<bool>,
+    /// FP8 gathers: the block weights' global amaxes until the next AdamW step.
+    weight_amax: Option<WeightAmax>,
+}
+
+impl Sharding<'_> {
+    /// bf16 gathers: free block `bi`'s (`blk`'s) full weights if it holds them.
+    fn release_bf16(&mut self, gpu: &Gpu, bi: usize, blk: &mut Block) -> Result<()> {
+        if self.fp8 || !self.held[bi] {
+            return Ok(());
+        }
+        for l in &mut blk.lin {
+            l.weight = gpu.alloc_zeros(1, "placeholder")?;
+        }
+        self.held[bi] = false;
+        Ok(())
+    }
+}
+
+/// The amaxes of the block weights over all ranks (FP8 gathers).
+pub(super) struct WeightAmax {
+    /// f32 bits, one per parameter slot (zero for the others).
+    bits: CudaSlice<u32>,
+    /// This rank's non-finite flag per block weight slot.
+    nonfinite: Vec<Option<CudaSlice<u32>>>,
+}
+
+/// Each block weight's local amax (`local`, per slot) reduced to the maximum
+/// over the ranks (one all-reduce).
+fn reduce_amaxes(gpu: &Gpu, comm: &NcclComm, local: Vec<Option<TensorAmax>>) -> Result<WeightAmax> {
+    let mut bits: CudaSlice<u32> = gpu.alloc_zeros(local.len().max(1), "weight amaxes")?;
+    let mut nonfinite = Vec::with_capacity(local.len());
+    for (si, a) in local.into_iter().enumerate() {
+        nonfinite.push(match a {
+            Some(a) => {
+                gpu.stream
+                    .memcpy_dtod(&a.amax_bits, &mut bits.slice_mut(si..si + 1))?;
+                Some(a.nonfinite)
+            }
+            None => None,
+        });
+    }
+    comm.all_reduce(&mut bits, Reduce::Max)?;
+    Ok(WeightAmax { bits, nonfinite })
+}
+
+/// A block's weights being all-gathered, with the buffers the gather reads and writes.
+pub(super) type Gathering = InFlight<BlockGather>;
+
+/// The buffers of one block's all-gather.
+pub(super) enum BlockGather {
+    /// Full bf16 weights (padded where the shards overhang).
+    Bf16(Vec<CudaSlice<u16>>),
+    /// This rank's FP8 shards (their codes are sent; their scales are the
+    /// tensors') and the full row-wise codes (padded).
+    Fp8 {
+        shards: Vec<DeviceFp8>,
+        full: Vec<CudaSlice<u8>>,
+    },
+}
+
+/// A block's gradients being reduce-scattered.
+pub(super) struct Flush {
+    /// The parameters.
+    ids: Vec<usize>,
+    /// Their full gradients are zeroed once the reduce-scatter is done (f32;
+    /// the bf16 path zeroes them when it converts).
+    zero: bool,
+    run: InFlight<FlushBufs>,
+}
+
+/// The buffers of one reduce-scatter.
+pub(super) enum FlushBufs {
+    /// This rank's summed shards (the sends are the gradient regions).
+    F32(CudaSlice<f32>),
+    /// The bf16 copies sent and this rank's summed shards.
+    Bf16 {
+        send: CudaSlice<u16>,
+        tmp: CudaSlice<u16>,
+    },
 }
 
 /// Gather every rank's `send` (one [`Part`], `part.numel()` elements) into
@@ -191,15 +284,15 @@ impl<'g> GpuLlama<'g> {
             shard_host.extend(mine);
             parts.push(part);
         }
-        // Gradient layout: the blocks' parameters share one region (backward
-        // reduce-scatters a block's gradients once they are complete, then
-        // zeroes the region for the next block); the embedding, final norm and
-        // head follow, each padded to `world` shards.
+        // Gradient layout: even and odd blocks take two regions in turn
+        // (backward reduce-scatters a block's gradients once they are
+        // complete, while the next block writes the other region); the
+        // embedding, final norm and head follow, each padded to `world` shards.
         let block_ids = |i: usize| 1 + 9 * i..1 + 9 * (i + 1);
         let mut off = 0;
-        let mut region = Vec::with_capacity(9);
-        if !blocks.is_empty() {
-            for j in block_ids(0) {
+        let mut regions = [Vec::with_capacity(9), Vec::with_capacity(9)];
+        for (r, region) in regions.iter_mut().enumerate().take(blocks.len()) {
+            for j in block_ids(r) {
                 region.push(off);
                 off += world * parts[j].numel();
             }
@@ -215,7 +308,7 @@ impl<'g> GpuLlama<'g> {
                         slots[sid].name
                     )));
                 }
-                slots[sid].offset = region[j];
+                slots[sid].offset = regions[i % 2][j];
             }
         }
         for (sid, sl) in slots.iter_mut().enumerate() {
@@ -233,10 +326,13 @@ impl<'g> GpuLlama<'g> {
                 }
             ) && r.backward() != octet_fp8::BackwardMode::HighPrecision
         });
-        if fp8 {
-            for blk in blocks.iter_mut() {
-                for l in &mut blk.lin {
+        for blk in blocks.iter_mut() {
+            for l in &mut blk.lin {
+                if fp8 {
                     l.use_external_weight(gpu)?;
+                } else {
+                    // Gathered for each block's forward.
+                    l.weight = gpu.alloc_zeros(1, "placeholder")?;
                 }
             }
         }
@@ -250,6 +346,8 @@ impl<'g> GpuLlama<'g> {
             fp8,
             bf16_grads: false,
             reshard: false,
+            held: vec![false; blocks.len()],
+            weight_amax: None,
         };
         Ok((gpu.upload(&shard_host)?, full_off, Some(sharding)))
     }
@@ -281,9 +379,9 @@ impl<'g> GpuLlama<'g> {
     /// FSDP's `reshard_after_forward`: each block's weights are gathered
     /// before its forward, freed after it, and gathered again before its
     /// backward (one more all-gather of the block weights per step), so that
-    /// no rank holds more than one block's full weights at a time. Off, the
-    /// bf16 block weights stay gathered from one AdamW step to the next, and
-    /// FP8-gathered ones from a block's forward to its backward. Sharded only.
+    /// no rank holds more than two blocks' full weights at a time (the one
+    /// computing and the one being gathered). Off, a block's gathered weights
+    /// stay from its forward to its backward. Set between steps. Sharded only.
     pub fn set_reshard_after_forward(&mut self, on: bool) -> Result<()> {
         let Some(sh) = self.shard.as_mut() else {
             return Err(Error::Shape(
@@ -291,14 +389,8 @@ impl<'g> GpuLlama<'g> {
             ));
         };
         sh.reshard = on;
-        if on {
-            for bi in 0..self.blocks.len() {
-                self.release_block_bf16(bi)?;
-            }
-        } else if !self.fp8_gather() {
-            for bi in 0..self.blocks.len() {
-                self.gather_block_bf16(bi)?;
-            }
+        for bi in 0..self.blocks.len() {
+            self.release_block_bf16(bi)?;
         }
         Ok(())
     }
@@ -308,33 +400,97 @@ impl<'g> GpuLlama<'g> {
         self.shard.as_ref().is_some_and(|sh| sh.reshard)
     }
 
-    /// Before block `bi`'s forward: its weights gathered in FP8 (each
-    /// forward), or in bf16 when resharding after forward.
-    pub(super) fn gather_for_block(&mut self, bi: usize) -> Result<()> {
-        let Some(sh) = self.shard.as_ref() else {
-            return Ok(());
-        };
-        if sh.fp8 {
-            self.gather_block_fp8(bi)?;
-            self.mark("fp8 all-gather")?;
-        } else if sh.reshard {
-            self.gather_block_bf16(bi)?;
-            self.mark("bf16 all-gather")?;
+    /// Start gathering block `bi`'s weights for its forward, on the
+    /// communicator's stream: FP8 every forward; bf16 unless the block holds
+    /// them already. `None` when there is nothing to gather.
+    pub(super) fn start_forward_gather(&mut self, bi: usize) -> Result<Option<Gathering>> {
+        match &self.shard {
+            Some(sh) if sh.fp8 => self.start_gather_fp8(bi).map(Some),
+            Some(sh) if !sh.held[bi] => self.start_gather_bf16(bi).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// Start gathering block `bi`'s weights again for its backward, where
+    /// they were resharded after forward (bf16 ones are never held across
+    /// an optimizer step either way).
+    pub(super) fn start_backward_gather(&mut self, bi: usize) -> Result<Option<Gathering>> {
+        match &self.shard {
+            Some(sh) if sh.fp8 && sh.reshard => self.start_gather_fp8(bi).map(Some),
+            Some(sh) if !sh.fp8 && !sh.held[bi] => self.start_gather_bf16(bi).map(Some),
+            _ => Ok(None),
+        }
+    }
+
+    /// The compute stream waits for block `bi`'s gather and the layers take
+    /// the weights: bf16 as their weights; FP8 with the column-wise copy
+    /// transposed here (per-tensor scaling transposes locally), given to the
+    /// next forward, or straight to the backward's `saved` layers.
+    pub(super) fn finish_gather(
+        &mut self,
+        bi: usize,
+        g: Gathering,
+        saved: Option<&mut [ProjSaved]>,
+    ) -> Result<()> {
+        let gpu = self.gpu;
+        match g.wait()? {
+            BlockGather::Bf16(full) => {
+                for (l, f) in self.blocks[bi].lin.iter_mut().zip(full) {
+                    l.weight = if f.len() == l.n * l.k {
+                        f
+                    } else {
+                        gpu.stream.clone_dtod(&f.slice(..l.n * l.k))?
+                    };
+                }
+                if let Some(sh) = self.shard.as_mut() {
+                    sh.held[bi] = true;
+                }
+            }
+            BlockGather::Fp8 { shards, full } => {
+                for (li, (shard, gathered)) in shards.into_iter().zip(full).enumerate() {
+                    let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
+                    let rowwise = if gathered.len() == n * k {
+                        gathered
+                    } else {
+                        gpu.stream.clone_dtod(&gathered.slice(..n * k))?
+                    };
+                    let colwise = gpu.transpose_u8(&rowwise, n, k)?;
+                    self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
+                        rows: n,
+                        cols: k,
+                        format: octet_fp8::Format::E4M3,
+                        rowwise,
+                        colwise,
+                        scale_inv: shard.scale_inv,
+                        amax_bits: shard.amax_bits,
+                        nonfinite: shard.nonfinite,
+                    })?;
+                }
+                if let Some(saved) = saved {
+                    for (li, ps) in saved.iter_mut().enumerate() {
+                        if let ProjSaved::Full(s) = ps {
+                            self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
+                        }
+                    }
+                }
+            }
         }
         Ok(())
     }
 
-    /// After block `bi`'s forward, resharding: the FP8 weights its saved
-    /// layers keep for backward dropped, or its bf16 weights freed.
-    pub(super) fn reshard_after_block_forward(
+    /// After block `bi`'s forward: resharding (or with no backward to
+    /// follow), the FP8 weights its saved layers keep dropped, or its bf16
+    /// weights freed.
+    pub(super) fn after_block_forward(
         &mut self,
         bi: usize,
         saved: &mut [ProjSaved],
+        keep: bool,
     ) -> Result<()> {
         let Some(sh) = self.shard.as_ref() else {
             return Ok(());
         };
-        if !sh.reshard {
+        if keep && !sh.reshard {
             return Ok(());
         }
         if sh.fp8 {
@@ -349,104 +505,118 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
-    /// Before block `bi`'s backward, resharding: its weights gathered again
-    /// (FP8: into the saved layers, the bytes the forward used).
-    pub(super) fn gather_for_block_backward(
-        &mut self,
-        bi: usize,
-        saved: &mut [ProjSaved],
-    ) -> Result<()> {
-        let Some(sh) = self.shard.as_ref() else {
-            return Ok(());
-        };
-        if !sh.reshard {
-            return Ok(());
+    /// bf16 gathers: free block `bi`'s full weights (after its backward, or
+    /// its forward when resharding or when no backward follows).
+    pub(super) fn release_block_bf16(&mut self, bi: usize) -> Result<()> {
+        match self.shard.as_mut() {
+            Some(sh) => sh.release_bf16(self.gpu, bi, &mut self.blocks[bi]),
+            None => Ok(()),
         }
-        if sh.fp8 {
-            self.gather_block_fp8(bi)?;
-            let gpu = self.gpu;
-            for (li, ps) in saved.iter_mut().enumerate() {
-                if let ProjSaved::Full(s) = ps {
-                    self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
+    }
+
+    /// Launch the all-gather of block `bi`'s bf16 weights (one NCCL group)
+    /// into full buffers (padded where the ranks' shards overhang).
+    fn start_gather_bf16(&mut self, bi: usize) -> Result<Gathering> {
+        let gpu = self.gpu;
+        let sh = self
+            .shard
+            .as_ref()
+            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let world = sh.comm.world();
+        let mut sends = Vec::with_capacity(7);
+        let mut full = Vec::with_capacity(7);
+        for &si in &self.blocks[bi].lin_slot {
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            sends.push(w);
+            // SAFETY: the all-gather writes every element.
+            full.push(unsafe { gpu.alloc_uninit::<u16>(world * w.len(), "gathered bf16 weight")? });
+        }
+        let comm = sh.comm;
+        comm.start(BlockGather::Bf16(full), |g| {
+            let BlockGather::Bf16(full) = g else {
+                return Err(Error::Shape("bf16 gather buffers".into()));
+            };
+            for (w, dst) in sends.iter().zip(full.iter_mut()) {
+                let (ns, nd) = (w.len(), dst.len());
+                // SAFETY: bf16 and u16 have the same size; the bits are only moved.
+                let (s, d) = unsafe {
+                    (
+                        w.transmute::<half::bf16>(ns),
+                        dst.transmute_mut::<half::bf16>(nd),
+                    )
+                };
+                match (s, d) {
+                    (Some(s), Some(mut d)) => comm.all_gather(&s, &mut d)?,
+                    _ => return Err(Error::Shape("bf16 view of a gather buffer".into())),
                 }
             }
-            self.mark("fp8 all-gather")
-        } else {
-            self.gather_block_bf16(bi)?;
-            self.mark("bf16 all-gather")
-        }
+            Ok(())
+        })
     }
 
-    /// Gather block `bi`'s bf16 weights from the ranks' shards into full buffers.
-    pub(super) fn gather_block_bf16(&mut self, bi: usize) -> Result<()> {
+    /// Every block weight's amax over the ranks, for the FP8 gathers until
+    /// the next AdamW step: each rank's bf16 shard's amax (AdamW records it
+    /// as it writes the shard; measured here before the first step), then
+    /// the maximum over the ranks, one all-reduce for the whole model.
+    fn weight_amaxes(&mut self) -> Result<()> {
         let gpu = self.gpu;
-        let Some(sh) = self.shard.as_ref() else {
+        let Some(sh) = self.shard.as_mut() else {
             return Ok(());
         };
-        for li in 0..self.blocks[bi].lin.len() {
-            let si = self.blocks[bi].lin_slot[li];
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let l = &mut self.blocks[bi].lin[li];
-            // SAFETY: the all-gather writes every element.
-            l.weight = unsafe { gpu.alloc_uninit(l.n * l.k, "gathered bf16 weight")? };
-            gather_bf16(gpu, sh.comm, w, &mut l.weight)?;
+        if sh.weight_amax.is_some() {
+            return Ok(());
         }
+        let mut local = Vec::with_capacity(sh.wsh.len());
+        for (si, w) in sh.wsh.iter().enumerate() {
+            let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
+            local.push(match (w, is_block) {
+                (Some(w), true) => {
+                    let mut a = TensorAmax {
+                        amax_bits: gpu.alloc_zeros(1, "amax")?,
+                        nonfinite: gpu.alloc_zeros(1, "flag")?,
+                    };
+                    gpu.launch_amax(w, &mut a.amax_bits, &mut a.nonfinite)?;
+                    Some(a)
+                }
+                _ => None,
+            });
+        }
+        sh.weight_amax = Some(reduce_amaxes(gpu, sh.comm, local)?);
         Ok(())
     }
 
-    /// Resharding with bf16 gathers: free block `bi`'s full bf16 weights.
-    pub(super) fn release_block_bf16(&mut self, bi: usize) -> Result<()> {
+    /// Launch the FP8 all-gather of block `bi`'s seven weights: each shard
+    /// cast (row-wise only) with its tensor's global scale, then the codes
+    /// gathered (one NCCL group). The bytes every rank ends up with are the
+    /// ones one rank would quantize from the whole weight.
+    fn start_gather_fp8(&mut self, bi: usize) -> Result<Gathering> {
+        self.weight_amaxes()?;
         let gpu = self.gpu;
-        if !self.shard.as_ref().is_some_and(|sh| sh.reshard && !sh.fp8) {
-            return Ok(());
-        }
-        for l in &mut self.blocks[bi].lin {
-            l.weight = gpu.alloc_zeros(1, "placeholder")?;
-        }
-        Ok(())
-    }
-
-    /// Gather block `bi`'s seven weights in FP8: each rank's bf16 shard's
-    /// amax, the maximum over the ranks (one all-reduce of the seven), each
-    /// shard cast (row-wise only) with its tensor's one scale, the codes all-gathered
-    /// (one NCCL group) and transposed here for the column-wise copy
-    /// (per-tensor scaling transposes locally).
-    pub(super) fn gather_block_fp8(&mut self, bi: usize) -> Result<()> {
-        let gpu = self.gpu;
-        let Some(sh) = self.shard.as_ref() else {
-            return Ok(());
-        };
-        let nl = self.blocks[bi].lin.len();
-        let mut amaxes: CudaSlice<u32> = gpu.alloc_zeros(nl, "amax")?;
-        let mut flags = Vec::with_capacity(nl);
-        for li in 0..nl {
-            let si = self.blocks[bi].lin_slot[li];
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let mut amax: CudaSlice<u32> = gpu.alloc_zeros(1, "amax")?;
-            let mut bad: CudaSlice<u32> = gpu.alloc_zeros(1, "flag")?;
-            gpu.launch_amax(w, &mut amax, &mut bad)?;
-            gpu.stream
-                .memcpy_dtod(&amax, &mut amaxes.slice_mut(li..li + 1))?;
-            flags.push(bad);
-        }
-        sh.comm.all_reduce(&mut amaxes, Reduce::Max)?;
-        // Each shard cast with its tensor's global amax, row-wise copy only
-        // (the gathered weight's column-wise copy is transposed locally below).
-        let mut shards = Vec::with_capacity(nl);
-        for (li, nonfinite) in flags.into_iter().enumerate() {
-            let si = self.blocks[bi].lin_slot[li];
+        let sh = self
+            .shard
+            .as_ref()
+            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let wa = sh
+            .weight_amax
+            .as_ref()
+            .ok_or_else(|| Error::Shape("block weight amaxes missing".into()))?;
+        let world = sh.comm.world();
+        let mut shards = Vec::with_capacity(7);
+        let mut full = Vec::with_capacity(7);
+        for (li, &si) in self.blocks[bi].lin_slot.iter().enumerate() {
             let part = sh.parts[si];
             let k = self.blocks[bi].lin[li].k;
             let w = sh.wsh[si]
                 .as_ref()
                 .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let nonfinite = wa.nonfinite[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no amax", self.slots[si].name)))?;
             let amax = TensorAmax {
-                amax_bits: gpu.stream.clone_dtod(&amaxes.slice(li..li + 1))?,
-                nonfinite,
+                amax_bits: gpu.stream.clone_dtod(&wa.bits.slice(si..si + 1))?,
+                nonfinite: gpu.stream.clone_dtod(nonfinite)?,
             };
             shards.push(gpu.quantize_tensorwise_rowwise_known(
                 w,
@@ -455,49 +625,25 @@ impl<'g> GpuLlama<'g> {
                 octet_fp8::Format::E4M3,
                 Some(amax),
             )?);
-        }
-        // The gathered row-wise codes: straight into the weight's buffer when
-        // the ranks' shards tile it exactly, through a padded buffer otherwise.
-        let world = sh.comm.world();
-        let mut full: Vec<CudaSlice<u8>> = Vec::with_capacity(nl);
-        for li in 0..nl {
-            let part = sh.parts[self.blocks[bi].lin_slot[li]];
             // SAFETY: the all-gather writes every code.
             full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
         }
-        sh.comm.group(|| {
+        let comm = sh.comm;
+        comm.start(BlockGather::Fp8 { shards, full }, |g| {
+            let BlockGather::Fp8 { shards, full } = g else {
+                return Err(Error::Shape("FP8 gather buffers".into()));
+            };
             for (shard, dst) in shards.iter().zip(full.iter_mut()) {
-                sh.comm.all_gather(&shard.rowwise, dst)?;
+                comm.all_gather(&shard.rowwise, dst)?;
             }
             Ok(())
-        })?;
-        for (li, (shard, gathered)) in shards.into_iter().zip(full).enumerate() {
-            let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
-            let rowwise = if gathered.len() == n * k {
-                gathered
-            } else {
-                gpu.stream.clone_dtod(&gathered.slice(..n * k))?
-            };
-            let colwise = gpu.transpose_u8(&rowwise, n, k)?;
-            self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
-                rows: n,
-                cols: k,
-                format: octet_fp8::Format::E4M3,
-                rowwise,
-                colwise,
-                scale_inv: shard.scale_inv,
-                amax_bits: shard.amax_bits,
-                nonfinite: shard.nonfinite,
-            })?;
-        }
-        Ok(())
+        })
     }
 
     /// AdamW on this rank's shards: gradients reduce-scattered (summed: each
     /// rank's loss is already scaled by the global token count), the global
     /// norm from every rank's shard (one f64 all-reduce), the update, then
-    /// the compute copies gathered (block weights in bf16 here, or in FP8 at
-    /// the next forward).
+    /// the compute copies gathered (block weights at the next forward).
     pub(super) fn adamw_step_sharded(&mut self, p: AdamParams) -> Result<f32> {
         self.mark("other")?;
         let gpu = self.gpu;
@@ -547,8 +693,25 @@ impl<'g> GpuLlama<'g> {
         let norm = sh.comm.sum_f64(gpu, local)?.sqrt() as f32;
         let (clip, bc1, bc2) = self.begin_step(norm, &p)?;
         let s = &gpu.stream;
+        // Block weights gathered in FP8: AdamW records each bf16 shard's amax
+        // as it writes it, for the next gathers' global scales.
+        let mut local = Vec::with_capacity(self.slots.len());
+        // Stale after this step: bf16 weights still held (a forward whose
+        // backward never ran).
+        for (bi, blk) in self.blocks.iter_mut().enumerate() {
+            sh.release_bf16(gpu, bi, blk)?;
+        }
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
+            let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
+            let mut amax = if sh.fp8 && is_block {
+                Some(TensorAmax {
+                    amax_bits: gpu.alloc_zeros(1, "amax")?,
+                    nonfinite: gpu.alloc_zeros(1, "flag")?,
+                })
+            } else {
+                None
+            };
             let wd = if self.slots[si].decay {
                 p.weight_decay
             } else {
@@ -563,14 +726,20 @@ impl<'g> GpuLlama<'g> {
                 s,
                 &self.f.adamw,
                 (&mut pm, &g, &mut mm, &mut vm),
-                (sh.wsh[si].as_mut(), &mut None),
+                (sh.wsh[si].as_mut(), &mut amax),
                 &p,
                 wd,
                 (bc1, bc2, clip),
             )?;
+            local.push(amax);
         }
-        // The compute copies: f32 embedding and gains, bf16 head, bf16 block
-        // weights unless they travel in FP8 at the next forward.
+        sh.weight_amax = if sh.fp8 {
+            Some(reduce_amaxes(gpu, sh.comm, local)?)
+        } else {
+            None
+        };
+        // The compute copies: f32 embedding and gains, bf16 head (block
+        // weights are gathered at the next forward).
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
             let numel = self.slots[si].numel;
@@ -585,15 +754,6 @@ impl<'g> GpuLlama<'g> {
             };
             if si == self.head_slot {
                 gather_bf16(gpu, sh.comm, w, &mut self.head)?;
-            } else if !sh.fp8 && !sh.reshard {
-                let dst = self
-                    .blocks
-                    .iter_mut()
-                    .flat_map(|b| b.lin.iter_mut().zip(b.lin_slot))
-                    .find(|(_, s)| *s == si)
-                    .map(|(l, _)| l)
-                    .ok_or_else(|| Error::Shape(format!("slot {si} has no layer")))?;
-                gather_bf16(gpu, sh.comm, w, &mut dst.weight)?;
             }
         }
         Ok(norm)
@@ -629,61 +789,64 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Sharded: reduce-scatter the finished gradients of parameters `ids`
-    /// (summed over the ranks), add them to this rank's shards, and zero
-    /// their full gradients (the region the next block reuses).
+    /// (summed over the ranks) and add them to this rank's shards, waiting
+    /// for it here ([`GpuLlama::start_flush`] and [`GpuLlama::finish_flush`]).
     pub(super) fn flush_grads(&mut self, ids: &[usize]) -> Result<()> {
+        match self.start_flush(ids)? {
+            Some(f) => self.finish_flush(f),
+            None => Ok(()),
+        }
+    }
+
+    /// Launch the reduce-scatter of the finished gradients of parameters
+    /// `ids` on the communicator's stream (one NCCL group; in bf16, through a
+    /// converted copy, the region is zeroed at once). The compute stream goes
+    /// on; [`GpuLlama::finish_flush`] waits for it.
+    pub(super) fn start_flush(&mut self, ids: &[usize]) -> Result<Option<Flush>> {
         let gpu = self.gpu;
         let Some(sh) = self.shard.as_mut() else {
-            return Ok(());
+            return Ok(None);
         };
         let world = sh.comm.world();
         let total: usize = ids.iter().map(|&i| sh.parts[i].numel()).sum();
-        if sh.bf16_grads {
-            return self.flush_grads_bf16(ids, total);
-        }
-        // SAFETY: the reduce-scatters write every element.
-        let mut tmp: CudaSlice<f32> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
-        let grad = &self.grad;
+        let comm = sh.comm;
+        let parts = &sh.parts;
         let slots = &self.slots;
-        let (comm, parts) = (sh.comm, &sh.parts);
-        comm.group(|| {
-            let mut o = 0;
-            for &i in ids {
-                let n = parts[i].numel();
-                let send = grad.slice(slots[i].offset..slots[i].offset + world * n);
-                comm.reduce_scatter(&send, &mut tmp.slice_mut(o..o + n), Reduce::Sum)?;
-                o += n;
-            }
-            Ok(())
-        })?;
-        accumulate_shards(gpu, &self.f.add, &mut sh.gshard, &sh.parts, ids, &tmp)?;
-        for &i in ids {
-            let off = self.slots[i].offset;
-            let n = world * sh.parts[i].numel();
-            gpu.stream
-                .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
+        if !sh.bf16_grads {
+            // SAFETY: the reduce-scatters write every element.
+            let tmp: CudaSlice<f32> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
+            let grad = &self.grad;
+            let run = comm.start(FlushBufs::F32(tmp), |b| {
+                let FlushBufs::F32(tmp) = b else {
+                    return Err(Error::Shape("f32 gradient buffers".into()));
+                };
+                let mut o = 0;
+                for &i in ids {
+                    let n = parts[i].numel();
+                    let send = grad.slice(slots[i].offset..slots[i].offset + world * n);
+                    comm.reduce_scatter(&send, &mut tmp.slice_mut(o..o + n), Reduce::Sum)?;
+                    o += n;
+                }
+                Ok(())
+            })?;
+            return Ok(Some(Flush {
+                ids: ids.to_vec(),
+                zero: true,
+                run,
+            }));
         }
-        Ok(())
-    }
-
-    /// [`GpuLlama::flush_grads`] with bf16 on the wire.
-    pub(super) fn flush_grads_bf16(&mut self, ids: &[usize], total: usize) -> Result<()> {
-        let gpu = self.gpu;
-        let Some(sh) = self.shard.as_mut() else {
-            return Ok(());
-        };
-        let world = sh.comm.world();
-        let full: usize = world * total;
         // SAFETY: `to_bf16` writes every element of `send`; the reduce-scatters every one of `tmp`.
-        let mut send: CudaSlice<u16> = unsafe { gpu.alloc_uninit(full, "bf16 gradients")? };
-        let mut tmp: CudaSlice<u16> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
+        let mut send: CudaSlice<u16> =
+            unsafe { gpu.alloc_uninit(world * total, "bf16 gradients")? };
+        let tmp: CudaSlice<u16> = unsafe { gpu.alloc_uninit(total, "gradient shards")? };
         let mut o = 0;
         for &i in ids {
-            let n = world * sh.parts[i].numel();
-            let off = self.slots[i].offset;
+            let n = world * parts[i].numel();
+            let off = slots[i].offset;
             let src = self.grad.slice(off..off + n);
             let mut dst = send.slice_mut(o..o + n);
             let null: u64 = 0;
+            // SAFETY: `to_bf16` (train.cu) reads `n` f32 and writes `n` bf16 bits; no amax.
             unsafe {
                 gpu.stream
                     .launch_builder(&self.f.to_bf16)
@@ -698,18 +861,20 @@ impl<'g> GpuLlama<'g> {
                 .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
             o += n;
         }
-        let (comm, parts) = (sh.comm, &sh.parts);
-        // SAFETY: bf16 and u16 have the same size; NCCL reads and writes bf16 values.
-        let (send16, tmp16) = unsafe {
-            (
-                send.transmute::<half::bf16>(full),
-                tmp.transmute_mut::<half::bf16>(total),
-            )
-        };
-        let (Some(send16), Some(mut tmp16)) = (send16, tmp16) else {
-            return Err(Error::Shape("bf16 view of the gradients".into()));
-        };
-        comm.group(|| {
+        let run = comm.start(FlushBufs::Bf16 { send, tmp }, |b| {
+            let FlushBufs::Bf16 { send, tmp } = b else {
+                return Err(Error::Shape("bf16 gradient buffers".into()));
+            };
+            // SAFETY: bf16 and u16 have the same size; NCCL reads and writes bf16 values.
+            let (send16, tmp16) = unsafe {
+                (
+                    send.transmute::<half::bf16>(world * total),
+                    tmp.transmute_mut::<half::bf16>(total),
+                )
+            };
+            let (Some(send16), Some(mut tmp16)) = (send16, tmp16) else {
+                return Err(Error::Shape("bf16 view of the gradients".into()));
+            };
             let (mut o, mut t) = (0, 0);
             for &i in ids {
                 let n = parts[i].numel();
@@ -720,7 +885,40 @@ impl<'g> GpuLlama<'g> {
             }
             Ok(())
         })?;
-        accumulate_shards(gpu, &self.f.add_bf16, &mut sh.gshard, &sh.parts, ids, &tmp)
+        Ok(Some(Flush {
+            ids: ids.to_vec(),
+            zero: false,
+            run,
+        }))
+    }
+
+    /// The compute stream waits for a reduce-scatter [`GpuLlama::start_flush`]
+    /// launched, adds the shards to `gshard`, and zeroes the parameters' full
+    /// gradients (the region a later block reuses) where that waited for it.
+    pub(super) fn finish_flush(&mut self, f: Flush) -> Result<()> {
+        let gpu = self.gpu;
+        let Some(sh) = self.shard.as_mut() else {
+            return Ok(());
+        };
+        let Flush { ids, zero, run } = f;
+        match run.wait()? {
+            FlushBufs::F32(tmp) => {
+                accumulate_shards(gpu, &self.f.add, &mut sh.gshard, &sh.parts, &ids, &tmp)?
+            }
+            FlushBufs::Bf16 { tmp, .. } => {
+                accumulate_shards(gpu, &self.f.add_bf16, &mut sh.gshard, &sh.parts, &ids, &tmp)?
+            }
+        }
+        if zero {
+            let world = sh.comm.world();
+            for &i in &ids {
+                let off = self.slots[i].offset;
+                let n = world * sh.parts[i].numel();
+                gpu.stream
+                    .memset_zeros(&mut self.grad.slice_mut(off..off + n))?;
+            }
+        }
+        Ok(())
     }
 
     /// Bytes and calls this rank handed to NCCL so far (zero when not sharded).
