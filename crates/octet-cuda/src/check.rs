@@ -1898,8 +1898,9 @@ pub(crate) fn test_config(
 
 /// Sharded data parallel on one rank (an NCCL communicator of one): three
 /// AdamW steps of the sharded model equal those of the plain model bit for
-/// bit (losses, masters), in bf16 (bf16 gathers) and in tensorwise with the
-/// quantized backward (FP8 gathers with the all-reduced amax). With one rank
+/// bit (losses, masters), in bf16 (bf16 gathers), in tensorwise with the
+/// quantized backward (FP8 gathers with the all-reduced amax) and in delayed
+/// (FP8 gathers with the scale from the history). With one rank
 /// every collective is a copy, so any difference is a bug in the sharded
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
 /// locally transposed column-wise copy), with and without resharding after
@@ -1937,7 +1938,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         grad_clip: 1.0,
     };
     let comm = NcclComm::new(gpu, 0, 1, &NcclComm::unique_id()?)?;
-    for recipe_name in ["bf16", "tensorwise"] {
+    for recipe_name in ["bf16", "tensorwise", "delayed"] {
         let recipe = match recipe_name {
             "bf16" => None,
             r => Some(octet_fp8::Recipe::from_name(r)?),

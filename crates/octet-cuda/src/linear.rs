@@ -269,18 +269,34 @@ impl GpuLinear {
     /// From now on the weight comes quantized from outside, one
     /// [`GpuLinear::set_gathered`] per forward (sharded data parallel: the
     /// per-tensor FP8 weight gathered from the ranks' shards); the bf16 weight
-    /// is freed. Only the tensorwise recipe with the `quantized` or
-    /// `dequantized` backward takes it: the others read a bf16 weight.
+    /// is freed. Only per-tensor E4M3 weights with an FP8 backward take it
+    /// (tensorwise with the `quantized` or `dequantized` backward, delayed):
+    /// the others read a bf16 weight. Delayed scaling: whoever quantizes the
+    /// weight casts with [`GpuLinear::weight_delayed_state`]'s scale and
+    /// records its amax there.
     pub fn use_external_weight(&mut self, gpu: &Gpu) -> Result<()> {
-        if self.kind != Kind::Tensorwise || self.backward == BackwardMode::HighPrecision {
+        let per_tensor = matches!(self.kind, Kind::Tensorwise | Kind::Delayed);
+        let e4m3 = self
+            .recipe
+            .is_some_and(|r| r.format(octet_fp8::Role::Weight) == Format::E4M3);
+        if !per_tensor || !e4m3 || self.backward == BackwardMode::HighPrecision {
             return Err(Error::Shape(format!(
-                "an FP8 weight from outside needs the tensorwise recipe with a quantized or dequantized backward, not {:?}",
+                "an FP8 weight from outside needs per-tensor E4M3 weights (tensorwise or delayed) with a quantized or dequantized backward, not {:?}",
                 self.recipe.map(|r| r.to_string())
             )));
         }
         self.external = true;
         self.weight = gpu.alloc_zeros(1, "placeholder")?;
         Ok(())
+    }
+
+    /// Delayed scaling: the weight's state (its scale to cast with, the
+    /// step's amax to record into); `None` for other recipes.
+    pub(crate) fn weight_delayed_state(&mut self) -> Option<&mut crate::delayed::DeviceDelayed> {
+        match self.kind {
+            Kind::Delayed => self.states.get_mut(1),
+            _ => None,
+        }
     }
 
     /// Whether the weight comes quantized from outside ([`GpuLinear::use_external_weight`]).
@@ -360,15 +376,12 @@ impl GpuLinear {
     }
 
     /// The delayed-scaling step amaxes so far (f32 bits on the device) of the
-    /// input and grad_output; none for other recipes. Sharded data parallel
-    /// max-reduces them over the ranks before [`GpuLinear::update_scales`]
-    /// (the weight's is the same on every rank: each quantizes the whole weight).
+    /// input, weight and grad_output; none for other recipes. Sharded data
+    /// parallel max-reduces them over the ranks before
+    /// [`GpuLinear::update_scales`]: each rank saw its rows of the batch, and,
+    /// with FP8 gathers, its shard of the weight.
     pub(crate) fn delayed_pending(&mut self) -> impl Iterator<Item = &mut CudaSlice<u32>> + '_ {
-        self.states
-            .iter_mut()
-            .enumerate()
-            .filter(|(role, _)| *role != octet_fp8::Role::Weight as usize)
-            .map(|(_, s)| s.pending_mut())
+        self.states.iter_mut().map(|s| s.pending_mut())
     }
 
     /// Restore a delayed-scaling state of `role` (from a checkpoint of either

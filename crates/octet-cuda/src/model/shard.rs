@@ -44,9 +44,10 @@ impl Part {
 /// block `i` computes (and block `i - 1`'s while block `i` runs backward,
 /// when resharding). bf16 weights are kept from a block's forward to its
 /// backward (or freed after the forward when resharding) and freed after the
-/// backward. Under the tensorwise recipe with an FP8 backward they travel as
-/// FP8 instead, with one global scale per tensor (each rank's amax, then the
-/// maximum over the ranks): the bytes every rank holds are exactly those one
+/// backward. Under per-tensor recipes with an FP8 backward (tensorwise, delayed)
+/// they travel as FP8 instead, with one scale per tensor (tensorwise: each
+/// rank's amax, then the maximum over the ranks; delayed: the layer's scale
+/// from its amax history): the bytes every rank holds are exactly those one
 /// rank would quantize from the whole weight. After AdamW the other compute
 /// copies are gathered: the bf16 LM head, the f32 embedding and norm gains
 /// (`rep`).
@@ -71,6 +72,10 @@ pub(super) struct Sharding<'g> {
     pub(super) wsh: Vec<Option<CudaSlice<u16>>>,
     /// Block weights are gathered in FP8 at each forward.
     fp8: bool,
+    /// FP8 gathers with delayed scaling: each layer's weight scale comes from
+    /// its amax history (no amax needed before the cast); otherwise from the
+    /// weight's current amax over the ranks.
+    delayed: bool,
     /// Gradients are reduce-scattered in bf16 (half the bytes), else f32.
     bf16_grads: bool,
     /// Block weights are gathered for each block's forward and again for its
@@ -136,6 +141,24 @@ pub(super) enum BlockGather {
         shards: Vec<DeviceFp8>,
         full: Vec<CudaSlice<u8>>,
     },
+}
+
+/// All-gather the row-wise codes of this rank's FP8 `shards` into `full`
+/// (one NCCL group, in flight).
+fn launch_fp8_gather(
+    comm: &NcclComm,
+    shards: Vec<DeviceFp8>,
+    full: Vec<CudaSlice<u8>>,
+) -> Result<Gathering> {
+    comm.start(BlockGather::Fp8 { shards, full }, |g| {
+        let BlockGather::Fp8 { shards, full } = g else {
+            return Err(Error::Shape("FP8 gather buffers".into()));
+        };
+        for (shard, dst) in shards.iter().zip(full.iter_mut()) {
+            comm.all_gather(&shard.rowwise, dst)?;
+        }
+        Ok(())
+    })
 }
 
 /// A block's gradients being reduce-scattered.
@@ -239,8 +262,9 @@ impl<'g> GpuLlama<'g> {
     /// every parameter (masters, returned), the bf16 shards of the matrices,
     /// the full f32 copies of embedding and norm gains; `slots` get their
     /// offsets in the padded full-gradient layout (returned: its length).
-    /// Under tensorwise with an FP8 backward, the block linears switch to
-    /// weights gathered in FP8 (their bf16 copies are freed).
+    /// Under per-tensor E4M3 recipes with an FP8 backward (tensorwise,
+    /// delayed) the block linears switch to weights gathered in FP8; the
+    /// others gather bf16 weights at each forward (their full copies freed here).
     #[allow(clippy::too_many_arguments, clippy::type_complexity)]
     pub(super) fn shard_state(
         gpu: &'g Gpu,
@@ -318,14 +342,18 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let full_off = off;
+        // Per-tensor E4M3 weights with an FP8 backward travel in FP8.
         let fp8 = recipe.is_some_and(|r| {
             matches!(
                 r.scaling(),
                 octet_fp8::Scaling::Tensorwise {
                     power_of_two: false
-                }
+                } | octet_fp8::Scaling::Delayed { .. }
             ) && r.backward() != octet_fp8::BackwardMode::HighPrecision
+                && r.format(octet_fp8::Role::Weight) == octet_fp8::Format::E4M3
         });
+        let delayed = fp8
+            && recipe.is_some_and(|r| matches!(r.scaling(), octet_fp8::Scaling::Delayed { .. }));
         for blk in blocks.iter_mut() {
             for l in &mut blk.lin {
                 if fp8 {
@@ -344,6 +372,7 @@ impl<'g> GpuLlama<'g> {
             rep_off,
             wsh,
             fp8,
+            delayed,
             bf16_grads: false,
             reshard: false,
             held: vec![false; blocks.len()],
@@ -371,7 +400,7 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
-    /// Whether block weights are all-gathered in FP8 (sharded, tensorwise, FP8 backward).
+    /// Whether block weights are all-gathered in FP8 (sharded; tensorwise or delayed, FP8 backward).
     pub fn fp8_gather(&self) -> bool {
         self.shard.as_ref().is_some_and(|sh| sh.fp8)
     }
@@ -588,10 +617,13 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Launch the FP8 all-gather of block `bi`'s seven weights: each shard
-    /// cast (row-wise only) with its tensor's global scale, then the codes
-    /// gathered (one NCCL group). The bytes every rank ends up with are the
-    /// ones one rank would quantize from the whole weight.
+    /// cast with its tensor's one scale, then the codes gathered (one NCCL
+    /// group). The bytes every rank ends up with are the ones one rank would
+    /// quantize from the whole weight.
     fn start_gather_fp8(&mut self, bi: usize) -> Result<Gathering> {
+        if self.shard.as_ref().is_some_and(|sh| sh.delayed) {
+            return self.start_gather_delayed(bi);
+        }
         self.weight_amaxes()?;
         let gpu = self.gpu;
         let sh = self
@@ -628,16 +660,7 @@ impl<'g> GpuLlama<'g> {
             // SAFETY: the all-gather writes every code.
             full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
         }
-        let comm = sh.comm;
-        comm.start(BlockGather::Fp8 { shards, full }, |g| {
-            let BlockGather::Fp8 { shards, full } = g else {
-                return Err(Error::Shape("FP8 gather buffers".into()));
-            };
-            for (shard, dst) in shards.iter().zip(full.iter_mut()) {
-                comm.all_gather(&shard.rowwise, dst)?;
-            }
-            Ok(())
-        })
+        launch_fp8_gather(sh.comm, shards, full)
     }
 
     /// AdamW on this rank's shards: gradients reduce-scattered (summed: each
@@ -704,7 +727,7 @@ impl<'g> GpuLlama<'g> {
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
             let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
-            let mut amax = if sh.fp8 && is_block {
+            let mut amax = if sh.fp8 && !sh.delayed && is_block {
                 Some(TensorAmax {
                     amax_bits: gpu.alloc_zeros(1, "amax")?,
                     nonfinite: gpu.alloc_zeros(1, "flag")?,
@@ -733,7 +756,7 @@ impl<'g> GpuLlama<'g> {
             )?;
             local.push(amax);
         }
-        sh.weight_amax = if sh.fp8 {
+        sh.weight_amax = if sh.fp8 && !sh.delayed {
             Some(reduce_amaxes(gpu, sh.comm, local)?)
         } else {
             None
@@ -786,6 +809,41 @@ impl<'g> GpuLlama<'g> {
             out.push(v);
         }
         Ok(out)
+    }
+
+    /// [`GpuLlama::start_gather_fp8`] under delayed scaling: each shard cast
+    /// with the layer's weight scale (from its amax history, the same on
+    /// every rank), and the shard's amax recorded into the layer's state
+    /// (AdamW takes the maximum over the ranks before the history rolls, so
+    /// the history sees the whole weight's amax).
+    fn start_gather_delayed(&mut self, bi: usize) -> Result<Gathering> {
+        let gpu = self.gpu;
+        let sh = self
+            .shard
+            .as_ref()
+            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let world = sh.comm.world();
+        let blk = &mut self.blocks[bi];
+        let mut shards = Vec::with_capacity(7);
+        let mut full = Vec::with_capacity(7);
+        for (li, &si) in blk.lin_slot.iter().enumerate() {
+            let part = sh.parts[si];
+            let l = &mut blk.lin[li];
+            let k = l.k;
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let st = l.weight_delayed_state().ok_or_else(|| {
+                Error::Shape(format!("{}: no delayed-scaling state", self.slots[si].name))
+            })?;
+            let mut q = gpu.alloc_fp8(part.rows, k, octet_fp8::Format::E4M3)?;
+            gpu.quantize_given_scale_into(w, &st.scale, &mut q, false)?;
+            gpu.delayed_record(st, &q.amax_bits)?;
+            shards.push(q);
+            // SAFETY: the all-gather writes every code.
+            full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
+        }
+        launch_fp8_gather(sh.comm, shards, full)
     }
 
     /// Sharded: reduce-scatter the finished gradients of parameters `ids`
