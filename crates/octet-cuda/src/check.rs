@@ -1899,8 +1899,9 @@ pub(crate) fn test_config(
 /// Sharded data parallel on one rank (an NCCL communicator of one): three
 /// AdamW steps of the sharded model equal those of the plain model bit for
 /// bit (losses, masters), in bf16 (bf16 gathers), in tensorwise with the
-/// quantized backward (FP8 gathers with the all-reduced amax) and in delayed
-/// (FP8 gathers with the scale from the history). With one rank
+/// quantized backward (FP8 gathers with the all-reduced amax), in delayed
+/// (FP8 gathers with the scale from the history) and in blockwise (FP8
+/// gathers of 128x128-block codes and scale grids). With one rank
 /// every collective is a copy, so any difference is a bug in the sharded
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
 /// locally transposed column-wise copy), with and without resharding after
@@ -1915,13 +1916,6 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use octet_nn::llama::Llama;
     use octet_tensor::{DType, Tensor};
     use std::collections::HashMap;
-    let cfg = test_config(256, 512, 2, 4, 2, 64);
-    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 77)
-        .map_err(|e| Error::Shape(e.to_string()))?
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
     let (b, t) = (4, 64);
     let toks: Vec<u32> = (0..b * t)
         .map(|i| (octet_fp8::format::sr_bits(2201, i as u64) % 256) as u32)
@@ -1938,11 +1932,22 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         grad_clip: 1.0,
     };
     let comm = NcclComm::new(gpu, 0, 1, &NcclComm::unique_id()?)?;
-    for recipe_name in ["bf16", "tensorwise", "delayed"] {
+    for recipe_name in ["bf16", "tensorwise", "delayed", "blockwise"] {
         let recipe = match recipe_name {
             "bf16" => None,
             r => Some(octet_fp8::Recipe::from_name(r)?),
         };
+        // 128x128 weight blocks: every dimension a multiple of 512.
+        let cfg = match recipe_name {
+            "blockwise" => test_config(512, 1024, 2, 4, 4, 64),
+            _ => test_config(256, 512, 2, 4, 2, 64),
+        };
+        let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 77)
+            .map_err(|e| Error::Shape(e.to_string()))?
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect();
         let run = |model: &mut GpuLlama<'_>| -> Result<Vec<f64>> {
             let mut losses = Vec::new();
             for _ in 0..3 {

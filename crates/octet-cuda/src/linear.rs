@@ -147,7 +147,7 @@ pub struct GpuLinear {
     /// it in FP8): no bf16 weight is kept; each forward takes [`GpuLinear::set_gathered`]'s.
     external: bool,
     /// The FP8 weight the next forward reads (when `external`).
-    gathered: Option<DeviceFp8>,
+    gathered: Option<Quant>,
     /// The amax of `weight` as the optimizer just wrote it (see
     /// [`GpuLinear::set_weight_amax`]); the next weight quantization takes it.
     weight_amax: Option<TensorAmax>,
@@ -268,20 +268,25 @@ impl GpuLinear {
 
     /// From now on the weight comes quantized from outside, one
     /// [`GpuLinear::set_gathered`] per forward (sharded data parallel: the
-    /// per-tensor FP8 weight gathered from the ranks' shards); the bf16 weight
-    /// is freed. Only per-tensor E4M3 weights with an FP8 backward take it
-    /// (tensorwise with the `quantized` or `dequantized` backward, delayed):
-    /// the others read a bf16 weight. Delayed scaling: whoever quantizes the
-    /// weight casts with [`GpuLinear::weight_delayed_state`]'s scale and
-    /// records its amax there.
+    /// FP8 weight gathered from the ranks' shards); the bf16 weight is
+    /// freed. Only E4M3 weights whose column-wise copy is the row-wise one
+    /// transposed, with an FP8 backward, take it: per-tensor scales
+    /// (tensorwise with the `quantized` or `dequantized` backward, delayed;
+    /// [`GpuLinear::set_gathered`]) and 128x128 blocks (blockwise;
+    /// [`GpuLinear::set_gathered_block2d`]). The others read a bf16 weight.
+    /// Delayed scaling: whoever quantizes the weight casts with
+    /// [`GpuLinear::weight_delayed_state`]'s scale and records its amax there.
     pub fn use_external_weight(&mut self, gpu: &Gpu) -> Result<()> {
-        let per_tensor = matches!(self.kind, Kind::Tensorwise | Kind::Delayed);
+        let transposable = matches!(
+            self.kind,
+            Kind::Tensorwise | Kind::Delayed | Kind::Blockwise
+        );
         let e4m3 = self
             .recipe
             .is_some_and(|r| r.format(octet_fp8::Role::Weight) == Format::E4M3);
-        if !per_tensor || !e4m3 || self.backward == BackwardMode::HighPrecision {
+        if !transposable || !e4m3 || self.backward == BackwardMode::HighPrecision {
             return Err(Error::Shape(format!(
-                "an FP8 weight from outside needs per-tensor E4M3 weights (tensorwise or delayed) with a quantized or dequantized backward, not {:?}",
+                "an FP8 weight from outside needs E4M3 weights scaled per tensor or in 128x128 blocks (tensorwise, delayed, blockwise) with a quantized or dequantized backward, not {:?}",
                 self.recipe.map(|r| r.to_string())
             )));
         }
@@ -304,15 +309,35 @@ impl GpuLinear {
         self.external
     }
 
-    /// The FP8 weight `(N, K)` (both copies, one per-tensor scale) the next forward reads.
+    /// The FP8 weight `(N, K)` (both copies, one per-tensor scale) the next
+    /// forward reads (tensorwise, delayed).
     pub fn set_gathered(&mut self, q: DeviceFp8) -> Result<()> {
-        if !self.external || q.rows != self.n || q.cols != self.k || q.format != Format::E4M3 {
+        let per_tensor = matches!(self.kind, Kind::Tensorwise | Kind::Delayed);
+        self.check_gathered(per_tensor, (q.rows, q.cols, q.format))?;
+        self.gathered = Some(Quant::Tensor(q));
+        Ok(())
+    }
+
+    /// The FP8 weight `(N, K)` (both copies, 128x128 block scales) the next
+    /// forward reads (blockwise).
+    pub fn set_gathered_block2d(&mut self, q: DeviceBlock2dFp8) -> Result<()> {
+        self.check_gathered(self.kind == Kind::Blockwise, (q.rows, q.cols, q.format))?;
+        self.gathered = Some(Quant::Block2d(q));
+        Ok(())
+    }
+
+    fn check_gathered(
+        &self,
+        kind_ok: bool,
+        (rows, cols, format): (usize, usize, Format),
+    ) -> Result<()> {
+        if !self.external || !kind_ok || rows != self.n || cols != self.k || format != Format::E4M3
+        {
             return Err(Error::Shape(format!(
-                "gathered weight ({}, {}) {} for a layer ({}, {}) taking external weights: {}",
-                q.rows, q.cols, q.format, self.n, self.k, self.external
+                "gathered weight ({rows}, {cols}) {format} for a {:?} layer ({}, {}) taking external weights: {}",
+                self.kind, self.n, self.k, self.external
             )));
         }
-        self.gathered = Some(q);
         Ok(())
     }
 
@@ -335,13 +360,12 @@ impl GpuLinear {
     /// as the forward kept it (the same bytes, since the weight's shards did
     /// not change between forward and backward).
     pub fn reattach_gathered(&mut self, gpu: &Gpu, saved: &mut GpuLinearSaved) -> Result<()> {
-        let q = self.gathered.take().ok_or_else(|| {
+        let mut wq = self.gathered.take().ok_or_else(|| {
             Error::Shape(format!(
                 "layer ({}, {}): its FP8 weight was not gathered again before backward",
                 self.n, self.k
             ))
         })?;
-        let mut wq = Quant::Tensor(q);
         wq.drop_copy(gpu, saved.dequantized)?;
         saved.wq = Some(wq);
         Ok(())
@@ -868,11 +892,11 @@ impl GpuLinear {
         })?;
         let rw = self.rounding(1)?;
         let mut wq = if self.external {
-            Quant::Tensor(self.gathered.take().ok_or_else(|| {
+            self.gathered.take().ok_or_else(|| {
                 Error::Shape(format!(
                     "layer ({n}, {k}): its FP8 weight was not gathered before the forward"
                 ))
-            })?)
+            })?
         } else {
             Self::quantize(
                 self.kind,

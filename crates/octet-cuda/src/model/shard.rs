@@ -4,6 +4,7 @@
 //! gradients, and AdamW on this rank's shards.
 
 use super::*;
+use crate::block2d::DeviceBlock2dFp8;
 use crate::nccl::InFlight;
 
 /// One parameter's shard: rows `[rank * rows, (rank + 1) * rows)` of its
@@ -72,10 +73,8 @@ pub(super) struct Sharding<'g> {
     pub(super) wsh: Vec<Option<CudaSlice<u16>>>,
     /// Block weights are gathered in FP8 at each forward.
     fp8: bool,
-    /// FP8 gathers with delayed scaling: each layer's weight scale comes from
-    /// its amax history (no amax needed before the cast); otherwise from the
-    /// weight's current amax over the ranks.
-    delayed: bool,
+    /// Where FP8-gathered weights take their scales from.
+    scales: GatherScales,
     /// Gradients are reduce-scattered in bf16 (half the bytes), else f32.
     bf16_grads: bool,
     /// Block weights are gathered for each block's forward and again for its
@@ -99,6 +98,20 @@ impl Sharding<'_> {
         self.held[bi] = false;
         Ok(())
     }
+}
+
+/// Where the scales of FP8-gathered block weights come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum GatherScales {
+    /// Current per-tensor scaling (tensorwise): each weight's amax, the
+    /// maximum over the ranks.
+    Amax,
+    /// Delayed scaling: the layer's weight scale from its amax history (the
+    /// same on every rank; no amax needed before the cast).
+    History,
+    /// 128x128 blocks (blockwise): each block's own amax. Every rank's shard
+    /// is a whole number of block rows, so no block spans two ranks.
+    Blocks,
 }
 
 /// The amaxes of the block weights over all ranks (FP8 gathers).
@@ -141,6 +154,23 @@ pub(super) enum BlockGather {
         shards: Vec<DeviceFp8>,
         full: Vec<CudaSlice<u8>>,
     },
+    /// This rank's 128x128-block FP8 shards, and the full row-wise codes and
+    /// scale grids (padded).
+    Block2d {
+        shards: Vec<DeviceBlock2dFp8>,
+        codes: Vec<CudaSlice<u8>>,
+        scales: Vec<CudaSlice<f32>>,
+    },
+}
+
+/// The first `n` elements of a gathered buffer: itself when the ranks'
+/// shards tile it exactly, a copy without the last rank's padding otherwise.
+fn truncated<T: DeviceRepr>(gpu: &Gpu, full: CudaSlice<T>, n: usize) -> Result<CudaSlice<T>> {
+    if full.len() == n {
+        Ok(full)
+    } else {
+        Ok(gpu.stream.clone_dtod(&full.slice(..n))?)
+    }
 }
 
 /// All-gather the row-wise codes of this rank's FP8 `shards` into `full`
@@ -342,18 +372,30 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let full_off = off;
-        // Per-tensor E4M3 weights with an FP8 backward travel in FP8.
-        let fp8 = recipe.is_some_and(|r| {
-            matches!(
-                r.scaling(),
-                octet_fp8::Scaling::Tensorwise {
-                    power_of_two: false
-                } | octet_fp8::Scaling::Delayed { .. }
-            ) && r.backward() != octet_fp8::BackwardMode::HighPrecision
-                && r.format(octet_fp8::Role::Weight) == octet_fp8::Format::E4M3
+        // E4M3 weights whose column-wise copy is the row-wise one transposed
+        // travel in FP8 when the backward reads FP8 weights: per-tensor scales,
+        // and 128x128 blocks where each rank's shard is whole block rows.
+        use octet_fp8::Scaling as S;
+        let whole_block_rows = blocks
+            .iter()
+            .flat_map(|b| b.lin_slot)
+            .all(|si| parts[si].rows % 128 == 0);
+        let scales = recipe.and_then(|r| {
+            let fp8_weights = r.backward() != octet_fp8::BackwardMode::HighPrecision
+                && r.format(octet_fp8::Role::Weight) == octet_fp8::Format::E4M3;
+            match r.scaling() {
+                _ if !fp8_weights => None,
+                S::Tensorwise {
+                    power_of_two: false,
+                } => Some(GatherScales::Amax),
+                S::Delayed { .. } => Some(GatherScales::History),
+                S::Blockwise {
+                    power_of_two: false,
+                } if whole_block_rows => Some(GatherScales::Blocks),
+                _ => None,
+            }
         });
-        let delayed = fp8
-            && recipe.is_some_and(|r| matches!(r.scaling(), octet_fp8::Scaling::Delayed { .. }));
+        let fp8 = scales.is_some();
         for blk in blocks.iter_mut() {
             for l in &mut blk.lin {
                 if fp8 {
@@ -372,7 +414,7 @@ impl<'g> GpuLlama<'g> {
             rep_off,
             wsh,
             fp8,
-            delayed,
+            scales: scales.unwrap_or(GatherScales::Amax),
             bf16_grads: false,
             reshard: false,
             held: vec![false; blocks.len()],
@@ -400,7 +442,8 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
-    /// Whether block weights are all-gathered in FP8 (sharded; tensorwise or delayed, FP8 backward).
+    /// Whether block weights are all-gathered in FP8 (sharded, FP8 backward;
+    /// tensorwise, delayed, or blockwise with whole 128-row blocks per shard).
     pub fn fp8_gather(&self) -> bool {
         self.shard.as_ref().is_some_and(|sh| sh.fp8)
     }
@@ -465,11 +508,7 @@ impl<'g> GpuLlama<'g> {
         match g.wait()? {
             BlockGather::Bf16(full) => {
                 for (l, f) in self.blocks[bi].lin.iter_mut().zip(full) {
-                    l.weight = if f.len() == l.n * l.k {
-                        f
-                    } else {
-                        gpu.stream.clone_dtod(&f.slice(..l.n * l.k))?
-                    };
+                    l.weight = truncated(gpu, f, l.n * l.k)?;
                 }
                 if let Some(sh) = self.shard.as_mut() {
                     sh.held[bi] = true;
@@ -478,11 +517,7 @@ impl<'g> GpuLlama<'g> {
             BlockGather::Fp8 { shards, full } => {
                 for (li, (shard, gathered)) in shards.into_iter().zip(full).enumerate() {
                     let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
-                    let rowwise = if gathered.len() == n * k {
-                        gathered
-                    } else {
-                        gpu.stream.clone_dtod(&gathered.slice(..n * k))?
-                    };
+                    let rowwise = truncated(gpu, gathered, n * k)?;
                     let colwise = gpu.transpose_u8(&rowwise, n, k)?;
                     self.blocks[bi].lin[li].set_gathered(DeviceFp8 {
                         rows: n,
@@ -495,12 +530,39 @@ impl<'g> GpuLlama<'g> {
                         nonfinite: shard.nonfinite,
                     })?;
                 }
-                if let Some(saved) = saved {
-                    for (li, ps) in saved.iter_mut().enumerate() {
-                        if let ProjSaved::Full(s) = ps {
-                            self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
-                        }
-                    }
+            }
+            BlockGather::Block2d {
+                shards,
+                codes,
+                scales,
+            } => {
+                for (li, ((shard, c), sc)) in shards.into_iter().zip(codes).zip(scales).enumerate()
+                {
+                    let (n, k) = (self.blocks[bi].lin[li].n, self.blocks[bi].lin[li].k);
+                    let (gr, gc) = (n.div_ceil(128), k.div_ceil(128));
+                    let rowwise = truncated(gpu, c, n * k)?;
+                    let row_scale_inv = truncated(gpu, sc, gr * gc)?;
+                    let colwise = gpu.transpose_u8(&rowwise, n, k)?;
+                    let mut col_scale_inv = gpu.alloc_zeros(gr * gc, "block scales")?;
+                    gpu.transpose_f32(&row_scale_inv, gr, gc, &mut col_scale_inv)?;
+                    self.blocks[bi].lin[li].set_gathered_block2d(DeviceBlock2dFp8 {
+                        rows: n,
+                        cols: k,
+                        format: octet_fp8::Format::E4M3,
+                        rowwise,
+                        row_scale_inv,
+                        colwise,
+                        col_scale_inv,
+                        nonfinite: shard.nonfinite,
+                    })?;
+                }
+            }
+        }
+        // FP8: the backward's saved layers take the weights again.
+        if let Some(saved) = saved.filter(|_| self.fp8_gather()) {
+            for (li, ps) in saved.iter_mut().enumerate() {
+                if let ProjSaved::Full(s) = ps {
+                    self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
                 }
             }
         }
@@ -621,8 +683,10 @@ impl<'g> GpuLlama<'g> {
     /// group). The bytes every rank ends up with are the ones one rank would
     /// quantize from the whole weight.
     fn start_gather_fp8(&mut self, bi: usize) -> Result<Gathering> {
-        if self.shard.as_ref().is_some_and(|sh| sh.delayed) {
-            return self.start_gather_delayed(bi);
+        match self.shard.as_ref().map(|sh| sh.scales) {
+            Some(GatherScales::History) => return self.start_gather_delayed(bi),
+            Some(GatherScales::Blocks) => return self.start_gather_block2d(bi),
+            _ => {}
         }
         self.weight_amaxes()?;
         let gpu = self.gpu;
@@ -727,7 +791,7 @@ impl<'g> GpuLlama<'g> {
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
             let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
-            let mut amax = if sh.fp8 && !sh.delayed && is_block {
+            let mut amax = if sh.fp8 && sh.scales == GatherScales::Amax && is_block {
                 Some(TensorAmax {
                     amax_bits: gpu.alloc_zeros(1, "amax")?,
                     nonfinite: gpu.alloc_zeros(1, "flag")?,
@@ -756,7 +820,7 @@ impl<'g> GpuLlama<'g> {
             )?;
             local.push(amax);
         }
-        sh.weight_amax = if sh.fp8 && !sh.delayed {
+        sh.weight_amax = if sh.fp8 && sh.scales == GatherScales::Amax {
             Some(reduce_amaxes(gpu, sh.comm, local)?)
         } else {
             None
@@ -844,6 +908,56 @@ impl<'g> GpuLlama<'g> {
             full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
         }
         launch_fp8_gather(sh.comm, shards, full)
+    }
+
+    /// [`GpuLlama::start_gather_fp8`] with 128x128 blocks: each shard
+    /// quantized on its own (its blocks are the whole weight's), its codes and
+    /// scale grid gathered.
+    fn start_gather_block2d(&mut self, bi: usize) -> Result<Gathering> {
+        let gpu = self.gpu;
+        let sh = self
+            .shard
+            .as_ref()
+            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let world = sh.comm.world();
+        let mut shards = Vec::with_capacity(7);
+        let (mut codes, mut scales) = (Vec::with_capacity(7), Vec::with_capacity(7));
+        for (li, &si) in self.blocks[bi].lin_slot.iter().enumerate() {
+            let part = sh.parts[si];
+            let k = self.blocks[bi].lin[li].k;
+            let w = sh.wsh[si]
+                .as_ref()
+                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let mut q = gpu.alloc_block2d_fp8(part.rows, k, octet_fp8::Format::E4M3)?;
+            gpu.quantize_block128x128_into(w, &mut q, false)?;
+            // SAFETY: the all-gathers write every code and every scale.
+            codes.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
+            scales.push(unsafe {
+                gpu.alloc_uninit(world * q.row_scale_inv.len(), "gathered block scales")?
+            });
+            shards.push(q);
+        }
+        let comm = sh.comm;
+        let bufs = BlockGather::Block2d {
+            shards,
+            codes,
+            scales,
+        };
+        comm.start(bufs, |g| {
+            let BlockGather::Block2d {
+                shards,
+                codes,
+                scales,
+            } = g
+            else {
+                return Err(Error::Shape("block FP8 gather buffers".into()));
+            };
+            for ((shard, c), sc) in shards.iter().zip(codes.iter_mut()).zip(scales.iter_mut()) {
+                comm.all_gather(&shard.rowwise, c)?;
+                comm.all_gather(&shard.row_scale_inv, sc)?;
+            }
+            Ok(())
+        })
     }
 
     /// Sharded: reduce-scatter the finished gradients of parameters `ids`
