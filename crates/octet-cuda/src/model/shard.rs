@@ -87,6 +87,13 @@ pub(super) struct Sharding<'g> {
 }
 
 impl Sharding<'_> {
+    /// This rank's bf16 shard of parameter `si` (`name`).
+    fn bf16_shard(&self, si: usize, name: &str) -> Result<&CudaSlice<u16>> {
+        self.wsh[si]
+            .as_ref()
+            .ok_or_else(|| Error::Shape(format!("{name}: no bf16 shard")))
+    }
+
     /// bf16 gathers: free block `bi`'s (`blk`'s) full weights if it holds them.
     fn release_bf16(&mut self, gpu: &Gpu, bi: usize, blk: &mut Block) -> Result<()> {
         if self.fp8 || !self.held[bi] {
@@ -171,24 +178,6 @@ fn truncated<T: DeviceRepr>(gpu: &Gpu, full: CudaSlice<T>, n: usize) -> Result<C
     } else {
         Ok(gpu.stream.clone_dtod(&full.slice(..n))?)
     }
-}
-
-/// All-gather the row-wise codes of this rank's FP8 `shards` into `full`
-/// (one NCCL group, in flight).
-fn launch_fp8_gather(
-    comm: &NcclComm,
-    shards: Vec<DeviceFp8>,
-    full: Vec<CudaSlice<u8>>,
-) -> Result<Gathering> {
-    comm.start(BlockGather::Fp8 { shards, full }, |g| {
-        let BlockGather::Fp8 { shards, full } = g else {
-            return Err(Error::Shape("FP8 gather buffers".into()));
-        };
-        for (shard, dst) in shards.iter().zip(full.iter_mut()) {
-            comm.all_gather(&shard.rowwise, dst)?;
-        }
-        Ok(())
-    })
 }
 
 /// A block's gradients being reduce-scattered.
@@ -609,17 +598,12 @@ impl<'g> GpuLlama<'g> {
     /// into full buffers (padded where the ranks' shards overhang).
     fn start_gather_bf16(&mut self, bi: usize) -> Result<Gathering> {
         let gpu = self.gpu;
-        let sh = self
-            .shard
-            .as_ref()
-            .ok_or_else(|| Error::Shape("not sharded".into()))?;
+        let sh = self.sharding()?;
         let world = sh.comm.world();
         let mut sends = Vec::with_capacity(7);
         let mut full = Vec::with_capacity(7);
         for &si in &self.blocks[bi].lin_slot {
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
+            let w = sh.bf16_shard(si, &self.slots[si].name)?;
             sends.push(w);
             // SAFETY: the all-gather writes every element.
             full.push(unsafe { gpu.alloc_uninit::<u16>(world * w.len(), "gathered bf16 weight")? });
@@ -678,53 +662,115 @@ impl<'g> GpuLlama<'g> {
         Ok(())
     }
 
-    /// Launch the FP8 all-gather of block `bi`'s seven weights: each shard
-    /// cast with its tensor's one scale, then the codes gathered (one NCCL
-    /// group). The bytes every rank ends up with are the ones one rank would
-    /// quantize from the whole weight.
+    /// Launch the FP8 all-gather of block `bi`'s seven weights: each rank's
+    /// bf16 shard cast with its tensor's scales (see [`GatherScales`]), then
+    /// the codes (and 128x128 scale grids) gathered in one NCCL group. The
+    /// bytes every rank ends up with are the ones one rank would quantize
+    /// from the whole weight. Delayed scaling records each shard's amax in
+    /// the layer's state (AdamW takes the maximum over the ranks before the
+    /// history rolls, so the history sees the whole weight's amax).
     fn start_gather_fp8(&mut self, bi: usize) -> Result<Gathering> {
-        match self.shard.as_ref().map(|sh| sh.scales) {
-            Some(GatherScales::History) => return self.start_gather_delayed(bi),
-            Some(GatherScales::Blocks) => return self.start_gather_block2d(bi),
-            _ => {}
+        let scales = self.sharding()?.scales;
+        if scales == GatherScales::Amax {
+            self.weight_amaxes()?;
         }
-        self.weight_amaxes()?;
         let gpu = self.gpu;
         let sh = self
             .shard
             .as_ref()
             .ok_or_else(|| Error::Shape("not sharded".into()))?;
-        let wa = sh
-            .weight_amax
-            .as_ref()
-            .ok_or_else(|| Error::Shape("block weight amaxes missing".into()))?;
         let world = sh.comm.world();
-        let mut shards = Vec::with_capacity(7);
-        let mut full = Vec::with_capacity(7);
-        for (li, &si) in self.blocks[bi].lin_slot.iter().enumerate() {
-            let part = sh.parts[si];
-            let k = self.blocks[bi].lin[li].k;
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let nonfinite = wa.nonfinite[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no amax", self.slots[si].name)))?;
-            let amax = TensorAmax {
-                amax_bits: gpu.stream.clone_dtod(&wa.bits.slice(si..si + 1))?,
-                nonfinite: gpu.stream.clone_dtod(nonfinite)?,
-            };
-            shards.push(gpu.quantize_tensorwise_rowwise_known(
-                w,
-                part.rows,
-                k,
-                octet_fp8::Format::E4M3,
-                Some(amax),
-            )?);
+        let blk = &mut self.blocks[bi];
+        let (mut tensor, mut block) = (Vec::new(), Vec::new());
+        let (mut codes, mut grids) = (Vec::with_capacity(7), Vec::new());
+        for (li, &si) in blk.lin_slot.iter().enumerate() {
+            let name = &self.slots[si].name;
+            let (part, l) = (sh.parts[si], &mut blk.lin[li]);
+            let k = l.k;
+            let w = sh.bf16_shard(si, name)?;
+            let e4m3 = octet_fp8::Format::E4M3;
+            match scales {
+                GatherScales::Amax => {
+                    let wa = sh
+                        .weight_amax
+                        .as_ref()
+                        .ok_or_else(|| Error::Shape("block weight amaxes missing".into()))?;
+                    let nonfinite = wa.nonfinite[si]
+                        .as_ref()
+                        .ok_or_else(|| Error::Shape(format!("{name}: no amax")))?;
+                    let amax = TensorAmax {
+                        amax_bits: gpu.stream.clone_dtod(&wa.bits.slice(si..si + 1))?,
+                        nonfinite: gpu.stream.clone_dtod(nonfinite)?,
+                    };
+                    let q =
+                        gpu.quantize_tensorwise_rowwise_known(w, part.rows, k, e4m3, Some(amax))?;
+                    tensor.push(q);
+                }
+                GatherScales::History => {
+                    let st = l
+                        .weight_delayed_state()
+                        .ok_or_else(|| Error::Shape(format!("{name}: no delayed-scaling state")))?;
+                    let mut q = gpu.alloc_fp8(part.rows, k, e4m3)?;
+                    gpu.quantize_given_scale_into(w, &st.scale, &mut q, false)?;
+                    gpu.delayed_record(st, &q.amax_bits)?;
+                    tensor.push(q);
+                }
+                GatherScales::Blocks => {
+                    let mut q = gpu.alloc_block2d_fp8(part.rows, k, e4m3)?;
+                    gpu.quantize_block128x128_into(w, &mut q, false)?;
+                    // SAFETY: the all-gather writes every scale.
+                    grids.push(unsafe {
+                        gpu.alloc_uninit(world * q.row_scale_inv.len(), "gathered block scales")?
+                    });
+                    block.push(q);
+                }
+            }
             // SAFETY: the all-gather writes every code.
-            full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
+            codes.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
         }
-        launch_fp8_gather(sh.comm, shards, full)
+        let comm = sh.comm;
+        if scales != GatherScales::Blocks {
+            let bufs = BlockGather::Fp8 {
+                shards: tensor,
+                full: codes,
+            };
+            return comm.start(bufs, |g| {
+                let BlockGather::Fp8 { shards, full } = g else {
+                    return Err(Error::Shape("FP8 gather buffers".into()));
+                };
+                for (shard, dst) in shards.iter().zip(full.iter_mut()) {
+                    comm.all_gather(&shard.rowwise, dst)?;
+                }
+                Ok(())
+            });
+        }
+        let bufs = BlockGather::Block2d {
+            shards: block,
+            codes,
+            scales: grids,
+        };
+        comm.start(bufs, |g| {
+            let BlockGather::Block2d {
+                shards,
+                codes,
+                scales,
+            } = g
+            else {
+                return Err(Error::Shape("block FP8 gather buffers".into()));
+            };
+            for ((shard, c), sc) in shards.iter().zip(codes.iter_mut()).zip(scales.iter_mut()) {
+                comm.all_gather(&shard.rowwise, c)?;
+                comm.all_gather(&shard.row_scale_inv, sc)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// The sharding state (an error when not sharded).
+    fn sharding(&self) -> Result<&Sharding<'g>> {
+        self.shard
+            .as_ref()
+            .ok_or_else(|| Error::Shape("not sharded".into()))
     }
 
     /// AdamW on this rank's shards: gradients reduce-scattered (summed: each
@@ -873,91 +919,6 @@ impl<'g> GpuLlama<'g> {
             out.push(v);
         }
         Ok(out)
-    }
-
-    /// [`GpuLlama::start_gather_fp8`] under delayed scaling: each shard cast
-    /// with the layer's weight scale (from its amax history, the same on
-    /// every rank), and the shard's amax recorded into the layer's state
-    /// (AdamW takes the maximum over the ranks before the history rolls, so
-    /// the history sees the whole weight's amax).
-    fn start_gather_delayed(&mut self, bi: usize) -> Result<Gathering> {
-        let gpu = self.gpu;
-        let sh = self
-            .shard
-            .as_ref()
-            .ok_or_else(|| Error::Shape("not sharded".into()))?;
-        let world = sh.comm.world();
-        let blk = &mut self.blocks[bi];
-        let mut shards = Vec::with_capacity(7);
-        let mut full = Vec::with_capacity(7);
-        for (li, &si) in blk.lin_slot.iter().enumerate() {
-            let part = sh.parts[si];
-            let l = &mut blk.lin[li];
-            let k = l.k;
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let st = l.weight_delayed_state().ok_or_else(|| {
-                Error::Shape(format!("{}: no delayed-scaling state", self.slots[si].name))
-            })?;
-            let mut q = gpu.alloc_fp8(part.rows, k, octet_fp8::Format::E4M3)?;
-            gpu.quantize_given_scale_into(w, &st.scale, &mut q, false)?;
-            gpu.delayed_record(st, &q.amax_bits)?;
-            shards.push(q);
-            // SAFETY: the all-gather writes every code.
-            full.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
-        }
-        launch_fp8_gather(sh.comm, shards, full)
-    }
-
-    /// [`GpuLlama::start_gather_fp8`] with 128x128 blocks: each shard
-    /// quantized on its own (its blocks are the whole weight's), its codes and
-    /// scale grid gathered.
-    fn start_gather_block2d(&mut self, bi: usize) -> Result<Gathering> {
-        let gpu = self.gpu;
-        let sh = self
-            .shard
-            .as_ref()
-            .ok_or_else(|| Error::Shape("not sharded".into()))?;
-        let world = sh.comm.world();
-        let mut shards = Vec::with_capacity(7);
-        let (mut codes, mut scales) = (Vec::with_capacity(7), Vec::with_capacity(7));
-        for (li, &si) in self.blocks[bi].lin_slot.iter().enumerate() {
-            let part = sh.parts[si];
-            let k = self.blocks[bi].lin[li].k;
-            let w = sh.wsh[si]
-                .as_ref()
-                .ok_or_else(|| Error::Shape(format!("{}: no bf16 shard", self.slots[si].name)))?;
-            let mut q = gpu.alloc_block2d_fp8(part.rows, k, octet_fp8::Format::E4M3)?;
-            gpu.quantize_block128x128_into(w, &mut q, false)?;
-            // SAFETY: the all-gathers write every code and every scale.
-            codes.push(unsafe { gpu.alloc_uninit(world * part.numel(), "gathered FP8")? });
-            scales.push(unsafe {
-                gpu.alloc_uninit(world * q.row_scale_inv.len(), "gathered block scales")?
-            });
-            shards.push(q);
-        }
-        let comm = sh.comm;
-        let bufs = BlockGather::Block2d {
-            shards,
-            codes,
-            scales,
-        };
-        comm.start(bufs, |g| {
-            let BlockGather::Block2d {
-                shards,
-                codes,
-                scales,
-            } = g
-            else {
-                return Err(Error::Shape("block FP8 gather buffers".into()));
-            };
-            for ((shard, c), sc) in shards.iter().zip(codes.iter_mut()).zip(scales.iter_mut()) {
-                comm.all_gather(&shard.rowwise, c)?;
-                comm.all_gather(&shard.row_scale_inv, sc)?;
-            }
-            Ok(())
-        })
     }
 
     /// Sharded: reduce-scatter the finished gradients of parameters `ids`
