@@ -38,6 +38,7 @@ PY
 }
 runs() { # dir, common args: new, old, new with resharding (2 ranks); one (1 GPU) if asked
   local dir=$1 one=$2; shift 2
+  rm -rf $dir  # a run of the same name appends to its metrics
   for v in new old new-rs $one; do
     local bin=$new extra="--nproc 2"
     [ $v = old ] && bin=$old
