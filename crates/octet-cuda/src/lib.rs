@@ -212,8 +212,9 @@ pub(crate) struct Kernels {
 
 /// An opened GPU: its context and stream, compiled kernels and cuBLASLt state.
 ///
-/// All work goes to one stream in order; methods that launch work return
-/// without waiting unless they say otherwise.
+/// All work goes to one stream in order (NCCL's collectives run on a stream
+/// of their own, ordered with this one by events: see [`nccl`]); methods that
+/// launch work return without waiting unless they say otherwise.
 pub struct Gpu {
     /// The context.
     pub ctx: Arc<CudaContext>,
