@@ -275,7 +275,7 @@ impl GpuLinear {
     /// [`GpuLinear::set_gathered`]) and 128x128 blocks (blockwise;
     /// [`GpuLinear::set_gathered_block2d`]). The others read a bf16 weight.
     /// Delayed scaling: whoever quantizes the weight casts with
-    /// [`GpuLinear::weight_delayed_state`]'s scale and records its amax there.
+    /// the weight state's scale (`weight_delayed_state`) and records its amax there.
     pub fn use_external_weight(&mut self, gpu: &Gpu) -> Result<()> {
         let transposable = matches!(
             self.kind,

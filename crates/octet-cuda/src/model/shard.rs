@@ -275,7 +275,7 @@ fn gather_bf16(
     }
 }
 
-/// Sharded data parallel (see [`Sharding`]).
+/// Sharded data parallel (see `Sharding`).
 impl<'g> GpuLlama<'g> {
     /// Split the parameters over the ranks of `comm`: this rank's shard of
     /// every parameter (masters, returned), the bf16 shards of the matrices,
