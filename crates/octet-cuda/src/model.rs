@@ -694,9 +694,17 @@ impl<'g> GpuLlama<'g> {
     /// Telemetry of each block linear's last recorded quantizations:
     /// `(module name, role, telemetry)`, as `octet_nn::llama::Llama::telemetry`.
     pub fn telemetry(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::Telemetry)>> {
+        self.per_lin_role(|l| l.telemetry(self.gpu))
+    }
+
+    /// `f`'s per-role values of every block linear, with the module's name.
+    fn per_lin_role<T>(
+        &self,
+        f: impl Fn(&GpuLinear) -> Result<Vec<(octet_fp8::Role, T)>>,
+    ) -> Result<Vec<(String, octet_fp8::Role, T)>> {
         let mut out = Vec::new();
         for (name, l) in self.named_lin() {
-            for (role, t) in l.telemetry(self.gpu)? {
+            for (role, t) in f(l)? {
                 out.push((name.clone(), role, t));
             }
         }
@@ -707,13 +715,7 @@ impl<'g> GpuLlama<'g> {
     /// state)` as `octet_nn::llama::Llama::scaling_state` names them (empty
     /// for other recipes): what a checkpoint keeps.
     pub fn scaling_state(&self) -> Result<Vec<(String, octet_fp8::Role, octet_fp8::DelayedState)>> {
-        let mut out = Vec::new();
-        for (name, l) in self.named_lin() {
-            for (role, st) in l.delayed_states(self.gpu)? {
-                out.push((name.clone(), role, st));
-            }
-        }
-        Ok(out)
+        self.per_lin_role(|l| l.delayed_states(self.gpu))
     }
 
     /// Restore states from [`GpuLlama::scaling_state`] (or a CPU checkpoint's);
