@@ -4,7 +4,9 @@
 //! read and write, GFLOP/s counts 2 M K N per GEMM. Every figure is the
 //! median of several timed runs after a warm-up.
 
-use crate::util::{gaussian, median_secs, parse_dims2, parse_shapes, write_json, Table};
+use crate::util::{
+    gaussian, median_secs, parse_attention_shapes, parse_dims2, parse_shapes, write_json, Table,
+};
 use anyhow::Context;
 use half::bf16;
 use octet_fp8::convert::{decode_slice, encode_slice};
@@ -55,6 +57,9 @@ enum Op {
     Linear,
     /// Weight-only FP8 products (FP8 weights upcast in the kernel) beside bf16 and f32 weights.
     Mixed,
+    /// The training model's causal attention kernels, forward and backward
+    /// (GPU only; `--shapes BxTxHxD[,...]`, default 4x2048x16x128).
+    Attention,
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
@@ -69,6 +74,11 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     .collect::<anyhow::Result<_>>()
                     .context("--kn")?;
             return crate::gpu::bench_mixed(&mut g, &ms, &kns, a.json.as_deref());
+        }
+        if matches!(a.op, Op::Attention) {
+            let shapes = parse_attention_shapes(a.shapes.as_deref().unwrap_or("4x2048x16x128"))
+                .context("--shapes")?;
+            return crate::gpu::bench_attention(&mut g, &shapes, a.json.as_deref());
         }
         let part = match a.op {
             Op::Quantize => {
@@ -91,6 +101,9 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         Op::Gemm => gemm(&a)?,
         Op::Linear => linear(&a)?,
         Op::Mixed => mixed(&a)?,
+        Op::Attention => anyhow::bail!(
+            "`bench attention` measures the GPU kernels: pass --device cuda (or auto on a machine with a GPU)"
+        ),
     };
     if let Some(p) = &a.json {
         write_json(p, &format!("octet bench {:?}", a.op).to_lowercase(), &rows)?;

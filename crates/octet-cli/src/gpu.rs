@@ -84,6 +84,20 @@ pub fn bench_mixed(
     print_rows(&rows, json_path, "octet bench mixed --device cuda")
 }
 
+/// `bench attention --device cuda`.
+pub fn bench_attention(
+    gpu: &mut Gpu,
+    shapes: &[(usize, usize, usize, usize)],
+    json_path: Option<&Path>,
+) -> anyhow::Result<()> {
+    println!(
+        "octet bench attention on {}: medians of CUDA-event timings\n",
+        gpu.info()?
+    );
+    let rows = octet_cuda::bench::bench_attention(gpu, shapes)?;
+    print_rows(&rows, json_path, "octet bench attention --device cuda")
+}
+
 fn print_rows(
     rows: &[octet_cuda::BenchRow],
     json_path: Option<&Path>,

@@ -202,6 +202,26 @@ pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
         .collect()
 }
 
+/// Parse `BxTxHxD[,BxTxHxD...]` (attention shapes: batch, sequence, heads, head dim).
+pub fn parse_attention_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize, usize)>> {
+    s.split(',')
+        .map(|item| {
+            let d: Vec<usize> = item
+                .trim()
+                .split('x')
+                .map(|x| {
+                    x.parse::<usize>()
+                        .with_context(|| format!("'{item}': '{x}' is not a number"))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            match d[..] {
+                [b, t, h, hd] if b > 0 && t > 0 && h > 0 && hd > 0 => Ok((b, t, h, hd)),
+                _ => anyhow::bail!("'{item}': expected BxTxHxD with four positive numbers"),
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

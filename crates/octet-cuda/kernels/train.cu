@@ -1408,3 +1408,241 @@ ATTN_ALL(16)
 ATTN_ALL(32)
 ATTN_ALL(64)
 ATTN_ALL(128)
+
+// ---------------------------------------------------------------- attention forward on Hopper's wgmma
+
+// The forward on sm_90a's warpgroup MMA (wgmma): a block is two warpgroups
+// (256 threads), each owning 64 query rows, so a block covers 128 queries;
+// 64-key tiles of K and V are double-buffered in shared memory by cp.async.
+// Per tile and warpgroup, S = Q K^T is D/16 wgmma instructions (m64n64k16,
+// Q and K read from shared memory) and O += P V is 4 (m64nDk16, P from
+// registers, V from shared memory); the online softmax between them is the
+// same code as the mma.sync kernel's, because wgmma's accumulator layout per
+// warp is mma.sync's m16n8 layout repeated along n.
+//
+// Shared tiles use wgmma's 128-byte-swizzled layout (the no-swizzle layout
+// measured 0.8x of the mma.sync kernel: its core matrices along the
+// reduction dim sit 128 bytes apart, in the same banks). A tile of ROWS rows
+// and D columns (D a multiple of 64) is D / 64 column blocks of ROWS x 128
+// bytes; in a block, row r is 128 bytes at r * 128 whose eight 16-byte
+// chunks are permuted by chunk ^ (r % 8). So element (r, c) is at byte
+//     (c / 64) * 128 ROWS + r * 128 + (((c % 64) / 8) ^ (r % 8)) * 16 + (c % 8) * 2.
+// Read as a K-major operand (Q, K: rows are M or N, columns the reduction
+// dim), 8-row groups are 1024 bytes apart (the descriptor's stride offset)
+// and a 16-column slice starts 32 bytes further per slice inside a column
+// block. V is read as an MN-major B operand (transpose bit: its D columns
+// are N, its rows the reduction dim): 8-row groups are again 1024 bytes apart
+// (stride offset) and the 64-column blocks 128 ROWS bytes (leading offset).
+// Block bases are 1024-byte aligned, as the swizzle pattern requires.
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+#define WG_THREADS 256
+#define WG_ROWS 128
+
+// A 128-byte-swizzle descriptor: start address, leading and stride byte offsets.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Registers an asynchronous wgmma writes must not be read (or moved) across
+// its wait: this empty asm makes each use depend on a point after the wait.
+template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+
+// d (64 x 64 f32, accumulator layout) (+)= A (64 x 16) B^T (B: 64 x 16), both
+// in shared memory, K-major; `acc` = 0 overwrites d (a product's first slice).
+__device__ __forceinline__ void wgmma_ss_n64(float d[8][4], unsigned long long da, unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "l"(da), "l"(db), "r"(acc));
+}
+
+// d (64 x 64 f32) += A (64 x 16 bf16, registers in the A-fragment layout) B
+// (16 x 64, shared memory, MN-major: the 64 columns contiguous); `acc` as above.
+__device__ __forceinline__ void wgmma_rs_n64(float d[8][4], const unsigned a[4], unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+// d (64 x 128 f32) += A (64 x 16 bf16, registers in the A-fragment layout) B
+// (16 x 128, shared memory, MN-major: the 128 columns contiguous); `acc` as above.
+__device__ __forceinline__ void wgmma_rs_n128(float d[16][4], const unsigned a[4], unsigned long long db, int acc) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
+}
+
+// Rows [r0, r0 + ROWS) of a bf16 (., ld) matrix, D columns, into the
+// swizzled layout at shared address `s`, by the block's 256 threads (16-byte
+// cp.async, consecutive threads along a row; rows at or past T are zero-filled).
+template <int D, int ROWS>
+__device__ __forceinline__ void stage_sw(unsigned s, const unsigned short* g, size_t ld, int r0, int T) {
+    constexpr int C8 = D / 8, CHUNKS = ROWS * C8;
+    static_assert(CHUNKS % WG_THREADS == 0 && D % 64 == 0, "whole passes, whole column blocks");
+#pragma unroll
+    for (int p = 0; p < CHUNKS / WG_THREADS; p++) {
+        const int j = threadIdx.x + p * WG_THREADS, r = j / C8, ch = j % C8;
+        const bool ok = r0 + r < T;
+        const unsigned dst = s + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+        cp_async16(dst, ok ? g + (size_t)(r0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
+    }
+}
+
+template <int D>
+__device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                            unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale, unsigned* amax,
+                            unsigned* nonfinite) {
+    constexpr int TB = 64 * D * 2; // bytes of one 64-row tile
+    extern __shared__ __align__(1024) unsigned short smh[];
+    const unsigned sm = (smem_addr(smh) + 1023) & ~1023u; // the launch adds 1 KiB of slack
+    const unsigned Qs = sm;
+    const unsigned Kb[2] = {sm + 2 * TB, sm + 4 * TB};
+    const unsigned Vb[2] = {sm + 3 * TB, sm + 5 * TB};
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
+    // Causal work grows with the query tile: the longest tiles start first.
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_ROWS, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_sw<D, WG_ROWS>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_sw<D, 64>(Kb[0], kb, kw, 0, T);
+    stage_sw<D, 64>(Vb[0], vb, kw, 0, T);
+    cp_commit();
+    float o[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const float c = scale * LOG2E;
+    const int w0 = q0 + wg * 64; // this warpgroup's first query
+    const int rq[2] = {w0 + warp * 16 + g, w0 + warp * 16 + g + 8};
+    const int ntiles = (min(T, q0 + WG_ROWS) + 63) / 64;
+    const unsigned qa = Qs + wg * 64 * 128; // the warpgroup's 64 rows of each column block
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 64;
+        if (it + 1 < ntiles) {
+            stage_sw<D, 64>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
+            stage_sw<D, 64>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        // wgmma reads shared memory through the async proxy: each thread
+        // fences its completed cp.async writes into it, then the barrier.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        // Both warpgroups run every tile, also the last one that lies wholly
+        // above warpgroup 0's diagonal (its probabilities come out 0): a
+        // branch around wgmma would make ptxas serialize the instructions.
+        {
+            float s[8][4];
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < D / 16; kc++)
+                wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+                             wg_desc(Kb[it & 1] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+            wg_commit();
+            wg_wait0();
+            wg_hold(s);
+            // The mask test is per block, not per warpgroup: o, which both
+            // paths rescale, feeds the next wgmma, and ptxas serializes
+            // wgmma after a divergent definition of its accumulators.
+            if (k0 + 64 > q0 || k0 + 64 > T)
+                fwd_softmax<true, D>(s, o, m, l, k0, rq, T, c);
+            else
+                fwd_softmax<false, D>(s, o, m, l, k0, rq, T, c);
+            // P as bf16 A fragments, all packed before the first wgmma reads
+            // them (registers written between wgmmas cost a warpgroup sync).
+            unsigned a[4][4];
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                a[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+                a[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+                a[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+                a[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            }
+            wg_fence();
+#pragma unroll
+            for (int kc = 0; kc < 4; kc++) {
+                const unsigned long long dv = wg_desc(Vb[it & 1] + kc * 16 * 128, 64 * 128, 1024);
+                if constexpr (D == 128)
+                    wgmma_rs_n128(o, a[kc], dv, 1);
+                else
+                    wgmma_rs_n64(o, a[kc], dv, 1);
+            }
+            wg_commit();
+            wg_wait0();
+            wg_hold(o);
+        }
+        __syncthreads();
+    }
+    const int tg = lane & 3;
+    float om = 0.f;
+    int bad = 0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (rq[r] >= T) continue;
+        const float inv = 1.f / l[r];
+        unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            const unsigned w = pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) = w;
+            amax_note(w & 0xffff, om, bad);
+            amax_note(w >> 16, om, bad);
+        }
+        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
+    }
+    if (amax) amax_commit(om, bad, amax, nonfinite);
+}
+
+#define ATTN_WG(D)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg##D(                                  \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
+        float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
+        attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
+    }
+
+ATTN_WG(64)
+ATTN_WG(128)
+
+#endif // __CUDA_ARCH_FEAT_SM90_ALL

@@ -75,8 +75,9 @@ struct AttnKernel {
 }
 
 /// The attention kernels chosen for the head dim: tensor-core kernels
-/// (`*_tc{D}_*`) for D in {16, 32, 64, 128}, the SIMT kernels (f32 products)
-/// otherwise.
+/// (`*_tc{D}_*`) for D in {16, 32, 64, 128}, with the forward on wgmma
+/// (`attn_fwd_wg{D}`) on sm_90a for D in {64, 128}; the SIMT kernels (f32
+/// products) otherwise.
 struct Attn {
     fwd: AttnKernel,
     dkdv: AttnKernel,
@@ -444,8 +445,25 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem,
                 })
             };
+            // On sm_90a the forward for D in {64, 128} is the wgmma kernel:
+            // two warpgroups, 128 queries a block, Q (128 rows) + two stages
+            // of K, V (64 rows each), plus 1 KiB to align the swizzled tiles.
+            // `OCTET_ATTN_FWD=mma` keeps the mma.sync forward (comparisons).
+            let wgmma = gpu.arch == "sm_90a"
+                && matches!(d, 64 | 128)
+                && std::env::var("OCTET_ATTN_FWD").map_or(true, |v| v != "mma");
+            let fwd = if wgmma {
+                AttnKernel {
+                    f: l(&format!("attn_fwd_wg{d}"))?,
+                    threads: 256,
+                    rows: 128,
+                    smem: 6 * 64 * d * 2 + 1024,
+                }
+            } else {
+                k(format!("attn_fwd_tc{d}"), 256 * p)?
+            };
             Attn {
-                fwd: k(format!("attn_fwd_tc{d}"), 256 * p)?,
+                fwd,
                 dkdv: k(format!("attn_dkdv_tc{d}"), 256 * p + 512)?,
                 dq: k(format!("attn_dq_tc{d}"), 256 * p)?,
                 tensor_cores: true,
@@ -2307,6 +2325,33 @@ impl GpuLlama<'_> {
         let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d), &mut None)?;
         let (dq, dk, dv) = self.attn_backward(q, k, v, &out, dout, &lse, (b, t, hq, hkv, d))?;
         Ok((out, dq, dk, dv))
+    }
+
+    /// Benchmark hook: the attention forward alone, `(out bf16, lse)`.
+    pub fn attention_forward_bench(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        dims: (usize, usize, usize, usize, usize),
+    ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
+        self.attn_forward(q, k, v, dims, &mut None)
+    }
+
+    /// Benchmark hook: the attention backward alone (its `delta` pass
+    /// included), `(dq, dk, dv)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention_backward_bench(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: &CudaSlice<u16>,
+        dout: &CudaSlice<f32>,
+        lse: &CudaSlice<f32>,
+        dims: (usize, usize, usize, usize, usize),
+    ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+        self.attn_backward(q, k, v, out, dout, lse, dims)
     }
 }
 

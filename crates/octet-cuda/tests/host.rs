@@ -42,6 +42,10 @@ fn kernels_compile() {
         for arch in ["sm_90a", "sm_89"] {
             let ptx = nvrtc::compile_uncached(name, src, arch)
                 .unwrap_or_else(|e| panic!("{name} for {arch}: {e}"));
+            // `OCTET_DUMP_PTX=DIR` keeps the PTX, e.g. for `ptxas -v` (registers, spills).
+            if let Ok(dir) = std::env::var("OCTET_DUMP_PTX") {
+                std::fs::write(format!("{dir}/{name}-{arch}.ptx"), &ptx).expect("write PTX");
+            }
             assert!(
                 ptx.contains(&format!(".target {arch}")),
                 "{name}: {arch} target missing"
@@ -86,6 +90,15 @@ fn kernels_compile() {
             };
             for m in markers {
                 assert!(ptx.contains(m), "{name} for {arch}: no {m}");
+            }
+            // Hopper's warpgroup-MMA attention exists for sm_90a only.
+            let wg = ["attn_fwd_wg128", "wgmma.mma_async.sync.aligned.m64n128k16"];
+            for m in wg {
+                assert_eq!(
+                    ptx.contains(m),
+                    name == "train" && arch == "sm_90a",
+                    "{name} for {arch}: {m}"
+                );
             }
         }
     }
