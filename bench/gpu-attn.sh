@@ -2,7 +2,7 @@
 # Attention kernels on the lent GPU ($OUT set):
 #   bash bench/gpu-attn.sh [check] [train] [ncu]
 # always: octet's forward and backward at the ~1B model's shape (wgmma forward
-# and, with OCTET_ATTN_FWD=mma, the mma.sync one) beside PyTorch's SDPA backends;
+# and, with OCTET_ATTN=mma, the mma.sync one) beside PyTorch's SDPA backends;
 # check: the conformance suite first; train: ~1B bf16 training steps with each
 # forward; ncu: the detailed sections of the kernels.
 set -uo pipefail
@@ -14,7 +14,7 @@ if [[ $args == *" check "* ]]; then
 fi
 shapes=4x2048x16x128,1x8192x16x128,4x2048x32x64
 $bin bench attention --device cuda --shapes $shapes --json $OUT/attn.json 2>&1 | tee $OUT/attn.txt | grep attention
-OCTET_ATTN_FWD=mma $bin bench attention --device cuda --shapes $shapes --json $OUT/attn-mma.json 2>&1 | tee $OUT/attn-mma.txt | grep forward
+OCTET_ATTN=mma $bin bench attention --device cuda --shapes $shapes --json $OUT/attn-mma.json 2>&1 | tee $OUT/attn-mma.txt | grep attention
 python3 bench/sdpa.py 4 2048 16 128 2>&1 | tee $OUT/sdpa.txt | grep -E "flash|cudnn"
 python3 bench/sdpa.py 1 8192 16 128 2>&1 | tee -a $OUT/sdpa.txt | grep -E "flash|cudnn"
 if [[ $args == *" train "* ]]; then
@@ -22,7 +22,7 @@ if [[ $args == *" train "* ]]; then
   for fwd in wgmma mma; do
     for r in "bf16 high_precision" "tensorwise quantized"; do
       set -- $r
-      OCTET_ATTN_FWD=$fwd $train --recipe $1 --backward $2 --name t-$fwd-$1 > $OUT/train-$fwd-$1.txt 2>&1
+      OCTET_ATTN=$fwd $train --recipe $1 --backward $2 --name t-$fwd-$1 > $OUT/train-$fwd-$1.txt 2>&1
       echo "-- forward $fwd, $1 / $2"; tail -4 $OUT/train-$fwd-$1.txt | head -3 | cut -c1-200
     done
   done

@@ -1197,14 +1197,14 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
 // The backward's probabilities and dS of one tile, in place: `s` (raw
 // scores) becomes P = exp(s scale - lse) and `dp` (dO V^T) becomes
 // dS = P (dP - delta). `l2` / `dl`: lse * log2(e) and delta of the tile's
-// 32 query columns (dK/dV kernel: columns are queries, rows keys) or of the
+// 8 NT query columns (dK/dV kernels: columns are queries, rows keys) or of the
 // thread's two rows (dQ kernel); MASK zeroes P outside causality and T.
-template <bool MASK, bool COLS_ARE_QUERIES>
-__device__ __forceinline__ void bwd_probs(float s[4][4], float dp[4][4], const float* l2, const float* dl, int c0,
+template <bool MASK, bool COLS_ARE_QUERIES, int NT = 4>
+__device__ __forceinline__ void bwd_probs(float s[NT][4], float dp[NT][4], const float* l2, const float* dl, int c0,
                                           const int rr[2], int T, float c) {
     const int tg = threadIdx.x & 3;
 #pragma unroll
-    for (int nt = 0; nt < 4; nt++)
+    for (int nt = 0; nt < NT; nt++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int cc = nt * 8 + tg * 2 + (e & 1), col = c0 + cc, row = rr[e >> 1];
@@ -1635,11 +1635,263 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
     if (amax) amax_commit(om, bad, amax, nonfinite);
 }
 
+
+// The backward on wgmma, deterministic like the mma.sync kernels (dK, dV and
+// dQ each summed by one thread in a fixed order; no atomics), same
+// probabilities and bf16 rounding of P, dS and dO as they.
+//
+// dK, dV: two warpgroups of 64 keys (128 keys a block) walk 64-query tiles
+// from the block's diagonal on, over the group's query heads; per tile and
+// warpgroup S^T = K Q^T and dP^T = V dO^T (K, V, Q and dO from shared
+// memory), P^T and dS^T in registers, then dV += P^T dO and dK += dS^T Q
+// with P^T, dS^T as register A operands and dO, Q as MN-major B operands.
+// Grid (T / 128, Hkv, B); shared: K, V (128 rows), two stages of Q, dO (64
+// rows) and of the tile's lse * log2(e) and delta.
+template <int D>
+__device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                             const unsigned short* dout, const float* lse, const float* delta, float* dk,
+                             float* dv, int T, int Hq, int Hkv, float scale) {
+    constexpr int TB = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned short smh[];
+    const unsigned base = smem_addr(smh), sm = (base + 1023) & ~1023u;
+    const unsigned Ks = sm, Vs = sm + 2 * TB;
+    const unsigned Qb[2] = {sm + 4 * TB, sm + 6 * TB};
+    const unsigned Ob[2] = {sm + 5 * TB, sm + 7 * TB};
+    float* Lb = reinterpret_cast<float*>(reinterpret_cast<char*>(smh) + (sm - base) + 8 * TB); // [stage][64]
+    float* Db = Lb + 128;                                                                      // [stage][64]
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              tg = lane & 3;
+    const int k0 = blockIdx.x * WG_ROWS, kvh = blockIdx.y, b = blockIdx.z;
+    const int group = Hq / Hkv;
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    stage_sw<D, WG_ROWS>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    stage_sw<D, WG_ROWS>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    const int nq = (T - k0 + 63) / 64, total = group * nq;
+    int ih = 0, iq = 0; // the next item to issue: query head kvh * group + ih, tile iq
+    auto issue = [&](int st) {
+        const int h = kvh * group + ih, q0 = k0 + iq * 64;
+        stage_sw<D, 64>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        stage_sw<D, 64>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        if (threadIdx.x < 64) {
+            const bool ok = q0 + threadIdx.x < T;
+            const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
+            Lb[st * 64 + threadIdx.x] = ok ? lse[at] * LOG2E : 0.f;
+            Db[st * 64 + threadIdx.x] = ok ? delta[at] : 0.f;
+        }
+        cp_commit();
+        if (++iq == nq) {
+            iq = 0;
+            ih++;
+        }
+    };
+    issue(0);
+    float adk[D / 8][4], adv[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) adk[i][e] = adv[i][e] = 0.f;
+    const float c = scale * LOG2E;
+    const int rk[2] = {k0 + wg * 64 + warp * 16 + g, k0 + wg * 64 + warp * 16 + g + 8};
+    const unsigned ka = Ks + wg * 64 * 128, va = Vs + wg * 64 * 128; // this warpgroup's 64 keys
+    int cq = 0;
+    for (int j = 0; j < total; j++) {
+        const int st = j & 1, q0 = k0 + cq * 64;
+        if (++cq == nq) cq = 0;
+        if (j + 1 < total) {
+            issue(st ^ 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        float s[8][4], dp[8][4];
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            wgmma_ss_n64(s, wg_desc(ka + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+                         wg_desc(Qb[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            wgmma_ss_n64(dp, wg_desc(va + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+                         wg_desc(Ob[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+        wg_commit();
+        wg_wait0();
+        wg_hold(s);
+        wg_hold(dp);
+        // Block-uniform mask test (see the forward): tiles crossing the
+        // block's diagonal, or T.
+        if (q0 < k0 + WG_ROWS || q0 + 64 > T)
+            bwd_probs<true, true, 8>(s, dp, Lb + st * 64, Db + st * 64, q0, rk, T, c);
+        else
+            bwd_probs<false, true, 8>(s, dp, Lb + st * 64, Db + st * 64, q0, rk, T, c);
+        unsigned ap[4][4], ad[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            ap[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
+            ap[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
+            ap[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
+            ap[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
+            ad[kc][0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
+            ad[kc][1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
+            ad[kc][2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+            ad[kc][3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            const unsigned long long dob = wg_desc(Ob[st] + kc * 16 * 128, 64 * 128, 1024);
+            if constexpr (D == 128)
+                wgmma_rs_n128(adv, ap[kc], dob, 1);
+            else
+                wgmma_rs_n64(adv, ap[kc], dob, 1);
+        }
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            const unsigned long long qb = wg_desc(Qb[st] + kc * 16 * 128, 64 * 128, 1024);
+            if constexpr (D == 128)
+                wgmma_rs_n128(adk, ad[kc], qb, 1);
+            else
+                wgmma_rs_n64(adk, ad[kc], qb, 1);
+        }
+        wg_commit();
+        wg_wait0();
+        wg_hold(adv);
+        wg_hold(adk);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rk[r] >= T) continue;
+        const size_t o = (size_t)(b * T + rk[r]) * kw + (size_t)kvh * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            *reinterpret_cast<float2*>(dk + o + dn * 8 + tg * 2) =
+                make_float2(adk[dn][2 * r] * scale, adk[dn][2 * r + 1] * scale);
+            *reinterpret_cast<float2*>(dv + o + dn * 8 + tg * 2) = make_float2(adv[dn][2 * r], adv[dn][2 * r + 1]);
+        }
+    }
+}
+
+// dQ: two warpgroups of 64 queries (128 a block) walk 64-key tiles up to
+// the diagonal: S = Q K^T and dP = dO V^T from shared memory, dS in
+// registers, dQ += dS K with K as an MN-major B operand. Grid (T / 128, Hq,
+// B); shared: Q, dO (128 rows), two stages of K, V (64 rows).
+template <int D>
+__device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
+                           const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
+                           int Hq, int Hkv, float scale) {
+    constexpr int TB = 64 * D * 2;
+    extern __shared__ __align__(1024) unsigned short smh[];
+    const unsigned sm = (smem_addr(smh) + 1023) & ~1023u;
+    const unsigned Qs = sm, Os = sm + 2 * TB;
+    const unsigned Kb[2] = {sm + 4 * TB, sm + 6 * TB};
+    const unsigned Vb[2] = {sm + 5 * TB, sm + 7 * TB};
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
+              tg = lane & 3;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_ROWS, h = blockIdx.y, b = blockIdx.z;
+    const int kvh = h / (Hq / Hkv);
+    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
+    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
+    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
+    stage_sw<D, WG_ROWS>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_sw<D, WG_ROWS>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_sw<D, 64>(Kb[0], kb, kw, 0, T);
+    stage_sw<D, 64>(Vb[0], vb, kw, 0, T);
+    cp_commit();
+    const int rq[2] = {q0 + wg * 64 + warp * 16 + g, q0 + wg * 64 + warp * 16 + g + 8};
+    float l2[2], dl[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const bool ok = rq[r] < T;
+        l2[r] = ok ? lse[((size_t)b * Hq + h) * T + rq[r]] * LOG2E : 0.f;
+        dl[r] = ok ? delta[((size_t)b * Hq + h) * T + rq[r]] : 0.f;
+    }
+    float acc[D / 8][4];
+#pragma unroll
+    for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    const float c = scale * LOG2E;
+    const unsigned qa = Qs + wg * 64 * 128, oa = Os + wg * 64 * 128;
+    const int ntiles = (min(T, q0 + WG_ROWS) + 63) / 64;
+    for (int it = 0; it < ntiles; it++) {
+        const int k0 = it * 64;
+        if (it + 1 < ntiles) {
+            stage_sw<D, 64>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
+            stage_sw<D, 64>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
+            cp_commit();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();
+        const unsigned kt = Kb[it & 1], vt = Vb[it & 1];
+        float s[8][4], dp[8][4];
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+                         wg_desc(kt + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+#pragma unroll
+        for (int kc = 0; kc < D / 16; kc++)
+            wgmma_ss_n64(dp, wg_desc(oa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+                         wg_desc(vt + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+        wg_commit();
+        wg_wait0();
+        wg_hold(s);
+        wg_hold(dp);
+        if (k0 + 64 > q0 || k0 + 64 > T)
+            bwd_probs<true, false, 8>(s, dp, l2, dl, k0, rq, T, c);
+        else
+            bwd_probs<false, false, 8>(s, dp, l2, dl, k0, rq, T, c);
+        unsigned ad[4][4];
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            ad[kc][0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
+            ad[kc][1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
+            ad[kc][2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
+            ad[kc][3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+        }
+        wg_fence();
+#pragma unroll
+        for (int kc = 0; kc < 4; kc++) {
+            const unsigned long long kd = wg_desc(kt + kc * 16 * 128, 64 * 128, 1024);
+            if constexpr (D == 128)
+                wgmma_rs_n128(acc, ad[kc], kd, 1);
+            else
+                wgmma_rs_n64(acc, ad[kc], kd, 1);
+        }
+        wg_commit();
+        wg_wait0();
+        wg_hold(acc);
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rq[r] >= T) continue;
+        float* row = dq + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
+                make_float2(acc[dn][2 * r] * scale, acc[dn][2 * r + 1] * scale);
+    }
+}
+
 #define ATTN_WG(D)                                                                                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg##D(                                  \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
         attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attn_dkdv_wg##D(                                 \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
+        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
+        attn_dkdv_wg<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attn_dq_wg##D(                                   \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
+        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
+        attn_dq_wg<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
     }
 
 ATTN_WG(64)

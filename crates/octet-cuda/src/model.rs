@@ -75,9 +75,9 @@ struct AttnKernel {
 }
 
 /// The attention kernels chosen for the head dim: tensor-core kernels
-/// (`*_tc{D}_*`) for D in {16, 32, 64, 128}, with the forward on wgmma
-/// (`attn_fwd_wg{D}`) on sm_90a for D in {64, 128}; the SIMT kernels (f32
-/// products) otherwise.
+/// (`*_tc{D}_*`, mma.sync) for D in {16, 32, 64, 128}, or on sm_90a for D in
+/// {64, 128} the wgmma kernels (`*_wg{D}`); the SIMT kernels (f32 products)
+/// otherwise.
 struct Attn {
     fwd: AttnKernel,
     dkdv: AttnKernel,
@@ -445,28 +445,39 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem,
                 })
             };
-            // On sm_90a the forward for D in {64, 128} is the wgmma kernel:
-            // two warpgroups, 128 queries a block, Q (128 rows) + two stages
-            // of K, V (64 rows each), plus 1 KiB to align the swizzled tiles.
-            // `OCTET_ATTN_FWD=mma` keeps the mma.sync forward (comparisons).
+            // On sm_90a, for D in {64, 128}, the wgmma kernels: two
+            // warpgroups, 128 rows a block; 64-row tiles of 128 D bytes,
+            // plus 1 KiB to align the swizzled tiles. Forward: Q (two tiles)
+            // + two stages of K, V. dK/dV: K, V (two tiles each) + two stages
+            // of Q, dO and of lse, delta (64 f32 each). dQ: Q, dO (two tiles
+            // each) + two stages of K, V. `OCTET_ATTN=mma` keeps the mma.sync
+            // kernels (for comparisons).
             let wgmma = gpu.arch == "sm_90a"
                 && matches!(d, 64 | 128)
-                && std::env::var("OCTET_ATTN_FWD").map_or(true, |v| v != "mma");
-            let fwd = if wgmma {
-                AttnKernel {
-                    f: l(&format!("attn_fwd_wg{d}"))?,
+                && std::env::var("OCTET_ATTN").map_or(true, |v| v != "mma");
+            let tile = 64 * d * 2;
+            let wg = |name: String, smem: usize| -> Result<AttnKernel> {
+                Ok(AttnKernel {
+                    f: l(&name)?,
                     threads: 256,
                     rows: 128,
-                    smem: 6 * 64 * d * 2 + 1024,
+                    smem: smem + 1024,
+                })
+            };
+            if wgmma {
+                Attn {
+                    fwd: wg(format!("attn_fwd_wg{d}"), 6 * tile)?,
+                    dkdv: wg(format!("attn_dkdv_wg{d}"), 8 * tile + 1024)?,
+                    dq: wg(format!("attn_dq_wg{d}"), 8 * tile)?,
+                    tensor_cores: true,
                 }
             } else {
-                k(format!("attn_fwd_tc{d}"), 256 * p)?
-            };
-            Attn {
-                fwd,
-                dkdv: k(format!("attn_dkdv_tc{d}"), 256 * p + 512)?,
-                dq: k(format!("attn_dq_tc{d}"), 256 * p)?,
-                tensor_cores: true,
+                Attn {
+                    fwd: k(format!("attn_fwd_tc{d}"), 256 * p)?,
+                    dkdv: k(format!("attn_dkdv_tc{d}"), 256 * p + 512)?,
+                    dq: k(format!("attn_dq_tc{d}"), 256 * p)?,
+                    tensor_cores: true,
+                }
             }
         } else {
             let (s0, s1, s2) = attn_smem(d);
