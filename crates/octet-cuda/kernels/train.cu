@@ -1509,15 +1509,15 @@ __device__ __forceinline__ void wgmma_rs_n128(float d[16][4], const unsigned a[4
 }
 
 // Rows [r0, r0 + ROWS) of a bf16 (., ld) matrix, D columns, into the
-// swizzled layout at shared address `s`, by the block's 256 threads (16-byte
+// swizzled layout at shared address `s`, by the block's NT threads (16-byte
 // cp.async, consecutive threads along a row; rows at or past T are zero-filled).
-template <int D, int ROWS>
+template <int D, int ROWS, int NT = WG_THREADS>
 __device__ __forceinline__ void stage_sw(unsigned s, const unsigned short* g, size_t ld, int r0, int T) {
     constexpr int C8 = D / 8, CHUNKS = ROWS * C8;
-    static_assert(CHUNKS % WG_THREADS == 0 && D % 64 == 0, "whole passes, whole column blocks");
+    static_assert(CHUNKS % NT == 0 && D % 64 == 0, "whole passes, whole column blocks");
 #pragma unroll
-    for (int p = 0; p < CHUNKS / WG_THREADS; p++) {
-        const int j = threadIdx.x + p * WG_THREADS, r = j / C8, ch = j % C8;
+    for (int p = 0; p < CHUNKS / NT; p++) {
+        const int j = threadIdx.x + p * NT, r = j / C8, ch = j % C8;
         const bool ok = r0 + r < T;
         const unsigned dst = s + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
         cp_async16(dst, ok ? g + (size_t)(r0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
@@ -1647,31 +1647,32 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 // with P^T, dS^T as register A operands and dO, Q as MN-major B operands.
 // Grid (T / 128, Hkv, B); shared: K, V (128 rows), two stages of Q, dO (64
 // rows) and of the tile's lse * log2(e) and delta.
-template <int D>
+template <int D, int NWG>
 __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
                              float* dv, int T, int Hq, int Hkv, float scale) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned base = smem_addr(smh), sm = (base + 1023) & ~1023u;
-    const unsigned Ks = sm, Vs = sm + 2 * TB;
-    const unsigned Qb[2] = {sm + 4 * TB, sm + 6 * TB};
-    const unsigned Ob[2] = {sm + 5 * TB, sm + 7 * TB};
-    float* Lb = reinterpret_cast<float*>(reinterpret_cast<char*>(smh) + (sm - base) + 8 * TB); // [stage][64]
+    constexpr int ROWS = 64 * NWG, NT = 128 * NWG;
+    const unsigned Ks = sm, Vs = sm + NWG * TB;
+    const unsigned Qb[2] = {sm + 2 * NWG * TB, sm + (2 * NWG + 2) * TB};
+    const unsigned Ob[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
+    float* Lb = reinterpret_cast<float*>(reinterpret_cast<char*>(smh) + (sm - base) + (2 * NWG + 4) * TB);
     float* Db = Lb + 128;                                                                      // [stage][64]
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
               tg = lane & 3;
-    const int k0 = blockIdx.x * WG_ROWS, kvh = blockIdx.y, b = blockIdx.z;
+    const int k0 = blockIdx.x * ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_sw<D, WG_ROWS>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
-    stage_sw<D, WG_ROWS>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    stage_sw<D, ROWS, NT>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    stage_sw<D, ROWS, NT>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
     const int nq = (T - k0 + 63) / 64, total = group * nq;
     int ih = 0, iq = 0; // the next item to issue: query head kvh * group + ih, tile iq
     auto issue = [&](int st) {
         const int h = kvh * group + ih, q0 = k0 + iq * 64;
-        stage_sw<D, 64>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-        stage_sw<D, 64>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        stage_sw<D, 64, NT>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        stage_sw<D, 64, NT>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
         if (threadIdx.x < 64) {
             const bool ok = q0 + threadIdx.x < T;
             const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
@@ -1709,11 +1710,11 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            wgmma_ss_n64(s, wg_desc(ka + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+            wgmma_ss_n64(s, wg_desc(ka + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
                          wg_desc(Qb[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            wgmma_ss_n64(dp, wg_desc(va + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+            wgmma_ss_n64(dp, wg_desc(va + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
                          wg_desc(Ob[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
         wg_commit();
         wg_wait0();
@@ -1721,7 +1722,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         wg_hold(dp);
         // Block-uniform mask test (see the forward): tiles crossing the
         // block's diagonal, or T.
-        if (q0 < k0 + WG_ROWS || q0 + 64 > T)
+        if (q0 < k0 + ROWS || q0 + 64 > T)
             bwd_probs<true, true, 8>(s, dp, Lb + st * 64, Db + st * 64, q0, rk, T, c);
         else
             bwd_probs<false, true, 8>(s, dp, Lb + st * 64, Db + st * 64, q0, rk, T, c);
@@ -1777,27 +1778,28 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
 // the diagonal: S = Q K^T and dP = dO V^T from shared memory, dS in
 // registers, dQ += dS K with K as an MN-major B operand. Grid (T / 128, Hq,
 // B); shared: Q, dO (128 rows), two stages of K, V (64 rows).
-template <int D>
+template <int D, int NWG>
 __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
                            int Hq, int Hkv, float scale) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned sm = (smem_addr(smh) + 1023) & ~1023u;
-    const unsigned Qs = sm, Os = sm + 2 * TB;
-    const unsigned Kb[2] = {sm + 4 * TB, sm + 6 * TB};
-    const unsigned Vb[2] = {sm + 5 * TB, sm + 7 * TB};
+    constexpr int ROWS = 64 * NWG, NT = 128 * NWG;
+    const unsigned Qs = sm, Os = sm + NWG * TB;
+    const unsigned Kb[2] = {sm + 2 * NWG * TB, sm + (2 * NWG + 2) * TB};
+    const unsigned Vb[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
               tg = lane & 3;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_ROWS, h = blockIdx.y, b = blockIdx.z;
+    const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_sw<D, WG_ROWS>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-    stage_sw<D, WG_ROWS>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-    stage_sw<D, 64>(Kb[0], kb, kw, 0, T);
-    stage_sw<D, 64>(Vb[0], vb, kw, 0, T);
+    stage_sw<D, ROWS, NT>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_sw<D, ROWS, NT>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+    stage_sw<D, 64, NT>(Kb[0], kb, kw, 0, T);
+    stage_sw<D, 64, NT>(Vb[0], vb, kw, 0, T);
     cp_commit();
     const int rq[2] = {q0 + wg * 64 + warp * 16 + g, q0 + wg * 64 + warp * 16 + g + 8};
     float l2[2], dl[2];
@@ -1812,12 +1814,12 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
     const float c = scale * LOG2E;
     const unsigned qa = Qs + wg * 64 * 128, oa = Os + wg * 64 * 128;
-    const int ntiles = (min(T, q0 + WG_ROWS) + 63) / 64;
+    const int ntiles = (min(T, q0 + ROWS) + 63) / 64;
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 64;
         if (it + 1 < ntiles) {
-            stage_sw<D, 64>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
-            stage_sw<D, 64>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
+            stage_sw<D, 64, NT>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
+            stage_sw<D, 64, NT>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
             cp_commit();
             cp_wait<1>();
         } else {
@@ -1830,11 +1832,11 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+            wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
                          wg_desc(kt + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
-            wgmma_ss_n64(dp, wg_desc(oa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
+            wgmma_ss_n64(dp, wg_desc(oa + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
                          wg_desc(vt + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
         wg_commit();
         wg_wait0();
@@ -1877,22 +1879,29 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     }
 }
 
+// The backward kernels with NWG warpgroups a block (64 NWG rows): one
+// warpgroup a block leaves two independent blocks on an SM, out of step with
+// each other; two share each staged tile between two warpgroups.
+#define ATTN_WG_BWD(D, NWG)                                                                                     \
+    extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dkdv_wg##D##_##NWG(                    \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
+        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
+        attn_dkdv_wg<D, NWG>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                              \
+    }                                                                                                            \
+    extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dq_wg##D##_##NWG(                      \
+        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
+        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
+        attn_dq_wg<D, NWG>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                    \
+    }
+
 #define ATTN_WG(D)                                                                                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg##D(                                  \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
         float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
         attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
     }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attn_dkdv_wg##D(                                 \
-        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
-        attn_dkdv_wg<D>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                                   \
-    }                                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WG_THREADS, 1) attn_dq_wg##D(                                   \
-        const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
-        attn_dq_wg<D>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                         \
-    }
+    ATTN_WG_BWD(D, 1)                                                                                            \
+    ATTN_WG_BWD(D, 2)
 
 ATTN_WG(64)
 ATTN_WG(128)

@@ -456,19 +456,26 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                 && matches!(d, 64 | 128)
                 && std::env::var("OCTET_ATTN").map_or(true, |v| v != "mma");
             let tile = 64 * d * 2;
-            let wg = |name: String, smem: usize| -> Result<AttnKernel> {
+            let wg = |name: String, nwg: usize, smem: usize| -> Result<AttnKernel> {
                 Ok(AttnKernel {
                     f: l(&name)?,
-                    threads: 256,
-                    rows: 128,
+                    threads: 128 * nwg as u32,
+                    rows: 64 * nwg,
                     smem: smem + 1024,
                 })
             };
+            // Warpgroups a backward block: one (two blocks an SM, out of
+            // step) measured 1.07x two (one block sharing its tiles) on the
+            // H100; `OCTET_ATTN_BWD_WG=2` picks two.
+            let n = match std::env::var("OCTET_ATTN_BWD_WG").as_deref() {
+                Ok("2") => 2,
+                _ => 1,
+            };
             if wgmma {
                 Attn {
-                    fwd: wg(format!("attn_fwd_wg{d}"), 6 * tile)?,
-                    dkdv: wg(format!("attn_dkdv_wg{d}"), 8 * tile + 1024)?,
-                    dq: wg(format!("attn_dq_wg{d}"), 8 * tile)?,
+                    fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile)?,
+                    dkdv: wg(format!("attn_dkdv_wg{d}_{n}"), n, (2 * n + 4) * tile + 1024)?,
+                    dq: wg(format!("attn_dq_wg{d}_{n}"), n, (2 * n + 4) * tile)?,
                     tensor_cores: true,
                 }
             } else {
