@@ -50,8 +50,6 @@ struct Fns {
     sum_partials: CudaFunction,
     rope_fwd: CudaFunction,
     rope_bwd: CudaFunction,
-    /// Pairs a RoPE thread rotates (4 when D/2 is a multiple of 4).
-    rope_vec: usize,
     swiglu_fwd: CudaFunction,
     swiglu_bwd: CudaFunction,
     add: CudaFunction,
@@ -420,7 +418,6 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         } else {
             "rope_bwd"
         })?,
-        rope_vec: if (d / 2) % 4 == 0 { 4 } else { 1 },
         swiglu_fwd: l("swiglu_fwd")?,
         swiglu_bwd: l("swiglu_bwd")?,
         add: l("add_inplace")?,
@@ -1068,7 +1065,6 @@ impl<'g> GpuLlama<'g> {
             self.mark("linear fwd")?;
             lin_saved.extend([sq, sk, sv]);
             for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
-                let cnt = n * heads * (d / 2) / self.f.rope_vec;
                 let (hi, di) = (heads as i32, d as i32);
                 unsafe {
                     s.launch_builder(&self.f.rope_fwd)
@@ -1079,7 +1075,7 @@ impl<'g> GpuLlama<'g> {
                         .arg(&ti)
                         .arg(&hi)
                         .arg(&di)
-                        .launch(grid_stride(cnt))?;
+                        .launch(rows_cfg(n))?;
                 }
             }
             let mut a_amax = self.amax_for(bi, 3, false)?;
@@ -1574,7 +1570,7 @@ impl<'g> GpuLlama<'g> {
                         .arg(&hi)
                         .arg(&di);
                     push_amax(&mut lb, amax, &null);
-                    lb.launch(grid_stride(n * heads * (d / 2) / self.f.rope_vec))?;
+                    lb.launch(rows_cfg(n))?;
                 }
             }
             let dv_bf = self.bf16(&dvv, "dv bf16", &mut v_amax)?;
