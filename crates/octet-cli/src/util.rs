@@ -182,8 +182,9 @@ pub fn parse_dims2(s: &str) -> anyhow::Result<(usize, usize)> {
     }
 }
 
-/// Parse `MxKxN,...` into triples.
-pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
+/// Parse a comma-separated list of `n` positive numbers joined by `x`
+/// (`form` names them in errors, e.g. `MxKxN`).
+fn parse_dim_list(s: &str, n: usize, form: &str) -> anyhow::Result<Vec<Vec<usize>>> {
     s.split(',')
         .map(|item| {
             let d: Vec<usize> = item
@@ -194,32 +195,29 @@ pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
                         .with_context(|| format!("'{item}': '{x}' is not a number"))
                 })
                 .collect::<anyhow::Result<_>>()?;
-            match d[..] {
-                [m, k, n] if m > 0 && k > 0 && n > 0 => Ok((m, k, n)),
-                _ => anyhow::bail!("'{item}': expected MxKxN with three positive numbers"),
-            }
+            anyhow::ensure!(
+                d.len() == n && d.iter().all(|&v| v > 0),
+                "'{item}': expected {form} with {n} positive numbers"
+            );
+            Ok(d)
         })
         .collect()
 }
 
+/// Parse `MxKxN[,MxKxN...]`.
+pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
+    Ok(parse_dim_list(s, 3, "MxKxN")?
+        .into_iter()
+        .map(|d| (d[0], d[1], d[2]))
+        .collect())
+}
+
 /// Parse `BxTxHxD[,BxTxHxD...]` (attention shapes: batch, sequence, heads, head dim).
 pub fn parse_attention_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize, usize)>> {
-    s.split(',')
-        .map(|item| {
-            let d: Vec<usize> = item
-                .trim()
-                .split('x')
-                .map(|x| {
-                    x.parse::<usize>()
-                        .with_context(|| format!("'{item}': '{x}' is not a number"))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            match d[..] {
-                [b, t, h, hd] if b > 0 && t > 0 && h > 0 && hd > 0 => Ok((b, t, h, hd)),
-                _ => anyhow::bail!("'{item}': expected BxTxHxD with four positive numbers"),
-            }
-        })
-        .collect()
+    Ok(parse_dim_list(s, 4, "BxTxHxD")?
+        .into_iter()
+        .map(|d| (d[0], d[1], d[2], d[3]))
+        .collect())
 }
 
 #[cfg(test)]

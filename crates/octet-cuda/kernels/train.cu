@@ -261,10 +261,8 @@ template <int V> __device__ __forceinline__ void st_bf(unsigned short* p, const 
 }
 
 // Forward, in place on bf16 q or k. A block takes whole rows (grid-stride
-// over the N rows), its threads the row's H * D / (2 V) groups: the position
-// is computed once a row and the index math is 32-bit (the flat 64-bit
-// index with four divisions a group made these kernels issue-bound, at
-// 45% of the copy bandwidth).
+// over the N rows), its threads the row's H * D / (2 V) groups, with 32-bit
+// index math (before, a flat 64-bit index cost four 64-bit divisions a group).
 template <int V>
 __device__ void rope_fwd_impl(unsigned short* x, const float* cs, const float* sn, int N, int T, int H, int D) {
     const int half = D / 2, groups = half / V, per_row = H * groups;
@@ -994,6 +992,64 @@ __device__ __forceinline__ void stage_async(unsigned s, const unsigned short* g,
 #define NEG_INF __int_as_float(0xff800000u)
 #define LN2 0.6931471805599453f
 
+// Columns [16 kc, 16 kc + 16) of a tile in the accumulator (C) layout
+// (`p[n-tile][4]`, as mma.sync m16n8 and each warp's part of wgmma write
+// it) as the bf16 A fragment of a 16-deep product slice: the layouts agree
+// row for row, so each thread packs its own values.
+__device__ __forceinline__ void pack_a(const float (*p)[4], int kc, unsigned a[4]) {
+    a[0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
+    a[1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
+    a[2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
+    a[3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+}
+
+// The forward's epilogue for a thread's two rows `rq` (rows at or past T
+// skipped): the row sums reduced over the quad, out = o / l as bf16 at
+// `out` (row pitch `ld`; its amax when asked), lse = m c + log2 l in
+// natural-log units at `lse` (indexed by row).
+template <int D>
+__device__ __forceinline__ void fwd_store(const float (*o)[4], const float m[2], float l[2], const int rq[2], int T,
+                                          float c, unsigned short* out, size_t ld, float* lse, unsigned* amax,
+                                          unsigned* nonfinite) {
+    const int tg = threadIdx.x & 3;
+    float om = 0.f;
+    int bad = 0;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+        if (rq[r] >= T) continue;
+        const float inv = 1.f / l[r];
+        unsigned short* orow = out + (size_t)rq[r] * ld;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            const unsigned w = pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
+            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) = w;
+            amax_note(w & 0xffff, om, bad);
+            amax_note(w >> 16, om, bad);
+        }
+        if (tg == 0) lse[rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
+    }
+    if (amax) amax_commit(om, bad, amax, nonfinite);
+}
+
+// A thread's two accumulator rows `rr` (C layout, D columns) times `scale`
+// as f32 rows of `dst` (pitch `ld`); rows at or past T skipped.
+template <int D>
+__device__ __forceinline__ void store_rows(const float (*acc)[4], const int rr[2], int T, float scale,
+                                           float* dst, size_t ld) {
+    const int tg = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rr[r] >= T) continue;
+        float* row = dst + (size_t)rr[r] * ld;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++)
+            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
+                make_float2(acc[dn][2 * r] * scale, acc[dn][2 * r + 1] * scale);
+    }
+}
+
 // acc[n-tile][4] += A (16 rows from row `arow0` of the tile at shared address
 // `as`, k = D) x B^T where B's rows (the n side) are rows `nrow0 ..` of `bs`:
 // S = Q K^T and its relatives.
@@ -1027,10 +1083,7 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
 #pragma unroll
     for (int kc = 0; kc < KC; kc++) {
         unsigned a[4];
-        a[0] = pack_bf16(p[2 * kc][0], p[2 * kc][1]);
-        a[1] = pack_bf16(p[2 * kc][2], p[2 * kc][3]);
-        a[2] = pack_bf16(p[2 * kc + 1][0], p[2 * kc + 1][1]);
-        a[3] = pack_bf16(p[2 * kc + 1][2], p[2 * kc + 1][3]);
+        pack_a(p, kc, a);
 #pragma unroll
         for (int dp = 0; dp < D / 16; dp++) {
             unsigned b[4];
@@ -1168,26 +1221,8 @@ __device__ void attn_fwd_tc(const unsigned short* q, const unsigned short* k, co
         mma_pb<D, 4>(o, s, Vb[it & 1], 0);
         __syncthreads();
     }
-    const int tg = lane & 3;
-    float om = 0.f;
-    int bad = 0;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        if (rq[r] >= T) continue;
-        const float inv = 1.f / l[r];
-        unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            const unsigned w = pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
-            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) = w;
-            amax_note(w & 0xffff, om, bad);
-            amax_note(w >> 16, om, bad);
-        }
-        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
-    }
-    if (amax) amax_commit(om, bad, amax, nonfinite);
+    fwd_store<D>(o, m, l, rq, T, c, out + (size_t)b * T * qw + (size_t)h * D, qw,
+                 lse + ((size_t)b * Hq + h) * T, amax, nonfinite);
 }
 
 // The backward's probabilities and dS of one tile, in place: `s` (raw
@@ -1232,7 +1267,7 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
     const unsigned Ob[2] = {Vs + 2 * (ATTN_ROWS * P + QS), Vs + 2 * (ATTN_ROWS * P + 3 * QS)};
     float* Lb = reinterpret_cast<float*>(smh + 2 * ATTN_ROWS * P + 4 * QS); // [stage][32]: lse * log2(e)
     float* Db = Lb + 64;                                                    // [stage][32]: delta
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     const int k0 = blockIdx.x * ATTN_ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
@@ -1296,17 +1331,9 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
         mma_pb<D, 2>(adk, dp, Qs, 0);
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rk[r] >= T) continue;
-        const size_t o = (size_t)(b * T + rk[r]) * kw + (size_t)kvh * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            *reinterpret_cast<float2*>(dk + o + dn * 8 + tg * 2) =
-                make_float2(adk[dn][2 * r] * scale, adk[dn][2 * r + 1] * scale);
-            *reinterpret_cast<float2*>(dv + o + dn * 8 + tg * 2) = make_float2(adv[dn][2 * r], adv[dn][2 * r + 1]);
-        }
-    }
+    const size_t o = (size_t)b * T * kw + (size_t)kvh * D;
+    store_rows<D>(adk, rk, T, scale, dk + o, kw);
+    store_rows<D>(adv, rk, T, 1.f, dv + o, kw);
 }
 
 // dQ: 4 warps x 16 queries, 32-key tiles up to the diagonal, double-buffered.
@@ -1321,7 +1348,7 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
     const unsigned Qs = sm, Os = sm + 2 * ATTN_ROWS * P;
     const unsigned Kb[2] = {Os + 2 * ATTN_ROWS * P, Os + 2 * (ATTN_ROWS * P + 2 * KS)};
     const unsigned Vb[2] = {Os + 2 * (ATTN_ROWS * P + KS), Os + 2 * (ATTN_ROWS * P + 3 * KS)};
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, tg = lane & 3;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     // Causal work grows with the query tile: the longest tiles start first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ATTN_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
@@ -1372,15 +1399,7 @@ __device__ void attn_dq_tc(const unsigned short* q, const unsigned short* k, con
         mma_pb<D, 2>(acc, dp, Ks, 0);
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rq[r] >= T) continue;
-        float* row = dq + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++)
-            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
-                make_float2(acc[dn][2 * r] * scale, acc[dn][2 * r + 1] * scale);
-    }
+    store_rows<D>(acc, rq, T, scale, dq + (size_t)b * T * qw + (size_t)h * D, qw);
 }
 
 #define ATTN_ALL(D)                                                                                             \
@@ -1588,12 +1607,7 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
             // them (registers written between wgmmas cost a warpgroup sync).
             unsigned a[4][4];
 #pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
-                a[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
-                a[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
-                a[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-                a[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-            }
+            for (int kc = 0; kc < 4; kc++) pack_a(s, kc, a[kc]);
             wg_fence();
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
@@ -1609,26 +1623,8 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
         }
         __syncthreads();
     }
-    const int tg = lane & 3;
-    float om = 0.f;
-    int bad = 0;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-        l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-        if (rq[r] >= T) continue;
-        const float inv = 1.f / l[r];
-        unsigned short* orow = out + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            const unsigned w = pack_bf16(o[dn][2 * r] * inv, o[dn][2 * r + 1] * inv);
-            *reinterpret_cast<unsigned*>(orow + dn * 8 + tg * 2) = w;
-            amax_note(w & 0xffff, om, bad);
-            amax_note(w >> 16, om, bad);
-        }
-        if (tg == 0) lse[((size_t)b * Hq + h) * T + rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
-    }
-    if (amax) amax_commit(om, bad, amax, nonfinite);
+    fwd_store<D>(o, m, l, rq, T, c, out + (size_t)b * T * qw + (size_t)h * D, qw,
+                 lse + ((size_t)b * Hq + h) * T, amax, nonfinite);
 }
 
 
@@ -1656,8 +1652,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
     const unsigned Ob[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
     float* Lb = reinterpret_cast<float*>(reinterpret_cast<char*>(smh) + (sm - base) + (2 * NWG + 4) * TB);
     float* Db = Lb + 128;                                                                      // [stage][64]
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-              tg = lane & 3;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
     const int k0 = blockIdx.x * ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
@@ -1725,14 +1720,8 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         unsigned ap[4][4], ad[4][4];
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
-            ap[kc][0] = pack_bf16(s[2 * kc][0], s[2 * kc][1]);
-            ap[kc][1] = pack_bf16(s[2 * kc][2], s[2 * kc][3]);
-            ap[kc][2] = pack_bf16(s[2 * kc + 1][0], s[2 * kc + 1][1]);
-            ap[kc][3] = pack_bf16(s[2 * kc + 1][2], s[2 * kc + 1][3]);
-            ad[kc][0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
-            ad[kc][1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
-            ad[kc][2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
-            ad[kc][3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
+            pack_a(s, kc, ap[kc]);
+            pack_a(dp, kc, ad[kc]);
         }
         wg_fence();
 #pragma unroll
@@ -1757,17 +1746,9 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         wg_hold(adk);
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rk[r] >= T) continue;
-        const size_t o = (size_t)(b * T + rk[r]) * kw + (size_t)kvh * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++) {
-            *reinterpret_cast<float2*>(dk + o + dn * 8 + tg * 2) =
-                make_float2(adk[dn][2 * r] * scale, adk[dn][2 * r + 1] * scale);
-            *reinterpret_cast<float2*>(dv + o + dn * 8 + tg * 2) = make_float2(adv[dn][2 * r], adv[dn][2 * r + 1]);
-        }
-    }
+    const size_t o = (size_t)b * T * kw + (size_t)kvh * D;
+    store_rows<D>(adk, rk, T, scale, dk + o, kw);
+    store_rows<D>(adv, rk, T, 1.f, dv + o, kw);
 }
 
 // dQ: two warpgroups of 64 queries (128 a block) walk 64-key tiles up to
@@ -1785,8 +1766,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     const unsigned Qs = sm, Os = sm + NWG * TB;
     const unsigned Kb[2] = {sm + 2 * NWG * TB, sm + (2 * NWG + 2) * TB};
     const unsigned Vb[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
-    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2,
-              tg = lane & 3;
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
@@ -1844,12 +1824,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
             bwd_probs<false, false, 8>(s, dp, l2, dl, k0, rq, T, c);
         unsigned ad[4][4];
 #pragma unroll
-        for (int kc = 0; kc < 4; kc++) {
-            ad[kc][0] = pack_bf16(dp[2 * kc][0], dp[2 * kc][1]);
-            ad[kc][1] = pack_bf16(dp[2 * kc][2], dp[2 * kc][3]);
-            ad[kc][2] = pack_bf16(dp[2 * kc + 1][0], dp[2 * kc + 1][1]);
-            ad[kc][3] = pack_bf16(dp[2 * kc + 1][2], dp[2 * kc + 1][3]);
-        }
+        for (int kc = 0; kc < 4; kc++) pack_a(dp, kc, ad[kc]);
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
@@ -1864,15 +1839,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         wg_hold(acc);
         __syncthreads();
     }
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        if (rq[r] >= T) continue;
-        float* row = dq + (size_t)(b * T + rq[r]) * qw + (size_t)h * D;
-#pragma unroll
-        for (int dn = 0; dn < D / 8; dn++)
-            *reinterpret_cast<float2*>(row + dn * 8 + tg * 2) =
-                make_float2(acc[dn][2 * r] * scale, acc[dn][2 * r + 1] * scale);
-    }
+    store_rows<D>(acc, rq, T, scale, dq + (size_t)b * T * qw + (size_t)h * D, qw);
 }
 
 // The backward kernels with NWG warpgroups a block (64 NWG rows): one
