@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The wgmma backward with one or two warpgroups a block ($OUT set): the
-# attention conformance cases with one, then both benches.
+# attention conformance cases with one, then both benches. Needs the binary of
+# commit 7512990: the review removed the two-warpgroup kernels and this switch.
 set -uo pipefail
 bin=${BIN:-dev-bin/octet}
 OCTET_ATTN_BWD_WG=1 timeout 300 $bin selftest --device cuda > $OUT/selftest-bwd1.txt 2>&1; echo "selftest (1 warpgroup) rc=$?"

@@ -266,11 +266,12 @@ template <int V> __device__ __forceinline__ void st_bf(unsigned short* p, const 
 template <int V>
 __device__ void rope_fwd_impl(unsigned short* x, const float* cs, const float* sn, int N, int T, int H, int D) {
     const int half = D / 2, groups = half / V, per_row = H * groups;
-    for (int n = blockIdx.x; n < N; n += gridDim.x)
-    for (int t = threadIdx.x; t < per_row; t += blockDim.x) {
-        const int h = t / groups, i = (t - h * groups) * V, pos = n % T;
-        const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
-        unsigned short* p = x + (size_t)n * H * D + (size_t)h * D;
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        const int pos = n % T;
+        for (int t = threadIdx.x; t < per_row; t += blockDim.x) {
+            const int h = t / groups, i = (t - h * groups) * V;
+            const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
+            unsigned short* p = x + (size_t)n * H * D + (size_t)h * D;
         float a[V], b[V];
         ld_bf<V>(p + i, a);
         ld_bf<V>(p + i + half, b);
@@ -280,8 +281,9 @@ __device__ void rope_fwd_impl(unsigned short* x, const float* cs, const float* s
             lo[j] = f2bf(a[j] * c.v[j] - b[j] * s.v[j]);
             hi[j] = f2bf(b[j] * c.v[j] + a[j] * s.v[j]);
         }
-        st_bf<V>(p + i, lo);
-        st_bf<V>(p + i + half, hi);
+            st_bf<V>(p + i, lo);
+            st_bf<V>(p + i + half, hi);
+        }
     }
 }
 
@@ -293,11 +295,12 @@ __device__ void rope_bwd_impl(const float* dy, unsigned short* dx, const float* 
     const int half = D / 2, groups = half / V, per_row = H * groups;
     float m = 0.f;
     int bad = 0;
-    for (int n = blockIdx.x; n < N; n += gridDim.x)
-    for (int t = threadIdx.x; t < per_row; t += blockDim.x) {
-        const int h = t / groups, i = (t - h * groups) * V, pos = n % T;
-        const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
-        const size_t o = (size_t)n * H * D + (size_t)h * D;
+    for (int n = blockIdx.x; n < N; n += gridDim.x) {
+        const int pos = n % T;
+        for (int t = threadIdx.x; t < per_row; t += blockDim.x) {
+            const int h = t / groups, i = (t - h * groups) * V;
+            const Vf<V> c = ldv<V>(cs + pos * half + i), s = ldv<V>(sn + pos * half + i);
+            const size_t o = (size_t)n * H * D + (size_t)h * D;
         const Vf<V> a = ldv<V>(dy + o + i), b = ldv<V>(dy + o + i + half);
         unsigned short lo[V], hi[V];
 #pragma unroll
@@ -307,8 +310,9 @@ __device__ void rope_bwd_impl(const float* dy, unsigned short* dx, const float* 
             amax_note(lo[j], m, bad);
             amax_note(hi[j], m, bad);
         }
-        st_bf<V>(dx + o + i, lo);
-        st_bf<V>(dx + o + i + half, hi);
+            st_bf<V>(dx + o + i, lo);
+            st_bf<V>(dx + o + i + half, hi);
+        }
     }
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
@@ -1252,6 +1256,19 @@ __device__ __forceinline__ void bwd_probs(float s[NT][4], float dp[NT][4], const
         }
 }
 
+// The dK/dV kernels' per-query statistics of a ROWS-query tile from q0 (of
+// the head whose rows start at `at0`): lse * log2(e) and delta into shared
+// `l2`, `dl` by the block's first ROWS threads; queries past T get 0.
+template <int ROWS>
+__device__ __forceinline__ void stage_stats(float* l2, float* dl, const float* lse, const float* delta, size_t at0,
+                                            int q0, int T) {
+    if (threadIdx.x < ROWS) {
+        const bool ok = q0 + (int)threadIdx.x < T;
+        l2[threadIdx.x] = ok ? lse[at0 + q0 + threadIdx.x] * LOG2E : 0.f;
+        dl[threadIdx.x] = ok ? delta[at0 + q0 + threadIdx.x] : 0.f;
+    }
+}
+
 // dK, dV: 4 warps x 16 keys, 32-query tiles from the keys' diagonal on, over
 // the group's query heads in order, double-buffered (Q, bf16 dO, lse, delta).
 // Grid (T / 64, Hkv, B).
@@ -1281,12 +1298,7 @@ __device__ void attn_dkdv_tc(const unsigned short* q, const unsigned short* k, c
         const int h = kvh * group + ih, q0 = k0 + iq * 32;
         stage_async<D, 32>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
         stage_async<D, 32>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-        if (threadIdx.x < 32) {
-            const bool ok = q0 + threadIdx.x < T;
-            const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
-            Lb[st * 32 + threadIdx.x] = ok ? lse[at] * LOG2E : 0.f;
-            Db[st * 32 + threadIdx.x] = ok ? delta[at] : 0.f;
-        }
+        stage_stats<32>(Lb + st * 32, Db + st * 32, lse, delta, ((size_t)b * Hq + h) * T, q0, T);
         cp_commit();
         if (++iq == nq) {
             iq = 0;
@@ -1664,12 +1676,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         const int h = kvh * group + ih, q0 = k0 + iq * 64;
         stage_sw<D, 64, NT>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
         stage_sw<D, 64, NT>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-        if (threadIdx.x < 64) {
-            const bool ok = q0 + threadIdx.x < T;
-            const size_t at = ((size_t)b * Hq + h) * T + q0 + threadIdx.x;
-            Lb[st * 64 + threadIdx.x] = ok ? lse[at] * LOG2E : 0.f;
-            Db[st * 64 + threadIdx.x] = ok ? delta[at] : 0.f;
-        }
+        stage_stats<64>(Lb + st * 64, Db + st * 64, lse, delta, ((size_t)b * Hq + h) * T, q0, T);
         cp_commit();
         if (++iq == nq) {
             iq = 0;
@@ -1842,9 +1849,10 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     store_rows<D>(acc, rq, T, scale, dq + (size_t)b * T * qw + (size_t)h * D, qw);
 }
 
-// The backward kernels with NWG warpgroups a block (64 NWG rows): one
-// warpgroup a block leaves two independent blocks on an SM, out of step with
-// each other; two share each staged tile between two warpgroups.
+// The backward kernels with NWG warpgroups a block (64 NWG rows). One is
+// instantiated: it leaves two independent blocks on an SM, out of step with
+// each other, and measured 1.07x two warpgroups sharing each staged tile
+// (H100, 4x2048x16x128; BENCHMARKS.md, ninth session).
 #define ATTN_WG_BWD(D, NWG)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dkdv_wg##D##_##NWG(                    \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
@@ -1863,8 +1871,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
         attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
     }                                                                                                            \
-    ATTN_WG_BWD(D, 1)                                                                                            \
-    ATTN_WG_BWD(D, 2)
+    ATTN_WG_BWD(D, 1)
 
 ATTN_WG(64)
 ATTN_WG(128)

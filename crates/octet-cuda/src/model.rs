@@ -442,13 +442,13 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem,
                 })
             };
-            // On sm_90a, for D in {64, 128}, the wgmma kernels: two
-            // warpgroups, 128 rows a block; 64-row tiles of 128 D bytes,
-            // plus 1 KiB to align the swizzled tiles. Forward: Q (two tiles)
-            // + two stages of K, V. dK/dV: K, V (two tiles each) + two stages
-            // of Q, dO and of lse, delta (64 f32 each). dQ: Q, dO (two tiles
-            // each) + two stages of K, V. `OCTET_ATTN=mma` keeps the mma.sync
-            // kernels (for comparisons).
+            // On sm_90a, for D in {64, 128}, the wgmma kernels: 64 rows a
+            // warpgroup; 64-row tiles of 128 D bytes, plus 1 KiB to align the
+            // swizzled tiles. Forward (two warpgroups): Q (two tiles) + two
+            // stages of K, V. dK/dV (one warpgroup): K, V + two stages of Q,
+            // dO and of lse, delta (64 f32 each). dQ (one warpgroup): Q, dO +
+            // two stages of K, V. `OCTET_ATTN=mma` keeps the mma.sync kernels
+            // (for comparisons).
             let wgmma = gpu.arch == "sm_90a"
                 && matches!(d, 64 | 128)
                 && std::env::var("OCTET_ATTN").map_or(true, |v| v != "mma");
@@ -461,18 +461,12 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem: smem + 1024,
                 })
             };
-            // Warpgroups a backward block: one (two blocks an SM, out of
-            // step) measured 1.07x two (one block sharing its tiles) on the
-            // H100; `OCTET_ATTN_BWD_WG=2` picks two.
-            let n = match std::env::var("OCTET_ATTN_BWD_WG").as_deref() {
-                Ok("2") => 2,
-                _ => 1,
-            };
+            // The backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
             if wgmma {
                 Attn {
                     fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile)?,
-                    dkdv: wg(format!("attn_dkdv_wg{d}_{n}"), n, (2 * n + 4) * tile + 1024)?,
-                    dq: wg(format!("attn_dq_wg{d}_{n}"), n, (2 * n + 4) * tile)?,
+                    dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024)?,
+                    dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile)?,
                     tensor_cores: true,
                 }
             } else {
@@ -2330,15 +2324,39 @@ impl GpuLlama<'_> {
         CudaSlice<f32>,
         CudaSlice<f32>,
     )> {
-        if d != self.cfg.head_dim() || d > MAX_HEAD_DIM || hq % hkv != 0 {
+        let dims = (b, t, hq, hkv, d);
+        let (out, lse) = self.attention_forward_bench(q, k, v, dims)?;
+        let (dq, dk, dv) = self.attention_backward_bench(q, k, v, &out, dout, &lse, dims)?;
+        Ok((out, dq, dk, dv))
+    }
+
+    /// The hooks' shape check: the model's head dim, whole query groups, and
+    /// buffers of the sizes the kernels read.
+    fn check_attention_dims(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+    ) -> Result<()> {
+        let n = b * t;
+        if d != self.cfg.head_dim()
+            || d > MAX_HEAD_DIM
+            || hkv == 0
+            || hq % hkv != 0
+            || q.len() != n * hq * d
+            || k.len() != n * hkv * d
+            || v.len() != n * hkv * d
+        {
             return Err(Error::Shape(format!(
-                "attention check: head_dim {d} (model {}), heads {hq}/{hkv}",
-                self.cfg.head_dim()
+                "attention hook: head_dim {d} (model {}), heads {hq}/{hkv}, B*T {n}, q/k/v of {}/{}/{} elements",
+                self.cfg.head_dim(),
+                q.len(),
+                k.len(),
+                v.len()
             )));
         }
-        let (out, lse) = self.attn_forward(q, k, v, (b, t, hq, hkv, d), &mut None)?;
-        let (dq, dk, dv) = self.attn_backward(q, k, v, &out, dout, &lse, (b, t, hq, hkv, d))?;
-        Ok((out, dq, dk, dv))
+        Ok(())
     }
 
     /// Benchmark hook: the attention forward alone, `(out bf16, lse)`.
@@ -2349,6 +2367,7 @@ impl GpuLlama<'_> {
         v: &CudaSlice<u16>,
         dims: (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<u16>, CudaSlice<f32>)> {
+        self.check_attention_dims(q, k, v, dims)?;
         self.attn_forward(q, k, v, dims, &mut None)
     }
 
@@ -2365,6 +2384,16 @@ impl GpuLlama<'_> {
         lse: &CudaSlice<f32>,
         dims: (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
+        self.check_attention_dims(q, k, v, dims)?;
+        let (b, t, hq, _, d) = dims;
+        if out.len() != b * t * hq * d || dout.len() != out.len() || lse.len() != b * hq * t {
+            return Err(Error::Shape(format!(
+                "attention hook: out/dout/lse of {}/{}/{} elements for B={b} T={t} Hq={hq} D={d}",
+                out.len(),
+                dout.len(),
+                lse.len()
+            )));
+        }
         self.attn_backward(q, k, v, out, dout, lse, dims)
     }
 }
