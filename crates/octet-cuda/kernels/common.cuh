@@ -103,3 +103,44 @@ __device__ __forceinline__ float e4m3_decode(unsigned int code) {
     asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
     return v;
 }
+
+// ---------------------------------------------------------------- shared memory, cp.async, wgmma
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, asynchronously; `bytes` < 16 zero-fills the rest
+// (0: all zeros, and `src` is not read).
+__device__ __forceinline__ void cp_async16(unsigned dst, const void* src, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// Hopper's warpgroup MMA (sm_90a only). Shared-memory operands use the
+// 128-byte-swizzled layout described in train.cu (attention on wgmma).
+
+// A 128-byte-swizzle descriptor: start address, leading and stride byte offsets.
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+// Wait until at most N committed wgmma groups of this warpgroup are pending.
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void wg_wait0() { wg_wait<0>(); }
+// Registers an asynchronous wgmma writes must not be read (or moved) across
+// its wait: this empty asm makes each use depend on a point after the wait.
+template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+// Writes of shared memory by this thread (st.shared, cp.async once waited)
+// made visible to the async proxy that wgmma reads through; a barrier follows.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+#endif

@@ -256,3 +256,256 @@ extern "C" __global__ void mixed_epilogue_bf16(const float* acc, const float* fa
                                                int M, int N, int mode) {
     epilogue<unsigned short>(acc, factors, y, M, N, mode);
 }
+
+// ---------------------------------------------------------------- large M on Hopper's wgmma
+
+// `mixed_wg` (sm_90a): the product for M > 64 without a bf16 copy of W. It
+// computes y^T = W x^T tile by tile: a block of two warpgroups owns 128
+// weight rows (output channels; 64 per warpgroup, the wgmma M side) and 256
+// tokens (the wgmma N side). Per 64-column stage of K:
+// - x (256 tokens x 64 bf16) is copied by the TMA unit into wgmma's
+//   128-byte-swizzled K-major layout (see train.cu) and read by wgmma as B;
+// - the FP8 codes of W (128 rows x 64 bytes) are copied by the TMA unit as
+//   they are in memory (row-major, no repacking) with its 64-byte swizzle:
+//   each row's four 16-byte chunks permuted by chunk ^ ((row / 2) % 4), so
+//   the fragment loads below hit 32 different banks;
+// - each thread loads its A fragment from the codes (two 4-byte loads per row
+//   and 16-column step: row g holds columns {2t, 2t+1} in word t/2 and
+//   {2t+8, 2t+9} in word 2 + t/2), upcasts them to bf16 in registers (exact)
+//   and four `wgmma m64n256k16` (A from registers) accumulate in f32.
+// Five stages are in flight (40 KiB each; one thread issues both copies of a
+// stage, whose arrival an mbarrier signals): the copies run three stages
+// ahead and one wgmma group stays outstanding while the next fragments are
+// converted, so the tensor cores are fed while the conversion runs. (A first
+// version copied with per-thread cp.async: 0.67-0.71x of cuBLAS bf16, with
+// the address arithmetic of the copies more than half of the issued
+// instructions.)
+// Factors: per-tensor and per-row ones scale the f32 sums in the epilogue;
+// under 128x128 block scaling each code is multiplied by its block's factor
+// and rounded to bf16 in the upcast (as the M > 64 path did before).
+// The epilogue stages the 128 x 256 tile through shared memory transposed
+// and writes y's rows with 16-byte stores.
+// Requirements checked by the host: K % 16 == 0 (whole 16-byte chunks).
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+#define MW_THREADS 256
+#define MW_CH 128
+#define MW_TOK 256
+#define MW_STAGES 5
+#define MW_XBYTES (MW_TOK * 64 * 2)
+#define MW_STAGE (MW_XBYTES + MW_CH * 64)
+
+// d (64 x 256 f32, accumulator layout) += A (64 x 16 bf16, registers in the
+// A-fragment layout) B^T, B (256 x 16) in shared memory, K-major (descriptor `db`).
+__device__ __forceinline__ void wgmma_rs_n256_kmajor(float d[32][4], const unsigned a[4], unsigned long long db) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
+                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
+                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
+                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
+                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
+                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
+                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
+                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
+                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
+                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
+                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
+                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
+                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
+                   "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
+                   "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
+                   "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
+                   "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
+                   "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
+                   "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
+                   "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
+                   "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+}
+
+// Two FP8 codes times a factor -> bf16x2 (rounded to nearest even).
+template <int FMT>
+__device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two, float f) {
+    const unsigned int b = fp8x2_to_bf16x2<FMT>(two);
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(bf16_hi(b) * f), "f"(bf16_lo(b) * f));
+    return r;
+}
+
+// A CUtensorMap (cuda.h's CUtensorMap_st), passed by value as a
+// __grid_constant__ kernel parameter and read by the TMA unit.
+struct alignas(128) TmaMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+// One arrival that also expects `bytes` more bytes of transactions.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+// Spin until the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
+    asm volatile("{\n.reg .pred p;\nMW_WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra MW_WAIT;\n}\n" ::"r"(bar),
+                 "r"(parity)
+                 : "memory");
+}
+// The box of `map` at (column c0, row c1) into shared memory at `dst`
+// (swizzled as the map says; zeros outside the tensor), completing `bytes`
+// on barrier `bar`.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, int c0, int c1, unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
+// Stage `st` (columns [64 st, 64 st + 64)) of x and W into its buffer, by
+// one thread: two TMA copies completing on the buffer's barrier. The maps
+// swizzle x by 128 bytes (wgmma's layout) and W by 64 bytes (16-byte chunk
+// c of row r lands at c ^ ((r / 2) % 4)).
+__device__ __forceinline__ void mw_issue(unsigned sm, unsigned bars, const TmaMap* xmap, const TmaMap* wmap,
+                                         int st, int tok0, int ch0) {
+    const int b = st % MW_STAGES;
+    const unsigned buf = sm + b * MW_STAGE, bar = bars + 8 * b;
+    mbar_expect_tx(bar, MW_STAGE);
+    tma_load_2d(buf, xmap, st * 64, tok0, bar);
+    tma_load_2d(buf + MW_XBYTES, wmap, st * 64, ch0, bar);
+}
+
+// This thread's A fragments of one stage: rows g and g + 8 of its warp's 16,
+// four 16-column steps, upcast (and scaled by `f` under block scaling).
+template <int FMT, bool BLOCK>
+__device__ __forceinline__ void mw_fragments(unsigned buf, int row, int t, float f, unsigned a[4][4]) {
+    const unsigned wb = buf + MW_XBYTES;
+    const int sh = (t & 1) * 16;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int r = row + h * 8;
+#pragma unroll
+        for (int s = 0; s < 4; s++) {
+            const unsigned at = wb + r * 64 + ((s ^ ((r >> 1) & 3)) << 4) + 4 * (t >> 1);
+            unsigned lo, hi;
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(lo) : "r"(at));
+            asm volatile("ld.shared.b32 %0, [%1];" : "=r"(hi) : "r"(at + 8));
+            lo = (lo >> sh) & 0xffffu;
+            hi = (hi >> sh) & 0xffffu;
+            if (BLOCK) {
+                a[s][h] = fp8x2_to_bf16x2_scaled<FMT>(lo, f);
+                a[s][h + 2] = fp8x2_to_bf16x2_scaled<FMT>(hi, f);
+            } else {
+                a[s][h] = fp8x2_to_bf16x2<FMT>(lo);
+                a[s][h + 2] = fp8x2_to_bf16x2<FMT>(hi);
+            }
+        }
+    }
+}
+
+template <int FMT, typename OUT, bool BLOCK>
+__device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap, const float* __restrict__ factors,
+                                         OUT* __restrict__ y, int M, int N, int K, int mode) {
+    extern __shared__ __align__(1024) unsigned char mw_smem[];
+    const unsigned sm = (smem_addr(mw_smem) + 1023) & ~1023u; // the launch adds 1 KiB of slack
+    const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    // Token tiles vary fastest: the blocks in flight share a slab of W rows
+    // (read from DRAM once) and all of x (L2-resident).
+    const int tok0 = blockIdx.x * MW_TOK, ch0 = blockIdx.y * MW_CH;
+    const int row = wg * 64 + warp * 16 + g; // this thread's first weight row in the tile
+    const int nk = (K + 63) / 64, kblocks = (K + 127) / 128;
+    const float* bf = factors + (size_t)(ch0 / 128) * kblocks;
+    const unsigned bars = sm + MW_STAGES * MW_STAGE; // one barrier per buffer
+    if (threadIdx.x == 0) {
+        for (int b = 0; b < MW_STAGES; b++) mbar_init(bars + 8 * b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int p = 0; p < MW_STAGES - 2 && p < nk; p++) mw_issue(sm, bars, xmap, wmap, p, tok0, ch0);
+    float acc[32][4];
+#pragma unroll
+    for (int j = 0; j < 32; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    unsigned a0[4][4], a1[4][4];
+    // One stage: wait for its copies; after the barrier, start the copy of
+    // the stage three ahead (into the buffer read two stages ago, whose wgmma
+    // group has completed in both warpgroups by then); convert, issue.
+    auto step = [&](int it, unsigned (&a)[4][4]) {
+        mbar_wait(bars + 8 * (it % MW_STAGES), (it / MW_STAGES) & 1);
+        __syncthreads();
+        const int nx = it + MW_STAGES - 2;
+        if (threadIdx.x == 0 && nx < nk) mw_issue(sm, bars, xmap, wmap, nx, tok0, ch0);
+        const unsigned buf = sm + (it % MW_STAGES) * MW_STAGE;
+        mw_fragments<FMT, BLOCK>(buf, row, t, BLOCK ? bf[it >> 1] : 1.f, a);
+        wg_fence();
+#pragma unroll
+        for (int s = 0; s < 4; s++) wgmma_rs_n256_kmajor(acc, a[s], wg_desc(buf + s * 32, 16, 1024));
+        wg_commit();
+        wg_wait<1>();
+    };
+    int it = 0;
+    for (; it + 1 < nk; it += 2) {
+        step(it, a0);
+        step(it + 1, a1);
+    }
+    if (it < nk) step(it, a0);
+    wg_wait0();
+    wg_hold(acc);
+    __syncthreads(); // both warpgroups are done with the stage buffers
+
+    // Epilogue: the tile transposed into shared memory (token rows of 128
+    // channels, padded so a warp's stores hit distinct banks), then rows out.
+    constexpr int RS = 128 + 16 / (int)sizeof(OUT); // row pitch in elements
+    OUT* tile = reinterpret_cast<OUT*>(mw_smem + (sm - smem_addr(mw_smem)));
+    float fr[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const int ch = ch0 + row + h * 8;
+        fr[h] = mode == SCALE_ROW ? (ch < N ? factors[ch] : 0.f) : mode == SCALE_TENSOR ? factors[0] : 1.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 32; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int tok = 8 * j + 2 * t + (e & 1), h = e >> 1;
+            tile[tok * RS + row + h * 8] = Out<OUT>::from(acc[j][e] * fr[h]);
+        }
+    __syncthreads();
+    constexpr int VEC = 16 / (int)sizeof(OUT), PER_ROW = MW_CH / VEC;
+    const int rows = min(MW_TOK, M - tok0);
+    if (N % VEC == 0) {
+        for (int i = threadIdx.x; i < rows * PER_ROW; i += MW_THREADS) {
+            const int r = i / PER_ROW, c = (i % PER_ROW) * VEC;
+            if (ch0 + c < N)
+                *reinterpret_cast<uint4*>(y + (size_t)(tok0 + r) * N + ch0 + c) =
+                    *reinterpret_cast<const uint4*>(tile + r * RS + c);
+        }
+    } else {
+        for (int i = threadIdx.x; i < rows * MW_CH; i += MW_THREADS) {
+            const int r = i / MW_CH, c = i % MW_CH;
+            if (ch0 + c < N) y[(size_t)(tok0 + r) * N + ch0 + c] = tile[r * RS + c];
+        }
+    }
+}
+
+#define MIXED_WG(NAME, FMT, OUT, BLOCK)                                                                   \
+    extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)                                            \
+        NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const float* factors, \
+             OUT* y, int M, int N, int K, int mode) {                                                     \
+        mixed_wg<FMT, OUT, BLOCK>(&xmap, &wmap, factors, y, M, N, K, mode);                               \
+    }
+MIXED_WG(mixed_wg_e4m3_f32, FMT_E4M3, float, false)
+MIXED_WG(mixed_wg_e4m3_bf16, FMT_E4M3, unsigned short, false)
+MIXED_WG(mixed_wg_e5m2_f32, FMT_E5M2, float, false)
+MIXED_WG(mixed_wg_e5m2_bf16, FMT_E5M2, unsigned short, false)
+MIXED_WG(mixed_wg_block_e4m3_f32, FMT_E4M3, float, true)
+MIXED_WG(mixed_wg_block_e4m3_bf16, FMT_E4M3, unsigned short, true)
+MIXED_WG(mixed_wg_block_e5m2_f32, FMT_E5M2, float, true)
+MIXED_WG(mixed_wg_block_e5m2_bf16, FMT_E5M2, unsigned short, true)
+#endif

@@ -946,8 +946,6 @@ __device__ __forceinline__ void ldsm4t(unsigned r[4], unsigned addr) {
                  : "r"(addr));
 }
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
-
 // Two floats -> bf16x2, `lo` in the low half (the lower column).
 __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     unsigned r;
@@ -960,12 +958,6 @@ __device__ __forceinline__ float ex2(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-
-__device__ __forceinline__ void cp_async16(unsigned dst, const unsigned short* src, int bytes) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(bytes));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;"); }
-template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
 
 // Rows [r0, r0 + ROWS) of a bf16 (., ld) matrix, D columns, into shared
 // memory `s` (pitch D + 8) by 16-byte asynchronous copies of the block's
@@ -1467,23 +1459,6 @@ ATTN_ALL(128)
 #define WG_THREADS 256
 #define WG_ROWS 128
 
-// A 128-byte-swizzle descriptor: start address, leading and stride byte offsets.
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {
-    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_wait0() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// Registers an asynchronous wgmma writes must not be read (or moved) across
-// its wait: this empty asm makes each use depend on a point after the wait.
-template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
-#pragma unroll
-    for (int i = 0; i < N; i++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
-}
-
 // d (64 x 64 f32, accumulator layout) (+)= A (64 x 16) B^T (B: 64 x 16), both
 // in shared memory, K-major; `acc` = 0 overwrites d (a product's first slice).
 __device__ __forceinline__ void wgmma_ss_n64(float d[8][4], unsigned long long da, unsigned long long db, int acc) {
@@ -1593,7 +1568,7 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
         }
         // wgmma reads shared memory through the async proxy: each thread
         // fences its completed cp.async writes into it, then the barrier.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_async_smem();
         __syncthreads();
         // Both warpgroups run every tile, also the last one that lies wholly
         // above warpgroup 0's diagonal (its probabilities come out 0): a
@@ -1702,7 +1677,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         } else {
             cp_wait<0>();
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_async_smem();
         __syncthreads();
         float s[8][4], dp[8][4];
         wg_fence();
@@ -1808,7 +1783,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         } else {
             cp_wait<0>();
         }
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        fence_async_smem();
         __syncthreads();
         const unsigned kt = Kb[it & 1], vt = Vb[it & 1];
         float s[8][4], dp[8][4];

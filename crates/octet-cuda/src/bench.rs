@@ -467,8 +467,9 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
 }
 
 /// Weight-only FP8 products (`Gpu::mixed_matmul`, E4M3 weights with
-/// per-channel scales, bf16 activations and output) beside the cuBLASLt bf16
-/// product of the same shape, for each weight `(K, N)` and row count `M`.
+/// per-channel scales, and above 64 rows per-tensor and 128x128-block ones
+/// too; bf16 activations and output) beside the cuBLASLt bf16 product of the
+/// same shape, for each weight `(K, N)` and row count `M`.
 /// Weight GB/s counts the weight bytes once (the floor at small `M`); the
 /// copy figure is read + write of a 1 GiB device-to-device copy.
 pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Vec<BenchRow>> {
@@ -497,6 +498,10 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             .map_err(|e| Error::Shape(e.to_string()))?;
         let dwt = gpu.upload_fp8_weight(&wt)?;
         drop(wt);
+        let wk = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Block128)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let dwk = gpu.upload_fp8_weight(&wk)?;
+        drop(wk);
         let wb: Vec<u16> = wf
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_bits())
@@ -510,13 +515,25 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             let mixed = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dw, &mut y))?;
             let bf = time_ms(gpu, 5, 30, |g| g.gemm_bf16(&dx, &dwb, &mut y, (m, n, k)))?;
             let rate = gbs(dw.bytes(), mixed);
-            rows.push(BenchRow {
-                name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
-                ms: mixed,
-                rate,
-                unit: "weight GB/s",
-                ratio: rate / copy_gbs,
-                vs: "copy".into(),
+            let flops = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
+            rows.push(if m > crate::mixed::SMALL_M {
+                BenchRow {
+                    name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
+                    ms: mixed,
+                    rate: flops(mixed),
+                    unit: "TFLOP/s",
+                    ratio: bf / mixed,
+                    vs: "mixed speedup".into(),
+                }
+            } else {
+                BenchRow {
+                    name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
+                    ms: mixed,
+                    rate,
+                    unit: "weight GB/s",
+                    ratio: rate / copy_gbs,
+                    vs: "copy".into(),
+                }
             });
             rows.push(BenchRow {
                 name: format!("gemm bf16 cuBLASLt K={k} N={n} M={m}"),
@@ -526,18 +543,21 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 ratio: bf / mixed,
                 vs: "mixed speedup".into(),
             });
-            // Per-tensor factors take the GEMM's alpha on the large-M path
-            // (per-row ones a separate pass over the f32 product).
+            // Large M: per-tensor and 128x128-block factors too (on the
+            // upcast path the first is the GEMM's alpha, the second applied in
+            // the upcast; per-row ones a separate pass over the f32 product).
             if m > crate::mixed::SMALL_M {
-                let t = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dwt, &mut y))?;
-                rows.push(BenchRow {
-                    name: format!("mixed fp8 e4m3 per-tensor K={k} N={n} M={m}"),
-                    ms: t,
-                    rate: 2.0 * (m * n * k) as f64 / t / 1e9,
-                    unit: "TFLOP/s",
-                    ratio: bf / t,
-                    vs: "mixed speedup".into(),
-                });
+                for (what, dwx) in [("per-tensor", &dwt), ("block128", &dwk)] {
+                    let t = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, dwx, &mut y))?;
+                    rows.push(BenchRow {
+                        name: format!("mixed fp8 e4m3 {what} K={k} N={n} M={m}"),
+                        ms: t,
+                        rate: flops(t),
+                        unit: "TFLOP/s",
+                        ratio: bf / t,
+                        vs: "mixed speedup".into(),
+                    });
+                }
             }
         }
     }

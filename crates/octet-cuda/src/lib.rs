@@ -322,11 +322,10 @@ impl Gpu {
                 "block1x128_direct_cast_transpose_bf16_e4m3",
             ],
         )?;
-        let mixed = mixed::MixedKernels::load(&ctx.load_module(nvrtc::compile(
-            "mixed",
-            KERNEL_SOURCES[2].1,
+        let mixed = mixed::MixedKernels::load(
+            &ctx.load_module(nvrtc::compile("mixed", KERNEL_SOURCES[2].1, arch)?)?,
             arch,
-        )?)?)?;
+        )?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {

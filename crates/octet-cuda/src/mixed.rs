@@ -6,13 +6,20 @@
 //!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
 //!   accumulation); block factors apply per 128 columns, tensor and row
 //!   factors to the result. This is the decode path, where weight bytes are the cost.
-//! - `M > 64`: the codes are upcast to a bf16 scratch copy of the weight
-//!   (exact; under block scaling the factor is applied there and rounds to
-//!   bf16) and a cuBLASLt bf16 GEMM multiplies it, with a per-tensor factor
-//!   as its alpha; under per-row scaling the GEMM writes f32 and a pass
-//!   applies the row factors. The scratch lives for the call only. (Measured
-//!   and dropped, `NOTES.md`: cuBLASLt's per-row alpha vector, and upcasting
-//!   in L2-sized slabs of columns; both slower on the H100.)
+//! - `M > 64` on Hopper (`sm_90a`): `mixed_wg`, a warpgroup-MMA kernel that
+//!   copies the FP8 codes into shared memory as they are, upcasts each
+//!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
+//!   operand (`y^T = W x^T`, 128 weight rows x 256 tokens a block); tensor
+//!   and row factors scale the f32 sums in its epilogue, block factors the
+//!   upcast codes (rounding to bf16). No copy of the weight is made.
+//! - `M > 64` elsewhere (or with `OCTET_MIXED=upcast`, for comparisons): the
+//!   codes are upcast to a bf16 scratch copy of the weight (exact; under
+//!   block scaling the factor is applied there and rounds to bf16) and a
+//!   cuBLASLt bf16 GEMM multiplies it, with a per-tensor factor as its alpha;
+//!   under per-row scaling the GEMM writes f32 and a pass applies the row
+//!   factors. The scratch lives for the call only. (Measured and dropped,
+//!   `NOTES.md`: cuBLASLt's per-row alpha vector, and upcasting in L2-sized
+//!   slabs of columns; both slower on the H100.)
 //!
 //! Device layout of a [`DeviceFp8Weight`]: the codes row-major `(N, K)` as in
 //! [`Fp8Weight`] (each row's `K` codes contiguous: with `K % 16 == 0` every
@@ -32,11 +39,94 @@ pub(crate) struct MixedKernels {
     upcast: [CudaFunction; 2],
     /// `[out f32 / bf16]`.
     epilogue: [CudaFunction; 2],
+    /// The wgmma kernel for large M, `[block scaling][format][out f32 / bf16]`:
+    /// on `sm_90a` only, and absent under `OCTET_MIXED=upcast`.
+    wg: Option<[[[CudaFunction; 2]; 2]; 2]>,
 }
 
+/// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
+/// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
+const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
+
+/// A TMA descriptor (`CUtensorMap`), passed to a kernel by value.
+#[repr(transparent)]
+struct TmaMap(cudarc::driver::sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte struct, copied into the kernel's parameter space.
+unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
+
+/// The TMA map of a row-major `(rows, cols)` matrix of `elem`-byte elements at
+/// device address `ptr`, copied in boxes of `bx` columns x `by` rows with the
+/// given swizzle; reads outside the matrix give zeros.
+fn tma_map(
+    ptr: u64,
+    (rows, cols, elem): (usize, usize, usize),
+    (bx, by): (u32, u32),
+    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
+) -> Result<TmaMap> {
+    use cudarc::driver::sys::*;
+    let dtype = match elem {
+        1 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+    };
+    let dims = [cols as u64, rows as u64];
+    let strides = [(cols * elem) as u64];
+    let boxes = [bx, by];
+    let unit = [1u32, 1];
+    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
+    // SAFETY: every pointer argument points at a live local of the length the
+    // rank (2) implies; the driver writes the map and reads nothing else.
+    let r = unsafe {
+        cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            dtype,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            strides.as_ptr(),
+            boxes.as_ptr(),
+            unit.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            swizzle,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    if r != CUresult::CUDA_SUCCESS {
+        return Err(Error::Driver(format!(
+            "cuTensorMapEncodeTiled for a ({rows}, {cols}) matrix: {r:?}"
+        )));
+    }
+    // SAFETY: initialised by the successful call above.
+    Ok(TmaMap(unsafe { map.assume_init() }))
+}
+/// Weight rows and tokens of one `mixed_wg` block.
+const WG_TILE: (usize, usize) = (128, 256);
+
 impl MixedKernels {
-    pub(crate) fn load(m: &Arc<CudaModule>) -> Result<MixedKernels> {
+    pub(crate) fn load(m: &Arc<CudaModule>, arch: &str) -> Result<MixedKernels> {
         let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
+        let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
+        {
+            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+            let k = |name: String| -> Result<CudaFunction> {
+                let func = f(&name)?;
+                func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
+                Ok(func)
+            };
+            let by_fmt = |block: &str, fmt: &str| -> Result<[CudaFunction; 2]> {
+                Ok([
+                    k(format!("mixed_wg_{block}{fmt}_f32"))?,
+                    k(format!("mixed_wg_{block}{fmt}_bf16"))?,
+                ])
+            };
+            Some([
+                [by_fmt("", "e4m3")?, by_fmt("", "e5m2")?],
+                [by_fmt("block_", "e4m3")?, by_fmt("block_", "e5m2")?],
+            ])
+        } else {
+            None
+        };
         let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 2]> {
             Ok([
                 [
@@ -53,6 +143,7 @@ impl MixedKernels {
             small: [small("e4m3")?, small("e5m2")?],
             upcast: [f("upcast_e4m3")?, f("upcast_e5m2")?],
             epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
+            wg,
         })
     }
 }
@@ -176,6 +267,39 @@ impl Gpu {
                 .arg(&md);
             // SAFETY: argument types match the kernel; shapes were checked above and the
             // kernel guards rows, tokens and columns.
+            unsafe { b.launch(cfg) }?;
+            return Ok(());
+        }
+        if let Some(wg) = &self.k.mixed.wg {
+            let block = usize::from(w.scaling == WeightScaling::Block128);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    m.div_ceil(WG_TILE.1) as u32,
+                    n.div_ceil(WG_TILE.0) as u32,
+                    1,
+                ),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: WG_SMEM as u32,
+            };
+            use cudarc::driver::sys::CUtensorMapSwizzle::*;
+            use cudarc::driver::DevicePtr;
+            // The pointers are used by this launch only, on this stream.
+            let (xp, _gx) = x.device_ptr(&self.stream);
+            let (wp, _gw) = w.codes.device_ptr(&self.stream);
+            let xmap = tma_map(xp, (m, k, 2), (64, 256), CU_TENSOR_MAP_SWIZZLE_128B)?;
+            let wmap = tma_map(wp, (n, k, 1), (64, 128), CU_TENSOR_MAP_SWIZZLE_64B)?;
+            let mut b = self.stream.launch_builder(&wg[block][fmt][out]);
+            b.arg(&xmap)
+                .arg(&wmap)
+                .arg(&w.factors)
+                .arg(y)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&ki)
+                .arg(&md);
+            // SAFETY: argument types match the kernel; shapes were checked above,
+            // K % 16 == 0 at upload, and the kernel zero-fills and guards rows,
+            // tokens and columns outside (M, N, K).
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
