@@ -15,6 +15,9 @@ for path in wgmma upcast; do
   env $( [ $path = upcast ] && echo OCTET_MIXED=upcast ) $bin bench mixed --device cuda --m 1,16,256,2048 \
     --json $OUT/mixed-$path.json > $OUT/mixed-$path.txt 2>&1; echo "rc=$?"
   grep -E "M=(256|2048)|copy" $OUT/mixed-$path.txt | cut -c1-150
+  echo "== bench mixed ($path), the ~1B model's projections at batch 4 x 2048"
+  env $( [ $path = upcast ] && echo OCTET_MIXED=upcast ) $bin bench mixed --device cuda --m 8192 \
+    --kn 2048x2048,2048x5632,5632x2048 --json $OUT/mixed-1b-$path.json 2>&1 | grep -E "M=" | cut -c1-150
 done
 echo "== ~1B LoRA step, fp8-tensorwise base, --compute bf16 (weight-only base products), dequantized"
 for path in wgmma upcast; do

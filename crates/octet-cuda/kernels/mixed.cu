@@ -328,13 +328,18 @@ __device__ __forceinline__ void wgmma_rs_n256_kmajor(float d[32][4], const unsig
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
+// Two floats -> bf16x2 (nearest even), `lo` in the low half.
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
 // Two FP8 codes times a factor -> bf16x2 (rounded to nearest even).
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two, float f) {
     const unsigned int b = fp8x2_to_bf16x2<FMT>(two);
-    unsigned int r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(bf16_hi(b) * f), "f"(bf16_lo(b) * f));
-    return r;
+    return pack_bf16x2(bf16_lo(b) * f, bf16_hi(b) * f);
 }
 
 // A CUtensorMap (cuda.h's CUtensorMap_st), passed by value as a
@@ -436,13 +441,17 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     // One stage: wait for its copies; after the barrier, start the copy of
     // the stage three ahead (into the buffer read two stages ago, whose wgmma
     // group has completed in both warpgroups by then); convert, issue.
+    // Block scaling: the factor of stage it + 1 is loaded during stage it.
+    float f_next = BLOCK ? bf[0] : 1.f;
     auto step = [&](int it, unsigned (&a)[4][4]) {
+        const float f = f_next;
+        if (BLOCK && it + 1 < nk) f_next = bf[(it + 1) >> 1];
         mbar_wait(bars + 8 * (it % MW_STAGES), (it / MW_STAGES) & 1);
         __syncthreads();
         const int nx = it + MW_STAGES - 2;
         if (threadIdx.x == 0 && nx < nk) mw_issue(sm, bars, xmap, wmap, nx, tok0, ch0);
         const unsigned buf = sm + (it % MW_STAGES) * MW_STAGE;
-        mw_fragments<FMT, BLOCK>(buf, row, t, BLOCK ? bf[it >> 1] : 1.f, a);
+        mw_fragments<FMT, BLOCK>(buf, row, t, f, a);
         wg_fence();
 #pragma unroll
         for (int s = 0; s < 4; s++) wgmma_rs_n256_kmajor(acc, a[s], wg_desc(buf + s * 32, 16, 1024));
@@ -469,13 +478,34 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
         const int ch = ch0 + row + h * 8;
         fr[h] = mode == SCALE_ROW ? (ch < N ? factors[ch] : 0.f) : mode == SCALE_TENSOR ? factors[0] : 1.f;
     }
+    if constexpr (sizeof(OUT) == 2) {
+        // bf16: `stmatrix .trans` stores four 8 x 8 blocks of the accumulator
+        // (channels x tokens) a warp instruction, transposed into token rows;
+        // lane l addresses row l % 8 of block l / 8, which is (token block
+        // j + l / 16, channel half (l / 8) % 2). Rows are 272 bytes apart, so
+        // a block's eight 16-byte rows fall in distinct banks.
+        const int l = lane, wrow = wg * 64 + warp * 16 + ((l >> 3) & 1) * 8;
+        const unsigned base = sm + 2 * (((l >> 4) * 8 + (l & 7)) * RS + wrow);
 #pragma unroll
-    for (int j = 0; j < 32; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int tok = 8 * j + 2 * t + (e & 1), h = e >> 1;
-            tile[tok * RS + row + h * 8] = Out<OUT>::from(acc[j][e] * fr[h]);
+        for (int j = 0; j < 32; j += 2) {
+            const unsigned r0 = pack_bf16x2(acc[j][0] * fr[0], acc[j][1] * fr[0]);
+            const unsigned r1 = pack_bf16x2(acc[j][2] * fr[1], acc[j][3] * fr[1]);
+            const unsigned r2 = pack_bf16x2(acc[j + 1][0] * fr[0], acc[j + 1][1] * fr[0]);
+            const unsigned r3 = pack_bf16x2(acc[j + 1][2] * fr[1], acc[j + 1][3] * fr[1]);
+            asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(
+                             base + 2 * (8 * j * RS)),
+                         "r"(r0), "r"(r1), "r"(r2), "r"(r3)
+                         : "memory");
         }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 32; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int tok = 8 * j + 2 * t + (e & 1), h = e >> 1;
+                tile[tok * RS + row + h * 8] = Out<OUT>::from(acc[j][e] * fr[h]);
+            }
+    }
     __syncthreads();
     constexpr int VEC = 16 / (int)sizeof(OUT), PER_ROW = MW_CH / VEC;
     const int rows = min(MW_TOK, M - tok0);
