@@ -342,36 +342,6 @@ __device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two,
     return pack_bf16x2(bf16_lo(b) * f, bf16_hi(b) * f);
 }
 
-// A CUtensorMap (cuda.h's CUtensorMap_st), passed by value as a
-// __grid_constant__ kernel parameter and read by the TMA unit.
-struct alignas(128) TmaMap {
-    unsigned long long opaque[16];
-};
-
-__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-// One arrival that also expects `bytes` more bytes of transactions.
-__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Spin until the barrier's phase with this parity has completed.
-__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
-    asm volatile("{\n.reg .pred p;\nMW_WAIT:\n"
-                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                 "@!p bra MW_WAIT;\n}\n" ::"r"(bar),
-                 "r"(parity)
-                 : "memory");
-}
-// The box of `map` at (column c0, row c1) into shared memory at `dst`
-// (swizzled as the map says; zeros outside the tensor), completing `bytes`
-// on barrier `bar`.
-__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, int c0, int c1, unsigned bar) {
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-                 "l"(map), "r"(c0), "r"(c1), "r"(bar)
-                 : "memory");
-}
-
 // Stage `st` (columns [64 st, 64 st + 64)) of x and W into its buffer, by
 // one thread: two TMA copies completing on the buffer's barrier. The maps
 // swizzle x by 128 bytes (wgmma's layout) and W by 64 bytes (16-byte chunk
@@ -429,7 +399,7 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     const unsigned bars = sm + MW_STAGES * MW_STAGE; // one barrier per buffer
     if (threadIdx.x == 0) {
         for (int b = 0; b < MW_STAGES; b++) mbar_init(bars + 8 * b, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
     __syncthreads();
     if (threadIdx.x == 0)

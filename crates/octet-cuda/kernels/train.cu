@@ -1526,27 +1526,46 @@ __device__ __forceinline__ void stage_sw(unsigned s, const unsigned short* g, si
     }
 }
 
+// Copies of the forward's tiles by the TMA unit: the maps see q, k, v as 3-D
+// (H D columns, T rows, B batches), so rows at or past T read as zeros; a
+// 64-column box lands as one column block of the swizzled layout.
+template <int D, int ROWS>
+__device__ __forceinline__ void tma_tile(unsigned dst, const TmaMap* map, int col0, int r0, int b, unsigned bar) {
+#pragma unroll
+    for (int cb = 0; cb < D / 64; cb++) tma_load_3d(dst + cb * ROWS * 128, map, col0 + cb * 64, r0, b, bar);
+}
+
 template <int D>
 __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                             unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale, unsigned* amax,
-                            unsigned* nonfinite) {
+                            unsigned* nonfinite, const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap) {
     constexpr int TB = 64 * D * 2; // bytes of one 64-row tile
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned sm = (smem_addr(smh) + 1023) & ~1023u; // the launch adds 1 KiB of slack
     const unsigned Qs = sm;
-    const unsigned Kb[2] = {sm + 2 * TB, sm + 4 * TB};
-    const unsigned Vb[2] = {sm + 3 * TB, sm + 5 * TB};
+    // Stage i of K at Kb(i), of V at Kb(i) + TB (arithmetic, not an array:
+    // an indexed array of addresses would live on the stack).
+    auto Kb = [&](int i) { return sm + (2 + 2 * i) * TB; };
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
     // Causal work grows with the query tile: the longest tiles start first.
     const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
-    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
-    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_sw<D, WG_ROWS>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-    stage_sw<D, 64>(Kb[0], kb, kw, 0, T);
-    stage_sw<D, 64>(Vb[0], vb, kw, 0, T);
-    cp_commit();
+    const size_t qw = (size_t)Hq * D;
+    // Tile it's K and V (and Q, with tile 0) arrive on barrier it % 2; one
+    // thread issues the copies.
+    const unsigned bars = sm + 6 * TB;
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(bars, 4 * TB);
+        tma_tile<D, WG_ROWS>(Qs, qmap, h * D, q0, b, bars);
+        tma_tile<D, 64>(Kb(0), kmap, kvh * D, 0, b, bars);
+        tma_tile<D, 64>(Kb(0) + TB, vmap, kvh * D, 0, b, bars);
+    }
     float o[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -1558,18 +1577,15 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
     const unsigned qa = Qs + wg * 64 * 128; // the warpgroup's 64 rows of each column block
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 64;
-        if (it + 1 < ntiles) {
-            stage_sw<D, 64>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
-            stage_sw<D, 64>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
+        // The next tile goes into the buffers the previous one used (every
+        // thread is past them: the barrier closing the last iteration).
+        if (threadIdx.x == 0 && it + 1 < ntiles) {
+            const unsigned bar = bars + 8 * ((it + 1) & 1);
+            mbar_expect_tx(bar, 2 * TB);
+            tma_tile<D, 64>(Kb((it + 1) & 1), kmap, kvh * D, k0 + 64, b, bar);
+            tma_tile<D, 64>(Kb((it + 1) & 1) + TB, vmap, kvh * D, k0 + 64, b, bar);
         }
-        // wgmma reads shared memory through the async proxy: each thread
-        // fences its completed cp.async writes into it, then the barrier.
-        fence_async_smem();
-        __syncthreads();
+        mbar_wait(bars + 8 * (it & 1), (it >> 1) & 1);
         // Both warpgroups run every tile, also the last one that lies wholly
         // above warpgroup 0's diagonal (its probabilities come out 0): a
         // branch around wgmma would make ptxas serialize the instructions.
@@ -1579,7 +1595,7 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 #pragma unroll
             for (int kc = 0; kc < D / 16; kc++)
                 wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
-                             wg_desc(Kb[it & 1] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+                             wg_desc(Kb(it & 1) + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
             wg_commit();
             wg_wait0();
             wg_hold(s);
@@ -1598,7 +1614,7 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
             wg_fence();
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) {
-                const unsigned long long dv = wg_desc(Vb[it & 1] + kc * 16 * 128, 64 * 128, 1024);
+                const unsigned long long dv = wg_desc((Kb(it & 1) + TB) + kc * 16 * 128, 64 * 128, 1024);
                 if constexpr (D == 128)
                     wgmma_rs_n128(o, a[kc], dv, 1);
                 else
@@ -1843,8 +1859,10 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
 #define ATTN_WG(D)                                                                                              \
     extern "C" __global__ void __launch_bounds__(WG_THREADS, 2) attn_fwd_wg##D(                                  \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
-        float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite) {           \
-        attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite);                                  \
+        float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite,            \
+        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
+        const __grid_constant__ TmaMap vmap) {                                                                  \
+        attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite, &qmap, &kmap, &vmap);             \
     }                                                                                                            \
     ATTN_WG_BWD(D, 1)
 

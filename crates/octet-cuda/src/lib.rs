@@ -35,6 +35,7 @@ pub mod nvfp4;
 pub mod nvrtc;
 mod quantize;
 pub mod rowwise;
+mod tma;
 
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};

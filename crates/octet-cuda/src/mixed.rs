@@ -25,6 +25,7 @@
 //! [`Fp8Weight`] (each row's `K` codes contiguous: with `K % 16 == 0` every
 //! 16-byte load is aligned), the factors as f32 (1, `N`, or one per 128x128 tile).
 
+use crate::tma::TmaMap;
 use crate::{Error, GemmOut, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaModule, CudaSlice, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
@@ -47,59 +48,6 @@ pub(crate) struct MixedKernels {
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
 /// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
 const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
-
-/// A TMA descriptor (`CUtensorMap`), passed to a kernel by value.
-#[repr(transparent)]
-struct TmaMap(cudarc::driver::sys::CUtensorMap);
-
-// SAFETY: a plain 128-byte struct, copied into the kernel's parameter space.
-unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
-
-/// The TMA map of a row-major `(rows, cols)` matrix of `elem`-byte elements at
-/// device address `ptr`, copied in boxes of `bx` columns x `by` rows with the
-/// given swizzle; reads outside the matrix give zeros.
-fn tma_map(
-    ptr: u64,
-    (rows, cols, elem): (usize, usize, usize),
-    (bx, by): (u32, u32),
-    swizzle: cudarc::driver::sys::CUtensorMapSwizzle,
-) -> Result<TmaMap> {
-    use cudarc::driver::sys::*;
-    let dtype = match elem {
-        1 => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
-        _ => CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-    };
-    let dims = [cols as u64, rows as u64];
-    let strides = [(cols * elem) as u64];
-    let boxes = [bx, by];
-    let unit = [1u32, 1];
-    let mut map = std::mem::MaybeUninit::<CUtensorMap>::zeroed();
-    // SAFETY: every pointer argument points at a live local of the length the
-    // rank (2) implies; the driver writes the map and reads nothing else.
-    let r = unsafe {
-        cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            dtype,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            strides.as_ptr(),
-            boxes.as_ptr(),
-            unit.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            swizzle,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    if r != CUresult::CUDA_SUCCESS {
-        return Err(Error::Driver(format!(
-            "cuTensorMapEncodeTiled for a ({rows}, {cols}) matrix: {r:?}"
-        )));
-    }
-    // SAFETY: initialised by the successful call above.
-    Ok(TmaMap(unsafe { map.assume_init() }))
-}
 /// Weight rows and tokens of one `mixed_wg` block.
 const WG_TILE: (usize, usize) = (128, 256);
 
@@ -286,8 +234,8 @@ impl Gpu {
             // The pointers are used by this launch only, on this stream.
             let (xp, _gx) = x.device_ptr(&self.stream);
             let (wp, _gw) = w.codes.device_ptr(&self.stream);
-            let xmap = tma_map(xp, (m, k, 2), (64, 256), CU_TENSOR_MAP_SWIZZLE_128B)?;
-            let wmap = tma_map(wp, (n, k, 1), (64, 128), CU_TENSOR_MAP_SWIZZLE_64B)?;
+            let xmap = TmaMap::new(xp, 2, &[k, m], &[64, 256], CU_TENSOR_MAP_SWIZZLE_128B)?;
+            let wmap = TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?;
             let mut b = self.stream.launch_builder(&wg[block][fmt][out]);
             b.arg(&xmap)
                 .arg(&wmap)

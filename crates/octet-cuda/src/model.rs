@@ -18,6 +18,7 @@
 use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
 use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
+use crate::tma::TmaMap;
 use crate::{nvrtc, AddTo, DeviceFp8, Error, Gpu, Result, TensorAmax};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
@@ -81,6 +82,8 @@ struct Attn {
     dkdv: AttnKernel,
     dq: AttnKernel,
     tensor_cores: bool,
+    /// The forward kernel takes TMA maps of q, k and v (the wgmma kernel).
+    tma: bool,
 }
 
 /// One parameter's place in the flat buffers.
@@ -464,10 +467,11 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
             // The backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
             if wgmma {
                 Attn {
-                    fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile)?,
+                    fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?,
                     dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024)?,
                     dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile)?,
                     tensor_cores: true,
+                    tma: true,
                 }
             } else {
                 Attn {
@@ -475,6 +479,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     dkdv: k(format!("attn_dkdv_tc{d}"), 256 * p + 512)?,
                     dq: k(format!("attn_dq_tc{d}"), 256 * p)?,
                     tensor_cores: true,
+                    tma: false,
                 }
             }
         } else {
@@ -492,6 +497,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                 dkdv: k("attn_bwd_dkdv", s1)?,
                 dq: k("attn_bwd_dq", s2)?,
                 tensor_cores: false,
+                tma: false,
             }
         },
     };
@@ -812,6 +818,22 @@ impl<'g> GpuLlama<'g> {
                 push_amax(&mut lb, out_amax, &null);
             } else {
                 *out_amax = None;
+            }
+            // The wgmma kernel copies its tiles by TMA: q, k, v as 3-D
+            // (H D, T, B) tensors, boxes of 64 columns x 128 (Q) or 64 rows.
+            let maps = if self.f.attn.tma {
+                use cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B as SW;
+                use cudarc::driver::DevicePtr;
+                let map = |x: &CudaSlice<u16>, heads: usize, rows: u32| -> Result<TmaMap> {
+                    let (p, _g) = x.device_ptr(&gpu.stream);
+                    TmaMap::new(p, 2, &[heads * d, t, b], &[64, rows, 1], SW)
+                };
+                Some([map(q, hq, 128)?, map(k, hkv, 64)?, map(v, hkv, 64)?])
+            } else {
+                None
+            };
+            if let Some(m) = &maps {
+                lb.arg(&m[0]).arg(&m[1]).arg(&m[2]);
             }
             lb.launch(Self::attn_cfg(&self.f.attn.fwd, t, hq, b))?;
         }
