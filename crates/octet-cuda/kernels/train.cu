@@ -1510,21 +1510,6 @@ __device__ __forceinline__ void wgmma_rs_n128(float d[16][4], const unsigned a[4
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(acc));
 }
 
-// Rows [r0, r0 + ROWS) of a bf16 (., ld) matrix, D columns, into the
-// swizzled layout at shared address `s`, by the block's NT threads (16-byte
-// cp.async, consecutive threads along a row; rows at or past T are zero-filled).
-template <int D, int ROWS, int NT = WG_THREADS>
-__device__ __forceinline__ void stage_sw(unsigned s, const unsigned short* g, size_t ld, int r0, int T) {
-    constexpr int C8 = D / 8, CHUNKS = ROWS * C8;
-    static_assert(CHUNKS % NT == 0 && D % 64 == 0, "whole passes, whole column blocks");
-#pragma unroll
-    for (int p = 0; p < CHUNKS / NT; p++) {
-        const int j = threadIdx.x + p * NT, r = j / C8, ch = j % C8;
-        const bool ok = r0 + r < T;
-        const unsigned dst = s + (ch >> 3) * (ROWS * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
-        cp_async16(dst, ok ? g + (size_t)(r0 + r) * ld + ch * 8 : g, ok ? 16 : 0);
-    }
-}
 
 // Copies of the forward's tiles by the TMA unit: the maps see q, k, v as 3-D
 // (H D columns, T rows, B batches), so rows at or past T read as zeros; a
@@ -1645,30 +1630,48 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 template <int D, int NWG>
 __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
-                             float* dv, int T, int Hq, int Hkv, float scale) {
+                             float* dv, int T, int Hq, int Hkv, float scale, const TmaMap* qmap,
+                             const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned base = smem_addr(smh), sm = (base + 1023) & ~1023u;
     constexpr int ROWS = 64 * NWG, NT = 128 * NWG;
     const unsigned Ks = sm, Vs = sm + NWG * TB;
-    const unsigned Qb[2] = {sm + 2 * NWG * TB, sm + (2 * NWG + 2) * TB};
-    const unsigned Ob[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
+    // Stage i's Q and dO tiles (arithmetic: an indexed array would live on the stack).
+    auto Qb = [&](int i) { return sm + (2 * NWG + 2 * i) * TB; };
+    auto Ob = [&](int i) { return sm + (2 * NWG + 2 * i + 1) * TB; };
     float* Lb = reinterpret_cast<float*>(reinterpret_cast<char*>(smh) + (sm - base) + (2 * NWG + 4) * TB);
     float* Db = Lb + 128;                                                                      // [stage][64]
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
     const int k0 = blockIdx.x * ROWS, kvh = blockIdx.y, b = blockIdx.z;
     const int group = Hq / Hkv;
-    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    stage_sw<D, ROWS, NT>(Ks, k + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
-    stage_sw<D, ROWS, NT>(Vs, v + (size_t)b * T * kw + (size_t)kvh * D, kw, k0, T);
+    const size_t kw = (size_t)Hkv * D;
+    // Q and dO tiles (and K, V with the first) arrive by TMA on barrier
+    // st of their stage; lse and delta are plain loads, published by the
+    // barrier that follows.
+    const unsigned bars = sm + (2 * NWG + 4) * TB + 1024;
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
     const int nq = (T - k0 + 63) / 64, total = group * nq;
     int ih = 0, iq = 0; // the next item to issue: query head kvh * group + ih, tile iq
+    // One arrival per phase: the first stage's expectation covers K and V too.
     auto issue = [&](int st) {
         const int h = kvh * group + ih, q0 = k0 + iq * 64;
-        stage_sw<D, 64, NT>(Qb[st], q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-        stage_sw<D, 64, NT>(Ob[st], dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
+        if (threadIdx.x == 0) {
+            const bool first = ih == 0 && iq == 0;
+            mbar_expect_tx(bars + 8 * st, 2 * TB + (first ? 2 * NWG * TB : 0));
+            if (first) {
+                tma_tile<D, ROWS>(Ks, kmap, kvh * D, k0, b, bars);
+                tma_tile<D, ROWS>(Vs, vmap, kvh * D, k0, b, bars);
+            }
+            tma_tile<D, 64>(Qb(st), qmap, h * D, q0, b, bars + 8 * st);
+            tma_tile<D, 64>(Ob(st), omap, h * D, q0, b, bars + 8 * st);
+        }
         stage_stats<64>(Lb + st * 64, Db + st * 64, lse, delta, ((size_t)b * Hq + h) * T, q0, T);
-        cp_commit();
         if (++iq == nq) {
             iq = 0;
             ih++;
@@ -1687,24 +1690,19 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
     for (int j = 0; j < total; j++) {
         const int st = j & 1, q0 = k0 + cq * 64;
         if (++cq == nq) cq = 0;
-        if (j + 1 < total) {
-            issue(st ^ 1);
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
-        }
-        fence_async_smem();
+        if (j + 1 < total) issue(st ^ 1);
+        mbar_wait(bars + 8 * st, (j >> 1) & 1);
         __syncthreads();
         float s[8][4], dp[8][4];
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
             wgmma_ss_n64(s, wg_desc(ka + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
-                         wg_desc(Qb[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+                         wg_desc(Qb(st) + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
 #pragma unroll
         for (int kc = 0; kc < D / 16; kc++)
             wgmma_ss_n64(dp, wg_desc(va + (kc >> 2) * (ROWS * 128) + (kc & 3) * 32, 16, 1024),
-                         wg_desc(Ob[st] + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
+                         wg_desc(Ob(st) + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
         wg_commit();
         wg_wait0();
         wg_hold(s);
@@ -1724,7 +1722,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         wg_fence();
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
-            const unsigned long long dob = wg_desc(Ob[st] + kc * 16 * 128, 64 * 128, 1024);
+            const unsigned long long dob = wg_desc(Ob(st) + kc * 16 * 128, 64 * 128, 1024);
             if constexpr (D == 128)
                 wgmma_rs_n128(adv, ap[kc], dob, 1);
             else
@@ -1732,7 +1730,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         }
 #pragma unroll
         for (int kc = 0; kc < 4; kc++) {
-            const unsigned long long qb = wg_desc(Qb[st] + kc * 16 * 128, 64 * 128, 1024);
+            const unsigned long long qb = wg_desc(Qb(st) + kc * 16 * 128, 64 * 128, 1024);
             if constexpr (D == 128)
                 wgmma_rs_n128(adk, ad[kc], qb, 1);
             else
@@ -1756,25 +1754,35 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
 template <int D, int NWG>
 __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                            const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
-                           int Hq, int Hkv, float scale) {
+                           int Hq, int Hkv, float scale, const TmaMap* qmap, const TmaMap* kmap,
+                           const TmaMap* vmap, const TmaMap* omap) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned sm = (smem_addr(smh) + 1023) & ~1023u;
     constexpr int ROWS = 64 * NWG, NT = 128 * NWG;
     const unsigned Qs = sm, Os = sm + NWG * TB;
-    const unsigned Kb[2] = {sm + 2 * NWG * TB, sm + (2 * NWG + 2) * TB};
-    const unsigned Vb[2] = {sm + (2 * NWG + 1) * TB, sm + (2 * NWG + 3) * TB};
+    // Stage i's K and V tiles (arithmetic: an indexed array would live on the stack).
+    auto Kb = [&](int i) { return sm + (2 * NWG + 2 * i) * TB; };
+    auto Vb = [&](int i) { return sm + (2 * NWG + 2 * i + 1) * TB; };
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
     const int q0 = (gridDim.x - 1 - blockIdx.x) * ROWS, h = blockIdx.y, b = blockIdx.z;
     const int kvh = h / (Hq / Hkv);
-    const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
-    const unsigned short* kb = k + (size_t)b * T * kw + (size_t)kvh * D;
-    const unsigned short* vb = v + (size_t)b * T * kw + (size_t)kvh * D;
-    stage_sw<D, ROWS, NT>(Qs, q + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-    stage_sw<D, ROWS, NT>(Os, dout + (size_t)b * T * qw + (size_t)h * D, qw, q0, T);
-    stage_sw<D, 64, NT>(Kb[0], kb, kw, 0, T);
-    stage_sw<D, 64, NT>(Vb[0], vb, kw, 0, T);
-    cp_commit();
+    const size_t qw = (size_t)Hq * D;
+    // K and V tiles (and Q, dO with the first) arrive by TMA on barrier it % 2.
+    const unsigned bars = sm + (2 * NWG + 4) * TB;
+    if (threadIdx.x == 0) {
+        mbar_init(bars, 1);
+        mbar_init(bars + 8, 1);
+        mbar_init_fence();
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbar_expect_tx(bars, (2 * NWG + 2) * TB);
+        tma_tile<D, ROWS>(Qs, qmap, h * D, q0, b, bars);
+        tma_tile<D, ROWS>(Os, omap, h * D, q0, b, bars);
+        tma_tile<D, 64>(Kb(0), kmap, kvh * D, 0, b, bars);
+        tma_tile<D, 64>(Vb(0), vmap, kvh * D, 0, b, bars);
+    }
     const int rq[2] = {q0 + wg * 64 + warp * 16 + g, q0 + wg * 64 + warp * 16 + g + 8};
     float l2[2], dl[2];
 #pragma unroll
@@ -1791,17 +1799,16 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     const int ntiles = (min(T, q0 + ROWS) + 63) / 64;
     for (int it = 0; it < ntiles; it++) {
         const int k0 = it * 64;
-        if (it + 1 < ntiles) {
-            stage_sw<D, 64, NT>(Kb[(it + 1) & 1], kb, kw, k0 + 64, T);
-            stage_sw<D, 64, NT>(Vb[(it + 1) & 1], vb, kw, k0 + 64, T);
-            cp_commit();
-            cp_wait<1>();
-        } else {
-            cp_wait<0>();
+        // Into the buffers of the previous tile (all threads passed the
+        // barrier that closed it).
+        if (threadIdx.x == 0 && it + 1 < ntiles) {
+            const unsigned bar = bars + 8 * ((it + 1) & 1);
+            mbar_expect_tx(bar, 2 * TB);
+            tma_tile<D, 64>(Kb((it + 1) & 1), kmap, kvh * D, k0 + 64, b, bar);
+            tma_tile<D, 64>(Vb((it + 1) & 1), vmap, kvh * D, k0 + 64, b, bar);
         }
-        fence_async_smem();
-        __syncthreads();
-        const unsigned kt = Kb[it & 1], vt = Vb[it & 1];
+        mbar_wait(bars + 8 * (it & 1), (it >> 1) & 1);
+        const unsigned kt = Kb(it & 1), vt = Vb(it & 1);
         float s[8][4], dp[8][4];
         wg_fence();
 #pragma unroll
@@ -1847,13 +1854,17 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
 #define ATTN_WG_BWD(D, NWG)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dkdv_wg##D##_##NWG(                    \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale) { \
-        attn_dkdv_wg<D, NWG>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale);                              \
+        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale,   \
+        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
+        const __grid_constant__ TmaMap vmap, const __grid_constant__ TmaMap omap) {                             \
+        attn_dkdv_wg<D, NWG>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale, &qmap, &kmap, &vmap, &omap);  \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dq_wg##D##_##NWG(                      \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale) {           \
-        attn_dq_wg<D, NWG>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale);                                    \
+        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale,             \
+        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
+        const __grid_constant__ TmaMap vmap, const __grid_constant__ TmaMap omap) {                             \
+        attn_dq_wg<D, NWG>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale, &qmap, &kmap, &vmap, &omap);        \
     }
 
 #define ATTN_WG(D)                                                                                              \

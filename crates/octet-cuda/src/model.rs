@@ -82,7 +82,8 @@ struct Attn {
     dkdv: AttnKernel,
     dq: AttnKernel,
     tensor_cores: bool,
-    /// The forward kernel takes TMA maps of q, k and v (the wgmma kernel).
+    /// The kernels take TMA maps (the wgmma kernels): q, k, v for the
+    /// forward; q, k, v and the bf16 output gradient for the backward.
     tma: bool,
 }
 
@@ -468,8 +469,8 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
             if wgmma {
                 Attn {
                     fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?,
-                    dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024)?,
-                    dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile)?,
+                    dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024 + 64)?,
+                    dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile + 64)?,
                     tensor_cores: true,
                     tma: true,
                 }
@@ -886,6 +887,20 @@ impl<'g> GpuLlama<'g> {
                     block_dim: (256, 1, 1),
                     shared_mem_bytes: 0,
                 })?;
+            // The wgmma kernels copy their tiles by TMA: q, k, v and the bf16
+            // output gradient as 3-D (H D, T, B) tensors, 64-row boxes.
+            let maps = match (self.f.attn.tma, dob.as_ref()) {
+                (true, Some(o)) => {
+                    use cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B as SW;
+                    use cudarc::driver::DevicePtr;
+                    let map = |x: &CudaSlice<u16>, heads: usize| -> Result<TmaMap> {
+                        let (p, _g) = x.device_ptr(s);
+                        TmaMap::new(p, 2, &[heads * d, t, b], &[64, 64, 1], SW)
+                    };
+                    Some([map(q, hq)?, map(k, hkv)?, map(v, hkv)?, map(o, hq)?])
+                }
+                _ => None,
+            };
             for (kern, heads, is_dq) in
                 [(&self.f.attn.dkdv, hkv, false), (&self.f.attn.dq, hq, true)]
             {
@@ -901,12 +916,11 @@ impl<'g> GpuLlama<'g> {
                 } else {
                     lb.arg(&mut dk).arg(&mut dv);
                 }
-                lb.arg(&ti)
-                    .arg(&hqi)
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .arg(&scale)
-                    .launch(Self::attn_cfg(kern, t, heads, b))?;
+                lb.arg(&ti).arg(&hqi).arg(&hkvi).arg(&di).arg(&scale);
+                if let Some(m) = &maps {
+                    lb.arg(&m[0]).arg(&m[1]).arg(&m[2]).arg(&m[3]);
+                }
+                lb.launch(Self::attn_cfg(kern, t, heads, b))?;
             }
         }
         Ok((dq, dk, dv))
