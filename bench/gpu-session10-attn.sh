@@ -6,9 +6,10 @@
 set -uo pipefail
 bin=dev-bin/octet
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-timeout 300 $bin selftest --device cuda > $OUT/selftest.txt 2>&1; echo "selftest rc=$?"
-grep -E "FAIL|all .* cases" $OUT/selftest.txt | cut -c1-160
-grep -iE " fail" $OUT/selftest.txt | cut -c1-150 | head
+if [ "${SKIP_SELFTEST:-}" != 1 ]; then
+  timeout 300 $bin selftest --device cuda > $OUT/selftest.txt 2>&1; echo "selftest rc=$?"
+  grep -E "FAIL|all .* cases" $OUT/selftest.txt | cut -c1-160
+fi
 $bin bench attention --device cuda --shapes 4x2048x16x128,1x8192x16x128,4x2048x32x64 2>&1 | grep -E "attention" | cut -c1-140
 echo "== ~1B Llama (d=2048, 16 layers, 16 heads, MLP 5632), batch 4 x 2048, 6 steps (tokens/s over steps 3-6)"
 run() { # recipe backward [name]
