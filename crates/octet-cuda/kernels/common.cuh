@@ -180,7 +180,15 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, int
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
-// Make mbarrier initialisations visible (to the async proxy too); a barrier follows.
-__device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+// Thread 0 initialises N one-arrival barriers at `bars` (8 bytes apart) and
+// makes them visible (to the async proxy too); then the block syncs.
+template <int N> __device__ __forceinline__ void mbar_setup(unsigned bars) {
+    if (threadIdx.x == 0) {
+#pragma unroll
+        for (int b = 0; b < N; b++) mbar_init(bars + 8 * b, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+}
 
 #endif

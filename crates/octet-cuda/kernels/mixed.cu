@@ -397,11 +397,7 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     const int nk = (K + 63) / 64, kblocks = (K + 127) / 128;
     const float* bf = factors + (size_t)(ch0 / 128) * kblocks;
     const unsigned bars = sm + MW_STAGES * MW_STAGE; // one barrier per buffer
-    if (threadIdx.x == 0) {
-        for (int b = 0; b < MW_STAGES; b++) mbar_init(bars + 8 * b, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    mbar_setup<MW_STAGES>(bars);
     if (threadIdx.x == 0)
         for (int p = 0; p < MW_STAGES - 2 && p < nk; p++) mw_issue(sm, bars, xmap, wmap, p, tok0, ch0);
     float acc[32][4];

@@ -1539,12 +1539,7 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
     // Tile it's K and V (and Q, with tile 0) arrive on barrier it % 2; one
     // thread issues the copies.
     const unsigned bars = sm + 6 * TB;
-    if (threadIdx.x == 0) {
-        mbar_init(bars, 1);
-        mbar_init(bars + 8, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    mbar_setup<2>(bars);
     if (threadIdx.x == 0) {
         mbar_expect_tx(bars, 4 * TB);
         tma_tile<D, WG_ROWS>(Qs, qmap, h * D, q0, b, bars);
@@ -1650,12 +1645,7 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
     // st of their stage; lse and delta are plain loads, published by the
     // barrier that follows.
     const unsigned bars = sm + (2 * NWG + 4) * TB + 1024;
-    if (threadIdx.x == 0) {
-        mbar_init(bars, 1);
-        mbar_init(bars + 8, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    mbar_setup<2>(bars);
     const int nq = (T - k0 + 63) / 64, total = group * nq;
     int ih = 0, iq = 0; // the next item to issue: query head kvh * group + ih, tile iq
     // One arrival per phase: the first stage's expectation covers K and V too.
@@ -1770,12 +1760,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     const size_t qw = (size_t)Hq * D;
     // K and V tiles (and Q, dO with the first) arrive by TMA on barrier it % 2.
     const unsigned bars = sm + (2 * NWG + 4) * TB;
-    if (threadIdx.x == 0) {
-        mbar_init(bars, 1);
-        mbar_init(bars + 8, 1);
-        mbar_init_fence();
-    }
-    __syncthreads();
+    mbar_setup<2>(bars);
     if (threadIdx.x == 0) {
         mbar_expect_tx(bars, (2 * NWG + 2) * TB);
         tma_tile<D, ROWS>(Qs, qmap, h * D, q0, b, bars);
