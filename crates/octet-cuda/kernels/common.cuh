@@ -140,9 +140,6 @@ template <int N> __device__ __forceinline__ void wg_hold(float (&d)[N][4]) {
 #pragma unroll
         for (int e = 0; e < 4; e++) asm volatile("" : "+f"(d[i][e])::"memory");
 }
-// Writes of shared memory by this thread (st.shared, cp.async once waited)
-// made visible to the async proxy that wgmma reads through; a barrier follows.
-__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 // ---- TMA (the tensor memory accelerator) and mbarriers, sm_90a
 

@@ -130,6 +130,20 @@ fn mode(s: WeightScaling) -> i32 {
     }
 }
 
+/// The arguments every weight-only kernel ends with: factors, `y`, then
+/// `M, N, K` and the scale mode.
+fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
+    b: &mut cudarc::driver::LaunchArgs<'a>,
+    factors: &'a CudaSlice<f32>,
+    y: &'a mut CudaSlice<D>,
+    dims: &'a [i32; 4],
+) {
+    b.arg(factors).arg(y);
+    for d in dims {
+        b.arg(d);
+    }
+}
+
 /// Up to this many rows of `x` take the fused small-M kernel (in groups of 16).
 pub const SMALL_M: usize = 64;
 
@@ -196,7 +210,8 @@ impl Gpu {
             crate::OutType::F32 => 0,
             crate::OutType::Bf16 => 1,
         };
-        let (mi, ni, ki, md) = (m as i32, n as i32, k as i32, mode(w.scaling));
+        let dims = [m as i32, n as i32, k as i32, mode(w.scaling)];
+        let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
         if m <= SMALL_M {
             let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
             let cfg = LaunchConfig {
@@ -205,14 +220,8 @@ impl Gpu {
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream.launch_builder(f);
-            b.arg(&w.codes)
-                .arg(x)
-                .arg(&w.factors)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki)
-                .arg(&md);
+            b.arg(&w.codes).arg(x);
+            push_tail(&mut b, &w.factors, y, &dims);
             // SAFETY: argument types match the kernel; shapes were checked above and the
             // kernel guards rows, tokens and columns.
             unsafe { b.launch(cfg) }?;
@@ -237,14 +246,8 @@ impl Gpu {
             let xmap = TmaMap::new(xp, 2, &[k, m], &[64, 256], CU_TENSOR_MAP_SWIZZLE_128B)?;
             let wmap = TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?;
             let mut b = self.stream.launch_builder(&wg[block][fmt][out]);
-            b.arg(&xmap)
-                .arg(&wmap)
-                .arg(&w.factors)
-                .arg(y)
-                .arg(&mi)
-                .arg(&ni)
-                .arg(&ki)
-                .arg(&md);
+            b.arg(&xmap).arg(&wmap);
+            push_tail(&mut b, &w.factors, y, &dims);
             // SAFETY: argument types match the kernel; shapes were checked above,
             // K % 16 == 0 at upload, and the kernel zero-fills and guards rows,
             // tokens and columns outside (M, N, K).
