@@ -27,6 +27,31 @@ __device__ __forceinline__ float block_sum_f(float v, float* red) {
     return t;
 }
 
+__device__ __forceinline__ float block_max_f(float v, float* red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = warp_max(v);
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float t = 0.f;
+    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = fmaxf(t, red[w]);
+    __syncthreads();
+    return t;
+}
+
+// FP8 saved activations (`SavedActivations::Fp8` in model.rs): a tensor that
+// only a backward reads (a norm's input, SwiGLU's inputs) is kept as E4M3
+// codes with one f32 factor per row: value = code * factor, where the
+// quantizer multiplies by `row_mult(row amax)` = 448 / amax and the factor is
+// its IEEE reciprocal. Relative error at most 2^-4 per element in E4M3's
+// normal range; values below amax 2^-15 flush toward zero.
+__device__ __forceinline__ float row_mult(float amax) {
+    const float s = scale_from_amax(amax, 448.f, 0);
+    return s > 0.f ? s : 1.f;
+}
+__device__ __forceinline__ unsigned char q_e4m3(float v, float mult) {
+    return (unsigned char)(cvt_fp8x2<FMT_E4M3>(__fmul_rn(v, mult), 0.f) & 0xffu);
+}
+
 // The amax that a producer kernel computes for the quantizer of its output
 // (current per-tensor scaling then needs no amax pass): each thread passes the
 // max of |v| over the bf16 values it wrote (fmaxf leaves NaN out, as the amax
@@ -102,15 +127,17 @@ template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
 // The residual add and the norm that reads its result, in one pass over the
 // row: xo = x + bf16 y (when `y` is given; else the norm reads x as is and
 // xo is not written), h = bf16(xo * r * g), rstd[row] = r, r = 1 / sqrt(mean(xo^2) + eps),
-// and h's amax when `amax` is given. One block per row; the second sweep
-// reads the row back from L1/L2.
+// and h's amax when `amax` is given; with `xq` also the norm's input (xo, or
+// x) as E4M3 codes with a factor per row in `xs`, what the backward reads
+// instead of the f32 row. One block per row; the second sweep reads the row
+// back from L1/L2.
 extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, float* xo, const float* g,
                                        unsigned short* h, float* rstd, int C, float eps, unsigned* amax,
-                                       unsigned* nonfinite) {
+                                       unsigned* nonfinite, unsigned char* xq, float* xs) {
     __shared__ float red[32];
     const size_t off = (size_t)blockIdx.x * C;
     const float* src = y ? xo + off : x + off;
-    float s = 0.f;
+    float s = 0.f, mx = 0.f;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         float v = x[off + i];
         if (y) {
@@ -118,16 +145,24 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
             xo[off + i] = v;
         }
         s += v * v;
+        mx = fmaxf(mx, fabsf(v));
     }
     s = block_sum_f(s, red);
     const float r = 1.f / sqrtf(s / (float)C + eps);
     if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    float qm = 1.f;
+    if (xq) {
+        qm = row_mult(block_max_f(mx, red));
+        if (threadIdx.x == 0) xs[blockIdx.x] = __fdiv_rn(1.f, qm);
+    }
     float m = 0.f;
     int bad = 0;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
-        const unsigned short b = f2bf(src[i] * r * g[i]);
+        const float v = src[i];
+        const unsigned short b = f2bf(v * r * g[i]);
         h[off + i] = b;
         amax_note(b, m, bad);
+        if (xq) xq[off + i] = q_e4m3(v, qm);
     }
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
@@ -139,8 +174,9 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
 // (when given) = bf16 of the updated dres, the next projection's
 // grad_output; `partial` (when given) row blockIdx.x = the sum over this
 // block's rows of dy x r (the gain's gradient; `sum_partials` adds the
-// blocks in order); dres_bf's amax when `amax` is given. V = 4 when C is a
-// multiple of 4 (16-byte accesses).
+// blocks in order); dres_bf's amax when `amax` is given; with `xq` the input
+// x is read as E4M3 codes times the row factors `xs` (rmsnorm_fwd's FP8
+// copy) and `x` is not read. V = 4 when C is a multiple of 4 (16-byte accesses).
 // Dynamic shared memory: C floats when `partial` (each thread owns its columns).
 #define NORM_ROWS 8
 
@@ -148,6 +184,22 @@ template <int V> __device__ __forceinline__ Vf<V> vadd(Vf<V> a, const Vf<V>& b) 
 #pragma unroll
     for (int j = 0; j < V; j++) a.v[j] += b.v[j];
     return a;
+}
+
+// The norm's input at `at`: the f32 row, or (with `xq`) its E4M3 codes times the row's factor `f`.
+template <int V>
+__device__ __forceinline__ Vf<V> ld_x(const float* x, const unsigned char* xq, float f, size_t at) {
+    if (!xq) return ldv<V>(x + at);
+    Vf<V> r;
+    if (V == 4) {
+        const unsigned w = *reinterpret_cast<const unsigned*>(xq + at);
+#pragma unroll
+        for (int j = 0; j < V; j++) r.v[j] = e4m3_decode((w >> (8 * j)) & 0xffu) * f;
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) r.v[j] = e4m3_decode(xq[at + j]) * f;
+    }
+    return r;
 }
 
 // dy0 + dy1 + dy2 at `at` (null terms skipped), added in that order.
@@ -163,7 +215,7 @@ template <int V>
 __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const float* dy0,
                                  const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,
                                  float* partial, int M, int C, int accumulate, unsigned* amax,
-                                 unsigned* nonfinite) {
+                                 unsigned* nonfinite, const unsigned char* xq, const float* xs) {
     float m = 0.f;
     int bad = 0;
     extern __shared__ float colacc[];
@@ -173,10 +225,11 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
     const int r0 = blockIdx.x * NORM_ROWS, r1 = min(M, r0 + NORM_ROWS);
     for (int row = r0; row < r1; row++) {
         const size_t off = (size_t)row * C;
+        const float xf = xq ? xs[row] : 1.f;
         float dot = 0.f;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
             const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
-            const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
+            const Vf<V> xv = ld_x<V>(x, xq, xf, off + i), gv = ldv<V>(g + i);
 #pragma unroll
             for (int j = 0; j < V; j++) dot += gv.v[j] * d.v[j] * xv.v[j];
         }
@@ -185,7 +238,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
         const float k = r * r * r * dot / (float)C;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
             const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
-            const Vf<V> xv = ldv<V>(x + off + i), gv = ldv<V>(g + i);
+            const Vf<V> xv = ld_x<V>(x, xq, xf, off + i), gv = ldv<V>(g + i);
             Vf<V> o = accumulate ? ldv<V>(dres + off + i) : Vf<V>{};
 #pragma unroll
             for (int j = 0; j < V; j++) o.v[j] += r * gv.v[j] * d.v[j] - k * xv.v[j];
@@ -213,9 +266,9 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
     extern "C" __global__ void NAME(const float* x, const float* g, const float* rstd, const float* dy0,        \
                                     const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,   \
                                     float* partial, int M, int C, int accumulate, unsigned* amax,               \
-                                    unsigned* nonfinite) {                                                      \
+                                    unsigned* nonfinite, const unsigned char* xq, const float* xs) {            \
         rmsnorm_bwd_impl<V>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, accumulate, amax,          \
-                            nonfinite);                                                                         \
+                            nonfinite, xq, xs);                                                                 \
     }
 NORM_BWD(rmsnorm_bwd, 1)
 NORM_BWD(rmsnorm_bwd_v4, 4)
@@ -412,6 +465,126 @@ extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned sh
     if (amax_g) amax_commit(mg, badg, amax_g, nonfinite_g);
     if (amax_u) amax_commit(mu, badu, amax_u, nonfinite_u);
 }
+
+// SwiGLU whose inputs are kept in FP8 for the backward (the `_q` pair): one
+// block per row of F columns. Forward: out = bf16(silu(g) u), bit-identical
+// to swiglu_fwd (with its amax), and gq / uq = E4M3 codes of g and u with one
+// factor per row each (gs, us; see row_mult). Backward: swiglu_bwd's formula
+// on the dequantized g and u. V = 8 when F is a multiple of 8 (16-byte loads
+// of bf16, 8-byte accesses of codes).
+template <int V>
+__device__ void swiglu_fwd_q_impl(const unsigned short* g, const unsigned short* u, unsigned short* out,
+                                  unsigned char* gq, float* gs, unsigned char* uq, float* us, int F,
+                                  unsigned* amax, unsigned* nonfinite) {
+    __shared__ float red[32];
+    const size_t off = (size_t)blockIdx.x * F;
+    float m = 0.f, mg = 0.f, mu = 0.f;
+    int bad = 0;
+    for (int i = threadIdx.x * V; i < F; i += blockDim.x * V) {
+        float a[V], b[V];
+        unsigned short o[V];
+        if (V == 8) {
+            In<unsigned short>::load8(g + off + i, a);
+            In<unsigned short>::load8(u + off + i, b);
+        } else {
+            a[0] = bf2f(g[off + i]), b[0] = bf2f(u[off + i]);
+        }
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            o[j] = f2bf(silu(a[j]) * b[j]);
+            amax_note(o[j], m, bad);
+            mg = fmaxf(mg, fabsf(a[j]));
+            mu = fmaxf(mu, fabsf(b[j]));
+        }
+        if (V == 8) {
+            uint4 w;
+            w.x = o[0] | ((unsigned)o[1] << 16), w.y = o[2] | ((unsigned)o[3] << 16);
+            w.z = o[4] | ((unsigned)o[5] << 16), w.w = o[6] | ((unsigned)o[7] << 16);
+            *reinterpret_cast<uint4*>(out + off + i) = w;
+        } else {
+            out[off + i] = o[0];
+        }
+    }
+    const float qg = row_mult(block_max_f(mg, red)), qu = row_mult(block_max_f(mu, red));
+    if (threadIdx.x == 0) gs[blockIdx.x] = __fdiv_rn(1.f, qg), us[blockIdx.x] = __fdiv_rn(1.f, qu);
+    for (int i = threadIdx.x * V; i < F; i += blockDim.x * V) {
+        if (V == 8) {
+            float a[8], b[8];
+            In<unsigned short>::load8(g + off + i, a);
+            In<unsigned short>::load8(u + off + i, b);
+            *reinterpret_cast<uint2*>(gq + off + i) = cast8<FMT_E4M3>(a, qg);
+            *reinterpret_cast<uint2*>(uq + off + i) = cast8<FMT_E4M3>(b, qu);
+        } else {
+            gq[off + i] = q_e4m3(bf2f(g[off + i]), qg);
+            uq[off + i] = q_e4m3(bf2f(u[off + i]), qu);
+        }
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
+}
+
+template <int V>
+__device__ void swiglu_bwd_q_impl(const unsigned char* gq, const float* gs, const unsigned char* uq,
+                                  const float* us, const float* dy, unsigned short* dg, unsigned short* du, int F,
+                                  unsigned* amax_g, unsigned* nonfinite_g, unsigned* amax_u,
+                                  unsigned* nonfinite_u) {
+    const size_t off = (size_t)blockIdx.x * F;
+    const float fg = gs[blockIdx.x], fu = us[blockIdx.x];
+    float mg = 0.f, mu = 0.f;
+    int badg = 0, badu = 0;
+    for (int i = threadIdx.x * V; i < F; i += blockDim.x * V) {
+        unsigned char cg[V], cu[V];
+        float d[V];
+        if (V == 8) {
+            const uint2 wg = *reinterpret_cast<const uint2*>(gq + off + i),
+                        wu = *reinterpret_cast<const uint2*>(uq + off + i);
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                cg[j] = (wg.x >> (8 * j)) & 0xffu, cg[j + 4] = (wg.y >> (8 * j)) & 0xffu;
+                cu[j] = (wu.x >> (8 * j)) & 0xffu, cu[j + 4] = (wu.y >> (8 * j)) & 0xffu;
+            }
+            In<float>::load8(dy + off + i, d);
+        } else {
+            cg[0] = gq[off + i], cu[0] = uq[off + i], d[0] = dy[off + i];
+        }
+        unsigned short og[V], ou[V];
+#pragma unroll
+        for (int j = 0; j < V; j++) {
+            swiglu_grad(e4m3_decode(cg[j]) * fg, e4m3_decode(cu[j]) * fu, d[j], og[j], ou[j]);
+            amax_note(og[j], mg, badg);
+            amax_note(ou[j], mu, badu);
+        }
+        if (V == 8) {
+            uint4 a, b;
+            a.x = og[0] | ((unsigned)og[1] << 16), a.y = og[2] | ((unsigned)og[3] << 16);
+            a.z = og[4] | ((unsigned)og[5] << 16), a.w = og[6] | ((unsigned)og[7] << 16);
+            b.x = ou[0] | ((unsigned)ou[1] << 16), b.y = ou[2] | ((unsigned)ou[3] << 16);
+            b.z = ou[4] | ((unsigned)ou[5] << 16), b.w = ou[6] | ((unsigned)ou[7] << 16);
+            *reinterpret_cast<uint4*>(dg + off + i) = a;
+            *reinterpret_cast<uint4*>(du + off + i) = b;
+        } else {
+            dg[off + i] = og[0], du[off + i] = ou[0];
+        }
+    }
+    if (amax_g) amax_commit(mg, badg, amax_g, nonfinite_g);
+    if (amax_u) amax_commit(mu, badu, amax_u, nonfinite_u);
+}
+
+#define SWIGLU_Q(SUFFIX, V)                                                                                    \
+    extern "C" __global__ void swiglu_fwd_q##SUFFIX(const unsigned short* g, const unsigned short* u,           \
+                                                    unsigned short* out, unsigned char* gq, float* gs,          \
+                                                    unsigned char* uq, float* us, int F, unsigned* amax,        \
+                                                    unsigned* nonfinite) {                                      \
+        swiglu_fwd_q_impl<V>(g, u, out, gq, gs, uq, us, F, amax, nonfinite);                                   \
+    }                                                                                                          \
+    extern "C" __global__ void swiglu_bwd_q##SUFFIX(const unsigned char* gq, const float* gs,                   \
+                                                    const unsigned char* uq, const float* us, const float* dy,  \
+                                                    unsigned short* dg, unsigned short* du, int F,              \
+                                                    unsigned* amax_g, unsigned* nonfinite_g, unsigned* amax_u,  \
+                                                    unsigned* nonfinite_u) {                                    \
+        swiglu_bwd_q_impl<V>(gq, gs, uq, us, dy, dg, du, F, amax_g, nonfinite_g, amax_u, nonfinite_u);         \
+    }
+SWIGLU_Q(, 1)
+SWIGLU_Q(_v8, 8)
 
 // x += y.
 extern "C" __global__ void add_inplace(float* x, const float* y, size_t n) {
@@ -651,8 +824,12 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd(const unsigned short*
 
 // delta (B, Hq, T) = sum_d dout * out per query row; one warp per row.
 // Also writes dout as bf16 to `dout_bf` when given (what the tensor-core backward reads).
+// With `outq` the output is read as E4M3 codes times the one factor `out_si[0]`
+// (the o projection's per-tensor FP8 input, saved in FP8 for its backward) and
+// `out` is not read.
 extern "C" __global__ void attn_delta(const unsigned short* out, const float* dout, float* delta,
-                                      unsigned short* dout_bf, int T, int Hq, int D, int rows) {
+                                      unsigned short* dout_bf, int T, int Hq, int D, int rows,
+                                      const unsigned char* outq, const float* out_si) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
     const int lane = threadIdx.x & 31;
@@ -660,7 +837,8 @@ extern "C" __global__ void attn_delta(const unsigned short* out, const float* do
     const size_t o = (size_t)n * Hq * D + (size_t)h * D;
     float s = 0.f;
     for (int d = lane; d < D; d += 32) {
-        s += bf2f(out[o + d]) * dout[o + d];
+        const float ov = outq ? e4m3_decode(outq[o + d]) * out_si[0] : bf2f(out[o + d]);
+        s += ov * dout[o + d];
         if (dout_bf) dout_bf[o + d] = f2bf(dout[o + d]);
     }
 #pragma unroll

@@ -1692,6 +1692,11 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass,
             worst: format!("loss {el:.2e}, worst grad {eg:.2e} ({gname}){note}"),
         });
+        if recipe_name == "bf16" || recipe_name == "tensorwise" {
+            saved_fp8_cases(gpu, &cfg, &w, (&toks, &tgts, b, t), recipe, out, |g| {
+                worst_grad(g).0
+            })?;
+        }
         if recipe_name == "tensorwise" {
             // The amaxes that the norm, SwiGLU, attention, RoPE and cast kernels
             // compute for the quantizers that read their outputs must be the
@@ -1779,6 +1784,74 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 worst: format!("masters {worst:.2e}, grad norm {en:.2e}"),
             });
         }
+    }
+    Ok(())
+}
+
+/// FP8 saved activations (`SavedActivations::Fp8`) against the full ones,
+/// for `recipe` (bf16: `None`; an FP8 recipe also with the `dequantized`
+/// backward, where the attention backward reads o's FP8 input): the loss is
+/// bit-identical (the forward is the same); the saved bytes are exactly the
+/// full model's less what FP8 saves (norm inputs 4 -> 1 byte plus a factor a
+/// row, SwiGLU's inputs 2 -> 1 plus a factor a row each, and the bf16
+/// attention output where o keeps an E4M3 row-wise copy); and each gradient's
+/// error against f64 (`grad_err`, the worst over the parameters) is at most
+/// the full model's plus 2^-4: every value the backward reads changed by a
+/// relative 2^-4 at most (E4M3's half ulp), and the gradients are linear in
+/// each of them, so the perturbation is bounded by that share (the rounding
+/// errors are independent, so in practice far less).
+#[allow(clippy::type_complexity)]
+fn saved_fp8_cases(
+    gpu: &Gpu,
+    cfg: &octet_nn::llama::LlamaConfig,
+    w: &std::collections::HashMap<String, octet_tensor::Tensor>,
+    (toks, tgts, b, t): (&[u32], &[u32], usize, usize),
+    recipe: Option<octet_fp8::Recipe>,
+    out: &mut Vec<CaseResult>,
+    grad_err: impl Fn(&[(String, octet_tensor::Tensor)]) -> f64,
+) -> Result<()> {
+    use crate::model::{GpuLlama, SavedActivations};
+    let mut recipes = vec![recipe];
+    if let Some(r) = recipe {
+        recipes.push(Some(r.with_backward(octet_fp8::BackwardMode::Dequantized)?));
+    }
+    let grad_scale = 1.0 / (b * t) as f32;
+    let (n, c, ff) = (b * t, cfg.hidden_size, cfg.intermediate_size);
+    let layers = cfg.num_hidden_layers;
+    for r in recipes {
+        let run =
+            |saved: SavedActivations| -> Result<(f64, usize, Vec<(String, octet_tensor::Tensor)>)> {
+                let mut model = GpuLlama::new(gpu, cfg, w, r)?;
+                model.saved_activations = saved;
+                model.zero_grad()?;
+                let (loss, kept) = model.forward(toks, tgts, (b, t), grad_scale, true)?;
+                let kept = kept.ok_or_else(|| Error::Shape("forward kept nothing".into()))?;
+                let bytes = kept.bytes();
+                model.backward(kept)?;
+                Ok((loss, bytes, model.grads()?))
+            };
+        let (loss_full, bytes_full, g_full) = run(SavedActivations::Full)?;
+        let (loss_fp8, bytes_fp8, g_fp8) = run(SavedActivations::Fp8)?;
+        let deq = r.is_some_and(|r| r.backward() == octet_fp8::BackwardMode::Dequantized);
+        // Norm inputs: 2 a block and the final one; SwiGLU: 2 a block.
+        let norm_saving = 3 * n * c - 4 * n;
+        let want_saving = (2 * layers + 1) * norm_saving
+            + layers * (2 * n * ff - 8 * n)
+            + if deq { layers * 2 * n * c } else { 0 };
+        let (e_full, e_fp8) = (grad_err(&g_full), grad_err(&g_fp8));
+        out.push(CaseResult {
+            name: format!(
+                "Llama {} {}: FP8 saved activations vs full (same loss bits, exact saved bytes, grads vs f64)",
+                r.map_or("bf16".to_string(), |r| r.to_string()),
+                if deq { "dequantized" } else { "" }
+            ),
+            pass: loss_full.to_bits() == loss_fp8.to_bits()
+                && bytes_full.checked_sub(bytes_fp8) == Some(want_saving)
+                && e_fp8 <= e_full + 0.0625,
+            worst: format!(
+                "loss {loss_full} / {loss_fp8}; saved {bytes_full} -> {bytes_fp8} B (want -{want_saving}); worst grad vs f64 {e_full:.2e} -> {e_fp8:.2e}"
+            ),
+        });
     }
     Ok(())
 }

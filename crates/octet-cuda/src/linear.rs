@@ -39,7 +39,7 @@ enum Kind {
 }
 
 /// An input or weight quantized by one of the recipes, both copies.
-enum Quant {
+pub(crate) enum Quant {
     Tensor(DeviceFp8),
     Row(DeviceRowwiseFp8),
     /// 1x128 blocks, with the scale grids transposed into cuBLASLt's layout.
@@ -167,6 +167,17 @@ pub struct GpuLinearSaved {
 }
 
 impl GpuLinearSaved {
+    /// The saved input when it is a per-tensor E4M3 row-wise copy (the
+    /// `dequantized` backward of the tensorwise and delayed recipes), shared.
+    pub(crate) fn rowwise_e4m3(&self) -> Option<std::rc::Rc<std::cell::RefCell<Quant>>> {
+        let q = self.xq.as_ref()?;
+        let whole = match &*q.borrow() {
+            Quant::Tensor(d) => d.format == Format::E4M3 && d.rowwise.len() == d.rows * d.cols,
+            _ => false,
+        };
+        (self.dequantized && whole).then(|| q.clone())
+    }
+
     /// Device bytes kept alive for backward (a shared input counted in full).
     pub fn bytes(&self) -> usize {
         self.bytes_unique(&mut std::collections::HashSet::new())

@@ -98,8 +98,8 @@ pub struct LoraInput {
 /// A group's FP8 input, and (in backward) its bf16 dequantization, made by
 /// the first layer of the group whose backward needs it and shared with the
 /// others (freed with the last layer's saved state).
-struct Fp8Input {
-    q: DeviceFp8,
+pub(crate) struct Fp8Input {
+    pub(crate) q: DeviceFp8,
     deq: std::cell::RefCell<Option<Rc<CudaSlice<u16>>>>,
 }
 
@@ -115,6 +115,14 @@ pub struct GpuLoraSaved {
 }
 
 impl GpuLoraSaved {
+    /// The adapter's saved E4M3 row-wise input (`dequantized` backward), shared.
+    pub(crate) fn rowwise_e4m3(&self) -> Option<Rc<Fp8Input>> {
+        self.xq
+            .as_ref()
+            .filter(|q| q.q.format == Format::E4M3 && q.q.rowwise.len() == q.q.rows * q.q.cols)
+            .cloned()
+    }
+
     /// Device bytes kept, counting an input already in `seen` (shared with
     /// another layer of the group) once.
     pub fn bytes_unique(&self, seen: &mut std::collections::HashSet<usize>) -> usize {

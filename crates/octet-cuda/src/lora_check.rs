@@ -360,7 +360,9 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
         model.zero_grad()?;
         let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
-        model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+        let saved = saved.ok_or_else(|| Error::Shape("nothing kept".into()))?;
+        let full_bytes = saved.bytes();
+        model.backward(saved)?;
         let grads = model.grads()?;
         let (eg, gname) = worst_vs(&grads);
         let (ecg, _) = worst_vs(&cgrads);
@@ -408,6 +410,37 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         }
         if mode != BackwardMode::Dequantized {
             continue;
+        }
+        {
+            // FP8 saved activations (the memory setting of the LoRA step):
+            // the same forward; exactly the bytes that FP8 norm inputs,
+            // SwiGLU inputs and the attention output read from o's adapter
+            // input save; adapter gradients within 2^-4 more of the
+            // reference (the bound of `check::saved_fp8_cases`).
+            let mut fp8 = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            fp8.saved_activations = crate::model::SavedActivations::Fp8;
+            fp8.zero_grad()?;
+            let (floss, fsaved) = fp8.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            let fsaved = fsaved.ok_or_else(|| Error::Shape("nothing kept".into()))?;
+            let fbytes = fsaved.bytes();
+            fp8.backward(fsaved)?;
+            let (fg, fname) = worst_vs(&fp8.grads()?);
+            let (n, c, ff, l) = (
+                b * t,
+                cfg.hidden_size,
+                cfg.intermediate_size,
+                cfg.num_hidden_layers,
+            );
+            let want = (2 * l + 1) * (3 * n * c - 4 * n) + l * (2 * n * ff - 8 * n + 2 * n * c);
+            out.push(CaseResult {
+                name: format!("Llama LoRA ({name}): FP8 saved activations (same loss bits, exact saved bytes, adapter grads)"),
+                pass: floss.to_bits() == loss.to_bits()
+                    && full_bytes.checked_sub(fbytes) == Some(want)
+                    && fg <= eg + 0.0625,
+                worst: format!(
+                    "loss {loss} / {floss}; saved {full_bytes} -> {fbytes} B (want -{want}); worst grad {eg:.2e} -> {fg:.2e} ({fname})"
+                ),
+            });
         }
         // Training: only adapters move; the merged model computes the adapted loss.
         let before = model.weights()?;

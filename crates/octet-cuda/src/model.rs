@@ -53,6 +53,9 @@ struct Fns {
     rope_bwd: CudaFunction,
     swiglu_fwd: CudaFunction,
     swiglu_bwd: CudaFunction,
+    /// SwiGLU keeping its inputs in FP8: `[scalar, 8 columns a thread]` of forward, backward.
+    swiglu_fwd_q: [CudaFunction; 2],
+    swiglu_bwd_q: [CudaFunction; 2],
     add: CudaFunction,
     add_bf16: CudaFunction,
     to_bf16: CudaFunction,
@@ -232,6 +235,9 @@ pub struct GpuLlama<'g> {
     /// per-tensor scaling), saving that quantizer's amax pass. On by default;
     /// the selftest turns it off to check that both give the same bytes.
     pub fuse_amax: bool,
+    /// How the tensors that only a norm's, SwiGLU's or the attention's
+    /// backward reads are kept (see [`SavedActivations`]); `Full` by default.
+    pub saved_activations: SavedActivations,
     prof: Prof,
     /// Sharded data parallel: how the parameters are split over the ranks.
     shard: Option<Sharding<'g>>,
@@ -239,35 +245,141 @@ pub struct GpuLlama<'g> {
     lora: Option<LoraMode>,
 }
 
+/// How a training step keeps the activations that only the backward of a
+/// norm, of SwiGLU or of the attention reads (the inputs of the matrix
+/// products are kept as the recipe and backward mode say, see `GpuLinear`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SavedActivations {
+    /// As computed: the norms' inputs in f32, SwiGLU's inputs and the
+    /// attention output in bf16.
+    Full,
+    /// In FP8 (E4M3): the norms' inputs and SwiGLU's two inputs with one
+    /// factor per row (1/4 and 1/2 of the bytes); the attention output not
+    /// at all where the o projection keeps a per-tensor E4M3 row-wise copy of
+    /// it (the `dequantized` backward of per-tensor recipes), which the
+    /// attention backward then reads. The forward is unchanged (same loss);
+    /// the backward reads values within a relative 2^-4 of the originals.
+    Fp8,
+}
+
+/// A norm's input kept for its backward.
+enum NormIn {
+    F32(CudaSlice<f32>),
+    /// E4M3 codes and one f32 factor per row (`rmsnorm_fwd`'s `xq`, `xs`).
+    Fp8(CudaSlice<u8>, CudaSlice<f32>),
+}
+
+impl NormIn {
+    fn bytes(&self) -> usize {
+        match self {
+            NormIn::F32(x) => 4 * x.len(),
+            NormIn::Fp8(q, f) => q.len() + 4 * f.len(),
+        }
+    }
+}
+
+/// SwiGLU's inputs kept for its backward.
+enum SwigluIn {
+    Bf16 {
+        gate: CudaSlice<u16>,
+        up: CudaSlice<u16>,
+    },
+    /// E4M3 codes with one factor per row each (`swiglu_fwd_q`).
+    Fp8 {
+        gate: (CudaSlice<u8>, CudaSlice<f32>),
+        up: (CudaSlice<u8>, CudaSlice<f32>),
+    },
+}
+
+impl SwigluIn {
+    fn bytes(&self) -> usize {
+        match self {
+            SwigluIn::Bf16 { gate, up } => 2 * (gate.len() + up.len()),
+            SwigluIn::Fp8 { gate, up } => {
+                gate.0.len() + up.0.len() + 4 * (gate.1.len() + up.1.len())
+            }
+        }
+    }
+}
+
+/// The attention output as its backward reads it.
+enum AttnOut {
+    /// bf16, maybe shared with o's saved input.
+    Bf16(Rc<CudaSlice<u16>>),
+    /// o's saved per-tensor E4M3 row-wise input (counted with o's saved state).
+    Linear(Rc<std::cell::RefCell<crate::linear::Quant>>),
+    /// The o adapter's saved E4M3 input (LoRA, counted with o's saved state).
+    Lora(Rc<crate::lora::Fp8Input>),
+}
+
+/// The attention output as [`GpuLlama::attn_backward`] reads it.
+#[derive(Clone, Copy)]
+enum OutRef<'a> {
+    Bf16(&'a CudaSlice<u16>),
+    /// E4M3 codes and the one dequantization factor.
+    Fp8(&'a CudaSlice<u8>, &'a CudaSlice<f32>),
+}
+
+impl AttnOut {
+    /// `f` of the output's buffers.
+    fn with<R>(&self, f: impl FnOnce(OutRef<'_>) -> R) -> Result<R> {
+        Ok(match self {
+            AttnOut::Bf16(o) => f(OutRef::Bf16(o)),
+            AttnOut::Linear(q) => match &*q.borrow() {
+                crate::linear::Quant::Tensor(d) => f(OutRef::Fp8(&d.rowwise, &d.scale_inv)),
+                _ => {
+                    return Err(Error::Shape(
+                        "saved attention output is not per-tensor FP8".into(),
+                    ))
+                }
+            },
+            AttnOut::Lora(q) => f(OutRef::Fp8(&q.q.rowwise, &q.q.scale_inv)),
+        })
+    }
+}
+
+impl ProjSaved {
+    /// The saved input as the attention backward can read it in place of a
+    /// bf16 attention output: a per-tensor E4M3 row-wise copy, shared.
+    fn attn_out(&self) -> Option<AttnOut> {
+        match self {
+            ProjSaved::Full(s) => s.rowwise_e4m3().map(AttnOut::Linear),
+            ProjSaved::Lora(s) => s.rowwise_e4m3().map(AttnOut::Lora),
+        }
+    }
+}
+
 /// What one block's backward reads.
 struct BlockSaved {
-    x: CudaSlice<f32>,
+    x: NormIn,
     rstd1: CudaSlice<f32>,
     lin: Vec<ProjSaved>,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
-    /// The attention output (maybe shared with o's saved input).
-    a: Rc<CudaSlice<u16>>,
+    a: AttnOut,
     lse: CudaSlice<f32>,
-    x1: CudaSlice<f32>,
+    x1: NormIn,
     rstd2: CudaSlice<f32>,
-    gate: CudaSlice<u16>,
-    up: CudaSlice<u16>,
+    swiglu: SwigluIn,
 }
 
 impl BlockSaved {
     /// Bytes kept, each buffer counted once however many layers share it.
     fn bytes(&self) -> usize {
         let mut seen = std::collections::HashSet::new();
-        seen.insert(Rc::as_ptr(&self.a) as usize);
-        4 * (self.x.len() + self.rstd1.len() + self.lse.len() + self.x1.len() + self.rstd2.len())
-            + 2 * (self.q.len()
-                + self.k.len()
-                + self.v.len()
-                + self.a.len()
-                + self.gate.len()
-                + self.up.len())
+        let a = match &self.a {
+            AttnOut::Bf16(a) => {
+                seen.insert(Rc::as_ptr(a) as usize);
+                2 * a.len()
+            }
+            _ => 0,
+        };
+        a + self.x.bytes()
+            + self.x1.bytes()
+            + self.swiglu.bytes()
+            + 4 * (self.rstd1.len() + self.lse.len() + self.rstd2.len())
+            + 2 * (self.q.len() + self.k.len() + self.v.len())
             + self
                 .lin
                 .iter()
@@ -283,7 +395,7 @@ pub struct GpuLlamaSaved {
     starts: CudaSlice<i32>,
     rows: CudaSlice<i32>,
     blocks: Vec<BlockSaved>,
-    xf: CudaSlice<f32>,
+    xf: NormIn,
     rstd_f: CudaSlice<f32>,
     hf: CudaSlice<u16>,
     dlogits: CudaSlice<u16>,
@@ -293,7 +405,8 @@ impl GpuLlamaSaved {
     /// Device bytes kept for backward (activations, FP8 copies, the logits gradient).
     pub fn bytes(&self) -> usize {
         self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
-            + 4 * (self.xf.len() + self.rstd_f.len())
+            + self.xf.bytes()
+            + 4 * self.rstd_f.len()
             + 2 * (self.hf.len() + self.dlogits.len())
             + 4 * (self.starts.len() + self.rows.len())
     }
@@ -424,6 +537,8 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         })?,
         swiglu_fwd: l("swiglu_fwd")?,
         swiglu_bwd: l("swiglu_bwd")?,
+        swiglu_fwd_q: [l("swiglu_fwd_q")?, l("swiglu_fwd_q_v8")?],
+        swiglu_bwd_q: [l("swiglu_bwd_q")?, l("swiglu_bwd_q_v8")?],
         add: l("add_inplace")?,
         add_bf16: l("add_bf16_inplace")?,
         to_bf16: l("to_bf16")?,
@@ -665,6 +780,7 @@ impl<'g> GpuLlama<'g> {
             step: 0,
             check_layers: false,
             fuse_amax: true,
+            saved_activations: SavedActivations::Full,
             prof: Prof::from_env(),
             shard,
             lora: None,
@@ -850,7 +966,7 @@ impl<'g> GpuLlama<'g> {
         q: &CudaSlice<u16>,
         k: &CudaSlice<u16>,
         v: &CudaSlice<u16>,
-        out: &CudaSlice<u16>,
+        out: OutRef<'_>,
         dout: &CudaSlice<f32>,
         lse: &CudaSlice<f32>,
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
@@ -873,20 +989,25 @@ impl<'g> GpuLlama<'g> {
         let null: u64 = 0;
         unsafe {
             let mut lb = s.launch_builder(&self.f.attn_delta);
-            lb.arg(out).arg(dout).arg(&mut delta);
+            match out {
+                OutRef::Bf16(o) => lb.arg(o),
+                OutRef::Fp8(..) => lb.arg(&null),
+            };
+            lb.arg(dout).arg(&mut delta);
             match dob.as_mut() {
                 Some(x) => lb.arg(x),
                 None => lb.arg(&null),
             };
-            lb.arg(&ti)
-                .arg(&hqi)
-                .arg(&di)
-                .arg(&rows_n)
-                .launch(LaunchConfig {
-                    grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })?;
+            lb.arg(&ti).arg(&hqi).arg(&di).arg(&rows_n);
+            match out {
+                OutRef::Fp8(codes, si) => lb.arg(codes).arg(si),
+                OutRef::Bf16(_) => lb.arg(&null).arg(&null),
+            };
+            lb.launch(LaunchConfig {
+                grid_dim: ((n * hq).div_ceil(8) as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            })?;
             // The wgmma kernels copy their tiles by TMA: q, k, v and the bf16
             // output gradient as 3-D (H D, T, B) tensors, 64-row boxes.
             let maps = match (self.f.attn.tma, dob.as_ref()) {
@@ -1063,8 +1184,11 @@ impl<'g> GpuLlama<'g> {
             Some(b) => b.attn_norm,
             None => self.norm_slot,
         };
+        // The norms' and SwiGLU's inputs (and maybe the attention output) in FP8 for backward.
+        let fp8_saved = keep && self.saved_activations == SavedActivations::Fp8;
         let mut h_amax = self.amax_for(0, 0, false)?;
-        let (_, mut h, mut rstd1) = self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax)?;
+        let (_, mut h, mut rstd1, mut xq1) =
+            self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax, fp8_saved)?;
         self.mark("rmsnorm")?;
         // Sharded: block i + 1's weights are gathered while block i computes.
         let mut gathering = match self.blocks.is_empty() {
@@ -1117,9 +1241,18 @@ impl<'g> GpuLlama<'g> {
             let mut outs = self.proj_forward(bi, 3..4, a.clone(), a_amax, n)?;
             let (o, so) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
+            // FP8 saved activations: the attention backward reads o's E4M3 input where o keeps one.
+            let a = match so.attn_out().filter(|_| fp8_saved) {
+                Some(q) => {
+                    drop(a);
+                    q
+                }
+                None => AttnOut::Bf16(a),
+            };
             lin_saved.push(so);
             let mut h2_amax = self.amax_for(bi, 4, false)?;
-            let (x1, h2, rstd2) = self.add_norm(&x, Some(&o), mn, (n, eps), &mut h2_amax)?;
+            let (x1, h2, rstd2, xq2) =
+                self.add_norm(&x, Some(&o), mn, (n, eps), &mut h2_amax, fp8_saved)?;
             let x1 = x1.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(o);
             self.mark("rmsnorm")?;
@@ -1131,19 +1264,54 @@ impl<'g> GpuLlama<'g> {
             let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
             let nf = n * ff;
             let mut act_amax = self.amax_for(bi, 6, false)?;
-            unsafe {
-                let mut lb = s.launch_builder(&self.f.swiglu_fwd);
-                lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
-                push_amax(&mut lb, &mut act_amax, &null);
-                lb.launch(grid_stride(nf.div_ceil(8)))?;
-            }
+            let swiglu = if fp8_saved {
+                // SAFETY: one block a row writes every code and factor.
+                let (mut gq, mut uq): (CudaSlice<u8>, CudaSlice<u8>) = unsafe {
+                    (
+                        gpu.alloc_uninit(nf, "saved gate fp8")?,
+                        gpu.alloc_uninit(nf, "saved up fp8")?,
+                    )
+                };
+                let (mut gs, mut us): (CudaSlice<f32>, CudaSlice<f32>) = unsafe {
+                    (
+                        gpu.alloc_uninit(n, "saved gate factors")?,
+                        gpu.alloc_uninit(n, "saved up factors")?,
+                    )
+                };
+                let ffi = ff as i32;
+                unsafe {
+                    let mut lb = s.launch_builder(&self.f.swiglu_fwd_q[(ff % 8 == 0) as usize]);
+                    lb.arg(&gate).arg(&up).arg(&mut act);
+                    lb.arg(&mut gq)
+                        .arg(&mut gs)
+                        .arg(&mut uq)
+                        .arg(&mut us)
+                        .arg(&ffi);
+                    push_amax(&mut lb, &mut act_amax, &null);
+                    lb.launch(rows_cfg(n))?;
+                }
+                drop((gate, up));
+                SwigluIn::Fp8 {
+                    gate: (gq, gs),
+                    up: (uq, us),
+                }
+            } else {
+                unsafe {
+                    let mut lb = s.launch_builder(&self.f.swiglu_fwd);
+                    lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
+                    push_amax(&mut lb, &mut act_amax, &null);
+                    lb.launch(grid_stride(nf.div_ceil(8)))?;
+                }
+                SwigluIn::Bf16 { gate, up }
+            };
             self.mark("elementwise")?;
             let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
             let (dn, sd) = next_out(&mut outs)?;
             self.mark("linear fwd")?;
             lin_saved.push(sd);
             h_amax = self.amax_for(bi + 1, 0, false)?;
-            let (x2, hn, rn) = self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax)?;
+            let (x2, hn, rn, xqn) =
+                self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax, fp8_saved)?;
             let x2 = x2.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(dn);
             (h, rstd1) = (hn, rn);
@@ -1157,10 +1325,19 @@ impl<'g> GpuLlama<'g> {
                 return Err(Error::NonFiniteIn(format!("model.layers.{bi}: {what}")));
             }
             let prev = std::mem::replace(&mut x, x2);
+            // With FP8 copies the f32 residuals are freed here.
+            let x_in = match std::mem::replace(&mut xq1, xqn) {
+                Some((c, f)) => NormIn::Fp8(c, f),
+                None => NormIn::F32(prev),
+            };
+            let x1_in = match xq2 {
+                Some((c, f)) => NormIn::Fp8(c, f),
+                None => NormIn::F32(x1),
+            };
             self.after_block_forward(bi, &mut lin_saved, keep)?;
             if keep {
                 saved_blocks.push(BlockSaved {
-                    x: prev,
+                    x: x_in,
                     rstd1: rstd_in,
                     lin: lin_saved,
                     q,
@@ -1168,10 +1345,9 @@ impl<'g> GpuLlama<'g> {
                     v: vv,
                     a,
                     lse,
-                    x1,
+                    x1: x1_in,
                     rstd2,
-                    gate,
-                    up,
+                    swiglu,
                 });
             }
         }
@@ -1215,7 +1391,10 @@ impl<'g> GpuLlama<'g> {
                 starts: gpu.upload(&counts)?,
                 rows: gpu.upload(&rows)?,
                 blocks: saved_blocks,
-                xf: x,
+                xf: match xq1 {
+                    Some((c, f)) => NormIn::Fp8(c, f),
+                    None => NormIn::F32(x),
+                },
                 rstd_f,
                 hf,
                 dlogits,
@@ -1227,7 +1406,9 @@ impl<'g> GpuLlama<'g> {
     /// `xo = x + y` (f32 residual plus a bf16 projection output; with `y`
     /// `None` the norm reads `x` and `xo` is `None`), `h = norm(xo)` in bf16
     /// with gain `slot`, and the per-row `rstd` (and `h`'s amax into
-    /// `h_amax` when given). Returns `(xo, h, rstd)`.
+    /// `h_amax` when given); with `fp8` also the norm's input (`xo`, or `x`)
+    /// as E4M3 codes with a factor per row, for the backward. Returns `(xo,
+    /// h, rstd, codes and factors)`.
     #[allow(clippy::type_complexity)]
     fn add_norm(
         &self,
@@ -1236,7 +1417,13 @@ impl<'g> GpuLlama<'g> {
         slot: usize,
         (n, eps): (usize, f32),
         h_amax: &mut Option<TensorAmax>,
-    ) -> Result<(Option<CudaSlice<f32>>, CudaSlice<u16>, CudaSlice<f32>)> {
+        fp8: bool,
+    ) -> Result<(
+        Option<CudaSlice<f32>>,
+        CudaSlice<u16>,
+        CudaSlice<f32>,
+        Option<(CudaSlice<u8>, CudaSlice<f32>)>,
+    )> {
         let c = self.cfg.hidden_size;
         // SAFETY: the kernel writes every element of xo (when y is given), h and rstd.
         let mut h: CudaSlice<u16> = unsafe { self.gpu.alloc_uninit(n * c, "norm output")? };
@@ -1244,6 +1431,16 @@ impl<'g> GpuLlama<'g> {
         let mut xo: Option<CudaSlice<f32>> = match y {
             Some(_) => Some(unsafe { self.gpu.alloc_uninit(n * c, "residual")? }),
             None => None,
+        };
+        let mut xq: Option<(CudaSlice<u8>, CudaSlice<f32>)> = match fp8 {
+            // SAFETY: the kernel writes every code and every row's factor.
+            true => unsafe {
+                Some((
+                    self.gpu.alloc_uninit(n * c, "saved norm input fp8")?,
+                    self.gpu.alloc_uninit(n, "saved norm input factors")?,
+                ))
+            },
+            false => None,
         };
         let g = self.slot_view(slot)?;
         let ci = c as i32;
@@ -1257,9 +1454,13 @@ impl<'g> GpuLlama<'g> {
             };
             lb.arg(&g).arg(&mut h).arg(&mut rstd).arg(&ci).arg(&eps);
             push_amax(&mut lb, h_amax, &null);
+            match xq.as_mut() {
+                Some((codes, factors)) => lb.arg(codes).arg(factors),
+                None => lb.arg(&null).arg(&null),
+            };
             lb.launch(rows_cfg(n))?;
         }
-        Ok((xo, h, rstd))
+        Ok((xo, h, rstd, xq))
     }
 
     /// RMSNorm backward from `dy` = the sum of `dys` (one to three input
@@ -1271,7 +1472,7 @@ impl<'g> GpuLlama<'g> {
     #[allow(clippy::too_many_arguments)]
     fn norm_bwd(
         &mut self,
-        x: &CudaSlice<f32>,
+        x: &NormIn,
         rstd: &CudaSlice<f32>,
         dys: &[&CudaSlice<f32>],
         dres: &mut CudaSlice<f32>,
@@ -1330,7 +1531,11 @@ impl<'g> GpuLlama<'g> {
             }
             unsafe {
                 let mut lb = s.launch_builder(kern);
-                lb.arg(x).arg(&g).arg(rstd);
+                match x {
+                    NormIn::F32(x) => lb.arg(x),
+                    NormIn::Fp8(..) => lb.arg(&null),
+                };
+                lb.arg(&g).arg(rstd);
                 for i in 0..3 {
                     match dys.get(i) {
                         Some(d) => lb.arg(*d),
@@ -1348,6 +1553,10 @@ impl<'g> GpuLlama<'g> {
                 };
                 lb.arg(&ni).arg(&ci).arg(&acc);
                 push_amax(&mut lb, &mut amax, &null);
+                match x {
+                    NormIn::Fp8(codes, factors) => lb.arg(codes).arg(factors),
+                    NormIn::F32(_) => lb.arg(&null).arg(&null),
+                };
                 lb.launch(LaunchConfig {
                     grid_dim: (groups as u32, 1, 1),
                     block_dim: (256, 1, 1),
@@ -1507,8 +1716,7 @@ impl<'g> GpuLlama<'g> {
                 lse,
                 x1,
                 rstd2,
-                gate,
-                up,
+                swiglu,
             } = sb;
             let mut lin = lin.into_iter();
             let mut next = || {
@@ -1537,19 +1745,35 @@ impl<'g> GpuLlama<'g> {
             let mut du: CudaSlice<u16> = unsafe { gpu.alloc_uninit(nf, "d_up")? };
             let (mut g_amax, mut u_amax) =
                 (self.amax_for(bi, 4, true)?, self.amax_for(bi, 5, true)?);
+            let ffi = ff as i32;
             unsafe {
-                let mut lb = s.launch_builder(&self.f.swiglu_bwd);
-                lb.arg(&gate)
-                    .arg(&up)
-                    .arg(&dact)
-                    .arg(&mut dg)
-                    .arg(&mut du)
-                    .arg(&nf);
+                let (mut lb, cfg) = match &swiglu {
+                    SwigluIn::Bf16 { gate, up } => {
+                        let mut lb = s.launch_builder(&self.f.swiglu_bwd);
+                        lb.arg(gate)
+                            .arg(up)
+                            .arg(&dact)
+                            .arg(&mut dg)
+                            .arg(&mut du)
+                            .arg(&nf);
+                        (lb, grid_stride(nf.div_ceil(8)))
+                    }
+                    SwigluIn::Fp8 { gate, up } => {
+                        let mut lb = s.launch_builder(&self.f.swiglu_bwd_q[(ff % 8 == 0) as usize]);
+                        lb.arg(&gate.0)
+                            .arg(&gate.1)
+                            .arg(&up.0)
+                            .arg(&up.1)
+                            .arg(&dact);
+                        lb.arg(&mut dg).arg(&mut du).arg(&ffi);
+                        (lb, rows_cfg(n))
+                    }
+                };
                 push_amax(&mut lb, &mut g_amax, &null);
                 push_amax(&mut lb, &mut u_amax, &null);
-                lb.launch(grid_stride(nf.div_ceil(8)))?;
+                lb.launch(cfg)?;
             }
-            drop((dact, gate, up));
+            drop((dact, swiglu));
             self.mark("elementwise")?;
             let dh2 = self.proj_backward(bi, 4, sg, &dg, g_amax)?;
             let dh2u = self.proj_backward(bi, 5, su, &du, u_amax)?;
@@ -1575,7 +1799,7 @@ impl<'g> GpuLlama<'g> {
             drop(dres_bf_attn);
             self.mark("elementwise")?;
             let (dq, dk, dvv) =
-                self.attn_backward(&q, &k, &vv, &a, &da, &lse, (b, t, hq, hkv, d))?;
+                a.with(|o| self.attn_backward(&q, &k, &vv, o, &da, &lse, (b, t, hq, hkv, d)))??;
             drop((q, k, vv, a, lse, da));
             let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
             let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
@@ -2122,6 +2346,7 @@ impl<'g> GpuLlama<'g> {
             step: 0,
             check_layers: false,
             fuse_amax: true,
+            saved_activations: SavedActivations::Full,
             prof: Prof::from_env(),
             shard: None,
             lora: Some(LoraMode {
@@ -2430,7 +2655,7 @@ impl GpuLlama<'_> {
                 lse.len()
             )));
         }
-        self.attn_backward(q, k, v, out, dout, lse, dims)
+        self.attn_backward(q, k, v, OutRef::Bf16(out), dout, lse, dims)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::optim::{lr_at, AdamW, ParamState};
 use crate::trainer::{pick_token, plot_losses, LoraSettings, Observer, RunSummary, TrainConfig};
 use crate::{Error, Result};
 use octet_cuda::decode::{GpuDecoder, GpuWeights};
-use octet_cuda::model::{AdamParams, GpuLlama};
+use octet_cuda::model::{AdamParams, GpuLlama, SavedActivations};
 use octet_cuda::nccl::{NcclComm, NcclStats};
 use octet_cuda::Gpu;
 use octet_nn::llama::Llama;
@@ -303,6 +303,10 @@ pub fn train_gpu_ranked(
         }
     };
     model.set_grad_reduce_bf16(cfg.grad_reduce == "bf16");
+    model.saved_activations = match cfg.saved_activations.as_str() {
+        "fp8" => SavedActivations::Fp8,
+        _ => SavedActivations::Full,
+    };
     if cfg.reshard_after_forward {
         model.set_reshard_after_forward(true)?;
     }

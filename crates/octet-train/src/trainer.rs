@@ -74,6 +74,10 @@ pub struct TrainConfig {
     /// Sharded runs on GPUs: each block's weights gathered for its forward,
     /// freed, and gathered again for its backward (FSDP's `reshard_after_forward`).
     pub reshard_after_forward: bool,
+    /// How the activations that only the norms', SwiGLU's and the attention's
+    /// backward read are kept: `full` (f32 / bf16) or `fp8` (E4M3 with a
+    /// factor per row; GPU only, see `octet_cuda::model::SavedActivations`).
+    pub saved_activations: String,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -176,6 +180,7 @@ impl Default for TrainConfig {
             lora: None,
             grad_reduce: "f32".into(),
             reshard_after_forward: false,
+            saved_activations: "full".into(),
         }
     }
 }
@@ -227,6 +232,12 @@ impl TrainConfig {
             return Err(Error::Train(format!(
                 "learning rate {} must be positive",
                 self.lr
+            )));
+        }
+        if !matches!(self.saved_activations.as_str(), "full" | "fp8") {
+            return Err(Error::Train(format!(
+                "--saved-activations {}: expected full or fp8",
+                self.saved_activations
             )));
         }
         if !matches!(self.grad_reduce.as_str(), "f32" | "bf16") {
@@ -397,6 +408,12 @@ pub fn train(
     obs: &mut dyn Observer,
 ) -> Result<RunSummary> {
     cfg.validate()?;
+    if cfg.saved_activations != "full" {
+        return Err(Error::Train(format!(
+            "--saved-activations {} is built for the GPU model (--device cuda); the CPU model keeps its activations in f32",
+            cfg.saved_activations
+        )));
+    }
     let recipe = match &cfg.lora {
         Some(_) => None,
         None => cfg.recipe()?,

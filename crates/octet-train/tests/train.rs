@@ -290,3 +290,24 @@ fn config_rejects_an_unknown_gradient_reduction_type() {
     let err = cfg.validate().expect_err("f16 is not a reduction type");
     assert!(err.to_string().contains("--grad-reduce f16"), "{err}");
 }
+
+#[test]
+fn fp8_saved_activations_are_a_gpu_setting_and_unknown_names_are_rejected() {
+    let mut cfg = TrainConfig::default();
+    cfg.saved_activations = "fp8".into();
+    assert!(cfg.validate().is_ok());
+    cfg.saved_activations = "e5m2".into();
+    let err = cfg.validate().expect_err("e5m2 is not a setting");
+    assert!(
+        err.to_string().contains("--saved-activations e5m2"),
+        "{err}"
+    );
+    // The CPU model keeps f32 activations: a clear error, not a silent full run.
+    let out = tmpdir("saved-fp8");
+    let mut run = small_run("cpu-fp8", &out, "tensorwise");
+    run.saved_activations = "fp8".into();
+    let err =
+        train(&run, None, &mut Quiet).expect_err("the CPU trainer has no FP8 saved activations");
+    assert!(err.to_string().contains("--device cuda"), "{err}");
+    assert!(!out.join("cpu-fp8").join("metrics.jsonl").exists());
+}
