@@ -9,6 +9,7 @@ Usage: python3 bench/peers_train.py OUT.json [steps]
 Prints and writes tokens/s (steps after 3 warm-up steps) and peak allocated memory.
 """
 import json
+import os
 import sys
 import time
 
@@ -16,7 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-C, L, H, FF, V, T, B = 2048, 16, 16, 5632, 256, 2048, 4
+C, L, H, FF, V, T = 2048, 16, 16, 5632, 256, 2048
+# Sequences a step: PEERS_BATCH (default 4, the batch of the BENCHMARKS tables).
+B = int(os.environ.get("PEERS_BATCH", "4"))
 
 
 class RMSNorm(nn.Module):
@@ -111,7 +114,8 @@ def run(name, compile_, fp8, steps):
 
 
 def main(out, steps):
-    rows = [run("torch bf16 eager", False, False, steps), run("torch bf16 compile", True, False, steps)]
+    rows = [] if os.environ.get("PEERS_SKIP_EAGER") else [run("torch bf16 eager", False, False, steps)]
+    rows.append(run("torch bf16 compile", True, False, steps))
     try:
         import torchao  # noqa: F401
         rows.append(run("torchao float8 tensorwise compile", True, True, steps))

@@ -127,6 +127,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     elapsed_s: t0.elapsed().as_secs_f64(),
                     saved_bytes: 0,
                     device_bytes: None,
+                    allocated_bytes: None,
                 };
                 if let Ok(mut w) = metrics.lock() {
                     w.write(&m).map_err(|e| dist_err(e.to_string()))?;

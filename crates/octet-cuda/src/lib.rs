@@ -402,6 +402,29 @@ impl Gpu {
         Ok(total.saturating_sub(free))
     }
 
+    /// The most bytes that allocations from the device's memory pool held at
+    /// once since the pool was made (PyTorch's `max_memory_allocated`: without
+    /// what the pool keeps for reuse, the context or cuBLAS's workspace);
+    /// `None` without memory pools.
+    pub fn pool_peak_allocated(&self) -> Result<Option<usize>> {
+        use cudarc::driver::sys;
+        self.ctx.bind_to_thread()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        let mut high: u64 = 0;
+        // SAFETY: `pool` is written by the driver for a valid device ordinal,
+        // and the attribute is a 64-bit value written into `high`.
+        let ok = unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.ctx.cu_device())
+                == sys::CUresult::CUDA_SUCCESS
+                && sys::cuMemPoolGetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&mut high as *mut u64).cast(),
+                ) == sys::CUresult::CUDA_SUCCESS
+        };
+        Ok(ok.then_some(high as usize))
+    }
+
     /// Give the memory the pool keeps for reuse back to the driver (after a
     /// model is dropped), so that [`Gpu::mem_used`] measures the next run from
     /// the baseline. Waits for the stream first. Best effort without pools.

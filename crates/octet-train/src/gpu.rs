@@ -427,6 +427,7 @@ pub fn train_gpu_ranked(
             elapsed_s: t0.elapsed().as_secs_f64(),
             saved_bytes: peak_saved,
             device_bytes: Some(peak_dev),
+            allocated_bytes: gpu.pool_peak_allocated()?,
         };
         let last = model.step == cfg.steps;
         if cfg.eval_batches > 0

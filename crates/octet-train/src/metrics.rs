@@ -28,6 +28,10 @@ pub struct StepMetrics {
     /// used bytes, which include memory the allocator keeps for reuse).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_bytes: Option<usize>,
+    /// GPU: the most bytes allocations held at once so far (the memory pool's
+    /// high-water mark, as PyTorch's `max_memory_allocated`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated_bytes: Option<usize>,
 }
 
 /// Appends JSON lines to a file.

@@ -536,6 +536,7 @@ pub fn train(
             elapsed_s: t0.elapsed().as_secs_f64(),
             saved_bytes: peak_saved,
             device_bytes: None,
+            allocated_bytes: None,
         };
         let last = opt.step == cfg.steps;
         if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
