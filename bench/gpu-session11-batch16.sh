@@ -7,17 +7,7 @@
 set -uo pipefail
 bin=dev-bin/octet
 bs=${BATCH:-16}
-summary() {  # metrics.jsonl, tokens a step
-  python3 - "$1" "$2" <<'PY'
-import json, sys
-rows = [json.loads(l) for l in open(sys.argv[1]) if '"loss"' in l]
-tok = int(sys.argv[2])
-st = rows[3:]
-tps = tok * len(st) / sum(tok / r["tokens_per_s"] for r in st)
-alloc = max(r.get('allocated_bytes') or 0 for r in rows) / 2**30
-print(f"   tokens/s over steps 4-{rows[-1]['step']}: {tps:.0f}; peak device {max(r['device_bytes'] for r in rows)/2**30:.2f} GiB; peak allocated {alloc:.2f} GiB; loss at step {rows[-1]['step']} {rows[-1]['loss']:.4f}")
-PY
-}
+summary() { python3 bench/metrics_summary.py "$1" "${2:-8192}" 4; }
 for cfg in "bf16 high_precision full" "tensorwise quantized full" "tensorwise quantized fp8" "tensorwise dequantized fp8" "bf16 high_precision full" "tensorwise quantized fp8"; do
   set -- $cfg
   echo "-- octet train 1b: recipe $1, backward $2, saved activations $3, batch $bs x 2048"

@@ -1800,7 +1800,6 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// relative 2^-4 at most (E4M3's half ulp), and the gradients are linear in
 /// each of them, so the perturbation is bounded by that share (the rounding
 /// errors are independent, so in practice far less).
-#[allow(clippy::type_complexity)]
 fn saved_fp8_cases(
     gpu: &Gpu,
     cfg: &octet_nn::llama::LlamaConfig,
@@ -1811,6 +1810,7 @@ fn saved_fp8_cases(
     grad_err: impl Fn(&[(String, octet_tensor::Tensor)]) -> f64,
 ) -> Result<()> {
     use crate::model::{GpuLlama, SavedActivations};
+    type Grads = Vec<(String, octet_tensor::Tensor)>;
     let mut recipes = vec![recipe];
     if let Some(r) = recipe {
         recipes.push(Some(r.with_backward(octet_fp8::BackwardMode::Dequantized)?));
@@ -1819,17 +1819,16 @@ fn saved_fp8_cases(
     let (n, c, ff) = (b * t, cfg.hidden_size, cfg.intermediate_size);
     let layers = cfg.num_hidden_layers;
     for r in recipes {
-        let run =
-            |saved: SavedActivations| -> Result<(f64, usize, Vec<(String, octet_tensor::Tensor)>)> {
-                let mut model = GpuLlama::new(gpu, cfg, w, r)?;
-                model.saved_activations = saved;
-                model.zero_grad()?;
-                let (loss, kept) = model.forward(toks, tgts, (b, t), grad_scale, true)?;
-                let kept = kept.ok_or_else(|| Error::Shape("forward kept nothing".into()))?;
-                let bytes = kept.bytes();
-                model.backward(kept)?;
-                Ok((loss, bytes, model.grads()?))
-            };
+        let run = |saved: SavedActivations| -> Result<(f64, usize, Grads)> {
+            let mut model = GpuLlama::new(gpu, cfg, w, r)?;
+            model.saved_activations = saved;
+            model.zero_grad()?;
+            let (loss, kept) = model.forward(toks, tgts, (b, t), grad_scale, true)?;
+            let kept = kept.ok_or_else(|| Error::Shape("forward kept nothing".into()))?;
+            let bytes = kept.bytes();
+            model.backward(kept)?;
+            Ok((loss, bytes, model.grads()?))
+        };
         let (loss_full, bytes_full, g_full) = run(SavedActivations::Full)?;
         let (loss_fp8, bytes_fp8, g_fp8) = run(SavedActivations::Fp8)?;
         let deq = r.is_some_and(|r| r.backward() == octet_fp8::BackwardMode::Dequantized);

@@ -293,8 +293,10 @@ fn config_rejects_an_unknown_gradient_reduction_type() {
 
 #[test]
 fn fp8_saved_activations_are_a_gpu_setting_and_unknown_names_are_rejected() {
-    let mut cfg = TrainConfig::default();
-    cfg.saved_activations = "fp8".into();
+    let mut cfg = TrainConfig {
+        saved_activations: "fp8".into(),
+        ..Default::default()
+    };
     assert!(cfg.validate().is_ok());
     cfg.saved_activations = "e5m2".into();
     let err = cfg.validate().expect_err("e5m2 is not a setting");
