@@ -472,6 +472,12 @@ extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned sh
 // factor per row each (gs, us; see row_mult). Backward: swiglu_bwd's formula
 // on the dequantized g and u. V = 8 when F is a multiple of 8 (16-byte loads
 // of bf16, 8-byte accesses of codes).
+// Eight bf16 values, element 0 at the lowest address, as one 16-byte word.
+__device__ __forceinline__ uint4 pack8_bf16(const unsigned short o[8]) {
+    return make_uint4(o[0] | ((unsigned)o[1] << 16), o[2] | ((unsigned)o[3] << 16), o[4] | ((unsigned)o[5] << 16),
+                      o[6] | ((unsigned)o[7] << 16));
+}
+
 template <int V>
 __device__ void swiglu_fwd_q_impl(const unsigned short* g, const unsigned short* u, unsigned short* out,
                                   unsigned char* gq, float* gs, unsigned char* uq, float* us, int F,
@@ -497,10 +503,7 @@ __device__ void swiglu_fwd_q_impl(const unsigned short* g, const unsigned short*
             mu = fmaxf(mu, fabsf(b[j]));
         }
         if (V == 8) {
-            uint4 w;
-            w.x = o[0] | ((unsigned)o[1] << 16), w.y = o[2] | ((unsigned)o[3] << 16);
-            w.z = o[4] | ((unsigned)o[5] << 16), w.w = o[6] | ((unsigned)o[7] << 16);
-            *reinterpret_cast<uint4*>(out + off + i) = w;
+            *reinterpret_cast<uint4*>(out + off + i) = pack8_bf16(o);
         } else {
             out[off + i] = o[0];
         }
@@ -554,13 +557,8 @@ __device__ void swiglu_bwd_q_impl(const unsigned char* gq, const float* gs, cons
             amax_note(ou[j], mu, badu);
         }
         if (V == 8) {
-            uint4 a, b;
-            a.x = og[0] | ((unsigned)og[1] << 16), a.y = og[2] | ((unsigned)og[3] << 16);
-            a.z = og[4] | ((unsigned)og[5] << 16), a.w = og[6] | ((unsigned)og[7] << 16);
-            b.x = ou[0] | ((unsigned)ou[1] << 16), b.y = ou[2] | ((unsigned)ou[3] << 16);
-            b.z = ou[4] | ((unsigned)ou[5] << 16), b.w = ou[6] | ((unsigned)ou[7] << 16);
-            *reinterpret_cast<uint4*>(dg + off + i) = a;
-            *reinterpret_cast<uint4*>(du + off + i) = b;
+            *reinterpret_cast<uint4*>(dg + off + i) = pack8_bf16(og);
+            *reinterpret_cast<uint4*>(du + off + i) = pack8_bf16(ou);
         } else {
             dg[off + i] = og[0], du[off + i] = ou[0];
         }
