@@ -80,6 +80,35 @@ class Llama(nn.Module):
         return F.cross_entropy(logits.view(-1, V), tgt.view(-1))
 
 
+def step(fwd, model, opt, tok, tgt):
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        loss = fwd(tok, tgt)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def profile_step(name, one_step):
+    """PEERS_PROFILE=DIR: one more step under torch.profiler; writes the GPU
+    time of each kernel name (summed over the step) to DIR/<name>.kernels.json,
+    the form bench/kernel_table.py reads."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        one_step()
+        torch.cuda.synchronize()
+    rows = [
+        {"name": e.key, "us": e.device_time_total, "count": e.count}
+        for e in prof.key_averages()
+        if e.device_time_total > 0
+    ]
+    path = os.path.join(os.environ["PEERS_PROFILE"], name.replace(" ", "-") + ".kernels.json")
+    with open(path, "w") as f:
+        json.dump(rows, f)
+
+
 def run(name, compile_, fp8, steps):
     torch.manual_seed(0)
     model = Llama().cuda()
@@ -95,14 +124,11 @@ def run(name, compile_, fp8, steps):
     for i in range(steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = fwd(tok, tgt)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        loss = step(fwd, model, opt, tok, tgt)
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+    if os.environ.get("PEERS_PROFILE"):
+        profile_step(name, lambda: step(fwd, model, opt, tok, tgt))
     steady = times[3:] if len(times) > 4 else times
     tps = B * T * len(steady) / sum(steady)
     peak = torch.cuda.max_memory_allocated()

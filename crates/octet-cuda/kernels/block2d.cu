@@ -198,7 +198,9 @@ extern "C" __global__ void dequant8_e5m2(const unsigned char* c, const float* s,
 }
 
 // out (cols, rows) = in (rows, cols)^T, bytes (the column-wise copy of a
-// per-tensor FP8 weight: gathered shards, a frozen LoRA base). 32x32 tiles through shared memory; block (32, 8).
+// per-tensor FP8 weight: gathered shards, a frozen LoRA base). 32x32 tiles
+// through shared memory, one byte a thread; block (32, 8). For any shape;
+// transpose_u8_v4 below is the fast path.
 extern "C" __global__ void transpose_u8(const unsigned char* __restrict__ in, unsigned char* __restrict__ out,
                                         int rows, int cols) {
     __shared__ unsigned char t[32][33];
@@ -214,3 +216,39 @@ extern "C" __global__ void transpose_u8(const unsigned char* __restrict__ in, un
     }
 }
 
+
+// transpose_u8 for rows and cols multiples of 4 (and 4-byte aligned buffers):
+// 64x64 tiles, block 256. Each thread moves a 4x4 block of bytes: four 4-byte
+// loads (input rows 4ty..4ty+3, columns 4tx..4tx+3; a warp reads two 64-byte
+// row segments), a transpose in registers by byte permutes, four 4-byte words
+// into the tile's shared copy, which is read back as output rows (a warp writes
+// two 64-byte row segments). 17-word rows keep shared-memory conflicts 2-way.
+// A 4x4 block lies wholly inside or outside the matrix, so one test guards it.
+extern "C" __global__ void __launch_bounds__(256)
+    transpose_u8_v4(const unsigned char* __restrict__ in, unsigned char* __restrict__ out, int rows, int cols) {
+    __shared__ unsigned t[64][17];
+    const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+    const int c0 = blockIdx.x * 64, r0 = blockIdx.y * 64;
+    {
+        const int r = r0 + 4 * ty, c = c0 + 4 * tx;
+        if (r < rows && c < cols) {
+            unsigned w[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++) w[j] = *reinterpret_cast<const unsigned*>(in + (size_t)(r + j) * cols + c);
+            // Byte i of w[j] is in[r + j][c + i]; output row c + i is byte i of w[0..3].
+            const unsigned lo01 = __byte_perm(w[0], w[1], 0x5140), hi01 = __byte_perm(w[0], w[1], 0x7362);
+            const unsigned lo23 = __byte_perm(w[2], w[3], 0x5140), hi23 = __byte_perm(w[2], w[3], 0x7362);
+            t[4 * tx + 0][ty] = __byte_perm(lo01, lo23, 0x5410);
+            t[4 * tx + 1][ty] = __byte_perm(lo01, lo23, 0x7632);
+            t[4 * tx + 2][ty] = __byte_perm(hi01, hi23, 0x5410);
+            t[4 * tx + 3][ty] = __byte_perm(hi01, hi23, 0x7632);
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int it = 0; it < 4; it++) {
+        const int row = 16 * it + ty;  // row of the output tile: output row c0 + row
+        const int oc = c0 + row, orr = r0 + 4 * tx;
+        if (oc < cols && orr < rows) *reinterpret_cast<unsigned*>(out + (size_t)oc * rows + orr) = t[row][tx];
+    }
+}

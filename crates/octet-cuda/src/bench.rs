@@ -89,6 +89,16 @@ pub fn bench_quantize(gpu: &Gpu, r: usize, c: usize) -> Result<Vec<BenchRow>> {
         vs: "copy".into(),
     });
     drop(dst);
+    // The byte transpose of FP8 codes (column-wise copies made locally).
+    let codes: CudaSlice<u8> = gpu.upload(&vec![0x3cu8; n])?;
+    let t_ms = time_ms(gpu, 5, 30, |g| g.transpose_u8(&codes, r, c).map(drop))?;
+    rows.push(mem_row(
+        format!("transpose_u8 {r}x{c} FP8 codes: on 2 B/elem (one read + one write)"),
+        t_ms,
+        2 * n,
+        copy_gbs,
+    ));
+    drop(codes);
     // Per-tensor current scaling: amax pass + cast/transpose pass.
     let mut q = gpu.alloc_fp8(r, c, Format::E4M3)?;
     for reverse in [false, true] {

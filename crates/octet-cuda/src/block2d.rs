@@ -17,6 +17,7 @@ pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
     transpose_u8: CudaFunction,
+    transpose_u8_v4: CudaFunction,
     /// 8 elements per thread (`cols % 8 == 0`, block width `% 8 == 0`).
     dequant8: [CudaFunction; 2],
     dequant: [CudaFunction; 2],
@@ -59,6 +60,7 @@ impl Gpu {
             ],
             transpose: m.load_function("transpose_f32")?,
             transpose_u8: m.load_function("transpose_u8")?,
+            transpose_u8_v4: m.load_function("transpose_u8_v4")?,
             dequant8: [
                 m.load_function("dequant8_e4m3")?,
                 m.load_function("dequant8_e5m2")?,
@@ -195,17 +197,30 @@ impl Gpu {
         let mut out = unsafe { self.stream.alloc::<u8>(rows * cols) }
             .map_err(|e| oom(e, rows * cols, "transposed FP8 codes"))?;
         let (r, c) = (rows as i32, cols as i32);
-        // SAFETY: lengths checked above; the kernel guards rows and columns.
+        // 4-byte accesses need both dims multiples of 4 and a 4-byte aligned
+        // input (the output is a fresh allocation).
+        let in_aligned = {
+            let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(input, &self.stream);
+            ptr % 4 == 0
+        };
+        let (kern, cfg) = if rows % 4 == 0 && cols % 4 == 0 && in_aligned {
+            let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
+            (&k.transpose_u8_v4, (grid, (256, 1, 1)))
+        } else {
+            let grid = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
+            (&k.transpose_u8, (grid, (32, 8, 1)))
+        };
+        // SAFETY: lengths checked above; the kernels guard rows and columns.
         unsafe {
             self.stream
-                .launch_builder(&k.transpose_u8)
+                .launch_builder(kern)
                 .arg(input)
                 .arg(&mut out)
                 .arg(&r)
                 .arg(&c)
                 .launch(LaunchConfig {
-                    grid_dim: (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1),
-                    block_dim: (32, 8, 1),
+                    grid_dim: cfg.0,
+                    block_dim: cfg.1,
                     shared_mem_bytes: 0,
                 })?;
         }

@@ -167,6 +167,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     quantize_cases(gpu, &mut out)?;
     block_cases(gpu, &mut out)?;
     block_variant_cases(gpu, &mut out)?;
+    transpose_cases(gpu, &mut out)?;
     gemm_fp8_cases(gpu, &mut out)?;
     gemm_bf16_cases(gpu, &mut out)?;
     error_cases(gpu, &mut out)?;
@@ -201,6 +202,36 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
         });
     }
     Ok(out)
+}
+
+/// The byte transpose (column-wise copies of per-tensor FP8 matrices) against
+/// the CPU's, bit for bit: shapes for the 4x4-block kernel (multiples of 4,
+/// with partial 64x64 tiles) and for the one-byte kernel (odd dims).
+fn transpose_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (i, &(rows, cols)) in [
+        (64, 64),
+        (200, 136),
+        (4, 12),
+        (2048, 5632),
+        (33, 17),
+        (16, 6),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let bytes: Vec<u8> = (0..rows * cols)
+            .map(|j| octet_fp8::format::sr_bits(0x7a5e + i as u64, j as u64) as u8)
+            .collect();
+        let want = octet_fp8::quant::transpose(&bytes, rows, cols);
+        let got = gpu.download(&gpu.transpose_u8(&gpu.upload(&bytes)?, rows, cols)?)?;
+        let (bad, text) = byte_diff(&got, &want);
+        out.push(CaseResult {
+            name: format!("transpose_u8 {rows}x{cols}"),
+            pass: bad == 0,
+            worst: text,
+        });
+    }
+    Ok(())
 }
 
 const SHAPES: [(usize, usize); 7] = [

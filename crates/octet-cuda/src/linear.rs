@@ -956,6 +956,27 @@ impl GpuLinear {
         dy_amax: Option<TensorAmax>,
         dw: &mut impl GemmDst<f32>,
     ) -> Result<CudaSlice<f32>> {
+        // SAFETY: the input-gradient GEMM writes every element (beta = 0).
+        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(saved.m * self.k, "d_input")? };
+        self.backward_into(gpu, saved, dy, dy_amax, &mut dx, dw)?;
+        Ok(dx)
+    }
+
+    /// [`GpuLinear::backward`] with the input gradient written to `dx`:
+    /// overwriting a buffer, or added to an [`crate::AddTo`] (the sum formed
+    /// in f32 by the GEMM's epilogue). Projections that read one input (q, k
+    /// and v; gate and up) add their input gradients this way into one
+    /// buffer, in their order, instead of keeping one buffer each for the
+    /// norm's backward to add.
+    pub fn backward_into(
+        &mut self,
+        gpu: &Gpu,
+        saved: GpuLinearSaved,
+        dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
+        dx: &mut impl GemmDst<f32>,
+        dw: &mut impl GemmDst<f32>,
+    ) -> Result<()> {
         let (m, n, k) = (saved.m, self.n, self.k);
         if dy.len() != m * n {
             return Err(Error::Shape(format!(
@@ -969,14 +990,18 @@ impl GpuLinear {
                 dw.len()
             )));
         }
-        // SAFETY: the GEMMs below write every element of dx.
-        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(m * k, "d_input")? };
+        if dx.len() != m * k {
+            return Err(Error::Shape(format!(
+                "d_input destination of {} elements for a ({m}, {k}) input",
+                dx.len()
+            )));
+        }
         match (saved.x, saved.xq, saved.wq) {
             (_, Some(xq), Some(wq)) if saved.dequantized => {
                 // grad_input = grad_output @ dequant(weight); grad_weight = grad_output^T @ dequant(input).
                 let wd = dequant_rowwise(gpu, &wq, n, k)?;
                 let xd = dequant_rowwise(gpu, &xq.borrow(), m, k)?;
-                gpu.gemm_bf16_op((dy, false), (&wd, false), &mut dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))?;
                 gpu.gemm_bf16_op((dy, true), (&xd, false), dw, (n, k, m))?;
             }
             (_, Some(xq), Some(wq)) => {
@@ -997,11 +1022,11 @@ impl GpuLinear {
                     self.tele[2] = Some(self.record(gpu, 2, dy, &gq, Format::E5M2)?);
                 }
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
-                Self::gemm(gpu, &gq, false, &wq, true, &mut dx, (m, k, n))?;
+                Self::gemm(gpu, &gq, false, &wq, true, dx, (m, k, n))?;
                 Self::gemm(gpu, &gq, true, &xq.borrow(), true, dw, (n, k, m))?;
             }
             (Some(x), _, _) => {
-                gpu.gemm_bf16_op((dy, false), (&self.weight, false), &mut dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, false), (&self.weight, false), dx, (m, k, n))?;
                 gpu.gemm_bf16_op((dy, true), (x.as_ref(), false), dw, (n, k, m))?;
             }
             _ => {
@@ -1010,7 +1035,7 @@ impl GpuLinear {
                 ))
             }
         }
-        Ok(dx)
+        Ok(())
     }
 }
 

@@ -34,7 +34,7 @@
 //! the next GEMMs, and the dequantized input and base are rounded once to bf16.
 
 use crate::mixed::DeviceFp8Weight;
-use crate::{DeviceFp8, Error, Fp8Operand, Gpu, Result, TensorAmax};
+use crate::{DeviceFp8, Error, Fp8Operand, GemmDst, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::Compute;
@@ -337,6 +337,24 @@ impl GpuLoraLinear {
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
     ) -> Result<(CudaSlice<f32>, Option<AdapterGrads>)> {
+        // SAFETY: the base's input-gradient GEMM writes every element (beta = 0).
+        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(saved.m * self.k, "d_input")? };
+        let g = self.backward_into(gpu, saved, dy, dy_amax, &mut dx)?;
+        Ok((dx, g))
+    }
+
+    /// [`GpuLoraLinear::backward`] with the input gradient written to `dx`:
+    /// overwriting a buffer, or added to an [`crate::AddTo`] (as
+    /// [`crate::GpuLinear::backward_into`]); the adapter's term is added
+    /// after the base's.
+    pub fn backward_into(
+        &self,
+        gpu: &Gpu,
+        saved: GpuLoraSaved,
+        dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
+        dx: &mut impl GemmDst<f32>,
+    ) -> Result<Option<AdapterGrads>> {
         let (m, n, k) = (saved.m, self.n, self.k);
         if dy.len() != m * n {
             return Err(Error::Shape(format!(
@@ -344,22 +362,18 @@ impl GpuLoraLinear {
                 dy.len()
             )));
         }
-        // SAFETY: the base's input-gradient GEMM writes every element (beta = 0).
-        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(m * k, "d_input")? };
+        if dx.len() != m * k {
+            return Err(Error::Shape(format!(
+                "d_input destination of {} elements for a ({m}, {k}) input",
+                dx.len()
+            )));
+        }
         match (&self.base, self.backward) {
-            (GpuBase::Bf16(w), _) => {
-                gpu.gemm_bf16_op((dy, false), (w, false), &mut dx, (m, k, n))?
-            }
+            (GpuBase::Bf16(w), _) => gpu.gemm_bf16_op((dy, false), (w, false), dx, (m, k, n))?,
             (GpuBase::Fp8(w), BackwardMode::Quantized) => {
                 let gq = gpu.quantize_tensorwise_rowwise_known(dy, m, n, Format::E5M2, dy_amax)?;
                 let wt = gpu.transpose_u8(&w.codes, n, k)?;
-                gpu.gemm_fp8(
-                    gq.rowwise_operand(),
-                    operand(w, &wt),
-                    &mut dx,
-                    (m, k, n),
-                    false,
-                )?;
+                gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)?;
             }
             (GpuBase::Fp8(w), _) => {
                 let block = match w.scaling {
@@ -368,11 +382,11 @@ impl GpuLoraLinear {
                     WeightScaling::Block128 => (128, 128),
                 };
                 let wd = gpu.dequant_bf16(&w.codes, &w.factors, (n, k), block, w.format)?;
-                gpu.gemm_bf16_op((dy, false), (&wd, false), &mut dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))?;
             }
         }
         let Some(ad) = &self.adapter else {
-            return Ok((dx, None));
+            return Ok(None);
         };
         let r = ad.rank;
         let u = saved
@@ -418,8 +432,8 @@ impl GpuLoraLinear {
                 return Err(Error::Shape("LoRA backward: x was not saved".into()));
             }
         }
-        gpu.gemm_bf16_acc((&du, false), (&ad.a, false), &mut dx, (m, k, r), (1.0, 1.0))?;
-        Ok((dx, Some((da, db))))
+        gpu.gemm_bf16_acc((&du, false), (&ad.a, false), dx, (m, k, r), (1.0, 1.0))?;
+        Ok(Some((da, db)))
     }
 }
 

@@ -19,7 +19,7 @@ use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
 use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
 use crate::tma::TmaMap;
-use crate::{nvrtc, AddTo, DeviceFp8, Error, Gpu, Result, TensorAmax};
+use crate::{nvrtc, AddTo, DeviceFp8, Error, GemmDst, Gpu, Result, TensorAmax};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
@@ -1737,7 +1737,10 @@ impl<'g> GpuLlama<'g> {
             let (dres_bf_mlp, mlp_amax) = dres_bf
                 .take()
                 .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
-            let dact = self.proj_backward(bi, 6, sd, &dres_bf_mlp, mlp_amax)?;
+            let mut dact = None;
+            self.proj_backward((bi, 6), sd, &dres_bf_mlp, mlp_amax, &mut dact)?;
+            let dact =
+                dact.ok_or_else(|| Error::Shape("down projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop(dres_bf_mlp);
             let nf = n * ff;
@@ -1775,26 +1778,23 @@ impl<'g> GpuLlama<'g> {
             }
             drop((dact, swiglu));
             self.mark("elementwise")?;
-            let dh2 = self.proj_backward(bi, 4, sg, &dg, g_amax)?;
-            let dh2u = self.proj_backward(bi, 5, su, &du, u_amax)?;
+            // gate's and up's input gradients added into one buffer.
+            let mut dh2 = None;
+            self.proj_backward((bi, 4), sg, &dg, g_amax, &mut dh2)?;
+            self.proj_backward((bi, 5), su, &du, u_amax, &mut dh2)?;
+            let dh2 = dh2.ok_or_else(|| Error::Shape("gate projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dg, du));
             let mn = self.blocks[bi].mlp_norm;
             let (dres_bf_attn, o_amax) = self
-                .norm_bwd(
-                    &x1,
-                    &rstd2,
-                    &[&dh2, &dh2u],
-                    &mut dres,
-                    mn,
-                    true,
-                    Some((bi, 3)),
-                )?
+                .norm_bwd(&x1, &rstd2, &[&dh2], &mut dres, mn, true, Some((bi, 3)))?
                 .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
             self.mark("rmsnorm bwd")?;
-            drop((dh2, dh2u, x1, rstd2));
+            drop((dh2, x1, rstd2));
             // Attention.
-            let da = self.proj_backward(bi, 3, so, &dres_bf_attn, o_amax)?;
+            let mut da = None;
+            self.proj_backward((bi, 3), so, &dres_bf_attn, o_amax, &mut da)?;
+            let da = da.ok_or_else(|| Error::Shape("o projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop(dres_bf_attn);
             self.mark("elementwise")?;
@@ -1830,15 +1830,18 @@ impl<'g> GpuLlama<'g> {
             let dv_bf = self.bf16(&dvv, "dv bf16", &mut v_amax)?;
             drop((dq, dk, dvv));
             self.mark("attention bwd (+rope)")?;
-            let dh = self.proj_backward(bi, 0, sq, &dq_bf, q_amax)?;
-            let dhk = self.proj_backward(bi, 1, sk, &dk_bf, k_amax)?;
-            let dhv = self.proj_backward(bi, 2, sv, &dv_bf, v_amax)?;
+            // q's, k's and v's input gradients added into one buffer, in that order.
+            let mut dh = None;
+            self.proj_backward((bi, 0), sq, &dq_bf, q_amax, &mut dh)?;
+            self.proj_backward((bi, 1), sk, &dk_bf, k_amax, &mut dh)?;
+            self.proj_backward((bi, 2), sv, &dv_bf, v_amax, &mut dh)?;
+            let dh = dh.ok_or_else(|| Error::Shape("q projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dq_bf, dk_bf, dv_bf));
             let an = self.blocks[bi].attn_norm;
             // The next block down reads the gradient in bf16; the embedding in f32.
             let below = bi.checked_sub(1).map(|prev| (prev, 6));
-            dres_bf = self.norm_bwd(&x, &rstd1, &[&dh, &dhk, &dhv], &mut dres, an, true, below)?;
+            dres_bf = self.norm_bwd(&x, &rstd1, &[&dh], &mut dres, an, true, below)?;
             self.mark("rmsnorm bwd")?;
             if self.shard.is_some() {
                 let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
@@ -2493,29 +2496,65 @@ impl<'g> GpuLlama<'g> {
     /// Backward of projection `li` of block `bi` from `dy`: its input
     /// gradient; its trainable gradients (the weight, or the adapter) added
     /// to the gradient buffer.
+    /// Backward of block `bi`'s projection `li` from `dy`: its weight's (or
+    /// adapters') gradients into their slots, and its input gradient into
+    /// `dx`: written there when `dx` is empty, added to it otherwise (the
+    /// projections that read one input add theirs into one f32 buffer, in
+    /// order, which the norm's backward then reads once).
     fn proj_backward(
         &mut self,
-        bi: usize,
-        li: usize,
+        (bi, li): (usize, usize),
         saved: ProjSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
-    ) -> Result<CudaSlice<f32>> {
+        dx: &mut Option<CudaSlice<f32>>,
+    ) -> Result<()> {
+        match dx {
+            Some(d) => {
+                let mut add = AddTo(d.slice_mut(..));
+                self.proj_backward_to((bi, li), saved, dy, dy_amax, &mut add)
+            }
+            None => {
+                let blk = &self.blocks[bi];
+                let (n, k) = match saved {
+                    ProjSaved::Full(_) => (blk.lin[li].n, blk.lin[li].k),
+                    ProjSaved::Lora(_) => (blk.lora[li].n, blk.lora[li].k),
+                };
+                // The layer checks dy's length; here (m, k) with m = rows of dy.
+                let numel = dy.len() / n.max(1) * k;
+                // SAFETY: the input-gradient GEMM writes every element (beta = 0).
+                let mut d = unsafe { self.gpu.alloc_uninit::<f32>(numel, "d_input")? };
+                self.proj_backward_to((bi, li), saved, dy, dy_amax, &mut d)?;
+                *dx = Some(d);
+                Ok(())
+            }
+        }
+    }
+
+    /// [`GpuLlama::proj_backward`] into a given destination.
+    fn proj_backward_to(
+        &mut self,
+        (bi, li): (usize, usize),
+        saved: ProjSaved,
+        dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
+        dx: &mut impl GemmDst<f32>,
+    ) -> Result<()> {
         let gpu = self.gpu;
         match saved {
             ProjSaved::Full(s) => {
                 // The weight's gradient accumulates straight into its slot.
                 let sl = &self.slots[self.blocks[bi].lin_slot[li]];
                 let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
-                self.blocks[bi].lin[li].backward(gpu, *s, dy, dy_amax, &mut dw)
+                self.blocks[bi].lin[li].backward_into(gpu, *s, dy, dy_amax, dx, &mut dw)
             }
             ProjSaved::Lora(s) => {
-                let (dx, g) = self.blocks[bi].lora[li].backward(gpu, s, dy, dy_amax)?;
+                let g = self.blocks[bi].lora[li].backward_into(gpu, s, dy, dy_amax, dx)?;
                 if let (Some((da, db)), Some((sa, sb))) = (g, self.blocks[bi].adapter_slots[li]) {
                     self.add_grad(sa, &da)?;
                     self.add_grad(sb, &db)?;
                 }
-                Ok(dx)
+                Ok(())
             }
         }
     }
