@@ -426,7 +426,8 @@ __device__ __forceinline__ void swiglu_grad(float a, float b, float d, unsigned 
     dg = f2bf(d * b * s * (1.f + a * (1.f - s)));
 }
 
-extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned short* u, const float* dy,
+// dy: the down projection's input gradient in bf16.
+extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned short* u, const unsigned short* dy,
                                       unsigned short* dg, unsigned short* du, size_t n, unsigned* amax_g,
                                       unsigned* nonfinite_g, unsigned* amax_u, unsigned* nonfinite_u) {
     float mg = 0.f, mu = 0.f;
@@ -435,10 +436,9 @@ extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned sh
          i0 += (size_t)gridDim.x * blockDim.x * 8) {
         if (i0 + 8 <= n) {
             const uint4 gv = *reinterpret_cast<const uint4*>(g + i0), uv = *reinterpret_cast<const uint4*>(u + i0);
-            const float4 d0 = *reinterpret_cast<const float4*>(dy + i0),
-                         d1 = *reinterpret_cast<const float4*>(dy + i0 + 4);
             const unsigned gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-            const float dv[8] = {d0.x, d0.y, d0.z, d0.w, d1.x, d1.y, d1.z, d1.w};
+            float dv[8];
+            In<unsigned short>::load8(dy + i0, dv);
             unsigned gw2[4], uw2[4];
 #pragma unroll
             for (int j = 0; j < 4; j++) {
@@ -456,7 +456,7 @@ extern "C" __global__ void swiglu_bwd(const unsigned short* g, const unsigned sh
             *reinterpret_cast<uint4*>(du + i0) = make_uint4(uw2[0], uw2[1], uw2[2], uw2[3]);
         } else {
             for (size_t i = i0; i < n; i++) {
-                swiglu_grad(bf2f(g[i]), bf2f(u[i]), dy[i], dg[i], du[i]);
+                swiglu_grad(bf2f(g[i]), bf2f(u[i]), bf2f(dy[i]), dg[i], du[i]);
                 amax_note(dg[i], mg, badg);
                 amax_note(du[i], mu, badu);
             }
@@ -527,7 +527,7 @@ __device__ void swiglu_fwd_q_impl(const unsigned short* g, const unsigned short*
 
 template <int V>
 __device__ void swiglu_bwd_q_impl(const unsigned char* gq, const float* gs, const unsigned char* uq,
-                                  const float* us, const float* dy, unsigned short* dg, unsigned short* du, int F,
+                                  const float* us, const unsigned short* dy, unsigned short* dg, unsigned short* du, int F,
                                   unsigned* amax_g, unsigned* nonfinite_g, unsigned* amax_u,
                                   unsigned* nonfinite_u) {
     const size_t off = (size_t)blockIdx.x * F;
@@ -545,9 +545,9 @@ __device__ void swiglu_bwd_q_impl(const unsigned char* gq, const float* gs, cons
                 cg[j] = (wg.x >> (8 * j)) & 0xffu, cg[j + 4] = (wg.y >> (8 * j)) & 0xffu;
                 cu[j] = (wu.x >> (8 * j)) & 0xffu, cu[j + 4] = (wu.y >> (8 * j)) & 0xffu;
             }
-            In<float>::load8(dy + off + i, d);
+            In<unsigned short>::load8(dy + off + i, d);
         } else {
-            cg[0] = gq[off + i], cu[0] = uq[off + i], d[0] = dy[off + i];
+            cg[0] = gq[off + i], cu[0] = uq[off + i], d[0] = bf2f(dy[off + i]);
         }
         unsigned short og[V], ou[V];
 #pragma unroll
@@ -575,7 +575,8 @@ __device__ void swiglu_bwd_q_impl(const unsigned char* gq, const float* gs, cons
         swiglu_fwd_q_impl<V>(g, u, out, gq, gs, uq, us, F, amax, nonfinite);                                   \
     }                                                                                                          \
     extern "C" __global__ void swiglu_bwd_q##SUFFIX(const unsigned char* gq, const float* gs,                   \
-                                                    const unsigned char* uq, const float* us, const float* dy,  \
+                                                    const unsigned char* uq, const float* us,                   \
+                                                    const unsigned short* dy,                                   \
                                                     unsigned short* dg, unsigned short* du, int F,              \
                                                     unsigned* amax_g, unsigned* nonfinite_g, unsigned* amax_u,  \
                                                     unsigned* nonfinite_u) {                                    \
@@ -820,13 +821,13 @@ extern "C" __global__ void __launch_bounds__(256) attn_fwd(const unsigned short*
     }
 }
 
-// delta (B, Hq, T) = sum_d dout * out per query row; one warp per row.
-// Also writes dout as bf16 to `dout_bf` when given (what the tensor-core backward reads).
+// delta (B, Hq, T) = sum_d dout * out per query row; one warp per row. dout
+// is the o projection's input gradient in bf16, as every backward kernel reads it.
 // With `outq` the output is read as E4M3 codes times the one factor `out_si[0]`
 // (the o projection's per-tensor FP8 input, saved in FP8 for its backward) and
 // `out` is not read.
-extern "C" __global__ void attn_delta(const unsigned short* out, const float* dout, float* delta,
-                                      unsigned short* dout_bf, int T, int Hq, int D, int rows,
+extern "C" __global__ void attn_delta(const unsigned short* out, const unsigned short* dout, float* delta, int T,
+                                      int Hq, int D, int rows,
                                       const unsigned char* outq, const float* out_si) {
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= rows) return;
@@ -836,8 +837,7 @@ extern "C" __global__ void attn_delta(const unsigned short* out, const float* do
     float s = 0.f;
     for (int d = lane; d < D; d += 32) {
         const float ov = outq ? e4m3_decode(outq[o + d]) * out_si[0] : bf2f(out[o + d]);
-        s += ov * dout[o + d];
-        if (dout_bf) dout_bf[o + d] = f2bf(dout[o + d]);
+        s += ov * bf2f(dout[o + d]);
     }
 #pragma unroll
     for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
@@ -851,7 +851,7 @@ extern "C" __global__ void attn_delta(const unsigned short* out, const float* do
 // group's query heads and every query tile at or after the keys (in a fixed
 // order: deterministic). Grid (T / 64, Hkv, B).
 extern "C" __global__ void __launch_bounds__(256) attn_bwd_dkdv(const unsigned short* q, const unsigned short* k,
-                                                                const unsigned short* v, const float* dout,
+                                                                const unsigned short* v, const unsigned short* dout,
                                                                 const float* lse, const float* delta, float* dk,
                                                                 float* dv, int T, int Hq, int Hkv, int D,
                                                                 float scale) {
@@ -885,7 +885,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dkdv(const unsigned s
     for (int hh = 0; hh < group; hh++) {
         const int h = g * group + hh;
         const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
-        const float* ob = dout + (size_t)b * T * qw + (size_t)h * D;
+        const unsigned short* ob = dout + (size_t)b * T * qw + (size_t)h * D;
         const float* lb = lse + ((size_t)b * Hq + h) * T;
         const float* db = delta + ((size_t)b * Hq + h) * T;
         for (int q0 = k0; q0 < T; q0 += TILE) {
@@ -894,7 +894,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dkdv(const unsigned s
                 const int r = i / D, c = i % D;
                 const bool ok = q0 + r < T;
                 Qs[r * DP + c] = ok ? bf2f(qb[(size_t)(q0 + r) * qw + c]) : 0.f;
-                Os[r * DP + c] = ok ? ob[(size_t)(q0 + r) * qw + c] : 0.f;
+                Os[r * DP + c] = ok ? bf2f(ob[(size_t)(q0 + r) * qw + c]) : 0.f;
             }
             if (threadIdx.x < TILE) {
                 const bool ok = q0 + threadIdx.x < T;
@@ -977,7 +977,7 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dkdv(const unsigned s
 // dQ (N, Hq*D) f32 for one 64-query tile of head h over the key tiles up to
 // the diagonal. Grid (T / 64, Hq, B).
 extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq(const unsigned short* q, const unsigned short* k,
-                                                              const unsigned short* v, const float* dout,
+                                                              const unsigned short* v, const unsigned short* dout,
                                                               const float* lse, const float* delta, float* dq,
                                                               int T, int Hq, int Hkv, int D, float scale) {
     extern __shared__ float sm[];
@@ -992,14 +992,14 @@ extern "C" __global__ void __launch_bounds__(256) attn_bwd_dq(const unsigned sho
     const int g = h / (Hq / Hkv);
     const size_t qw = (size_t)Hq * D, kw = (size_t)Hkv * D;
     const unsigned short* qb = q + (size_t)b * T * qw + (size_t)h * D;
-    const float* ob = dout + (size_t)b * T * qw + (size_t)h * D;
+    const unsigned short* ob = dout + (size_t)b * T * qw + (size_t)h * D;
     const unsigned short* kb = k + (size_t)b * T * kw + (size_t)g * D;
     const unsigned short* vb = v + (size_t)b * T * kw + (size_t)g * D;
     for (int i = threadIdx.x; i < TILE * D; i += 256) {
         const int r = i / D, c = i % D;
         const bool ok = q0 + r < T;
         Qs[r * DP + c] = ok ? bf2f(qb[(size_t)(q0 + r) * qw + c]) : 0.f;
-        Os[r * DP + c] = ok ? ob[(size_t)(q0 + r) * qw + c] : 0.f;
+        Os[r * DP + c] = ok ? bf2f(ob[(size_t)(q0 + r) * qw + c]) : 0.f;
     }
     float lrow[4], drow[4], acc[4][MAXC];
 #pragma unroll

@@ -601,7 +601,7 @@ pub fn bench_attention(
         let q = gpu.upload(&bf16_bits(&random_bf16(n, 71, 2.0)))?;
         let k = gpu.upload(&bf16_bits(&random_bf16(n, 72, 2.0)))?;
         let v = gpu.upload(&bf16_bits(&random_bf16(n, 73, 1.0)))?;
-        let go = gpu.upload(&random_f32(n, 74, 1e-2))?;
+        let go = gpu.upload(&bf16_bits(&random_bf16(n, 74, 1e-2)))?;
         let dims = (b, t, h, h, d);
         let fwd_flop = 2.0 * 2.0 * (b * h * d) as f64 * (t * t) as f64 / 2.0;
         let ms = time_ms(gpu, 3, 10, |_| {

@@ -1588,16 +1588,17 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let qb = random_bf16(n * hq * d, 1301, 2.0);
         let kb = random_bf16(n * hkv * d, 1302, 2.0);
         let vb = random_bf16(n * hkv * d, 1303, 1.0);
-        let go = random_f32(n * hq * d, 1304, 1e-2);
+        // The output gradient in bf16, as the o projection's backward writes it.
+        let go = random_bf16(n * hq * d, 1304, 1e-2);
         let (o, dq, dk, dv) = model.attention_check(
             &gpu.upload(&bf16_bits(&qb))?,
             &gpu.upload(&bf16_bits(&kb))?,
             &gpu.upload(&bf16_bits(&vb))?,
-            &gpu.upload(&go)?,
+            &gpu.upload(&bf16_bits(&go))?,
             (b, t, hq, hkv, d),
         )?;
         let f = |v: &[bf16]| v.iter().map(|x| x.to_f64()).collect::<Vec<f64>>();
-        let go64: Vec<f64> = go.iter().map(|&x| x as f64).collect();
+        let go64 = f(&go);
         let got_o = download_f32(gpu, &o)?;
         let got_o64: Vec<f64> = got_o.iter().map(|&x| x as f64).collect();
         let (ro, rdq, rdk, rdv) = attention_ref(
@@ -1612,9 +1613,10 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let eq = rel_frobenius_f64(&gpu.download(&dq)?, &rdq);
         let ek = rel_frobenius_f64(&gpu.download(&dk)?, &rdk);
         let ev = rel_frobenius_f64(&gpu.download(&dv)?, &rdv);
-        // Tensor cores multiply bf16 operands: the probabilities, dS and the
-        // output gradient are rounded to bf16 (relative 2^-9 each) before their
-        // products, as flash attention does; the SIMT kernels keep f32.
+        // Tensor cores multiply bf16 operands: the probabilities and dS are
+        // rounded to bf16 (relative 2^-9 each) before their products, as flash
+        // attention does; the SIMT kernels keep f32. (The output gradient is
+        // bf16 on both sides.)
         let (gtol, kind) = if model.attention_on_tensor_cores() {
             (1e-2, "tensor cores")
         } else {

@@ -962,19 +962,20 @@ impl GpuLinear {
         Ok(dx)
     }
 
-    /// [`GpuLinear::backward`] with the input gradient written to `dx`:
-    /// overwriting a buffer, or added to an [`crate::AddTo`] (the sum formed
-    /// in f32 by the GEMM's epilogue). Projections that read one input (q, k
+    /// [`GpuLinear::backward`] with the input gradient written to `dx` (f32,
+    /// or bf16 bits where its reader takes bf16): overwriting a buffer, or
+    /// added to an [`crate::AddTo`] (the sum formed in f32 by the GEMM's
+    /// epilogue, then rounded once). Projections that read one input (q, k
     /// and v; gate and up) add their input gradients this way into one
     /// buffer, in their order, instead of keeping one buffer each for the
     /// norm's backward to add.
-    pub fn backward_into(
+    pub fn backward_into<D: GemmOut>(
         &mut self,
         gpu: &Gpu,
         saved: GpuLinearSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
-        dx: &mut impl GemmDst<f32>,
+        dx: &mut impl GemmDst<D>,
         dw: &mut impl GemmDst<f32>,
     ) -> Result<()> {
         let (m, n, k) = (saved.m, self.n, self.k);

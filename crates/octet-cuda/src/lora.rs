@@ -34,7 +34,7 @@
 //! the next GEMMs, and the dequantized input and base are rounded once to bf16.
 
 use crate::mixed::DeviceFp8Weight;
-use crate::{DeviceFp8, Error, Fp8Operand, GemmDst, Gpu, Result, TensorAmax};
+use crate::{DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::Compute;
@@ -347,13 +347,13 @@ impl GpuLoraLinear {
     /// overwriting a buffer, or added to an [`crate::AddTo`] (as
     /// [`crate::GpuLinear::backward_into`]); the adapter's term is added
     /// after the base's.
-    pub fn backward_into(
+    pub fn backward_into<D: GemmOut>(
         &self,
         gpu: &Gpu,
         saved: GpuLoraSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
-        dx: &mut impl GemmDst<f32>,
+        dx: &mut impl GemmDst<D>,
     ) -> Result<Option<AdapterGrads>> {
         let (m, n, k) = (saved.m, self.n, self.k);
         if dy.len() != m * n {

@@ -19,7 +19,7 @@ use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
 use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
 use crate::tma::TmaMap;
-use crate::{nvrtc, AddTo, DeviceFp8, Error, GemmDst, Gpu, Result, TensorAmax};
+use crate::{nvrtc, AddTo, DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
 };
@@ -214,6 +214,11 @@ pub struct GpuLlama<'g> {
     pub slots: Vec<Slot>,
     master: CudaSlice<f32>,
     grad: CudaSlice<f32>,
+    /// Per slot: its gradient has not been written this step (set by
+    /// [`GpuLlama::zero_grad`] for the projection weights of an unsharded,
+    /// fully trained model, whose memory it leaves as it was): the first
+    /// weight-gradient GEMM overwrites the slot, later ones add to it.
+    grad_unwritten: Vec<bool>,
     m: CudaSlice<f32>,
     v: CudaSlice<f32>,
     blocks: Vec<Block>,
@@ -767,6 +772,7 @@ impl<'g> GpuLlama<'g> {
             f,
             slots,
             grad: gpu.alloc_zeros(grad_len, "gradients")?,
+            grad_unwritten: Vec::new(),
             m: gpu.alloc_zeros(master.len(), "AdamW first moments")?,
             v: gpu.alloc_zeros(master.len(), "AdamW second moments")?,
             master,
@@ -967,7 +973,7 @@ impl<'g> GpuLlama<'g> {
         k: &CudaSlice<u16>,
         v: &CudaSlice<u16>,
         out: OutRef<'_>,
-        dout: &CudaSlice<f32>,
+        dout: &CudaSlice<u16>,
         lse: &CudaSlice<f32>,
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
@@ -977,11 +983,6 @@ impl<'g> GpuLlama<'g> {
         let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
         let scale = 1.0 / (d as f32).sqrt();
         let mut delta: CudaSlice<f32> = unsafe { gpu.alloc_uninit(b * hq * t, "attention delta")? };
-        let mut dob: Option<CudaSlice<u16>> = if self.f.attn.tensor_cores {
-            Some(unsafe { gpu.alloc_uninit(n * hq * d, "attention d_out bf16")? })
-        } else {
-            None
-        };
         let mut dq: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hq * d, "dq")? };
         let mut dk: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk")? };
         let mut dv: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv")? };
@@ -994,10 +995,6 @@ impl<'g> GpuLlama<'g> {
                 OutRef::Fp8(..) => lb.arg(&null),
             };
             lb.arg(dout).arg(&mut delta);
-            match dob.as_mut() {
-                Some(x) => lb.arg(x),
-                None => lb.arg(&null),
-            };
             lb.arg(&ti).arg(&hqi).arg(&di).arg(&rows_n);
             match out {
                 OutRef::Fp8(codes, si) => lb.arg(codes).arg(si),
@@ -1010,28 +1007,23 @@ impl<'g> GpuLlama<'g> {
             })?;
             // The wgmma kernels copy their tiles by TMA: q, k, v and the bf16
             // output gradient as 3-D (H D, T, B) tensors, 64-row boxes.
-            let maps = match (self.f.attn.tma, dob.as_ref()) {
-                (true, Some(o)) => {
+            let maps = match self.f.attn.tma {
+                true => {
                     use cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B as SW;
                     use cudarc::driver::DevicePtr;
                     let map = |x: &CudaSlice<u16>, heads: usize| -> Result<TmaMap> {
                         let (p, _g) = x.device_ptr(s);
                         TmaMap::new(p, 2, &[heads * d, t, b], &[64, 64, 1], SW)
                     };
-                    Some([map(q, hq)?, map(k, hkv)?, map(v, hkv)?, map(o, hq)?])
+                    Some([map(q, hq)?, map(k, hkv)?, map(v, hkv)?, map(dout, hq)?])
                 }
-                _ => None,
+                false => None,
             };
             for (kern, heads, is_dq) in
                 [(&self.f.attn.dkdv, hkv, false), (&self.f.attn.dq, hq, true)]
             {
                 let mut lb = s.launch_builder(&kern.f);
-                lb.arg(q).arg(k).arg(v);
-                match dob.as_ref() {
-                    Some(x) => lb.arg(x),
-                    None => lb.arg(dout),
-                };
-                lb.arg(lse).arg(&delta);
+                lb.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&delta);
                 if is_dq {
                     lb.arg(&mut dq);
                 } else {
@@ -1629,9 +1621,32 @@ impl<'g> GpuLlama<'g> {
 
     /// Set every gradient to zero (before the first micro-batch of a step).
     pub fn zero_grad(&mut self) -> Result<()> {
-        self.gpu.stream.memset_zeros(&mut self.grad)?;
-        if let Some(sh) = self.shard.as_mut() {
-            self.gpu.stream.memset_zeros(&mut sh.gshard)?;
+        if self.shard.is_some() || self.lora.is_some() {
+            self.gpu.stream.memset_zeros(&mut self.grad)?;
+            if let Some(sh) = self.shard.as_mut() {
+                self.gpu.stream.memset_zeros(&mut sh.gshard)?;
+            }
+            return Ok(());
+        }
+        // The projection weights' slots (nearly all of the buffer) are left
+        // as they are: their first weight-gradient GEMM of the step
+        // overwrites them (`grad_unwritten`). The others (embedding, head,
+        // norm gains) are added to by kernels, so they are zeroed.
+        let mut proj = vec![false; self.slots.len()];
+        self.grad_unwritten.resize(self.slots.len(), false);
+        for b in &self.blocks {
+            for &sl in &b.lin_slot {
+                proj[sl] = true;
+            }
+        }
+        // A tied head adds into the embedding's slot: never a projection's.
+        for (i, sl) in self.slots.iter().enumerate() {
+            self.grad_unwritten[i] = proj[i];
+            if !proj[i] {
+                self.gpu
+                    .stream
+                    .memset_zeros(&mut self.grad.slice_mut(sl.offset..sl.offset + sl.numel))?;
+            }
         }
         Ok(())
     }
@@ -1737,7 +1752,9 @@ impl<'g> GpuLlama<'g> {
             let (dres_bf_mlp, mlp_amax) = dres_bf
                 .take()
                 .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
-            let mut dact = None;
+            // In bf16: the SwiGLU backward's only input from it (as the
+            // activations it multiplies are bf16), half the bytes of f32.
+            let mut dact: Option<CudaSlice<u16>> = None;
             self.proj_backward((bi, 6), sd, &dres_bf_mlp, mlp_amax, &mut dact)?;
             let dact =
                 dact.ok_or_else(|| Error::Shape("down projection gave no gradient".into()))?;
@@ -1792,7 +1809,8 @@ impl<'g> GpuLlama<'g> {
             self.mark("rmsnorm bwd")?;
             drop((dh2, x1, rstd2));
             // Attention.
-            let mut da = None;
+            // In bf16: the attention backward's kernels read it so.
+            let mut da: Option<CudaSlice<u16>> = None;
             self.proj_backward((bi, 3), so, &dres_bf_attn, o_amax, &mut da)?;
             let da = da.ok_or_else(|| Error::Shape("o projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
@@ -2331,6 +2349,7 @@ impl<'g> GpuLlama<'g> {
             cfg: cfg.clone(),
             f,
             grad: gpu.alloc_zeros(master.len(), "adapter gradients")?,
+            grad_unwritten: Vec::new(),
             m: gpu.alloc_zeros(master.len(), "AdamW first moments")?,
             v: gpu.alloc_zeros(master.len(), "AdamW second moments")?,
             master,
@@ -2501,13 +2520,13 @@ impl<'g> GpuLlama<'g> {
     /// `dx`: written there when `dx` is empty, added to it otherwise (the
     /// projections that read one input add theirs into one f32 buffer, in
     /// order, which the norm's backward then reads once).
-    fn proj_backward(
+    fn proj_backward<D: GemmOut>(
         &mut self,
         (bi, li): (usize, usize),
         saved: ProjSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
-        dx: &mut Option<CudaSlice<f32>>,
+        dx: &mut Option<CudaSlice<D>>,
     ) -> Result<()> {
         match dx {
             Some(d) => {
@@ -2523,7 +2542,7 @@ impl<'g> GpuLlama<'g> {
                 // The layer checks dy's length; here (m, k) with m = rows of dy.
                 let numel = dy.len() / n.max(1) * k;
                 // SAFETY: the input-gradient GEMM writes every element (beta = 0).
-                let mut d = unsafe { self.gpu.alloc_uninit::<f32>(numel, "d_input")? };
+                let mut d = unsafe { self.gpu.alloc_uninit::<D>(numel, "d_input")? };
                 self.proj_backward_to((bi, li), saved, dy, dy_amax, &mut d)?;
                 *dx = Some(d);
                 Ok(())
@@ -2532,21 +2551,29 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// [`GpuLlama::proj_backward`] into a given destination.
-    fn proj_backward_to(
+    fn proj_backward_to<D: GemmOut>(
         &mut self,
         (bi, li): (usize, usize),
         saved: ProjSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
-        dx: &mut impl GemmDst<f32>,
+        dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
         let gpu = self.gpu;
         match saved {
             ProjSaved::Full(s) => {
-                // The weight's gradient accumulates straight into its slot.
-                let sl = &self.slots[self.blocks[bi].lin_slot[li]];
-                let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
-                self.blocks[bi].lin[li].backward_into(gpu, *s, dy, dy_amax, dx, &mut dw)
+                // The weight's gradient goes straight into its slot: written
+                // by the step's first GEMM there, added by later ones.
+                let si = self.blocks[bi].lin_slot[li];
+                let sl = &self.slots[si];
+                let view = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+                let lin = &mut self.blocks[bi].lin[li];
+                if self.grad_unwritten.get_mut(si).is_some_and(std::mem::take) {
+                    let mut dw = view;
+                    lin.backward_into(gpu, *s, dy, dy_amax, dx, &mut dw)
+                } else {
+                    lin.backward_into(gpu, *s, dy, dy_amax, dx, &mut AddTo(view))
+                }
             }
             ProjSaved::Lora(s) => {
                 let g = self.blocks[bi].lora[li].backward_into(gpu, s, dy, dy_amax, dx)?;
@@ -2616,7 +2643,7 @@ impl GpuLlama<'_> {
         q: &CudaSlice<u16>,
         k: &CudaSlice<u16>,
         v: &CudaSlice<u16>,
-        dout: &CudaSlice<f32>,
+        dout: &CudaSlice<u16>,
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
     ) -> Result<(
         CudaSlice<u16>,
@@ -2680,7 +2707,7 @@ impl GpuLlama<'_> {
         k: &CudaSlice<u16>,
         v: &CudaSlice<u16>,
         out: &CudaSlice<u16>,
-        dout: &CudaSlice<f32>,
+        dout: &CudaSlice<u16>,
         lse: &CudaSlice<f32>,
         dims: (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
