@@ -22,26 +22,18 @@ for b in new old; do
     $bin bench quantize --device cuda --tensor $t 2>&1 | grep -E "copy d2d|transpose_u8" | sed 's/  */ /g'
   done
 done
-summary() { python3 bench/metrics_summary.py "$1" "$2" "$3"; }
+. bench/session12_runs.sh
 for cfg in "fp8-tensorwise fp8 quantized fp8" "bf16 bf16 high_precision full"; do
   set -- $cfg
-  for b in new old; do
-    bin=dev-bin/octet; [ $b = old ] && bin=$old
-    echo "-- $b: lora 1b base $1 compute $2 backward $3 saved $4, batch 4"
-    $bin lora --device cuda --model 1b --batch 4 --seq 2048 --steps 8 --eval-batches 0 --sample-tokens 0 --no-save \
-      --base-format $1 --compute $2 --backward $3 --saved-activations $4 --out-dir /tmp/runs --name l-$b-$1-$3 > /tmp/l.txt 2>&1 || tail -5 /tmp/l.txt
-    summary /tmp/runs/l-$b-$1-$3/metrics.jsonl 8192 3
+  for bin in $new $old; do
+    run1b $bin lora l-$(basename $bin)-$1-$3 4 8 3 --base-format $1 --compute $2 --backward $3 --saved-activations $4
   done
 done
 echo "lora done ($((SECONDS-t0)) s)"
 for cfg in "bf16 high_precision full" "tensorwise quantized fp8"; do
   set -- $cfg
-  for b in new old; do
-    bin=dev-bin/octet; [ $b = old ] && bin=$old
-    echo "-- $b: train 1b recipe $1 backward $2 saved $3, batch 16"
-    $bin train --device cuda --model 1b --batch 16 --seq 2048 --steps 10 --eval-batches 0 --sample-tokens 0 --no-save \
-      --recipe $1 --backward $2 --saved-activations $3 --out-dir /tmp/runs --name t-$b-$1-$2 > /tmp/t.txt 2>&1 || tail -5 /tmp/t.txt
-    summary /tmp/runs/t-$b-$1-$2/metrics.jsonl 32768 4
+  for bin in $new $old; do
+    run1b $bin train t-$(basename $bin)-$1-$2 16 10 4 --recipe $1 --backward $2 --saved-activations $3
   done
 done
 echo "done ($((SECONDS-t0)) s)"
