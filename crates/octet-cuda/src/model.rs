@@ -1632,17 +1632,16 @@ impl<'g> GpuLlama<'g> {
         // as they are: their first weight-gradient GEMM of the step
         // overwrites them (`grad_unwritten`). The others (embedding, head,
         // norm gains) are added to by kernels, so they are zeroed.
-        let mut proj = vec![false; self.slots.len()];
+        self.grad_unwritten.clear();
         self.grad_unwritten.resize(self.slots.len(), false);
         for b in &self.blocks {
             for &sl in &b.lin_slot {
-                proj[sl] = true;
+                self.grad_unwritten[sl] = true;
             }
         }
         // A tied head adds into the embedding's slot: never a projection's.
         for (i, sl) in self.slots.iter().enumerate() {
-            self.grad_unwritten[i] = proj[i];
-            if !proj[i] {
+            if !self.grad_unwritten[i] {
                 self.gpu
                     .stream
                     .memset_zeros(&mut self.grad.slice_mut(sl.offset..sl.offset + sl.numel))?;
