@@ -51,7 +51,11 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    let result = match cli.cmd.unwrap_or(Cmd::Train(train::TrainArgs::default())) {
+    let cmd = match cli.cmd {
+        Some(c) => Ok(c),
+        None => train::TrainArgs::bare().map(Cmd::Train),
+    };
+    let result = cmd.and_then(|cmd| match cmd {
         Cmd::Train(a) => train::run(a),
         Cmd::Compare(a) => train::compare(a),
         Cmd::Demo(a) => demo::run(a),
@@ -66,7 +70,7 @@ fn main() {
             )),
             Err(e) => Err(e),
         },
-    };
+    });
     if let Err(e) = result {
         eprintln!("error: {e:#}");
         std::process::exit(1);

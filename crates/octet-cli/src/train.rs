@@ -9,7 +9,7 @@ use octet_train::trainer::{train, Observer, RunSummary, TrainConfig};
 use std::path::PathBuf;
 
 /// Flags of `octet train`; each one given overrides the config file and the defaults.
-#[derive(clap::Args, Default, Clone)]
+#[derive(clap::Args, Clone)]
 pub struct TrainArgs {
     /// A TOML file with any TrainConfig fields (flags override it).
     #[arg(long)]
@@ -44,10 +44,10 @@ pub struct TrainArgs {
     /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
-    /// Peak learning rate.
+    /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`).
     #[arg(long)]
     lr: Option<f32>,
-    /// Warmup steps.
+    /// Warmup steps (default 30; 100 for `--model 1b`).
     #[arg(long)]
     warmup: Option<u64>,
     /// AdamW weight decay.
@@ -119,8 +119,24 @@ pub struct TrainArgs {
 }
 
 impl TrainArgs {
+    /// The arguments of a bare `octet train`, with clap's defaults (`octet`
+    /// without a subcommand runs it).
+    pub fn bare() -> anyhow::Result<Self> {
+        use clap::{Args, FromArgMatches};
+        let matches =
+            Self::augment_args(clap::Command::new("train")).try_get_matches_from(["train"])?;
+        Ok(Self::from_arg_matches(&matches)?)
+    }
+
     fn config(&self) -> anyhow::Result<TrainConfig> {
-        self.config_with(|_| {})
+        // A preset's own schedule, unless a config file gives one (the
+        // flags `--lr` and `--warmup` still apply after it).
+        let model = self.model.clone();
+        self.config_with(|c| {
+            if let Some(m) = &model {
+                c.use_preset_schedule(m);
+            }
+        })
     }
 
     /// The config from the defaults changed by `defaults`, then the file, then the flags.
@@ -397,4 +413,41 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     crate::util::write_json(&json, "octet compare", &serde_json::json!(rows))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bare_arguments_give_the_default_config() {
+        let c = TrainArgs::bare()
+            .and_then(|a| a.config())
+            .expect("bare config");
+        let d = TrainConfig::default();
+        assert_eq!(
+            (c.model.as_str(), c.lr, c.warmup, c.steps),
+            ("small", d.lr, d.warmup, d.steps)
+        );
+    }
+
+    #[test]
+    fn the_1b_preset_has_its_own_schedule_unless_flags_set_one() {
+        let mut a = TrainArgs::bare().expect("bare args");
+        a.model = Some("1b".into());
+        let c = a.config().expect("1b config");
+        assert_eq!((c.lr, c.min_lr, c.warmup), (3e-4, 3e-5, 100));
+        a.lr = Some(1e-3);
+        a.warmup = Some(5);
+        let c = a.config().expect("1b config with flags");
+        assert_eq!((c.lr, c.min_lr, c.warmup), (1e-3, 3e-5, 5));
+        a.model = Some("small".into());
+        a.lr = None;
+        a.warmup = None;
+        let c = a.config().expect("small config");
+        assert_eq!(
+            (c.lr, c.warmup),
+            (TrainConfig::default().lr, TrainConfig::default().warmup)
+        );
+    }
 }
