@@ -340,6 +340,16 @@ __device__ void rope_fwd_impl(unsigned short* x, const float* cs, const float* s
     }
 }
 
+// The backward of one rotated pair: the f32 gradients (a, b) of (i, i + D/2)
+// rotated by the opposite angle (cos c, sin s) and rounded to bf16. Every
+// operation is rounded on its own (no contraction), so `rope_bwd` and the
+// attention backward's fused store (`store_rows_rope`) give the same bits.
+__device__ __forceinline__ void rope_bwd_pair(float a, float b, float c, float s, unsigned short& lo,
+                                              unsigned short& hi) {
+    lo = f2bf(__fadd_rn(__fmul_rn(a, c), __fmul_rn(b, s)));
+    hi = f2bf(__fsub_rn(__fmul_rn(b, c), __fmul_rn(a, s)));
+}
+
 // Backward: rotate the f32 gradient by the opposite angle, write bf16 (and
 // its amax when `amax` is given); blocks and threads as in the forward.
 template <int V>
@@ -358,8 +368,7 @@ __device__ void rope_bwd_impl(const float* dy, unsigned short* dx, const float* 
         unsigned short lo[V], hi[V];
 #pragma unroll
         for (int j = 0; j < V; j++) {
-            lo[j] = f2bf(a.v[j] * c.v[j] + b.v[j] * s.v[j]);
-            hi[j] = f2bf(b.v[j] * c.v[j] - a.v[j] * s.v[j]);
+            rope_bwd_pair(a.v[j], b.v[j], c.v[j], s.v[j], lo[j], hi[j]);
             amax_note(lo[j], m, bad);
             amax_note(hi[j], m, bad);
         }
@@ -1222,6 +1231,63 @@ __device__ __forceinline__ void store_rows(const float (*acc)[4], const int rr[2
     }
 }
 
+// The fused stores of the wgmma backward kernels, which write what the
+// projections' backward reads: bf16, with RoPE's backward applied to dQ and dK
+// (the passes `rope_bwd` and `to_bf16` would do the same f32 operations on the
+// f32 rows `store_rows` writes, and round the same way). A thread's columns
+// 8 dn + 2 tg + {0, 1} hold both halves of a rotated pair (dn and dn + D/16).
+// The written values' max |v| and NaN/inf flag accumulate into (m, bad).
+template <int D>
+__device__ __forceinline__ void store_rows_rope(const float (*acc)[4], const int rr[2], int T, float scale,
+                                                unsigned short* dst, size_t ld, const float* cs, const float* sn,
+                                                float& m, int& bad) {
+    constexpr int HALF = D / 2;
+    const int tg = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rr[r] >= T) continue;
+        unsigned short* row = dst + (size_t)rr[r] * ld;
+        const float* c = cs + (size_t)rr[r] * HALF;
+        const float* s = sn + (size_t)rr[r] * HALF;
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+            const int i = dn * 8 + tg * 2;
+            const float2 cv = *reinterpret_cast<const float2*>(c + i);
+            const float2 sv = *reinterpret_cast<const float2*>(s + i);
+            unsigned short lo0, hi0, lo1, hi1;
+            rope_bwd_pair(__fmul_rn(acc[dn][2 * r], scale), __fmul_rn(acc[dn + D / 16][2 * r], scale), cv.x, sv.x,
+                          lo0, hi0);
+            rope_bwd_pair(__fmul_rn(acc[dn][2 * r + 1], scale), __fmul_rn(acc[dn + D / 16][2 * r + 1], scale), cv.y,
+                          sv.y, lo1, hi1);
+            *reinterpret_cast<unsigned*>(row + i) = (unsigned)lo0 | ((unsigned)lo1 << 16);
+            *reinterpret_cast<unsigned*>(row + i + HALF) = (unsigned)hi0 | ((unsigned)hi1 << 16);
+            amax_note(lo0, m, bad);
+            amax_note(lo1, m, bad);
+            amax_note(hi0, m, bad);
+            amax_note(hi1, m, bad);
+        }
+    }
+}
+
+// As `store_rows` with scale 1, rounded to bf16 (dV, which has no rotation).
+template <int D>
+__device__ __forceinline__ void store_rows_bf16(const float (*acc)[4], const int rr[2], int T, unsigned short* dst,
+                                                size_t ld, float& m, int& bad) {
+    const int tg = threadIdx.x & 3;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        if (rr[r] >= T) continue;
+        unsigned short* row = dst + (size_t)rr[r] * ld;
+#pragma unroll
+        for (int dn = 0; dn < D / 8; dn++) {
+            const unsigned short lo = f2bf(acc[dn][2 * r]), hi = f2bf(acc[dn][2 * r + 1]);
+            *reinterpret_cast<unsigned*>(row + dn * 8 + tg * 2) = (unsigned)lo | ((unsigned)hi << 16);
+            amax_note(lo, m, bad);
+            amax_note(hi, m, bad);
+        }
+    }
+}
+
 // acc[n-tile][4] += A (16 rows from row `arow0` of the tile at shared address
 // `as`, k = D) x B^T where B's rows (the n side) are rows `nrow0 ..` of `bs`:
 // S = Q K^T and its relatives.
@@ -1632,6 +1698,22 @@ ATTN_ALL(128)
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
+// Where the wgmma backward kernels write when `x` is not null (`BwdStore` in
+// model.rs, same layout): bf16 gradients in the projections' layout, dQ or dK
+// rotated back by RoPE (tables `cs`, `sn` of (T, D/2)) into `x`, dV into `y`,
+// the amax and NaN/inf flag of `x` (of `y`: `amax2`) when not null. When `x`
+// is null they write f32 dQ, or dK and dV, unrotated.
+struct BwdStore {
+    unsigned short* x;
+    unsigned short* y;
+    const float* cs;
+    const float* sn;
+    unsigned* amax;
+    unsigned* nonfinite;
+    unsigned* amax2;
+    unsigned* nonfinite2;
+};
+
 #define WG_THREADS 256
 #define WG_ROWS 128
 
@@ -1801,8 +1883,8 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 template <int D, int NWG>
 __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
                              const unsigned short* dout, const float* lse, const float* delta, float* dk,
-                             float* dv, int T, int Hq, int Hkv, float scale, const TmaMap* qmap,
-                             const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap) {
+                             float* dv, const BwdStore& fused, int T, int Hq, int Hkv, float scale,
+                             const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned base = smem_addr(smh), sm = (base + 1023) & ~1023u;
@@ -1909,8 +1991,19 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
         __syncthreads();
     }
     const size_t o = (size_t)b * T * kw + (size_t)kvh * D;
-    store_rows<D>(adk, rk, T, scale, dk + o, kw);
-    store_rows<D>(adv, rk, T, 1.f, dv + o, kw);
+    if (fused.x) {
+        float m = 0.f;
+        int bad = 0;
+        store_rows_rope<D>(adk, rk, T, scale, fused.x + o, kw, fused.cs, fused.sn, m, bad);
+        if (fused.amax) amax_commit(m, bad, fused.amax, fused.nonfinite);
+        m = 0.f;
+        bad = 0;
+        store_rows_bf16<D>(adv, rk, T, fused.y + o, kw, m, bad);
+        if (fused.amax2) amax_commit(m, bad, fused.amax2, fused.nonfinite2);
+    } else {
+        store_rows<D>(adk, rk, T, scale, dk + o, kw);
+        store_rows<D>(adv, rk, T, 1.f, dv + o, kw);
+    }
 }
 
 // dQ: two warpgroups of 64 queries (128 a block) walk 64-key tiles up to
@@ -1919,9 +2012,9 @@ __device__ void attn_dkdv_wg(const unsigned short* q, const unsigned short* k, c
 // B); shared: Q, dO (128 rows), two stages of K, V (64 rows).
 template <int D, int NWG>
 __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                           const unsigned short* dout, const float* lse, const float* delta, float* dq, int T,
-                           int Hq, int Hkv, float scale, const TmaMap* qmap, const TmaMap* kmap,
-                           const TmaMap* vmap, const TmaMap* omap) {
+                           const unsigned short* dout, const float* lse, const float* delta, float* dq,
+                           const BwdStore& fused, int T, int Hq, int Hkv, float scale, const TmaMap* qmap,
+                           const TmaMap* kmap, const TmaMap* vmap, const TmaMap* omap) {
     constexpr int TB = 64 * D * 2;
     extern __shared__ __align__(1024) unsigned short smh[];
     const unsigned sm = (smem_addr(smh) + 1023) & ~1023u;
@@ -2005,7 +2098,15 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         wg_hold(acc);
         __syncthreads();
     }
-    store_rows<D>(acc, rq, T, scale, dq + (size_t)b * T * qw + (size_t)h * D, qw);
+    const size_t o = (size_t)b * T * qw + (size_t)h * D;
+    if (fused.x) {
+        float m = 0.f;
+        int bad = 0;
+        store_rows_rope<D>(acc, rq, T, scale, fused.x + o, qw, fused.cs, fused.sn, m, bad);
+        if (fused.amax) amax_commit(m, bad, fused.amax, fused.nonfinite);
+    } else {
+        store_rows<D>(acc, rq, T, scale, dq + o, qw);
+    }
 }
 
 // The backward kernels with NWG warpgroups a block (64 NWG rows). One is
@@ -2015,17 +2116,19 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
 #define ATTN_WG_BWD(D, NWG)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dkdv_wg##D##_##NWG(                    \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dk, float* dv, int T, int Hq, int Hkv, int d, float scale,   \
-        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
-        const __grid_constant__ TmaMap vmap, const __grid_constant__ TmaMap omap) {                             \
-        attn_dkdv_wg<D, NWG>(q, k, v, dout, lse, delta, dk, dv, T, Hq, Hkv, scale, &qmap, &kmap, &vmap, &omap);  \
+        const float* lse, const float* delta, float* dk, float* dv, const __grid_constant__ BwdStore fused,       \
+        int T, int Hq, int Hkv, int d, float scale, const __grid_constant__ TmaMap qmap,                        \
+        const __grid_constant__ TmaMap kmap, const __grid_constant__ TmaMap vmap,                               \
+        const __grid_constant__ TmaMap omap) {                                                                  \
+        attn_dkdv_wg<D, NWG>(q, k, v, dout, lse, delta, dk, dv, fused, T, Hq, Hkv, scale, &qmap, &kmap, &vmap,   \
+                             &omap);                                                                            \
     }                                                                                                            \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dq_wg##D##_##NWG(                      \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \
-        const float* lse, const float* delta, float* dq, int T, int Hq, int Hkv, int d, float scale,             \
-        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
+        const float* lse, const float* delta, float* dq, const __grid_constant__ BwdStore fused, int T, int Hq,   \
+        int Hkv, int d, float scale, const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,  \
         const __grid_constant__ TmaMap vmap, const __grid_constant__ TmaMap omap) {                             \
-        attn_dq_wg<D, NWG>(q, k, v, dout, lse, delta, dq, T, Hq, Hkv, scale, &qmap, &kmap, &vmap, &omap);        \
+        attn_dq_wg<D, NWG>(q, k, v, dout, lse, delta, dq, fused, T, Hq, Hkv, scale, &qmap, &kmap, &vmap, &omap); \
     }
 
 #define ATTN_WG(D)                                                                                              \

@@ -722,49 +722,63 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 let xb = random_bf16(m * k, seed + 7, 2.0);
                 let dw = gpu.upload_fp8_weight(&w)?;
                 let dx = gpu.upload(&bf16_bits(&xb))?;
-                for bf16_out in [false, true] {
-                    if bf16_out && ![5, 17, 100, 300, 520].contains(&m) {
-                        continue;
+                // The f64 product of the dequantized weight and the sum of
+                // |terms| that bounds the f32 accumulation's error.
+                let mut reference = vec![(0f64, 0f64); m * n];
+                for i in 0..m {
+                    for j in 0..n {
+                        let (mut sum, mut abs) = (0f64, 0f64);
+                        for p in 0..k {
+                            let t = xb[i * k + p].to_f64() * wd[j * k + p] as f64;
+                            sum += t;
+                            abs += t.abs();
+                        }
+                        reference[i * n + j] = (sum, abs);
                     }
+                }
+                // f32 output with each block size of the small-M kernel
+                // (`None`: the one the host picks), bf16 output for some M.
+                let mut variants: Vec<(bool, Option<usize>)> = Vec::new();
+                if m <= crate::mixed::SMALL_M {
+                    variants.extend([(false, Some(2)), (false, Some(4)), (false, Some(8))]);
+                } else {
+                    variants.push((false, None));
+                }
+                if [5, 17, 100, 300, 520].contains(&m) {
+                    variants.push((true, None));
+                }
+                for (bf16_out, warps) in variants {
                     let got = if bf16_out {
                         let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
-                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                        gpu.mixed_matmul_warps(&dx, m, &dw, &mut y, warps)?;
                         download_f32(gpu, &y)?
                     } else {
                         let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
-                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                        gpu.mixed_matmul_warps(&dx, m, &dw, &mut y, warps)?;
                         gpu.download(&y)?
                     };
                     let mut bad = 0;
                     let mut worst = 0f64;
-                    for i in 0..m {
-                        for j in 0..n {
-                            let (mut sum, mut abs) = (0f64, 0f64);
-                            for p in 0..k {
-                                let t = xb[i * k + p].to_f64() * wd[j * k + p] as f64;
-                                sum += t;
-                                abs += t.abs();
-                            }
-                            let mut bound = (k + 16) as f64 * 2f64.powi(-24) * abs;
-                            if m > crate::mixed::SMALL_M && scaling == WeightScaling::Block128 {
-                                bound += 2f64.powi(-8) * abs;
-                            }
-                            if bf16_out {
-                                bound += 2f64.powi(-8) * sum.abs();
-                            }
-                            let r =
-                                (got[i * n + j] as f64 - sum).abs() / (bound + f64::MIN_POSITIVE);
-                            if r.is_nan() || r > 1.0 {
-                                bad += 1;
-                            }
-                            worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+                    for (g, &(sum, abs)) in got.iter().zip(&reference) {
+                        let mut bound = (k + 16) as f64 * 2f64.powi(-24) * abs;
+                        if m > crate::mixed::SMALL_M && scaling == WeightScaling::Block128 {
+                            bound += 2f64.powi(-8) * abs;
                         }
+                        if bf16_out {
+                            bound += 2f64.powi(-8) * sum.abs();
+                        }
+                        let r = (*g as f64 - sum).abs() / (bound + f64::MIN_POSITIVE);
+                        if r.is_nan() || r > 1.0 {
+                            bad += 1;
+                        }
+                        worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
                     }
                     out.push(CaseResult {
                         name: format!(
-                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}",
+                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}{}",
                             format.name(),
-                            if bf16_out { "bf16" } else { "f32" }
+                            if bf16_out { "bf16" } else { "f32" },
+                            warps.map_or(String::new(), |w| format!(", {w} warps a block"))
                         ),
                         pass: bad == 0,
                         worst: format!("{bad} outside; worst error / bound {worst:.3}"),
@@ -1627,6 +1641,35 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass: eo <= BF16_OUT_TOL && eq.max(ek).max(ev) <= gtol,
             worst: format!("out {eo:.2e}, dq {eq:.2e}, dk {ek:.2e}, dv {ev:.2e}"),
         });
+        // The bf16 gradients the projections read: the wgmma kernels' fused
+        // store (RoPE's backward, bf16, amax) against the f32 kernels and the
+        // passes, bit for bit (the same f32 operations, rounded the same way).
+        if model.attention_fused_store() {
+            let up = |x: &[bf16]| gpu.upload(&bf16_bits(x));
+            let (qd, kd, vd, god) = (up(&qb)?, up(&kb)?, up(&vb)?, up(&go)?);
+            let dims = (b, t, hq, hkv, d);
+            let (fg, fa) = model.attention_backward_bf16_check(&qd, &kd, &vd, &god, dims, true)?;
+            let (pg, pa) = model.attention_backward_bf16_check(&qd, &kd, &vd, &god, dims, false)?;
+            let diff: Vec<usize> = (0..3)
+                .map(|i| fg[i].iter().zip(&pg[i]).filter(|(a, b)| a != b).count())
+                .collect();
+            let nonzero = fg.iter().all(|g| g.iter().any(|&x| x & 0x7fff != 0));
+            out.push(CaseResult {
+                name: format!(
+                    "attention bwd fused bf16 + RoPE store B={b} T={t} heads {hq}/{hkv} D={d} vs f32 + passes"
+                ),
+                pass: diff.iter().all(|&c| c == 0) && fa == pa && nonzero,
+                worst: format!(
+                    "differing dq/dk/dv {}/{}/{} of {}/{}/{}, amax bits {fa:08x?} vs {pa:08x?}",
+                    diff[0],
+                    diff[1],
+                    diff[2],
+                    fg[0].len(),
+                    fg[1].len(),
+                    fg[2].len()
+                ),
+            });
+        }
     }
     // The whole model: loss and every gradient.
     // Widths multiples of 512: the 128x128 block-scaled GEMMs need k % 512 == 0.

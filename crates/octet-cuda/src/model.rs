@@ -317,6 +317,43 @@ enum AttnOut {
     Lora(Rc<crate::lora::Fp8Input>),
 }
 
+/// Where the attention backward's kernels write the input gradients.
+enum AttnGradDst<'a> {
+    /// f32 `(dq, dk, dv)`, before RoPE's backward.
+    F32(
+        &'a mut CudaSlice<f32>,
+        &'a mut CudaSlice<f32>,
+        &'a mut CudaSlice<f32>,
+    ),
+    /// bf16, RoPE's backward applied to dq and dk, and the amaxes of the
+    /// three where given (the wgmma kernels only).
+    Bf16 {
+        dq: &'a mut CudaSlice<u16>,
+        dk: &'a mut CudaSlice<u16>,
+        dv: &'a mut CudaSlice<u16>,
+        amax: [&'a mut Option<TensorAmax>; 3],
+    },
+}
+
+/// The fused-store argument of the wgmma attention backward kernels
+/// (`BwdStore` in train.cu, same layout): device addresses, 0 for none.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct BwdStore {
+    x: u64,
+    y: u64,
+    cs: u64,
+    sn: u64,
+    amax: u64,
+    nonfinite: u64,
+    amax2: u64,
+    nonfinite2: u64,
+}
+
+// SAFETY: a plain struct of device addresses, copied into the kernel's
+// parameter space.
+unsafe impl DeviceRepr for BwdStore {}
+
 /// The attention output as [`GpuLlama::attn_backward`] reads it.
 #[derive(Clone, Copy)]
 enum OutRef<'a> {
@@ -821,6 +858,12 @@ impl<'g> GpuLlama<'g> {
         })
     }
 
+    /// Whether the attention backward stores bf16 gradients with RoPE's
+    /// backward applied itself (Hopper's wgmma kernels, head dim 64 or 128).
+    pub fn attention_fused_store(&self) -> bool {
+        self.f.attn.tma
+    }
+
     /// Whether attention runs on tensor cores (head dim 16, 32, 64 or 128).
     pub fn attention_on_tensor_cores(&self) -> bool {
         self.f.attn.tensor_cores
@@ -963,9 +1006,8 @@ impl<'g> GpuLlama<'g> {
         Ok((out, lse))
     }
 
-    /// Attention backward from the f32 output gradient: `(dq, dk, dv)` in f32.
-    /// The tensor-core kernels read the output gradient as bf16 (written by
-    /// the `delta` kernel, which reads it once anyway).
+    /// Attention backward, `(dq, dk, dv)` in f32 as the kernels sum them
+    /// (before RoPE's backward): the conformance check's view.
     #[allow(clippy::too_many_arguments)]
     fn attn_backward(
         &self,
@@ -978,16 +1020,163 @@ impl<'g> GpuLlama<'g> {
         (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
         let gpu = self.gpu;
+        let n = b * t;
+        let mut dq: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hq * d, "dq")? };
+        let mut dk: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk")? };
+        let mut dv: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv")? };
+        let dims = (b, t, hq, hkv, d);
+        self.attn_bwd_launch(
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            dims,
+            AttnGradDst::F32(&mut dq, &mut dk, &mut dv),
+        )?;
+        Ok((dq, dk, dv))
+    }
+
+    /// Attention backward as the q, k and v projections' backward reads it:
+    /// `(dq, dk, dv)` in bf16, RoPE's backward applied to dq and dk, with
+    /// their amaxes into `amax` where given. On Hopper the wgmma kernels store
+    /// them so (`fused`); otherwise, or when `fused` is false, the f32
+    /// gradients go through the `rope_bwd` and `to_bf16` passes, which give
+    /// the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn attn_backward_bf16(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: OutRef<'_>,
+        dout: &CudaSlice<u16>,
+        lse: &CudaSlice<f32>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+        amax: [&mut Option<TensorAmax>; 3],
+        fused: bool,
+    ) -> Result<(CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>)> {
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        let n = b * t;
+        let dims = (b, t, hq, hkv, d);
+        let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
+        let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
+        let [q_amax, k_amax, v_amax] = amax;
+        if fused && self.f.attn.tma {
+            let mut dv_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv bf16")? };
+            let dst = AttnGradDst::Bf16 {
+                dq: &mut dq_bf,
+                dk: &mut dk_bf,
+                dv: &mut dv_bf,
+                amax: [q_amax, k_amax, v_amax],
+            };
+            self.attn_bwd_launch(q, k, v, out, dout, lse, dims, dst)?;
+            return Ok((dq_bf, dk_bf, dv_bf));
+        }
+        let (dq, dk, dv) = self.attn_backward(q, k, v, out, dout, lse, dims)?;
+        let (ni, ti, di) = (n as i32, t as i32, d as i32);
+        let null: u64 = 0;
+        for (src, dst, heads, amax) in [
+            (&dq, &mut dq_bf, hq, q_amax),
+            (&dk, &mut dk_bf, hkv, k_amax),
+        ] {
+            let hi = heads as i32;
+            unsafe {
+                let mut lb = s.launch_builder(&self.f.rope_bwd);
+                lb.arg(src)
+                    .arg(dst)
+                    .arg(&self.cos)
+                    .arg(&self.sin)
+                    .arg(&ni)
+                    .arg(&ti)
+                    .arg(&hi)
+                    .arg(&di);
+                push_amax(&mut lb, amax, &null);
+                lb.launch(rows_cfg(n))?;
+            }
+        }
+        let dv_bf = self.bf16(&dv, "dv bf16", v_amax)?;
+        Ok((dq_bf, dk_bf, dv_bf))
+    }
+
+    /// The attention backward's kernels: the `delta` pass, then dK/dV and dQ
+    /// into `dst` (bf16 only on Hopper's wgmma kernels).
+    #[allow(clippy::too_many_arguments)]
+    fn attn_bwd_launch(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: OutRef<'_>,
+        dout: &CudaSlice<u16>,
+        lse: &CudaSlice<f32>,
+        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+        dst: AttnGradDst<'_>,
+    ) -> Result<()> {
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let gpu = self.gpu;
         let s = &gpu.stream;
         let n = b * t;
         let (ti, hqi, hkvi, di) = (t as i32, hq as i32, hkv as i32, d as i32);
         let scale = 1.0 / (d as f32).sqrt();
         let mut delta: CudaSlice<f32> = unsafe { gpu.alloc_uninit(b * hq * t, "attention delta")? };
-        let mut dq: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hq * d, "dq")? };
-        let mut dk: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk")? };
-        let mut dv: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv")? };
         let rows_n = (n * hq) as i32;
         let null: u64 = 0;
+        // The f32 destinations (null when the kernels store bf16) and the
+        // fused-store arguments of the dK/dV and dQ kernels. Device addresses
+        // taken here are used on this stream only.
+        let ptr = |x: &mut CudaSlice<u16>| -> u64 { x.device_ptr_mut(s).0 };
+        let amax_ptrs = |a: &mut Option<TensorAmax>| -> (u64, u64) {
+            a.as_mut().map_or((0, 0), |a| {
+                (
+                    a.amax_bits.device_ptr_mut(s).0,
+                    a.nonfinite.device_ptr_mut(s).0,
+                )
+            })
+        };
+        let (f32s, stores) = match dst {
+            AttnGradDst::F32(dq, dk, dv) => (Some((dq, dk, dv)), None),
+            AttnGradDst::Bf16 {
+                dq,
+                dk,
+                dv,
+                amax: [qa, ka, va],
+            } => {
+                if !self.f.attn.tma {
+                    return Err(Error::Shape(
+                        "bf16 attention gradients are stored by the wgmma kernels only".into(),
+                    ));
+                }
+                let (cs, sn) = (self.cos.device_ptr(s).0, self.sin.device_ptr(s).0);
+                let (qm, qn) = amax_ptrs(qa);
+                let (km, kn) = amax_ptrs(ka);
+                let (vm, vn) = amax_ptrs(va);
+                let dkdv = BwdStore {
+                    x: ptr(dk),
+                    y: ptr(dv),
+                    cs,
+                    sn,
+                    amax: km,
+                    nonfinite: kn,
+                    amax2: vm,
+                    nonfinite2: vn,
+                };
+                let dq = BwdStore {
+                    x: ptr(dq),
+                    y: 0,
+                    cs,
+                    sn,
+                    amax: qm,
+                    nonfinite: qn,
+                    amax2: 0,
+                    nonfinite2: 0,
+                };
+                (None, Some([dkdv, dq]))
+            }
+        };
+        let stores = stores.unwrap_or_default();
         unsafe {
             let mut lb = s.launch_builder(&self.f.attn_delta);
             match out {
@@ -1010,7 +1199,6 @@ impl<'g> GpuLlama<'g> {
             let maps = match self.f.attn.tma {
                 true => {
                     use cudarc::driver::sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B as SW;
-                    use cudarc::driver::DevicePtr;
                     let map = |x: &CudaSlice<u16>, heads: usize| -> Result<TmaMap> {
                         let (p, _g) = x.device_ptr(s);
                         TmaMap::new(p, 2, &[heads * d, t, b], &[64, 64, 1], SW)
@@ -1019,15 +1207,29 @@ impl<'g> GpuLlama<'g> {
                 }
                 false => None,
             };
+            let (mut dq, mut dk, mut dv) = match f32s {
+                Some((dq, dk, dv)) => (Some(dq), Some(dk), Some(dv)),
+                None => (None, None, None),
+            };
             for (kern, heads, is_dq) in
                 [(&self.f.attn.dkdv, hkv, false), (&self.f.attn.dq, hq, true)]
             {
                 let mut lb = s.launch_builder(&kern.f);
                 lb.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&delta);
-                if is_dq {
-                    lb.arg(&mut dq);
+                let outs = if is_dq {
+                    [dq.as_deref_mut(), None]
                 } else {
-                    lb.arg(&mut dk).arg(&mut dv);
+                    [dk.as_deref_mut(), dv.as_deref_mut()]
+                };
+                for (i, x) in outs.into_iter().enumerate() {
+                    match x {
+                        Some(x) => lb.arg(x),
+                        None if i == 0 || !is_dq => lb.arg(&null),
+                        None => continue,
+                    };
+                }
+                if maps.is_some() {
+                    lb.arg(&stores[is_dq as usize]);
                 }
                 lb.arg(&ti).arg(&hqi).arg(&hkvi).arg(&di).arg(&scale);
                 if let Some(m) = &maps {
@@ -1036,7 +1238,7 @@ impl<'g> GpuLlama<'g> {
                 lb.launch(Self::attn_cfg(kern, t, heads, b))?;
             }
         }
-        Ok((dq, dk, dv))
+        Ok(())
     }
 
     /// Parameter count.
@@ -1696,7 +1898,6 @@ impl<'g> GpuLlama<'g> {
             nblocks.checked_sub(1).map(|last| (last, 6)),
         )?;
         drop((dh, xf, rstd_f));
-        let (ni, ti, di) = (n as i32, t as i32, d as i32);
         // Sharded: block i - 1's weights are gathered (when resharding) and
         // block i + 1's gradients reduce-scattered while block i runs backward.
         let mut gathering = match nblocks.checked_sub(1) {
@@ -1815,37 +2016,16 @@ impl<'g> GpuLlama<'g> {
             self.mark("linear bwd")?;
             drop(dres_bf_attn);
             self.mark("elementwise")?;
-            let (dq, dk, dvv) =
-                a.with(|o| self.attn_backward(&q, &k, &vv, o, &da, &lse, (b, t, hq, hkv, d)))??;
-            drop((q, k, vv, a, lse, da));
-            let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
-            let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
             let (mut q_amax, mut k_amax, mut v_amax) = (
                 self.amax_for(bi, 0, true)?,
                 self.amax_for(bi, 1, true)?,
                 self.amax_for(bi, 2, true)?,
             );
-            for (src, dst, heads, amax) in [
-                (&dq, &mut dq_bf, hq, &mut q_amax),
-                (&dk, &mut dk_bf, hkv, &mut k_amax),
-            ] {
-                let hi = heads as i32;
-                unsafe {
-                    let mut lb = s.launch_builder(&self.f.rope_bwd);
-                    lb.arg(src)
-                        .arg(dst)
-                        .arg(&self.cos)
-                        .arg(&self.sin)
-                        .arg(&ni)
-                        .arg(&ti)
-                        .arg(&hi)
-                        .arg(&di);
-                    push_amax(&mut lb, amax, &null);
-                    lb.launch(rows_cfg(n))?;
-                }
-            }
-            let dv_bf = self.bf16(&dvv, "dv bf16", &mut v_amax)?;
-            drop((dq, dk, dvv));
+            let amaxes = [&mut q_amax, &mut k_amax, &mut v_amax];
+            let (dq_bf, dk_bf, dv_bf) = a.with(|o| {
+                self.attn_backward_bf16(&q, &k, &vv, o, &da, &lse, (b, t, hq, hkv, d), amaxes, true)
+            })??;
+            drop((q, k, vv, a, lse, da));
             self.mark("attention bwd (+rope)")?;
             // q's, k's and v's input gradients added into one buffer, in that order.
             let mut dh = None;
@@ -2654,6 +2834,58 @@ impl GpuLlama<'_> {
         let (out, lse) = self.attention_forward_bench(q, k, v, dims)?;
         let (dq, dk, dv) = self.attention_backward_bench(q, k, v, &out, dout, &lse, dims)?;
         Ok((out, dq, dk, dv))
+    }
+
+    /// Test hook: the attention backward as the projections read it (bf16,
+    /// RoPE's backward applied to dq and dk) on the output and lse of the
+    /// forward, stored by the wgmma kernels (`fused`, on Hopper) or by the
+    /// f32 kernels and the `rope_bwd` / `to_bf16` passes: the three tensors'
+    /// bits and their amax bits, for a bit-exact comparison of the two.
+    #[allow(clippy::type_complexity)]
+    pub fn attention_backward_bf16_check(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        dout: &CudaSlice<u16>,
+        dims: (usize, usize, usize, usize, usize),
+        fused: bool,
+    ) -> Result<([Vec<u16>; 3], [u32; 3])> {
+        self.check_attention_dims(q, k, v, dims)?;
+        let (b, t, hq, _, d) = dims;
+        if dout.len() != b * t * hq * d {
+            return Err(Error::Shape(format!(
+                "attention hook: dout of {} elements for B={b} T={t} Hq={hq} D={d}",
+                dout.len()
+            )));
+        }
+        let (out, lse) = self.attn_forward(q, k, v, dims, &mut None)?;
+        let mut am = [
+            Some(self.gpu.alloc_amax()?),
+            Some(self.gpu.alloc_amax()?),
+            Some(self.gpu.alloc_amax()?),
+        ];
+        let [a0, a1, a2] = &mut am;
+        let (dq, dk, dv) = self.attn_backward_bf16(
+            q,
+            k,
+            v,
+            OutRef::Bf16(&out),
+            dout,
+            &lse,
+            dims,
+            [a0, a1, a2],
+            fused,
+        )?;
+        let s = &self.gpu.stream;
+        let mut bits = [0u32; 3];
+        for (i, a) in am.iter().flatten().enumerate() {
+            bits[i] = s.clone_dtoh(&a.amax_bits)?[0];
+        }
+        Ok((
+            [s.clone_dtoh(&dq)?, s.clone_dtoh(&dk)?, s.clone_dtoh(&dv)?],
+            bits,
+        ))
     }
 
     /// The hooks' shape check: the model's head dim, whole query groups, and
