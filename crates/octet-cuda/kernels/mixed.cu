@@ -4,10 +4,9 @@
 // registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
 //
-// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block of W
-// warps (2, 4 or 8: the host picks W so that the blocks fit on the GPU in one
-// wave, see `small_m_warps` in mixed.rs) owns 16 weight rows and 16 tokens;
-// the warps split K into 128-column blocks (warp w takes blocks w, w+W, ...).
+// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block of 8
+// warps owns 16 weight rows and 16 tokens;
+// the warps split K into 128-column blocks (warp w takes blocks w, w+8, ...).
 // Per 128-column block a thread loads 16 contiguous codes from each of its two
 // rows (g and g+8, g = lane / 4) per 64 columns, and 16 contiguous bf16 of its
 // token's x row; `mma.m16n8k16` multiplies 16 rows x 16 columns x 8 tokens.
@@ -16,7 +15,7 @@
 // 16t + 4s + {0, 1, 2, 3} of step s: contiguous 16-byte loads for W and x
 // alike. Each 128-column block's partial sum enters the total with one FMA by
 // its block factor (1 for tensor and row scales, which apply at the end). The
-// W warps' totals are summed in warp order through shared memory.
+// 8 warps' totals are summed in warp order through shared memory.
 //
 // Requirements checked by the host: K % 16 == 0 (a thread's 16 columns are
 // all inside or all outside K), 16-byte aligned rows.
@@ -102,12 +101,12 @@ __device__ __forceinline__ void load_block(const unsigned char* __restrict__ w,
     }
 }
 
-template <int FMT, int NT, int W, typename OUT>
+template <int FMT, int NT, typename OUT>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y,
                                               int M, int N, int K, int mode) {
-    __shared__ float red[W][NT * 4][32];
+    __shared__ float red[8][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // blockIdx.x: group of 16 tokens (consecutive blocks share a row tile, so
@@ -130,9 +129,9 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // flight while the current one is converted and multiplied.
     uint4 wa[2], wb[2], xv[NT][2][2];
     load_block<NT>(w, x, warp, K, M, N, ra, rb, t, g, wa, wb, xv);
-    for (int kb = warp; kb < kblocks; kb += W) {
+    for (int kb = warp; kb < kblocks; kb += 8) {
         uint4 nwa[2], nwb[2], nxv[NT][2][2];
-        load_block<NT>(w, x, kb + W, K, M, N, ra, rb, t, g, nwa, nwb, nxv);
+        load_block<NT>(w, x, kb + 8, K, M, N, ra, rb, t, g, nwa, nwb, nxv);
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
@@ -177,12 +176,12 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
         for (int i = 0; i < 4; i++) red[warp][j * 4 + i][lane] = tot[j][i];
     __syncthreads();
-    // One thread per (fragment slot, lane): sum the W warps in order, scale, store.
-    for (int slot = threadIdx.x; slot < NT * 4 * 32; slot += W * 32) {
-        const int idx = slot >> 5, l = slot & 31;
+    // One thread per (fragment slot, lane): sum the 8 warps in order, scale, store.
+    if (threadIdx.x < NT * 4 * 32) {
+        const int idx = threadIdx.x >> 5, l = threadIdx.x & 31;
         float v = 0.f;
 #pragma unroll
-        for (int q = 0; q < W; q++) v += red[q][idx][l];
+        for (int q = 0; q < 8; q++) v += red[q][idx][l];
         const int j = idx >> 2, i = idx & 3;
         const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
@@ -190,17 +189,12 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 }
 
-#define MIXED_SMALL_W(NAME, FMT, NT, OUT, W)                                                              \
-    extern "C" __global__ void __launch_bounds__(32 * W) NAME##_w##W(const unsigned char* w,              \
-                                                                    const unsigned short* x,             \
-                                                                    const float* factors, OUT* y, int M, \
-                                                                    int N, int K, int mode) {            \
-        mixed_small_m<FMT, NT, W, OUT>(w, x, factors, y, M, N, K, mode);                                 \
+#define MIXED_SMALL(NAME, FMT, NT, OUT)                                                                   \
+    extern "C" __global__ void __launch_bounds__(256) NAME(const unsigned char* w, const unsigned short* x, \
+                                                           const float* factors, OUT* y, int M, int N,  \
+                                                           int K, int mode) {                           \
+        mixed_small_m<FMT, NT, OUT>(w, x, factors, y, M, N, K, mode);                                    \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT)  \
-    MIXED_SMALL_W(NAME, FMT, NT, OUT, 2) \
-    MIXED_SMALL_W(NAME, FMT, NT, OUT, 4) \
-    MIXED_SMALL_W(NAME, FMT, NT, OUT, 8)
 MIXED_SMALL(mixed_e4m3_n8_f32, FMT_E4M3, 1, float)
 MIXED_SMALL(mixed_e4m3_n16_f32, FMT_E4M3, 2, float)
 MIXED_SMALL(mixed_e5m2_n8_f32, FMT_E5M2, 1, float)

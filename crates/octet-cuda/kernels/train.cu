@@ -1239,26 +1239,33 @@ __device__ __forceinline__ void store_rows(const float (*acc)[4], const int rr[2
 // The written values' max |v| and NaN/inf flag accumulate into (m, bad).
 template <int D>
 __device__ __forceinline__ void store_rows_rope(const float (*acc)[4], const int rr[2], int T, float scale,
-                                                unsigned short* dst, size_t ld, const float* cs, const float* sn,
+                                                unsigned short* __restrict__ dst, size_t ld,
+                                                const float* __restrict__ cs, const float* __restrict__ sn,
                                                 float& m, int& bad) {
     constexpr int HALF = D / 2;
     const int tg = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rr[r] >= T) continue;
+        // The row's angles first, all loads in flight at once (read-only
+        // path), rather than one table latency per pair of columns.
+        const float2* c = reinterpret_cast<const float2*>(cs + (size_t)rr[r] * HALF) + tg;
+        const float2* s = reinterpret_cast<const float2*>(sn + (size_t)rr[r] * HALF) + tg;
+        float2 cv[D / 16], sv[D / 16];
+#pragma unroll
+        for (int dn = 0; dn < D / 16; dn++) {
+            cv[dn] = __ldg(c + dn * 4);
+            sv[dn] = __ldg(s + dn * 4);
+        }
         unsigned short* row = dst + (size_t)rr[r] * ld;
-        const float* c = cs + (size_t)rr[r] * HALF;
-        const float* s = sn + (size_t)rr[r] * HALF;
 #pragma unroll
         for (int dn = 0; dn < D / 16; dn++) {
             const int i = dn * 8 + tg * 2;
-            const float2 cv = *reinterpret_cast<const float2*>(c + i);
-            const float2 sv = *reinterpret_cast<const float2*>(s + i);
             unsigned short lo0, hi0, lo1, hi1;
-            rope_bwd_pair(__fmul_rn(acc[dn][2 * r], scale), __fmul_rn(acc[dn + D / 16][2 * r], scale), cv.x, sv.x,
-                          lo0, hi0);
-            rope_bwd_pair(__fmul_rn(acc[dn][2 * r + 1], scale), __fmul_rn(acc[dn + D / 16][2 * r + 1], scale), cv.y,
-                          sv.y, lo1, hi1);
+            rope_bwd_pair(__fmul_rn(acc[dn][2 * r], scale), __fmul_rn(acc[dn + D / 16][2 * r], scale), cv[dn].x,
+                          sv[dn].x, lo0, hi0);
+            rope_bwd_pair(__fmul_rn(acc[dn][2 * r + 1], scale), __fmul_rn(acc[dn + D / 16][2 * r + 1], scale),
+                          cv[dn].y, sv[dn].y, lo1, hi1);
             *reinterpret_cast<unsigned*>(row + i) = (unsigned)lo0 | ((unsigned)lo1 << 16);
             *reinterpret_cast<unsigned*>(row + i + HALF) = (unsigned)hi0 | ((unsigned)hi1 << 16);
             amax_note(lo0, m, bad);

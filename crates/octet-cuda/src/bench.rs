@@ -663,7 +663,29 @@ pub fn bench_attention(
                 .attention_backward_bench(&q, &k, &v, &out, &go, &lse, dims)
                 .map(|_| ())
         })?;
-        for (what, ms, flop) in [("forward", ms, fwd_flop), ("backward", bms, 2.5 * fwd_flop)] {
+        // As the training step runs it: bf16 gradients with RoPE's backward
+        // and amaxes (FP8 recipes), stored by the kernels on Hopper, else by
+        // the f32 kernels and passes (the row above plus the passes).
+        let mut amax = [
+            Some(gpu.alloc_amax()?),
+            Some(gpu.alloc_amax()?),
+            Some(gpu.alloc_amax()?),
+        ];
+        let tms = time_ms(gpu, 3, 10, |_| {
+            model
+                .attention_backward_bf16_bench(&q, &k, &v, &out, &go, &lse, dims, &mut amax, true)
+                .map(|_| ())
+        })?;
+        let train_bwd = if model.attention_fused_store() {
+            "backward, bf16 + RoPE stored by the kernels (training)"
+        } else {
+            "backward, then RoPE and bf16 passes (training)"
+        };
+        for (what, ms, flop) in [
+            ("forward", ms, fwd_flop),
+            ("backward (f32 gradients)", bms, 2.5 * fwd_flop),
+            (train_bwd, tms, 2.5 * fwd_flop),
+        ] {
             rows.push(BenchRow {
                 name: format!("attention {what} causal B={b} T={t} H={h} D={d}"),
                 ms,

@@ -34,8 +34,8 @@ use std::sync::Arc;
 
 /// The compiled weight-only kernels.
 pub(crate) struct MixedKernels {
-    /// `[format][tokens 8 / 16][out f32 / bf16][2 / 4 / 8 warps a block]`.
-    small: [[[[CudaFunction; 3]; 2]; 2]; 2],
+    /// `[format][tokens 8 / 16][out f32 / bf16]`.
+    small: [[[CudaFunction; 2]; 2]; 2],
     /// `[format]`.
     upcast: [CudaFunction; 2],
     /// `[out f32 / bf16]`.
@@ -75,22 +75,15 @@ impl MixedKernels {
         } else {
             None
         };
-        let warps = |name: String| -> Result<[CudaFunction; 3]> {
-            Ok([
-                f(&format!("{name}_w2"))?,
-                f(&format!("{name}_w4"))?,
-                f(&format!("{name}_w8"))?,
-            ])
-        };
-        let small = |fmt: &str| -> Result<[[[CudaFunction; 3]; 2]; 2]> {
+        let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 2]> {
             Ok([
                 [
-                    warps(format!("mixed_{fmt}_n8_f32"))?,
-                    warps(format!("mixed_{fmt}_n8_bf16"))?,
+                    f(&format!("mixed_{fmt}_n8_f32"))?,
+                    f(&format!("mixed_{fmt}_n8_bf16"))?,
                 ],
                 [
-                    warps(format!("mixed_{fmt}_n16_f32"))?,
-                    warps(format!("mixed_{fmt}_n16_bf16"))?,
+                    f(&format!("mixed_{fmt}_n16_f32"))?,
+                    f(&format!("mixed_{fmt}_n16_bf16"))?,
                 ],
             ])
         };
@@ -154,26 +147,6 @@ fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
 /// Up to this many rows of `x` take the fused small-M kernel (in groups of 16).
 pub const SMALL_M: usize = 64;
 
-/// Warps a block of the small-M kernel for `blocks` blocks (16 weight rows x
-/// 16 tokens each) on `sms` multiprocessors: the most of 8, 4, 2 with which
-/// all blocks are resident at once at 16 warps an SM (one wave: no tail of
-/// idle SMs while the last blocks stream their rows), else 2, whose small
-/// blocks balance best across the SMs. `OCTET_MIXED_WARPS` (2, 4 or 8)
-/// overrides it, for measurements.
-fn small_m_warps(blocks: usize, sms: usize) -> usize {
-    if let Some(w) = std::env::var("OCTET_MIXED_WARPS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .filter(|w| matches!(w, 2 | 4 | 8))
-    {
-        return w;
-    }
-    [8, 4, 2]
-        .into_iter()
-        .find(|w| blocks * w <= 16 * sms)
-        .unwrap_or(2)
-}
-
 impl Gpu {
     /// Copy an [`Fp8Weight`] to the device. `K` must be a multiple of 16 (the
     /// kernel's 16-byte loads); `N` and `K` must fit in an i32.
@@ -212,19 +185,6 @@ impl Gpu {
         w: &DeviceFp8Weight,
         y: &mut CudaSlice<D>,
     ) -> Result<()> {
-        self.mixed_matmul_warps(x, m, w, y, None)
-    }
-
-    /// [`Gpu::mixed_matmul`] with the small-M kernel's warps a block given
-    /// (2, 4 or 8; `None`: [`small_m_warps`]), for the conformance check.
-    pub(crate) fn mixed_matmul_warps<D: GemmOut>(
-        &self,
-        x: &CudaSlice<u16>,
-        m: usize,
-        w: &DeviceFp8Weight,
-        y: &mut CudaSlice<D>,
-        warps: Option<usize>,
-    ) -> Result<()> {
         let (n, k) = (w.n, w.k);
         if m == 0 || x.len() != m * k || y.len() != m * n {
             return Err(Error::Shape(format!(
@@ -253,20 +213,10 @@ impl Gpu {
         let dims = [m as i32, n as i32, k as i32, mode(w.scaling)];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
         if m <= SMALL_M {
-            let blocks = m.div_ceil(16) * n.div_ceil(16);
-            let warps = match warps {
-                Some(w @ (2 | 4 | 8)) => w,
-                Some(w) => {
-                    return Err(Error::Shape(format!(
-                        "small-M kernel with {w} warps a block"
-                    )))
-                }
-                None => small_m_warps(blocks, self.sm_count.max(1) as usize),
-            };
-            let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out][warps.ilog2() as usize - 1];
+            let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
             let cfg = LaunchConfig {
                 grid_dim: (m.div_ceil(16) as u32, n.div_ceil(16) as u32, 1),
-                block_dim: (32 * warps as u32, 1, 1),
+                block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
             let mut b = self.stream.launch_builder(f);

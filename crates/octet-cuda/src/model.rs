@@ -2851,32 +2851,14 @@ impl GpuLlama<'_> {
         dims: (usize, usize, usize, usize, usize),
         fused: bool,
     ) -> Result<([Vec<u16>; 3], [u32; 3])> {
-        self.check_attention_dims(q, k, v, dims)?;
-        let (b, t, hq, _, d) = dims;
-        if dout.len() != b * t * hq * d {
-            return Err(Error::Shape(format!(
-                "attention hook: dout of {} elements for B={b} T={t} Hq={hq} D={d}",
-                dout.len()
-            )));
-        }
-        let (out, lse) = self.attn_forward(q, k, v, dims, &mut None)?;
+        let (out, lse) = self.attention_forward_bench(q, k, v, dims)?;
         let mut am = [
             Some(self.gpu.alloc_amax()?),
             Some(self.gpu.alloc_amax()?),
             Some(self.gpu.alloc_amax()?),
         ];
-        let [a0, a1, a2] = &mut am;
-        let (dq, dk, dv) = self.attn_backward_bf16(
-            q,
-            k,
-            v,
-            OutRef::Bf16(&out),
-            dout,
-            &lse,
-            dims,
-            [a0, a1, a2],
-            fused,
-        )?;
+        let (dq, dk, dv) =
+            self.attention_backward_bf16_bench(q, k, v, &out, dout, &lse, dims, &mut am, fused)?;
         let s = &self.gpu.stream;
         let mut bits = [0u32; 3];
         for (i, a) in am.iter().flatten().enumerate() {
@@ -2886,6 +2868,46 @@ impl GpuLlama<'_> {
             [s.clone_dtoh(&dq)?, s.clone_dtoh(&dk)?, s.clone_dtoh(&dv)?],
             bits,
         ))
+    }
+
+    /// Benchmark hook: the attention backward as the training step runs it
+    /// (bf16 gradients, RoPE's backward applied, amaxes into `amax` where
+    /// given), stored by the kernels when `fused` (Hopper) or by the passes.
+    #[allow(clippy::too_many_arguments, clippy::type_complexity)]
+    pub fn attention_backward_bf16_bench(
+        &self,
+        q: &CudaSlice<u16>,
+        k: &CudaSlice<u16>,
+        v: &CudaSlice<u16>,
+        out: &CudaSlice<u16>,
+        dout: &CudaSlice<u16>,
+        lse: &CudaSlice<f32>,
+        dims: (usize, usize, usize, usize, usize),
+        amax: &mut [Option<TensorAmax>; 3],
+        fused: bool,
+    ) -> Result<(CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>)> {
+        self.check_attention_dims(q, k, v, dims)?;
+        let (b, t, hq, _, d) = dims;
+        if out.len() != b * t * hq * d || dout.len() != out.len() || lse.len() != b * hq * t {
+            return Err(Error::Shape(format!(
+                "attention hook: out/dout/lse of {}/{}/{} elements for B={b} T={t} Hq={hq} D={d}",
+                out.len(),
+                dout.len(),
+                lse.len()
+            )));
+        }
+        let [a0, a1, a2] = amax;
+        self.attn_backward_bf16(
+            q,
+            k,
+            v,
+            OutRef::Bf16(out),
+            dout,
+            lse,
+            dims,
+            [a0, a1, a2],
+            fused,
+        )
     }
 
     /// The hooks' shape check: the model's head dim, whole query groups, and
