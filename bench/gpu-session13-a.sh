@@ -8,6 +8,8 @@
 # - the ~1B model at batch 16: bf16 and tensorwise (FP8 saved), new against
 #   the session's starting binary (dev-bin/octet-old), 10 steps each;
 # - the 1b preset's new schedule: 200 steps at batch 4, bf16, losses.
+# (OCTET_MIXED_WARPS selected 2, 4 or 8 warps a block in the binary of this call;
+# those variants were dropped after it: crates/octet-cuda/NOTES.md.)
 set -uo pipefail
 t0=$SECONDS
 new=dev-bin/octet
