@@ -167,7 +167,70 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
-// RMSNorm backward over NORM_ROWS rows a block (rows NORM_ROWS blockIdx.x ..)
+// rmsnorm_fwd for C % 4 == 0 and C <= 4 * NORM_FWD_GROUPS * blockDim.x: a
+// thread owns up to NORM_FWD_GROUPS groups of 4 consecutive columns, read and
+// written with 16-byte (f32) and 8-byte (bf16) accesses, and keeps them in
+// registers for the second sweep (the scalar kernel reads the row again).
+// Same operations per element as rmsnorm_fwd; the row's sum of squares is
+// added in another order (per thread over its groups, then across threads).
+#define NORM_FWD_GROUPS 4
+extern "C" __global__ void rmsnorm_fwd_v4(const float* x, const unsigned short* y, float* xo, const float* g,
+                                          unsigned short* h, float* rstd, int C, float eps, unsigned* amax,
+                                          unsigned* nonfinite, unsigned char* xq, float* xs) {
+    __shared__ float red[32];
+    const size_t off = (size_t)blockIdx.x * C;
+    float v[NORM_FWD_GROUPS][4];
+    float s = 0.f, mx = 0.f;
+#pragma unroll
+    for (int r = 0; r < NORM_FWD_GROUPS; r++) {
+        const int i = (r * blockDim.x + threadIdx.x) * 4;
+        if (i >= C) continue;
+        const float4 a = *reinterpret_cast<const float4*>(x + off + i);
+        v[r][0] = a.x, v[r][1] = a.y, v[r][2] = a.z, v[r][3] = a.w;
+        if (y) {
+            const uint2 b = *reinterpret_cast<const uint2*>(y + off + i);
+            v[r][0] += bf2f(b.x & 0xffff), v[r][1] += bf2f(b.x >> 16);
+            v[r][2] += bf2f(b.y & 0xffff), v[r][3] += bf2f(b.y >> 16);
+            *reinterpret_cast<float4*>(xo + off + i) = make_float4(v[r][0], v[r][1], v[r][2], v[r][3]);
+        }
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            s += v[r][j] * v[r][j];
+            mx = fmaxf(mx, fabsf(v[r][j]));
+        }
+    }
+    s = block_sum_f(s, red);
+    const float rs = 1.f / sqrtf(s / (float)C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
+    float qm = 1.f;
+    if (xq) {
+        qm = row_mult(block_max_f(mx, red));
+        if (threadIdx.x == 0) xs[blockIdx.x] = __fdiv_rn(1.f, qm);
+    }
+    float m = 0.f;
+    int bad = 0;
+#pragma unroll
+    for (int r = 0; r < NORM_FWD_GROUPS; r++) {
+        const int i = (r * blockDim.x + threadIdx.x) * 4;
+        if (i >= C) continue;
+        const float4 gv = *reinterpret_cast<const float4*>(g + i);
+        const float gg[4] = {gv.x, gv.y, gv.z, gv.w};
+        unsigned short b[4];
+        unsigned codes = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            b[j] = f2bf(v[r][j] * rs * gg[j]);
+            amax_note(b[j], m, bad);
+            if (xq) codes |= (unsigned)q_e4m3(v[r][j], qm) << (8 * j);
+        }
+        *reinterpret_cast<uint2*>(h + off + i) =
+            make_uint2((unsigned)b[0] | ((unsigned)b[1] << 16), (unsigned)b[2] | ((unsigned)b[3] << 16));
+        if (xq) *reinterpret_cast<unsigned*>(xq + off + i) = codes;
+    }
+    if (amax) amax_commit(m, bad, amax, nonfinite);
+}
+
+// RMSNorm backward over `rows` rows a block (rows `rows` blockIdx.x ..)
 // with dy = dy0 + dy1 + dy2 (null terms skipped: the input gradients of the
 // projections that read the norm's output, added in that order):
 // dres (+)= dx, dx_i = r g_i dy_i - r^3 x_i mean_j(g_j dy_j x_j); `dres_bf`
@@ -178,7 +241,6 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
 // x is read as E4M3 codes times the row factors `xs` (rmsnorm_fwd's FP8
 // copy) and `x` is not read. V = 4 when C is a multiple of 4 (16-byte accesses).
 // Dynamic shared memory: C floats when `partial` (each thread owns its columns).
-#define NORM_ROWS 8
 
 template <int V> __device__ __forceinline__ Vf<V> vadd(Vf<V> a, const Vf<V>& b) {
 #pragma unroll
@@ -214,7 +276,7 @@ __device__ __forceinline__ Vf<V> ld_dy(const float* dy0, const float* dy1, const
 template <int V>
 __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const float* dy0,
                                  const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,
-                                 float* partial, int M, int C, int accumulate, unsigned* amax,
+                                 float* partial, int M, int C, int rows, int accumulate, unsigned* amax,
                                  unsigned* nonfinite, const unsigned char* xq, const float* xs) {
     float m = 0.f;
     int bad = 0;
@@ -222,7 +284,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
     __shared__ float red[32];
     if (partial)
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) stv<V>(colacc + i, Vf<V>{});
-    const int r0 = blockIdx.x * NORM_ROWS, r1 = min(M, r0 + NORM_ROWS);
+    const int r0 = blockIdx.x * rows, r1 = min(M, r0 + rows);
     for (int row = r0; row < r1; row++) {
         const size_t off = (size_t)row * C;
         const float xf = xq ? xs[row] : 1.f;
@@ -265,9 +327,9 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
 #define NORM_BWD(NAME, V)                                                                                      \
     extern "C" __global__ void NAME(const float* x, const float* g, const float* rstd, const float* dy0,        \
                                     const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,   \
-                                    float* partial, int M, int C, int accumulate, unsigned* amax,               \
+                                    float* partial, int M, int C, int rows, int accumulate, unsigned* amax,     \
                                     unsigned* nonfinite, const unsigned char* xq, const float* xs) {            \
-        rmsnorm_bwd_impl<V>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, accumulate, amax,          \
+        rmsnorm_bwd_impl<V>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, rows, accumulate, amax,    \
                             nonfinite, xq, xs);                                                                 \
     }
 NORM_BWD(rmsnorm_bwd, 1)
@@ -280,6 +342,7 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, int Y,
     const int c = blockIdx.x * 32 + threadIdx.x;
     float t = 0.f;
     if (c < C)
+#pragma unroll 8
         for (int y = threadIdx.y; y < Y; y += 8) t += partial[(size_t)y * C + c];
     red[threadIdx.y][threadIdx.x] = t;
     __syncthreads();
@@ -1237,42 +1300,59 @@ __device__ __forceinline__ void store_rows(const float (*acc)[4], const int rr[2
 // f32 rows `store_rows` writes, and round the same way). A thread's columns
 // 8 dn + 2 tg + {0, 1} hold both halves of a rotated pair (dn and dn + D/16).
 // The written values' max |v| and NaN/inf flag accumulate into (m, bad).
+// The RoPE angles of position `pos` at a thread's columns: cos and sin of
+// pairs 8 dn + 2 tg + {0, 1}, all loads in flight at once (read-only path).
+template <int D>
+__device__ __forceinline__ void rope_angles(const float* __restrict__ cs, const float* __restrict__ sn, int pos,
+                                            float2 cv[D / 16], float2 sv[D / 16]) {
+    const int tg = threadIdx.x & 3;
+    const float2* c = reinterpret_cast<const float2*>(cs + (size_t)pos * (D / 2)) + tg;
+    const float2* s = reinterpret_cast<const float2*>(sn + (size_t)pos * (D / 2)) + tg;
+#pragma unroll
+    for (int dn = 0; dn < D / 16; dn++) {
+        cv[dn] = __ldg(c + dn * 4);
+        sv[dn] = __ldg(s + dn * 4);
+    }
+}
+
+// Accumulator row r (0: rows g, 1: g + 8) of a thread, times `scale`, rotated
+// back by the angles `cv`, `sv` of its position, as bf16 into `row`.
+template <int D>
+__device__ __forceinline__ void store_row_rope(const float (*acc)[4], int r, float scale,
+                                               unsigned short* __restrict__ row, const float2 cv[D / 16],
+                                               const float2 sv[D / 16], float& m, int& bad) {
+    constexpr int HALF = D / 2;
+    const int tg = threadIdx.x & 3;
+#pragma unroll
+    for (int dn = 0; dn < D / 16; dn++) {
+        const int i = dn * 8 + tg * 2;
+        unsigned short lo0, hi0, lo1, hi1;
+        rope_bwd_pair(__fmul_rn(acc[dn][2 * r], scale), __fmul_rn(acc[dn + D / 16][2 * r], scale), cv[dn].x,
+                      sv[dn].x, lo0, hi0);
+        rope_bwd_pair(__fmul_rn(acc[dn][2 * r + 1], scale), __fmul_rn(acc[dn + D / 16][2 * r + 1], scale),
+                      cv[dn].y, sv[dn].y, lo1, hi1);
+        *reinterpret_cast<unsigned*>(row + i) = (unsigned)lo0 | ((unsigned)lo1 << 16);
+        *reinterpret_cast<unsigned*>(row + i + HALF) = (unsigned)hi0 | ((unsigned)hi1 << 16);
+        amax_note(lo0, m, bad);
+        amax_note(lo1, m, bad);
+        amax_note(hi0, m, bad);
+        amax_note(hi1, m, bad);
+    }
+}
+
+// Both of a thread's rows `rr` (positions; rows at or past T skipped), each
+// row's angles loaded just before its stores.
 template <int D>
 __device__ __forceinline__ void store_rows_rope(const float (*acc)[4], const int rr[2], int T, float scale,
                                                 unsigned short* __restrict__ dst, size_t ld,
                                                 const float* __restrict__ cs, const float* __restrict__ sn,
                                                 float& m, int& bad) {
-    constexpr int HALF = D / 2;
-    const int tg = threadIdx.x & 3;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         if (rr[r] >= T) continue;
-        // The row's angles first, all loads in flight at once (read-only
-        // path), rather than one table latency per pair of columns.
-        const float2* c = reinterpret_cast<const float2*>(cs + (size_t)rr[r] * HALF) + tg;
-        const float2* s = reinterpret_cast<const float2*>(sn + (size_t)rr[r] * HALF) + tg;
         float2 cv[D / 16], sv[D / 16];
-#pragma unroll
-        for (int dn = 0; dn < D / 16; dn++) {
-            cv[dn] = __ldg(c + dn * 4);
-            sv[dn] = __ldg(s + dn * 4);
-        }
-        unsigned short* row = dst + (size_t)rr[r] * ld;
-#pragma unroll
-        for (int dn = 0; dn < D / 16; dn++) {
-            const int i = dn * 8 + tg * 2;
-            unsigned short lo0, hi0, lo1, hi1;
-            rope_bwd_pair(__fmul_rn(acc[dn][2 * r], scale), __fmul_rn(acc[dn + D / 16][2 * r], scale), cv[dn].x,
-                          sv[dn].x, lo0, hi0);
-            rope_bwd_pair(__fmul_rn(acc[dn][2 * r + 1], scale), __fmul_rn(acc[dn + D / 16][2 * r + 1], scale),
-                          cv[dn].y, sv[dn].y, lo1, hi1);
-            *reinterpret_cast<unsigned*>(row + i) = (unsigned)lo0 | ((unsigned)lo1 << 16);
-            *reinterpret_cast<unsigned*>(row + i + HALF) = (unsigned)hi0 | ((unsigned)hi1 << 16);
-            amax_note(lo0, m, bad);
-            amax_note(lo1, m, bad);
-            amax_note(hi0, m, bad);
-            amax_note(hi1, m, bad);
-        }
+        rope_angles<D>(cs, sn, rr[r], cv, sv);
+        store_row_rope<D>(acc, r, scale, dst + (size_t)rr[r] * ld, cv, sv, m, bad);
     }
 }
 
@@ -2055,6 +2135,14 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     float acc[D / 8][4];
 #pragma unroll
     for (int i = 0; i < D / 8; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.f;
+    // The fused store's RoPE angles of both rows, loaded now so that their
+    // latency hides behind the main loop (64 registers at D = 128; the
+    // kernel has room, dK/dV has not).
+    float2 ang_c[2][D / 16], ang_s[2][D / 16];
+    if (fused.x)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (rq[r] < T) rope_angles<D>(fused.cs, fused.sn, rq[r], ang_c[r], ang_s[r]);
     const float c = scale * LOG2E;
     const unsigned qa = Qs + wg * 64 * 128, oa = Os + wg * 64 * 128;
     const int ntiles = (min(T, q0 + ROWS) + 63) / 64;
@@ -2109,7 +2197,9 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
     if (fused.x) {
         float m = 0.f;
         int bad = 0;
-        store_rows_rope<D>(acc, rq, T, scale, fused.x + o, qw, fused.cs, fused.sn, m, bad);
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            if (rq[r] < T) store_row_rope<D>(acc, r, scale, fused.x + o + (size_t)rq[r] * qw, ang_c[r], ang_s[r], m, bad);
         if (fused.amax) amax_commit(m, bad, fused.amax, fused.nonfinite);
     } else {
         store_rows<D>(acc, rq, T, scale, dq + o, qw);

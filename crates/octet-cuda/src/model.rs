@@ -35,10 +35,18 @@ use shard::Sharding;
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 const TILE: usize = 64;
-/// Rows per block of the norm backward (`NORM_ROWS` in train.cu): each block
-/// writes one row of the gain's partial sums (a fixed grouping, so that the
-/// sum is deterministic).
-const NORM_ROWS: usize = 8;
+/// Rows per block of the norm backward for `n` rows: each block writes one
+/// row of the gain's partial sums (a grouping fixed by `n`, so that the sum
+/// is deterministic), which `sum_partials` adds. 32 from 16384 rows on (the
+/// ~1B model's batches: a quarter of the partials to write and add than with
+/// 8, and still 512 or more blocks), else 8 (more blocks for small batches).
+fn norm_rows(n: usize) -> usize {
+    if n >= 16384 {
+        32
+    } else {
+        8
+    }
+}
 /// Blocks of the gradient-norm reduction.
 const NORM_BLOCKS: usize = 512;
 
@@ -46,6 +54,9 @@ struct Fns {
     embed_fwd: CudaFunction,
     embed_bwd: CudaFunction,
     norm_fwd: CudaFunction,
+    /// The vectorized forward for hidden sizes that are multiples of 4, up to
+    /// [`NORM_FWD_V4_MAX`] (`rmsnorm_fwd_v4` in train.cu).
+    norm_fwd_v4: CudaFunction,
     norm_bwd: CudaFunction,
     norm_bwd_v4: CudaFunction,
     sum_partials: CudaFunction,
@@ -235,6 +246,9 @@ pub struct GpuLlama<'g> {
     /// and a host read per block): set by the trainer to locate a non-finite
     /// loss, which then fails with [`Error::NonFiniteIn`] naming the block.
     pub check_layers: bool,
+    /// Rows a block of the norm backward (`None`: [`norm_rows`] of the
+    /// batch); the conformance check sets it to cover both groupings.
+    pub norm_rows: Option<usize>,
     /// Kernels that write a projection's input or grad_output also compute
     /// its amax when the projection's quantizer reads one (current
     /// per-tensor scaling), saving that quantizer's amax pass. On by default;
@@ -510,6 +524,10 @@ fn push_amax<'a>(
     };
 }
 
+/// The widest row `rmsnorm_fwd_v4` takes: 4 groups of 4 columns for each of
+/// [`rows_cfg`]'s 256 threads (`NORM_FWD_GROUPS` in train.cu).
+const NORM_FWD_V4_MAX: usize = 4 * 4 * 256;
+
 fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -564,6 +582,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         embed_fwd: l("embed_fwd")?,
         embed_bwd: l("embed_bwd")?,
         norm_fwd: l("rmsnorm_fwd")?,
+        norm_fwd_v4: l("rmsnorm_fwd_v4")?,
         norm_bwd: l("rmsnorm_bwd")?,
         norm_bwd_v4: l("rmsnorm_bwd_v4")?,
         sum_partials: l("sum_partials")?,
@@ -822,6 +841,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            norm_rows: None,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             prof: Prof::from_env(),
@@ -1640,7 +1660,12 @@ impl<'g> GpuLlama<'g> {
         let ci = c as i32;
         let null: u64 = 0;
         unsafe {
-            let mut lb = self.gpu.stream.launch_builder(&self.f.norm_fwd);
+            let f = if c % 4 == 0 && c <= NORM_FWD_V4_MAX {
+                &self.f.norm_fwd_v4
+            } else {
+                &self.f.norm_fwd
+            };
+            let mut lb = self.gpu.stream.launch_builder(f);
             lb.arg(x);
             match (y, xo.as_mut()) {
                 (Some(y), Some(o)) => lb.arg(y).arg(o),
@@ -1682,7 +1707,9 @@ impl<'g> GpuLlama<'g> {
         }
         let (ci, ni, acc) = (c as i32, n as i32, accumulate as i32);
         let frozen = self.lora.is_some();
-        let groups = n.div_ceil(NORM_ROWS);
+        let rows = self.norm_rows.unwrap_or_else(|| norm_rows(n)).max(1);
+        let groups = n.div_ceil(rows);
+        let rows_i = rows as i32;
         let mut partial: Option<CudaSlice<f32>> = if frozen {
             None
         } else {
@@ -1745,7 +1772,7 @@ impl<'g> GpuLlama<'g> {
                     Some(p) => lb.arg(p),
                     None => lb.arg(&null),
                 };
-                lb.arg(&ni).arg(&ci).arg(&acc);
+                lb.arg(&ni).arg(&ci).arg(&rows_i).arg(&acc);
                 push_amax(&mut lb, &mut amax, &null);
                 match x {
                     NormIn::Fp8(codes, factors) => lb.arg(codes).arg(factors),
@@ -2546,6 +2573,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            norm_rows: None,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             prof: Prof::from_env(),
