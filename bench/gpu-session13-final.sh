@@ -11,8 +11,10 @@ set -uo pipefail
 t0=$SECONDS
 new=dev-bin/octet
 # (Second run of this script, after the RMSNorm forward, gain-sum and dq
-# changes: first the kernels they touch under ncu, one bf16 step.)
+# changes: first the selftest and the kernels they touch under ncu, one bf16 step.)
 if [ -n "${NCU_FIRST:-}" ]; then
+  timeout 200 $new selftest --device cuda > $OUT/selftest.txt 2>&1; echo "selftest rc=$? ($((SECONDS-t0)) s)"
+  grep -E "FAIL|cases pass" $OUT/selftest.txt | sed 's/  */ /g' | cut -c1-200 | tail -12
   timeout 150 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv \
     --kernel-name regex:"rmsnorm|sum_partials|attn_dq" --launch-count 200 \
     $new train --device cuda --model 1b --batch 16 --seq 2048 --steps 1 --eval-batches 0 --sample-tokens 0 \
