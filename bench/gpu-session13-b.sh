@@ -21,16 +21,7 @@ done
 timeout 120 /usr/local/cuda/bin/ncu --metrics gpu__time_duration.sum --csv --kernel-name regex:"attn" --launch-count 64 \
   $new train --device cuda --model 1b --batch 16 --seq 2048 --steps 1 --eval-batches 0 --sample-tokens 0 --no-save \
   --recipe tensorwise --backward quantized --saved-activations fp8 --out-dir /tmp/runs --name ncu > $OUT/ncu-attn.csv 2>/dev/null
-python3 - $OUT/ncu-attn.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value")
-t = collections.defaultdict(list)
-for r in rows[1:]:
-    t[r[ki]].append(float(r[vi].replace(",", "")))
-for k, v in t.items():
-    print(f"ncu {k}: {len(v)} launches, {sum(v)/len(v)/1e3:.1f} us each, x16 layers {16*sum(v)/len(v)/1e6:.2f} ms")
-PY
+python3 bench/ncu_kernels.py $OUT/ncu-attn.csv
 echo "ncu done ($((SECONDS-t0)) s)"
 . bench/session12_runs.sh
 for cfg in "bf16 high_precision full" "tensorwise quantized fp8"; do

@@ -20,16 +20,7 @@ for bin in octet octet-old; do
     dev-bin/$bin train --device cuda --model 1b --batch 16 --seq 2048 --steps 1 --eval-batches 0 --sample-tokens 0 \
     --no-save --recipe bf16 --backward high_precision --out-dir /tmp/runs --name ncu > $OUT/ncu-c-$bin.csv 2>/dev/null
   echo "== ncu $bin ($((SECONDS-t0)) s)"
-  python3 - $OUT/ncu-c-$bin.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value")
-t = collections.defaultdict(list)
-for r in rows[1:]:
-    t[r[ki]].append(float(r[vi].replace(",", "")))
-for k, v in t.items():
-    print(f"  {k}: {len(v)} launches, {sum(v)/len(v)/1e3:.1f} us each, {sum(v)/1e6:.2f} ms")
-PY
+  python3 bench/ncu_kernels.py $OUT/ncu-c-$bin.csv
 done
 . bench/session12_runs.sh
 for cfg in "bf16 high_precision full" "tensorwise quantized fp8"; do

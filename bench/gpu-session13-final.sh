@@ -19,16 +19,7 @@ if [ -n "${NCU_FIRST:-}" ]; then
     --kernel-name regex:"rmsnorm|sum_partials|attn_dq" --launch-count 200 \
     $new train --device cuda --model 1b --batch 16 --seq 2048 --steps 1 --eval-batches 0 --sample-tokens 0 \
     --no-save --recipe bf16 --backward high_precision --out-dir /tmp/runs --name ncu > $OUT/ncu-final.csv 2>/dev/null
-  python3 - $OUT/ncu-final.csv <<'PY'
-import csv, sys, collections
-rows = [r for r in csv.reader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-hdr = rows[0]; ki = hdr.index("Kernel Name"); vi = hdr.index("Metric Value")
-t = collections.defaultdict(list)
-for r in rows[1:]:
-    t[r[ki]].append(float(r[vi].replace(",", "")))
-for k, v in t.items():
-    print(f"  ncu {k}: {len(v)} launches, {sum(v)/len(v)/1e3:.1f} us each, {sum(v)/1e6:.2f} ms")
-PY
+  python3 bench/ncu_kernels.py $OUT/ncu-final.csv
   echo "ncu done ($((SECONDS-t0)) s)"
 fi
 . bench/session12_runs.sh

@@ -124,6 +124,23 @@ template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
 
 // ---------------------------------------------------------------- RMSNorm
 
+// A norm row's statistics from its threads' partial sum of squares `s` and
+// max |x| `mx`: r = 1 / sqrt(mean(x^2) + eps), stored to rstd[row]; with
+// `fp8` the E4M3 multiplier of the row (into `qm`; its reciprocal, the
+// factor, to xs[row]), else qm = 1. Every thread of the block calls it.
+__device__ __forceinline__ float norm_row_stats(float s, float mx, int C, float eps, float* rstd, bool fp8,
+                                                float* xs, float* red, float& qm) {
+    s = block_sum_f(s, red);
+    const float r = 1.f / sqrtf(s / (float)C + eps);
+    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
+    qm = 1.f;
+    if (fp8) {
+        qm = row_mult(block_max_f(mx, red));
+        if (threadIdx.x == 0) xs[blockIdx.x] = __fdiv_rn(1.f, qm);
+    }
+    return r;
+}
+
 // The residual add and the norm that reads its result, in one pass over the
 // row: xo = x + bf16 y (when `y` is given; else the norm reads x as is and
 // xo is not written), h = bf16(xo * r * g), rstd[row] = r, r = 1 / sqrt(mean(xo^2) + eps),
@@ -147,14 +164,8 @@ extern "C" __global__ void rmsnorm_fwd(const float* x, const unsigned short* y, 
         s += v * v;
         mx = fmaxf(mx, fabsf(v));
     }
-    s = block_sum_f(s, red);
-    const float r = 1.f / sqrtf(s / (float)C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = r;
-    float qm = 1.f;
-    if (xq) {
-        qm = row_mult(block_max_f(mx, red));
-        if (threadIdx.x == 0) xs[blockIdx.x] = __fdiv_rn(1.f, qm);
-    }
+    float qm;
+    const float r = norm_row_stats(s, mx, C, eps, rstd, xq != nullptr, xs, red, qm);
     float m = 0.f;
     int bad = 0;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
@@ -199,14 +210,8 @@ extern "C" __global__ void rmsnorm_fwd_v4(const float* x, const unsigned short* 
             mx = fmaxf(mx, fabsf(v[r][j]));
         }
     }
-    s = block_sum_f(s, red);
-    const float rs = 1.f / sqrtf(s / (float)C + eps);
-    if (threadIdx.x == 0) rstd[blockIdx.x] = rs;
-    float qm = 1.f;
-    if (xq) {
-        qm = row_mult(block_max_f(mx, red));
-        if (threadIdx.x == 0) xs[blockIdx.x] = __fdiv_rn(1.f, qm);
-    }
+    float qm;
+    const float rs = norm_row_stats(s, mx, C, eps, rstd, xq != nullptr, xs, red, qm);
     float m = 0.f;
     int bad = 0;
 #pragma unroll

@@ -540,35 +540,41 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
             let mixed = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dw, &mut y))?;
             let bf = time_ms(gpu, 5, 30, |g| g.gemm_bf16(&dx, &dwb, &mut y, (m, n, k)))?;
-            let rate = gbs(dw.bytes(), mixed);
             let flops = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
-            rows.push(if m > crate::mixed::SMALL_M {
-                BenchRow {
-                    name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
-                    ms: mixed,
-                    rate: flops(mixed),
-                    unit: "TFLOP/s",
+            // The FP8 row (weight GB/s against copy at small M, TFLOP/s
+            // above) and cuBLASLt's bf16 row beside it.
+            let pair = |how: &str, mixed: f64, bf: f64| -> [BenchRow; 2] {
+                let fp8 = if m > crate::mixed::SMALL_M {
+                    BenchRow {
+                        name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}{how}"),
+                        ms: mixed,
+                        rate: flops(mixed),
+                        unit: "TFLOP/s",
+                        ratio: bf / mixed,
+                        vs: "mixed speedup".into(),
+                    }
+                } else {
+                    let rate = gbs(dw.bytes(), mixed);
+                    BenchRow {
+                        name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}{how}"),
+                        ms: mixed,
+                        rate,
+                        unit: "weight GB/s",
+                        ratio: rate / copy_gbs,
+                        vs: "copy".into(),
+                    }
+                };
+                let bf16 = BenchRow {
+                    name: format!("gemm bf16 cuBLASLt K={k} N={n} M={m}{how}"),
+                    ms: bf,
+                    rate: gbs(2 * n * k, bf),
+                    unit: "weight GB/s",
                     ratio: bf / mixed,
                     vs: "mixed speedup".into(),
-                }
-            } else {
-                BenchRow {
-                    name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}"),
-                    ms: mixed,
-                    rate,
-                    unit: "weight GB/s",
-                    ratio: rate / copy_gbs,
-                    vs: "copy".into(),
-                }
-            });
-            rows.push(BenchRow {
-                name: format!("gemm bf16 cuBLASLt K={k} N={n} M={m}"),
-                ms: bf,
-                rate: gbs(2 * n * k, bf),
-                unit: "weight GB/s",
-                ratio: bf / mixed,
-                vs: "mixed speedup".into(),
-            });
+                };
+                [fp8, bf16]
+            };
+            rows.extend(pair("", mixed, bf));
             if m <= crate::mixed::SMALL_M {
                 let per = |total: f64| total / copies as f64;
                 let mixed = per(time_ms(gpu, 2, 10, |g| {
@@ -581,27 +587,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                         .iter()
                         .try_for_each(|w| g.gemm_bf16(&dx, w, &mut y, (m, n, k)))
                 })?);
-                let rate = gbs(dw.bytes(), mixed);
-                rows.push(BenchRow {
-                    name: format!(
-                        "mixed fp8 e4m3 per-channel K={k} N={n} M={m}, {copies} weights back to back"
-                    ),
-                    ms: mixed,
-                    rate,
-                    unit: "weight GB/s",
-                    ratio: rate / copy_gbs,
-                    vs: "copy".into(),
-                });
-                rows.push(BenchRow {
-                    name: format!(
-                        "gemm bf16 cuBLASLt K={k} N={n} M={m}, {copies} weights back to back"
-                    ),
-                    ms: bf,
-                    rate: gbs(2 * n * k, bf),
-                    unit: "weight GB/s",
-                    ratio: bf / mixed,
-                    vs: "mixed speedup".into(),
-                });
+                rows.extend(pair(&format!(", {copies} weights back to back"), mixed, bf));
             }
             // Large M: per-tensor and 128x128-block factors too (on the
             // upcast path the first is the GEMM's alpha, the second applied in

@@ -322,6 +322,19 @@ enum AttnOut {
     Lora(Rc<crate::lora::Fp8Input>),
 }
 
+/// The attention backward's inputs: q, k, v (bf16), the forward's output and
+/// lse, the output gradient (bf16) and `(B, T, Hq, Hkv, D)`.
+#[derive(Clone, Copy)]
+struct AttnBwdIn<'a> {
+    q: &'a CudaSlice<u16>,
+    k: &'a CudaSlice<u16>,
+    v: &'a CudaSlice<u16>,
+    out: OutRef<'a>,
+    dout: &'a CudaSlice<u16>,
+    lse: &'a CudaSlice<f32>,
+    dims: (usize, usize, usize, usize, usize),
+}
+
 /// Where the attention backward's kernels write the input gradients.
 enum AttnGradDst<'a> {
     /// f32 `(dq, dk, dv)`, before RoPE's backward.
@@ -1018,33 +1031,17 @@ impl<'g> GpuLlama<'g> {
 
     /// Attention backward, `(dq, dk, dv)` in f32 as the kernels sum them
     /// (before RoPE's backward): the conformance check's view.
-    #[allow(clippy::too_many_arguments)]
     fn attn_backward(
         &self,
-        q: &CudaSlice<u16>,
-        k: &CudaSlice<u16>,
-        v: &CudaSlice<u16>,
-        out: OutRef<'_>,
-        dout: &CudaSlice<u16>,
-        lse: &CudaSlice<f32>,
-        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+        a: AttnBwdIn<'_>,
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
         let gpu = self.gpu;
+        let (b, t, hq, hkv, d) = a.dims;
         let n = b * t;
         let mut dq: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hq * d, "dq")? };
         let mut dk: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk")? };
         let mut dv: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * hkv * d, "dv")? };
-        let dims = (b, t, hq, hkv, d);
-        self.attn_bwd_launch(
-            q,
-            k,
-            v,
-            out,
-            dout,
-            lse,
-            dims,
-            AttnGradDst::F32(&mut dq, &mut dk, &mut dv),
-        )?;
+        self.attn_bwd_launch(a, AttnGradDst::F32(&mut dq, &mut dk, &mut dv))?;
         Ok((dq, dk, dv))
     }
 
@@ -1054,23 +1051,16 @@ impl<'g> GpuLlama<'g> {
     /// them so (`fused`); otherwise, or when `fused` is false, the f32
     /// gradients go through the `rope_bwd` and `to_bf16` passes, which give
     /// the same bits.
-    #[allow(clippy::too_many_arguments)]
     fn attn_backward_bf16(
         &self,
-        q: &CudaSlice<u16>,
-        k: &CudaSlice<u16>,
-        v: &CudaSlice<u16>,
-        out: OutRef<'_>,
-        dout: &CudaSlice<u16>,
-        lse: &CudaSlice<f32>,
-        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
+        a: AttnBwdIn<'_>,
         amax: [&mut Option<TensorAmax>; 3],
         fused: bool,
     ) -> Result<(CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>)> {
         let gpu = self.gpu;
         let s = &gpu.stream;
+        let (b, t, hq, hkv, d) = a.dims;
         let n = b * t;
-        let dims = (b, t, hq, hkv, d);
         let mut dq_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hq * d, "dq bf16")? };
         let mut dk_bf: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * hkv * d, "dk bf16")? };
         let [q_amax, k_amax, v_amax] = amax;
@@ -1082,10 +1072,10 @@ impl<'g> GpuLlama<'g> {
                 dv: &mut dv_bf,
                 amax: [q_amax, k_amax, v_amax],
             };
-            self.attn_bwd_launch(q, k, v, out, dout, lse, dims, dst)?;
+            self.attn_bwd_launch(a, dst)?;
             return Ok((dq_bf, dk_bf, dv_bf));
         }
-        let (dq, dk, dv) = self.attn_backward(q, k, v, out, dout, lse, dims)?;
+        let (dq, dk, dv) = self.attn_backward(a)?;
         let (ni, ti, di) = (n as i32, t as i32, d as i32);
         let null: u64 = 0;
         for (src, dst, heads, amax) in [
@@ -1113,19 +1103,17 @@ impl<'g> GpuLlama<'g> {
 
     /// The attention backward's kernels: the `delta` pass, then dK/dV and dQ
     /// into `dst` (bf16 only on Hopper's wgmma kernels).
-    #[allow(clippy::too_many_arguments)]
-    fn attn_bwd_launch(
-        &self,
-        q: &CudaSlice<u16>,
-        k: &CudaSlice<u16>,
-        v: &CudaSlice<u16>,
-        out: OutRef<'_>,
-        dout: &CudaSlice<u16>,
-        lse: &CudaSlice<f32>,
-        (b, t, hq, hkv, d): (usize, usize, usize, usize, usize),
-        dst: AttnGradDst<'_>,
-    ) -> Result<()> {
+    fn attn_bwd_launch(&self, a: AttnBwdIn<'_>, dst: AttnGradDst<'_>) -> Result<()> {
         use cudarc::driver::{DevicePtr, DevicePtrMut};
+        let AttnBwdIn {
+            q,
+            k,
+            v,
+            out,
+            dout,
+            lse,
+            dims: (b, t, hq, hkv, d),
+        } = a;
         let gpu = self.gpu;
         let s = &gpu.stream;
         let n = b * t;
@@ -2040,7 +2028,16 @@ impl<'g> GpuLlama<'g> {
             );
             let amaxes = [&mut q_amax, &mut k_amax, &mut v_amax];
             let (dq_bf, dk_bf, dv_bf) = a.with(|o| {
-                self.attn_backward_bf16(&q, &k, &vv, o, &da, &lse, (b, t, hq, hkv, d), amaxes, true)
+                let inputs = AttnBwdIn {
+                    q: &q,
+                    k: &k,
+                    v: &vv,
+                    out: o,
+                    dout: &da,
+                    lse: &lse,
+                    dims: (b, t, hq, hkv, d),
+                };
+                self.attn_backward_bf16(inputs, amaxes, true)
             })??;
             drop((q, k, vv, a, lse, da));
             self.mark("attention bwd (+rope)")?;
@@ -2903,6 +2900,24 @@ impl GpuLlama<'_> {
         amax: &mut [Option<TensorAmax>; 3],
         fused: bool,
     ) -> Result<(CudaSlice<u16>, CudaSlice<u16>, CudaSlice<u16>)> {
+        let inputs = self.backward_hook_inputs(q, k, v, out, dout, lse, dims)?;
+        let [a0, a1, a2] = amax;
+        self.attn_backward_bf16(inputs, [a0, a1, a2], fused)
+    }
+
+    /// The backward hooks' inputs, checked: the shapes of
+    /// [`GpuLlama::check_attention_dims`] and whole out/dout/lse buffers.
+    #[allow(clippy::too_many_arguments)]
+    fn backward_hook_inputs<'a>(
+        &self,
+        q: &'a CudaSlice<u16>,
+        k: &'a CudaSlice<u16>,
+        v: &'a CudaSlice<u16>,
+        out: &'a CudaSlice<u16>,
+        dout: &'a CudaSlice<u16>,
+        lse: &'a CudaSlice<f32>,
+        dims: (usize, usize, usize, usize, usize),
+    ) -> Result<AttnBwdIn<'a>> {
         self.check_attention_dims(q, k, v, dims)?;
         let (b, t, hq, _, d) = dims;
         if out.len() != b * t * hq * d || dout.len() != out.len() || lse.len() != b * hq * t {
@@ -2913,18 +2928,15 @@ impl GpuLlama<'_> {
                 lse.len()
             )));
         }
-        let [a0, a1, a2] = amax;
-        self.attn_backward_bf16(
+        Ok(AttnBwdIn {
             q,
             k,
             v,
-            OutRef::Bf16(out),
+            out: OutRef::Bf16(out),
             dout,
             lse,
             dims,
-            [a0, a1, a2],
-            fused,
-        )
+        })
     }
 
     /// The hooks' shape check: the model's head dim, whole query groups, and
@@ -2981,17 +2993,7 @@ impl GpuLlama<'_> {
         lse: &CudaSlice<f32>,
         dims: (usize, usize, usize, usize, usize),
     ) -> Result<(CudaSlice<f32>, CudaSlice<f32>, CudaSlice<f32>)> {
-        self.check_attention_dims(q, k, v, dims)?;
-        let (b, t, hq, _, d) = dims;
-        if out.len() != b * t * hq * d || dout.len() != out.len() || lse.len() != b * hq * t {
-            return Err(Error::Shape(format!(
-                "attention hook: out/dout/lse of {}/{}/{} elements for B={b} T={t} Hq={hq} D={d}",
-                out.len(),
-                dout.len(),
-                lse.len()
-            )));
-        }
-        self.attn_backward(q, k, v, OutRef::Bf16(out), dout, lse, dims)
+        self.attn_backward(self.backward_hook_inputs(q, k, v, out, dout, lse, dims)?)
     }
 }
 
