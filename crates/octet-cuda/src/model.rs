@@ -532,6 +532,18 @@ fn push_amax<'a>(
 /// [`rows_cfg`]'s 256 threads (`NORM_FWD_GROUPS` in train.cu).
 const NORM_FWD_V4_MAX: usize = 4 * 4 * 256;
 
+/// Push `x`, or a null pointer when the kernel is not to write it.
+fn push_f32_or_null<'a>(
+    lb: &mut cudarc::driver::LaunchArgs<'a>,
+    x: Option<&'a mut CudaSlice<f32>>,
+    null: &'a u64,
+) {
+    match x {
+        Some(x) => lb.arg(x),
+        None => lb.arg(null),
+    };
+}
+
 fn rows_cfg(rows: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
@@ -1134,8 +1146,10 @@ impl<'g> GpuLlama<'g> {
                 )
             })
         };
-        let (f32s, stores) = match dst {
-            AttnGradDst::F32(dq, dk, dv) => (Some((dq, dk, dv)), None),
+        let (mut dq32, mut dk32, mut dv32, stores) = match dst {
+            AttnGradDst::F32(dq, dk, dv) => {
+                (Some(dq), Some(dk), Some(dv), [BwdStore::default(); 2])
+            }
             AttnGradDst::Bf16 {
                 dq,
                 dk,
@@ -1171,10 +1185,9 @@ impl<'g> GpuLlama<'g> {
                     amax2: 0,
                     nonfinite2: 0,
                 };
-                (None, Some([dkdv, dq]))
+                (None, None, None, [dkdv, dq])
             }
         };
-        let stores = stores.unwrap_or_default();
         unsafe {
             let mut lb = s.launch_builder(&self.f.attn_delta);
             match out {
@@ -1205,26 +1218,16 @@ impl<'g> GpuLlama<'g> {
                 }
                 false => None,
             };
-            let (mut dq, mut dk, mut dv) = match f32s {
-                Some((dq, dk, dv)) => (Some(dq), Some(dk), Some(dv)),
-                None => (None, None, None),
-            };
             for (kern, heads, is_dq) in
                 [(&self.f.attn.dkdv, hkv, false), (&self.f.attn.dq, hq, true)]
             {
                 let mut lb = s.launch_builder(&kern.f);
                 lb.arg(q).arg(k).arg(v).arg(dout).arg(lse).arg(&delta);
-                let outs = if is_dq {
-                    [dq.as_deref_mut(), None]
+                if is_dq {
+                    push_f32_or_null(&mut lb, dq32.as_deref_mut(), &null);
                 } else {
-                    [dk.as_deref_mut(), dv.as_deref_mut()]
-                };
-                for (i, x) in outs.into_iter().enumerate() {
-                    match x {
-                        Some(x) => lb.arg(x),
-                        None if i == 0 || !is_dq => lb.arg(&null),
-                        None => continue,
-                    };
+                    push_f32_or_null(&mut lb, dk32.as_deref_mut(), &null);
+                    push_f32_or_null(&mut lb, dv32.as_deref_mut(), &null);
                 }
                 if maps.is_some() {
                     lb.arg(&stores[is_dq as usize]);
