@@ -37,7 +37,7 @@ pub fn recipe_support(name: &str) -> &'static str {
     match name {
         "tensorwise" => "native: fused quantize + cuBLASLt FP8 GEMM",
         "delayed" => "native: one-pass quantize with the given scale, amax history updated on the device, cuBLASLt FP8 GEMM",
-        "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (k a multiple of 512 with 128x128 scales)",
+        "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (widths multiples of 128)",
         "rowwise" => {
             "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
         }

@@ -116,6 +116,17 @@ extern "C" __global__ void transpose_f32(const float* __restrict__ in, float* __
     }
 }
 
+// out (rows, stride) = in (rows, cols) with each row padded by zeros to
+// `stride` columns: a 128x128 scale grid laid out as cuBLASLt reads it, whose
+// rows (the k blocks) are padded to a multiple of 4.
+extern "C" __global__ void pad_cols_f32(const float* __restrict__ in, float* __restrict__ out, int rows, int cols,
+                                        int stride) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * stride) return;
+    const int r = i / stride, c = i % stride;
+    out[i] = c < cols ? in[r * cols + c] : 0.f;
+}
+
 // bf16 (rows, cols) = code * scale_inv of its block, for any block shape
 // (br x bc, scale grid row-major with gc = ceil(cols / bc) columns): the
 // dequantized backward's operands. code * scale_inv is computed in f32 (as the

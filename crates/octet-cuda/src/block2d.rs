@@ -16,6 +16,7 @@ use octet_fp8::Format;
 pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
+    pad_cols: CudaFunction,
     transpose_u8: CudaFunction,
     transpose_u8_v4: CudaFunction,
     /// 8 elements per thread (`cols % 8 == 0`, block width `% 8 == 0`).
@@ -59,6 +60,7 @@ impl Gpu {
                 m.load_function("block128x128_bf16_e5m2")?,
             ],
             transpose: m.load_function("transpose_f32")?,
+            pad_cols: m.load_function("pad_cols_f32")?,
             transpose_u8: m.load_function("transpose_u8")?,
             transpose_u8_v4: m.load_function("transpose_u8_v4")?,
             dequant8: [
@@ -283,15 +285,71 @@ impl Gpu {
     }
 
     /// Block-scaled FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` (see [`crate::gemm::Blas::gemm_fp8_block`]);
-    /// 1x128 scales in `(k/128, rows)` layout, 128x128 ones row-major.
+    /// 1x128 scales in `(k/128, rows)` layout, 128x128 ones as octet stores
+    /// them, row-major `(ceil(rows/128), k/128)`. cuBLASLt reads a 128x128
+    /// grid with its rows padded to a multiple of 4 blocks; where `k/128` is
+    /// not one, the grid is copied padded for the call (a few hundred bytes).
     #[allow(clippy::type_complexity)]
     pub fn gemm_fp8_block<D: GemmOut>(
         &self,
         a: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
         b: (&CudaSlice<u8>, Format, &CudaSlice<f32>, bool),
         d: &mut impl GemmDst<D>,
-        mnk: (usize, usize, usize),
+        (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
-        self.blas()?.gemm_fp8_block(a, b, d, mnk)
+        if k % 128 != 0 {
+            return Err(Error::Shape(format!(
+                "block-scaled FP8 GEMM needs k a multiple of 128, got m={m} n={n} k={k}"
+            )));
+        }
+        let kb = k / 128;
+        let pad =
+            |grid: &CudaSlice<f32>, two_d: bool, rows: usize| -> Result<Option<CudaSlice<f32>>> {
+                if !two_d || kb % 4 == 0 {
+                    return Ok(None);
+                }
+                self.pad_scale_grid(grid, rows.div_ceil(128), kb).map(Some)
+            };
+        let (pa, pb) = (pad(a.2, a.3, m)?, pad(b.2, b.3, n)?);
+        self.blas()?.gemm_fp8_block(
+            (a.0, a.1, pa.as_ref().unwrap_or(a.2), a.3),
+            (b.0, b.1, pb.as_ref().unwrap_or(b.2), b.3),
+            d,
+            (m, n, k),
+        )
+    }
+
+    /// A row-major `(rows, cols)` f32 grid copied with each row padded by
+    /// zeros to a multiple of 4 columns (cuBLASLt's 128x128 scale layout).
+    fn pad_scale_grid(
+        &self,
+        grid: &CudaSlice<f32>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaSlice<f32>> {
+        if grid.len() != rows * cols {
+            return Err(Error::Shape(format!(
+                "128x128 scale grid of {} values is not ({rows}, {cols})",
+                grid.len()
+            )));
+        }
+        let stride = cols.next_multiple_of(4);
+        let k = self.block2d_kernels()?;
+        // SAFETY: the kernel writes all rows * stride values.
+        let mut out = unsafe { self.stream.alloc::<f32>(rows * stride) }
+            .map_err(|e| oom(e, 4 * rows * stride, "padded scale grid"))?;
+        let (r, c, st) = (rows as i32, cols as i32, stride as i32);
+        // SAFETY: lengths checked above; the kernel guards rows * stride.
+        unsafe {
+            self.stream
+                .launch_builder(&k.pad_cols)
+                .arg(grid)
+                .arg(&mut out)
+                .arg(&r)
+                .arg(&c)
+                .arg(&st)
+                .launch(LaunchConfig::for_num_elems((rows * stride) as u32))?;
+        }
+        Ok(out)
     }
 }

@@ -455,7 +455,9 @@ impl Blas {
 
     /// `d (m, n) = a (m, k) @ b (n, k)^T` from FP8 codes (both K-major) with
     /// block scales: 1x128 (`false`) or 128x128 (`true`) per operand, the
-    /// scale tensors in the layout cuBLASLt expects (see `block_scale_layout`).
+    /// scale tensors in the layout cuBLASLt expects: 1x128 as `(k/128, rows)`,
+    /// 128x128 as `(ceil(rows/128), k/128)` row-major with each row padded to
+    /// a multiple of 4 values.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_fp8_block<D: GemmOut>(
         &mut self,
@@ -470,16 +472,11 @@ impl Blas {
                 "block-scaled FP8 GEMM needs m, n multiples of 16 and k of 128, got m={m} n={n} k={k}"
             )));
         }
-        // cuBLASLt pads a 128x128 scale grid's rows to 4 blocks; octet's grids
-        // are unpadded, so they are accepted only where the two agree.
-        if (a2d || b2d) && (k / 128) % 4 != 0 {
-            return Err(Error::Shape(format!(
-                "block-scaled FP8 GEMM with 128x128 scales needs k a multiple of 512, got k={k} (pad the operands)"
-            )));
-        }
+        // cuBLASLt reads a 128x128 scale grid with its rows (the k blocks)
+        // padded to a multiple of 4 (`Gpu::gemm_fp8_block` pads octet's grids).
         let scales = |rows: usize, two_d: bool| {
             if two_d {
-                rows.div_ceil(128) * (k / 128)
+                rows.div_ceil(128) * (k / 128).next_multiple_of(4)
             } else {
                 rows * (k / 128)
             }

@@ -657,10 +657,23 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem: smem + 1024,
                 })
             };
-            // The backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
+            // The forward is the warp-specialized kernel (a producer and two
+            // consumer warpgroups, 128 queries a block): Q (two tiles) + four
+            // stages of K, V + nine barriers; `OCTET_ATTN_FWD=wg` keeps the
+            // two-warpgroup kernel (Q + two stages), for comparisons. The
+            // backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
             if wgmma {
+                let fwd = if std::env::var("OCTET_ATTN_FWD").is_ok_and(|v| v == "wg") {
+                    wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?
+                } else {
+                    AttnKernel {
+                        threads: 384,
+                        rows: 128,
+                        ..wg(format!("attn_fwd_ws{d}"), 2, 10 * tile + 72)?
+                    }
+                };
                 Attn {
-                    fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?,
+                    fwd,
                     dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024 + 64)?,
                     dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile + 64)?,
                     tensor_cores: true,
