@@ -127,6 +127,16 @@ extern "C" __global__ void pad_cols_f32(const float* __restrict__ in, float* __r
     out[i] = c < cols ? in[r * cols + c] : 0.f;
 }
 
+// The same for FP8 codes (zeros are +0 in E4M3 and E5M2): a block-scaled
+// product's operands with k padded to a multiple of 128.
+extern "C" __global__ void pad_cols_u8(const unsigned char* __restrict__ in, unsigned char* __restrict__ out,
+                                       int rows, int cols, int stride) {
+    const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * stride) return;
+    const size_t r = i / stride, c = i % stride;
+    out[i] = c < (size_t)cols ? in[r * cols + c] : 0;
+}
+
 // bf16 (rows, cols) = code * scale_inv of its block, for any block shape
 // (br x bc, scale grid row-major with gc = ceil(cols / bc) columns): the
 // dequantized backward's operands. code * scale_inv is computed in f32 (as the

@@ -1986,6 +1986,11 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 __device__ __forceinline__ void mbar_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
 }
+// Named barriers 1 and 2 order the two consumers' wgmma issues (ping-pong):
+// a consumer waits on its own (`sync`, 128 threads) until the other has
+// issued (`arrive`, 128 threads), so one's products run during the other's softmax.
+__device__ __forceinline__ void pp_sync(int cw) { asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory"); }
+__device__ __forceinline__ void pp_arrive(int cw) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - cw) : "memory"); }
 
 // The online softmax of fwd_softmax without touching O: the factor `alpha`
 // by which O must be rescaled (by the caller, once O's pending product lands).
@@ -2115,10 +2120,16 @@ __device__ void attn_fwd_ws(const unsigned short* q, const unsigned short* k, co
             else
                 fwd_scores<false>(s, m, l, alpha, k0, rq, T, c);
         };
+        // Issue phases: qk(0), then qk(j) + pv(j-1), then the last pv; the
+        // second consumer lets the first go first and skips its last arrival
+        // (each barrier then sees as many arrivals as waits).
+        if (cw == 1) pp_arrive(cw);
         mbar_wait(qbar, 0);
         mbar_wait(full, 0);
+        pp_sync(cw);
         wg_fence();
         qk(0);
+        pp_arrive(cw);
         wg_wait0();
         wg_hold(s);
         scores(0);
@@ -2127,9 +2138,11 @@ __device__ void attn_fwd_ws(const unsigned short* q, const unsigned short* k, co
         for (int it = 1; it < ntiles; it++) {
             const int st = it % S, prev = (it - 1) % S;
             mbar_wait(full + 8 * st, (it / S) & 1);
+            pp_sync(cw);
             wg_fence();
             qk(st);
             pv(prev);
+            pp_arrive(cw);
             wg_wait<1>(); // S landed; P V may still run
             wg_hold(s);
             scores(it);
@@ -2140,8 +2153,10 @@ __device__ void attn_fwd_ws(const unsigned short* q, const unsigned short* k, co
 #pragma unroll
             for (int kc = 0; kc < 4; kc++) pack_a(s, kc, a[kc]);
         }
+        pp_sync(cw);
         wg_fence();
         pv((ntiles - 1) % S);
+        if (cw == 0) pp_arrive(cw);
         wg_wait0();
         wg_hold(o);
         fwd_write<D>(o, m, l, rq, T, c, out + (size_t)b * T * Hq * D + (size_t)h * D, (size_t)Hq * D,

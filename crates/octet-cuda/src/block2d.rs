@@ -17,6 +17,7 @@ pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
     transpose: CudaFunction,
     pad_cols: CudaFunction,
+    pad_cols_u8: CudaFunction,
     transpose_u8: CudaFunction,
     transpose_u8_v4: CudaFunction,
     /// 8 elements per thread (`cols % 8 == 0`, block width `% 8 == 0`).
@@ -61,6 +62,7 @@ impl Gpu {
             ],
             transpose: m.load_function("transpose_f32")?,
             pad_cols: m.load_function("pad_cols_f32")?,
+            pad_cols_u8: m.load_function("pad_cols_u8")?,
             transpose_u8: m.load_function("transpose_u8")?,
             transpose_u8_v4: m.load_function("transpose_u8_v4")?,
             dequant8: [
@@ -285,10 +287,16 @@ impl Gpu {
     }
 
     /// Block-scaled FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` (see [`crate::gemm::Blas::gemm_fp8_block`]);
-    /// 1x128 scales in `(k/128, rows)` layout, 128x128 ones as octet stores
-    /// them, row-major `(ceil(rows/128), k/128)`. cuBLASLt reads a 128x128
-    /// grid with its rows padded to a multiple of 4 blocks; where `k/128` is
-    /// not one, the grid is copied padded for the call (a few hundred bytes).
+    /// 1x128 scales in `(ceil(k/128), rows)` layout, 128x128 ones as octet
+    /// stores them, row-major `(ceil(rows/128), ceil(k/128))`.
+    ///
+    /// cuBLASLt needs k a multiple of 128 and reads a 128x128 grid with its
+    /// rows padded to a multiple of 4 blocks. Where k is not one, both
+    /// operands' codes are copied for the call with zero columns up to the
+    /// next multiple of 128 (the scale grids already have the partial block;
+    /// the zeros add nothing, so the product is unchanged); where the k
+    /// blocks are not a multiple of 4, the 128x128 grids are copied padded.
+    /// Neither happens at widths that are multiples of 512.
     #[allow(clippy::type_complexity)]
     pub fn gemm_fp8_block<D: GemmOut>(
         &self,
@@ -297,12 +305,20 @@ impl Gpu {
         d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
-        if k % 128 != 0 {
+        if k == 0 || k % 16 != 0 {
             return Err(Error::Shape(format!(
-                "block-scaled FP8 GEMM needs k a multiple of 128, got m={m} n={n} k={k}"
+                "block-scaled FP8 GEMM needs k a multiple of 16, got m={m} n={n} k={k}"
             )));
         }
-        let kb = k / 128;
+        let kp = k.next_multiple_of(128);
+        let widen = |codes: &CudaSlice<u8>, rows: usize| -> Result<Option<CudaSlice<u8>>> {
+            if kp == k {
+                return Ok(None);
+            }
+            self.pad_codes(codes, rows, k, kp).map(Some)
+        };
+        let (ca, cb) = (widen(a.0, m)?, widen(b.0, n)?);
+        let kb = kp / 128;
         let pad =
             |grid: &CudaSlice<f32>, two_d: bool, rows: usize| -> Result<Option<CudaSlice<f32>>> {
                 if !two_d || kb % 4 == 0 {
@@ -312,11 +328,54 @@ impl Gpu {
             };
         let (pa, pb) = (pad(a.2, a.3, m)?, pad(b.2, b.3, n)?);
         self.blas()?.gemm_fp8_block(
-            (a.0, a.1, pa.as_ref().unwrap_or(a.2), a.3),
-            (b.0, b.1, pb.as_ref().unwrap_or(b.2), b.3),
+            (
+                ca.as_ref().unwrap_or(a.0),
+                a.1,
+                pa.as_ref().unwrap_or(a.2),
+                a.3,
+            ),
+            (
+                cb.as_ref().unwrap_or(b.0),
+                b.1,
+                pb.as_ref().unwrap_or(b.2),
+                b.3,
+            ),
             d,
-            (m, n, k),
+            (m, n, kp),
         )
+    }
+
+    /// `(rows, cols)` FP8 codes copied with zero columns up to `stride`.
+    fn pad_codes(
+        &self,
+        codes: &CudaSlice<u8>,
+        rows: usize,
+        cols: usize,
+        stride: usize,
+    ) -> Result<CudaSlice<u8>> {
+        if codes.len() != rows * cols {
+            return Err(Error::Shape(format!(
+                "FP8 operand of {} codes is not ({rows}, {cols})",
+                codes.len()
+            )));
+        }
+        let k = self.block2d_kernels()?;
+        // SAFETY: the kernel writes all rows * stride codes.
+        let mut out = unsafe { self.stream.alloc::<u8>(rows * stride) }
+            .map_err(|e| oom(e, rows * stride, "padded FP8 operand"))?;
+        let (r, c, st) = (rows as i32, cols as i32, stride as i32);
+        // SAFETY: lengths checked above; the kernel guards rows * stride.
+        unsafe {
+            self.stream
+                .launch_builder(&k.pad_cols_u8)
+                .arg(codes)
+                .arg(&mut out)
+                .arg(&r)
+                .arg(&c)
+                .arg(&st)
+                .launch(LaunchConfig::for_num_elems((rows * stride) as u32))?;
+        }
+        Ok(out)
     }
 
     /// A row-major `(rows, cols)` f32 grid copied with each row padded by
