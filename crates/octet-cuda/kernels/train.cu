@@ -1256,11 +1256,13 @@ __device__ __forceinline__ void pack_a(const float (*p)[4], int kc, unsigned a[4
 // skipped): the row sums reduced over the quad, out = o / l as bf16 at
 // `out` (row pitch `ld`; its amax when asked), lse = m c + log2 l in
 // natural-log units at `lse` (indexed by row).
-// `fwd_write` leaves the amax in (om, bad) for a commit by the whole block.
 template <int D>
-__device__ __forceinline__ void fwd_write(const float (*o)[4], const float m[2], float l[2], const int rq[2], int T,
-                                          float c, unsigned short* out, size_t ld, float* lse, float& om, int& bad) {
+__device__ __forceinline__ void fwd_store(const float (*o)[4], const float m[2], float l[2], const int rq[2], int T,
+                                          float c, unsigned short* out, size_t ld, float* lse, unsigned* amax,
+                                          unsigned* nonfinite) {
     const int tg = threadIdx.x & 3;
+    float om = 0.f;
+    int bad = 0;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -1277,14 +1279,6 @@ __device__ __forceinline__ void fwd_write(const float (*o)[4], const float m[2],
         }
         if (tg == 0) lse[rq[r]] = (m[r] * c + log2f(l[r])) * LN2;
     }
-}
-template <int D>
-__device__ __forceinline__ void fwd_store(const float (*o)[4], const float m[2], float l[2], const int rq[2], int T,
-                                          float c, unsigned short* out, size_t ld, float* lse, unsigned* amax,
-                                          unsigned* nonfinite) {
-    float om = 0.f;
-    int bad = 0;
-    fwd_write<D>(o, m, l, rq, T, c, out, ld, lse, om, bad);
     if (amax) amax_commit(om, bad, amax, nonfinite);
 }
 
@@ -1967,204 +1961,6 @@ __device__ void attn_fwd_wg(const unsigned short* q, const unsigned short* k, co
 }
 
 
-// The forward with FlashAttention-3's structure (warp specialization and
-// intra-warpgroup pipelining): a block is three warpgroups, one producer and
-// two consumers of 64 query rows each (128 queries a block, as above), one
-// block an SM. The producer's first thread copies Q and then the K, V tiles
-// by TMA into WS_STAGES stages, each reused once both consumers have released
-// it (an "empty" barrier); it gives its registers to the consumers
-// (setmaxnreg: 24 for it, 240 for them). A consumer issues tile j's S = Q K^T
-// and tile j-1's O += P V together, runs tile j's softmax while O's product
-// is still in flight, and rescales O once it lands, so the tensor cores
-// work through the softmax. Same arithmetic as attn_fwd_wg: the online
-// softmax's maxima, sums and P rounding are identical, only the order in
-// which O is rescaled and accumulated moves (O = (O alpha_j) + P_j V_j in
-// both, with alpha_j applied after P_{j-1} V_{j-1} is added).
-#define WS_THREADS 384
-#define WS_STAGES 4
-
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
-// Named barriers 1 and 2 order the two consumers' wgmma issues (ping-pong):
-// a consumer waits on its own (`sync`, 128 threads) until the other has
-// issued (`arrive`, 128 threads), so one's products run during the other's softmax.
-__device__ __forceinline__ void pp_sync(int cw) { asm volatile("bar.sync %0, 256;" ::"r"(1 + cw) : "memory"); }
-__device__ __forceinline__ void pp_arrive(int cw) { asm volatile("bar.arrive %0, 256;" ::"r"(2 - cw) : "memory"); }
-
-// The online softmax of fwd_softmax without touching O: the factor `alpha`
-// by which O must be rescaled (by the caller, once O's pending product lands).
-template <bool MASK>
-__device__ __forceinline__ void fwd_scores(float s[8][4], float m[2], float l[2], float alpha[2], int k0,
-                                           const int rq[2], int T, float c) {
-    const int tg = threadIdx.x & 3;
-    float mx[2] = {NEG_INF, NEG_INF};
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = e >> 1;
-            if (MASK) {
-                const int key = k0 + nt * 8 + tg * 2 + (e & 1);
-                if (key > rq[r] || key >= T) s[nt][e] = NEG_INF;
-            }
-            mx[r] = fmaxf(mx[r], s[nt][e]);
-        }
-    float mc[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
-        mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
-        const float mn = fmaxf(m[r], mx[r]);
-        alpha[r] = mn == NEG_INF ? 1.f : ex2((m[r] - mn) * c);
-        m[r] = mn;
-        mc[r] = mn == NEG_INF ? 0.f : mn * c;
-        l[r] *= alpha[r];
-    }
-#pragma unroll
-    for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const int r = e >> 1;
-            const float p = ex2(fmaf(s[nt][e], c, -mc[r]));
-            s[nt][e] = p;
-            l[r] += p;
-        }
-}
-
-template <int D>
-__device__ __forceinline__ void fwd_rescale(float o[D / 8][4], const float alpha[2]) {
-#pragma unroll
-    for (int dn = 0; dn < D / 8; dn++) {
-        o[dn][0] *= alpha[0], o[dn][1] *= alpha[0];
-        o[dn][2] *= alpha[1], o[dn][3] *= alpha[1];
-    }
-}
-
-template <int D>
-__device__ void attn_fwd_ws(const unsigned short* q, const unsigned short* k, const unsigned short* v,
-                            unsigned short* out, float* lse, int T, int Hq, int Hkv, float scale, unsigned* amax,
-                            unsigned* nonfinite, const TmaMap* qmap, const TmaMap* kmap, const TmaMap* vmap) {
-    constexpr int TB = 64 * D * 2, S = WS_STAGES;
-    extern __shared__ __align__(1024) unsigned short smh[];
-    const unsigned sm = (smem_addr(smh) + 1023) & ~1023u; // the launch adds 1 KiB of slack
-    const unsigned Qs = sm;
-    auto Kb = [&](int i) { return sm + (2 + 2 * i) * TB; }; // V of stage i at Kb(i) + TB
-    // Barriers: full[i] (the producer's expect-tx arrival), empty[i] (one
-    // arrival per consumer warp), then Q's.
-    const unsigned full = sm + (2 + 2 * S) * TB, empty = full + 8 * S, qbar = full + 16 * S;
-    if (threadIdx.x == 0) {
-#pragma unroll
-        for (int i = 0; i < S; i++) mbar_init(full + 8 * i, 1), mbar_init(empty + 8 * i, 8);
-        mbar_init(qbar, 1);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-    __syncthreads();
-    const int wg = threadIdx.x >> 7;
-    const int q0 = (gridDim.x - 1 - blockIdx.x) * WG_ROWS, h = blockIdx.y, b = blockIdx.z;
-    const int kvh = h / (Hq / Hkv);
-    const int ntiles = (min(T, q0 + WG_ROWS) + 63) / 64;
-    float om = 0.f;
-    int bad = 0;
-    if (wg == 0) {
-        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-        if (threadIdx.x == 0) {
-            mbar_expect_tx(qbar, 2 * TB);
-            tma_tile<D, WG_ROWS>(Qs, qmap, h * D, q0, b, qbar);
-            for (int it = 0; it < ntiles; it++) {
-                const int st = it % S;
-                if (it >= S) mbar_wait(empty + 8 * st, ((it / S) - 1) & 1);
-                mbar_expect_tx(full + 8 * st, 2 * TB);
-                tma_tile<D, 64>(Kb(st), kmap, kvh * D, it * 64, b, full + 8 * st);
-                tma_tile<D, 64>(Kb(st) + TB, vmap, kvh * D, it * 64, b, full + 8 * st);
-            }
-        }
-    } else {
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-        const int cw = wg - 1, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31, g = lane >> 2;
-        float o[D / 8][4];
-#pragma unroll
-        for (int i = 0; i < D / 8; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-        float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, alpha[2];
-        const float c = scale * LOG2E;
-        const int w0 = q0 + cw * 64;
-        const int rq[2] = {w0 + warp * 16 + g, w0 + warp * 16 + g + 8};
-        const unsigned qa = Qs + cw * 64 * 128;
-        float s[8][4];
-        unsigned a[4][4];
-        // S = Q K^T of the tile in stage st, issued and committed (not waited for).
-        auto qk = [&](int st) {
-#pragma unroll
-            for (int kc = 0; kc < D / 16; kc++)
-                wgmma_ss_n64(s, wg_desc(qa + (kc >> 2) * (WG_ROWS * 128) + (kc & 3) * 32, 16, 1024),
-                             wg_desc(Kb(st) + (kc >> 2) * (64 * 128) + (kc & 3) * 32, 16, 1024), kc);
-            wg_commit();
-        };
-        // O += P V with P in `a` and V in stage st, issued and committed.
-        auto pv = [&](int st) {
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) {
-                const unsigned long long dv = wg_desc((Kb(st) + TB) + kc * 16 * 128, 64 * 128, 1024);
-                if constexpr (D == 128)
-                    wgmma_rs_n128(o, a[kc], dv, 1);
-                else
-                    wgmma_rs_n64(o, a[kc], dv, 1);
-            }
-            wg_commit();
-        };
-        // The mask test is per block (as in attn_fwd_wg).
-        auto scores = [&](int it) {
-            const int k0 = it * 64;
-            if (k0 + 64 > q0 || k0 + 64 > T)
-                fwd_scores<true>(s, m, l, alpha, k0, rq, T, c);
-            else
-                fwd_scores<false>(s, m, l, alpha, k0, rq, T, c);
-        };
-        // Issue phases: qk(0), then qk(j) + pv(j-1), then the last pv; the
-        // second consumer lets the first go first and skips its last arrival
-        // (each barrier then sees as many arrivals as waits).
-        if (cw == 1) pp_arrive(cw);
-        mbar_wait(qbar, 0);
-        mbar_wait(full, 0);
-        pp_sync(cw);
-        wg_fence();
-        qk(0);
-        pp_arrive(cw);
-        wg_wait0();
-        wg_hold(s);
-        scores(0);
-#pragma unroll
-        for (int kc = 0; kc < 4; kc++) pack_a(s, kc, a[kc]);
-        for (int it = 1; it < ntiles; it++) {
-            const int st = it % S, prev = (it - 1) % S;
-            mbar_wait(full + 8 * st, (it / S) & 1);
-            pp_sync(cw);
-            wg_fence();
-            qk(st);
-            pv(prev);
-            pp_arrive(cw);
-            wg_wait<1>(); // S landed; P V may still run
-            wg_hold(s);
-            scores(it);
-            wg_wait0();
-            wg_hold(o);
-            if (lane == 0) mbar_arrive(empty + 8 * prev);
-            fwd_rescale<D>(o, alpha);
-#pragma unroll
-            for (int kc = 0; kc < 4; kc++) pack_a(s, kc, a[kc]);
-        }
-        pp_sync(cw);
-        wg_fence();
-        pv((ntiles - 1) % S);
-        if (cw == 0) pp_arrive(cw);
-        wg_wait0();
-        wg_hold(o);
-        fwd_write<D>(o, m, l, rq, T, c, out + (size_t)b * T * Hq * D + (size_t)h * D, (size_t)Hq * D,
-                     lse + ((size_t)b * Hq + h) * T, om, bad);
-    }
-    if (amax) amax_commit(om, bad, amax, nonfinite);
-}
-
 // The backward on wgmma, deterministic like the mma.sync kernels (dK, dV and
 // dQ each summed by one thread in a fixed order; no atomics), same
 // probabilities and bf16 rounding of P, dS and dO as they.
@@ -2445,14 +2241,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
         const __grid_constant__ TmaMap vmap) {                                                                  \
         attn_fwd_wg<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite, &qmap, &kmap, &vmap);             \
     }                                                                                                            \
-    ATTN_WG_BWD(D, 1)                                                                                            \
-    extern "C" __global__ void __launch_bounds__(WS_THREADS, 1) attn_fwd_ws##D(                                  \
-        const unsigned short* q, const unsigned short* k, const unsigned short* v, unsigned short* out,          \
-        float* lse, int T, int Hq, int Hkv, int d, float scale, unsigned* amax, unsigned* nonfinite,            \
-        const __grid_constant__ TmaMap qmap, const __grid_constant__ TmaMap kmap,                               \
-        const __grid_constant__ TmaMap vmap) {                                                                  \
-        attn_fwd_ws<D>(q, k, v, out, lse, T, Hq, Hkv, scale, amax, nonfinite, &qmap, &kmap, &vmap);             \
-    }
+    ATTN_WG_BWD(D, 1)
 
 ATTN_WG(64)
 ATTN_WG(128)

@@ -1122,7 +1122,7 @@ fn block_gemm_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             gpu.transpose_f32(s, rows, kb, &mut o)?;
             Ok(o)
         };
-        let a_row = t(&da.row_scale_inv, m, k / 128)?;
+        let a_row = t(&da.row_scale_inv, m, k.div_ceil(128))?;
         let a_col = t(&da.col_scale_inv, k, m.div_ceil(128))?;
         let g_row = t(&dg.row_scale_inv, m, n.div_ceil(128))?;
         let g_col = t(&dg.col_scale_inv, n, m.div_ceil(128))?;

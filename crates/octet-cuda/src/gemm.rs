@@ -357,8 +357,8 @@ impl Blas {
     /// accumulation, output bf16 (`u16`) or f32.
     pub fn gemm_bf16<D: GemmOut>(
         &mut self,
-        a: &CudaSlice<u16>,
-        b: &CudaSlice<u16>,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
         d: &mut impl GemmDst<D>,
         m: usize,
         n: usize,
@@ -372,9 +372,9 @@ impl Blas {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16_op<D: GemmOut>(
         &mut self,
-        a: &CudaSlice<u16>,
+        a: &impl DevicePtr<u16>,
         ta: bool,
-        b: &CudaSlice<u16>,
+        b: &impl DevicePtr<u16>,
         tb: bool,
         d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
@@ -390,9 +390,9 @@ impl Blas {
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_bf16_acc<D: GemmOut>(
         &mut self,
-        a: &CudaSlice<u16>,
+        a: &impl DevicePtr<u16>,
         ta: bool,
-        b: &CudaSlice<u16>,
+        b: &impl DevicePtr<u16>,
         tb: bool,
         d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
@@ -555,8 +555,8 @@ impl Blas {
         m: usize,
         n: usize,
         k: usize,
-        a: &CudaSlice<T>,
-        b: &CudaSlice<T>,
+        a: &impl DevicePtr<T>,
+        b: &impl DevicePtr<T>,
         d: &mut impl GemmDst<D>,
         scales: Option<(&CudaSlice<f32>, &CudaSlice<f32>)>,
         (alpha, beta): (f32, f32),

@@ -43,7 +43,7 @@ pub use gemm::{AddTo, GemmDst, GemmOut, OutType};
 pub use mixed::DeviceFp8Weight;
 pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput, TensorAmax};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Errors of the CUDA backend. Each says what is missing or wrong and what to do.
@@ -493,8 +493,8 @@ impl Gpu {
     /// (see [`gemm::Blas::gemm_bf16`]); `d` is bf16 (`u16`) or f32.
     pub fn gemm_bf16<D: GemmOut>(
         &self,
-        a: &CudaSlice<u16>,
-        b: &CudaSlice<u16>,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
         d: &mut impl GemmDst<D>,
         (m, n, k): (usize, usize, usize),
     ) -> Result<()> {
@@ -504,8 +504,8 @@ impl Gpu {
     /// `d (m, n) = op(a) @ op(b)` in bf16 (see [`gemm::Blas::gemm_bf16_op`]).
     pub fn gemm_bf16_op<D: GemmOut>(
         &self,
-        (a, ta): (&CudaSlice<u16>, bool),
-        (b, tb): (&CudaSlice<u16>, bool),
+        (a, ta): (&impl DevicePtr<u16>, bool),
+        (b, tb): (&impl DevicePtr<u16>, bool),
         d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
     ) -> Result<()> {
@@ -515,8 +515,8 @@ impl Gpu {
     /// `d (m, n) = alpha op(a) @ op(b) + beta d` in bf16 (see [`gemm::Blas::gemm_bf16_acc`]).
     pub fn gemm_bf16_acc<D: GemmOut>(
         &self,
-        (a, ta): (&CudaSlice<u16>, bool),
-        (b, tb): (&CudaSlice<u16>, bool),
+        (a, ta): (&impl DevicePtr<u16>, bool),
+        (b, tb): (&impl DevicePtr<u16>, bool),
         d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
         alpha_beta: (f32, f32),

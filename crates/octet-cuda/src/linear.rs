@@ -894,7 +894,7 @@ impl GpuLinear {
                 .x
                 .as_ref()
                 .ok_or_else(|| Error::Shape("bf16 input missing".into()))?;
-            gpu.gemm_bf16(x, &self.weight, &mut y, (m, n, k))?;
+            gpu.gemm_bf16(x.as_ref(), &self.weight, &mut y, (m, n, k))?;
             saved.x = Some(x.clone());
             return Ok((y, saved));
         }

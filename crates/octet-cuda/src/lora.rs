@@ -34,7 +34,7 @@
 //! the next GEMMs, and the dequantized input and base are rounded once to bf16.
 
 use crate::mixed::DeviceFp8Weight;
-use crate::{DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
+use crate::{AddTo, DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::Compute;
@@ -110,8 +110,9 @@ pub struct GpuLoraSaved {
     x: Option<Rc<CudaSlice<u16>>>,
     /// The adapter's input in FP8 (`dequantized` backward), shared in the group.
     xq: Option<Rc<Fp8Input>>,
-    /// `u = x A^T (M, r)`, bf16.
-    u: Option<CudaSlice<u16>>,
+    /// `u^T = A x^T`: the group's stacked `(sum r, M)` bf16 buffer, this
+    /// layer's first row in it and its rank.
+    u: Option<(Rc<CudaSlice<u16>>, usize, usize)>,
 }
 
 impl GpuLoraSaved {
@@ -126,7 +127,7 @@ impl GpuLoraSaved {
     /// Device bytes kept, counting an input already in `seen` (shared with
     /// another layer of the group) once.
     pub fn bytes_unique(&self, seen: &mut std::collections::HashSet<usize>) -> usize {
-        let mut total = self.u.as_ref().map_or(0, |u| 2 * u.len());
+        let mut total = self.u.as_ref().map_or(0, |&(_, _, r)| 2 * r * self.m);
         if let Some(x) = &self.x {
             if seen.insert(Rc::as_ptr(x) as usize) {
                 total += 2 * x.len();
@@ -267,6 +268,14 @@ impl GpuLoraLinear {
         gpu: &Gpu,
         input: &LoraInput,
     ) -> Result<(CudaSlice<u16>, GpuLoraSaved)> {
+        let mut outs = forward_layers(std::slice::from_ref(self), gpu, input)?;
+        outs.pop()
+            .ok_or_else(|| Error::Shape("LoRA forward of no layer".into()))
+    }
+
+    /// The base's product `y = x W^T` and what the layer keeps (the
+    /// adapter's input; its `u` is added by [`forward_layers`]).
+    fn forward_base(&self, gpu: &Gpu, input: &LoraInput) -> Result<(CudaSlice<u16>, GpuLoraSaved)> {
         let (m, n, k) = (input.m, self.n, self.k);
         if input.k != k {
             return Err(Error::Shape(format!(
@@ -277,7 +286,7 @@ impl GpuLoraLinear {
         // SAFETY: the base product writes every element of y.
         let mut y: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * n, "LoRA output")? };
         match (&self.base, self.compute) {
-            (GpuBase::Bf16(w), _) => gpu.gemm_bf16(&input.x, w, &mut y, (m, n, k))?,
+            (GpuBase::Bf16(w), _) => gpu.gemm_bf16(input.x.as_ref(), w, &mut y, (m, n, k))?,
             (GpuBase::Fp8(w), Compute::Fp8) => {
                 let xq = input
                     .xq
@@ -299,19 +308,7 @@ impl GpuLoraLinear {
             xq: None,
             u: None,
         };
-        if let Some(ad) = &self.adapter {
-            let r = ad.rank;
-            // SAFETY: the GEMM writes every element.
-            let mut u: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * r, "LoRA u")? };
-            gpu.gemm_bf16(&input.x, &ad.a, &mut u, (m, r, k))?;
-            gpu.gemm_bf16_acc(
-                (&u, false),
-                (&ad.b, true),
-                &mut y,
-                (m, n, r),
-                (ad.scale, 1.0),
-            )?;
-            saved.u = Some(u);
+        if self.adapter.is_some() {
             if self.backward == BackwardMode::Dequantized {
                 saved.xq = Some(
                     input
@@ -337,43 +334,33 @@ impl GpuLoraLinear {
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
     ) -> Result<(CudaSlice<f32>, Option<AdapterGrads>)> {
-        // SAFETY: the base's input-gradient GEMM writes every element (beta = 0).
-        let mut dx: CudaSlice<f32> = unsafe { gpu.alloc_uninit(saved.m * self.k, "d_input")? };
-        let g = self.backward_into(gpu, saved, dy, dy_amax, &mut dx)?;
-        Ok((dx, g))
+        let mut dx: Option<CudaSlice<f32>> = None;
+        let mut g = backward_group(
+            std::slice::from_ref(self),
+            gpu,
+            vec![saved],
+            vec![(dy, dy_amax)],
+            &mut dx,
+        )?;
+        let dx = dx.ok_or_else(|| Error::Shape("LoRA backward wrote no input gradient".into()))?;
+        Ok((dx, g.pop().flatten()))
     }
 
-    /// [`GpuLoraLinear::backward`] with the input gradient written to `dx`:
-    /// overwriting a buffer, or added to an [`crate::AddTo`] (as
-    /// [`crate::GpuLinear::backward_into`]); the adapter's term is added
-    /// after the base's.
-    pub fn backward_into<D: GemmOut>(
+    /// The base's input gradient `dy W` into `dx` (overwritten, or added to
+    /// through an [`crate::AddTo`]).
+    fn base_backward_into<D: GemmOut>(
         &self,
         gpu: &Gpu,
-        saved: GpuLoraSaved,
-        dy: &CudaSlice<u16>,
-        dy_amax: Option<TensorAmax>,
+        (m, dy, dy_amax): (usize, &CudaSlice<u16>, Option<TensorAmax>),
         dx: &mut impl GemmDst<D>,
-    ) -> Result<Option<AdapterGrads>> {
-        let (m, n, k) = (saved.m, self.n, self.k);
-        if dy.len() != m * n {
-            return Err(Error::Shape(format!(
-                "grad_output of {} elements is not ({m}, {n})",
-                dy.len()
-            )));
-        }
-        if dx.len() != m * k {
-            return Err(Error::Shape(format!(
-                "d_input destination of {} elements for a ({m}, {k}) input",
-                dx.len()
-            )));
-        }
+    ) -> Result<()> {
+        let (n, k) = (self.n, self.k);
         match (&self.base, self.backward) {
-            (GpuBase::Bf16(w), _) => gpu.gemm_bf16_op((dy, false), (w, false), dx, (m, k, n))?,
+            (GpuBase::Bf16(w), _) => gpu.gemm_bf16_op((dy, false), (w, false), dx, (m, k, n)),
             (GpuBase::Fp8(w), BackwardMode::Quantized) => {
                 let gq = gpu.quantize_tensorwise_rowwise_known(dy, m, n, Format::E5M2, dy_amax)?;
                 let wt = gpu.transpose_u8(&w.codes, n, k)?;
-                gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)?;
+                gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
             }
             (GpuBase::Fp8(w), _) => {
                 let block = match w.scaling {
@@ -382,59 +369,72 @@ impl GpuLoraLinear {
                     WeightScaling::Block128 => (128, 128),
                 };
                 let wd = gpu.dequant_bf16(&w.codes, &w.factors, (n, k), block, w.format)?;
-                gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))?;
+                gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))
             }
         }
-        let Some(ad) = &self.adapter else {
-            return Ok(None);
-        };
-        let r = ad.rank;
-        let u = saved
-            .u
-            .ok_or_else(|| Error::Shape("LoRA backward: u was not saved".into()))?;
-        // dB = s dy^T u; du = s dy B; dA = du^T x; dx += du A.
-        // SAFETY (three buffers): each GEMM writes every element (beta = 0).
-        let mut db: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * r, "d_lora_B")? };
-        gpu.gemm_bf16_acc((dy, true), (&u, false), &mut db, (n, r, m), (ad.scale, 0.0))?;
-        let mut du: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * r, "LoRA du")? };
-        gpu.gemm_bf16_acc(
-            (dy, false),
-            (&ad.b, false),
-            &mut du,
-            (m, r, n),
-            (ad.scale, 0.0),
-        )?;
-        let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(r * k, "d_lora_A")? };
-        match (&saved.x, &saved.xq) {
-            (Some(x), _) => {
-                gpu.gemm_bf16_op((&du, true), (x.as_ref(), false), &mut da, (r, k, m))?
-            }
-            (None, Some(q)) => {
-                let cached = q.deq.borrow().clone();
-                let xd = match cached {
-                    Some(d) => d,
-                    None => {
-                        let fp8 = &q.q;
-                        let d = Rc::new(gpu.dequant_bf16(
-                            &fp8.rowwise,
-                            &fp8.scale_inv,
-                            (m, k),
-                            (m, k),
-                            fp8.format,
-                        )?);
-                        *q.deq.borrow_mut() = Some(d.clone());
-                        d
-                    }
-                };
-                gpu.gemm_bf16_op((&du, true), (xd.as_ref(), false), &mut da, (r, k, m))?;
-            }
-            (None, None) => {
-                return Err(Error::Shape("LoRA backward: x was not saved".into()));
-            }
-        }
-        gpu.gemm_bf16_acc((&du, false), (&ad.a, false), dx, (m, k, r), (1.0, 1.0))?;
-        Ok(Some((da, db)))
     }
+}
+
+/// The adapters of `layers` in groups that share one `u` product (one read
+/// of their common input) and one `dA` and `d_input` product in backward:
+/// all adapter layers together when every block of `r m` values starts
+/// 256-byte aligned in the stacked `(sum r, m)` buffers (cuBLASLt's operand
+/// alignment), else one layer a group. Layer indices, in order.
+fn adapter_groups(layers: &[GpuLoraLinear], m: usize) -> Vec<Vec<usize>> {
+    let with: Vec<usize> = (0..layers.len())
+        .filter(|&i| layers[i].adapter.is_some())
+        .collect();
+    let aligned = with.iter().all(|&i| {
+        layers[i]
+            .adapter
+            .as_ref()
+            .is_some_and(|a| (a.rank * m) % 128 == 0)
+    });
+    if aligned && !with.is_empty() {
+        vec![with]
+    } else {
+        with.into_iter().map(|i| vec![i]).collect()
+    }
+}
+
+/// A layer of an adapter group: its index, its adapter, its first row in
+/// the group's stacked `(sum r, .)` buffers.
+type Stacked<'a> = (usize, &'a GpuAdapter, usize);
+
+/// The adapters of `group` with their row offsets in the stacked `(sum r, .)`
+/// buffers, and `sum r`.
+fn stacked<'a>(layers: &'a [GpuLoraLinear], group: &[usize]) -> Result<(Vec<Stacked<'a>>, usize)> {
+    let mut out = Vec::with_capacity(group.len());
+    let mut rows = 0;
+    for &i in group {
+        let ad = layers[i]
+            .adapter
+            .as_ref()
+            .ok_or_else(|| Error::Shape("LoRA group: a layer without adapter".into()))?;
+        out.push((i, ad, rows));
+        rows += ad.rank;
+    }
+    Ok((out, rows))
+}
+
+/// `A` of the group's adapters stacked into one `(sum r, K)` bf16 matrix
+/// (a copy; a group of one layer reads its own `A`).
+fn stacked_a(
+    gpu: &Gpu,
+    ads: &[Stacked<'_>],
+    rows: usize,
+    k: usize,
+) -> Result<Option<CudaSlice<u16>>> {
+    if ads.len() < 2 {
+        return Ok(None);
+    }
+    // SAFETY: every row is copied below.
+    let mut a: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * k, "stacked lora_A")? };
+    for &(_, ad, off) in ads {
+        let mut dst = a.slice_mut(off * k..(off + ad.rank) * k);
+        gpu.stream.memcpy_dtod(&ad.a, &mut dst)?;
+    }
+    Ok(Some(a))
 }
 
 /// The FP8 base's codes `data` (the stored `(N, K)` or its transpose) as a
@@ -447,8 +447,203 @@ fn operand<'a>(w: &'a DeviceFp8Weight, data: &'a CudaSlice<u8>) -> Fp8Operand<'a
     }
 }
 
-/// Forward of `layers` that read one input `x (m, K)`: one preparation, each
-/// layer's output in order.
+/// Forward of `layers` from one prepared input: the base products, then per
+/// group of adapters `u^T = A x^T` (`(sum r, m)`, one GEMM over the stacked
+/// `A`s) and each layer's `y += s u B^T` (cuBLASLt beta = 1).
+fn forward_layers(
+    layers: &[GpuLoraLinear],
+    gpu: &Gpu,
+    input: &LoraInput,
+) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
+    let mut outs = layers
+        .iter()
+        .map(|l| l.forward_base(gpu, input))
+        .collect::<Result<Vec<_>>>()?;
+    let (m, k) = (input.m, input.k);
+    for group in adapter_groups(layers, m) {
+        let (ads, rows) = stacked(layers, &group)?;
+        let a_stacked = stacked_a(gpu, &ads, rows, k)?;
+        let a = match &a_stacked {
+            Some(a) => a,
+            None => &ads[0].1.a,
+        };
+        // SAFETY: the GEMM writes every element.
+        let mut ut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA u")? };
+        gpu.gemm_bf16(a, input.x.as_ref(), &mut ut, (rows, m, k))?;
+        let ut = Rc::new(ut);
+        for &(i, ad, off) in &ads {
+            let (y, saved) = &mut outs[i];
+            let u = ut.slice(off * m..(off + ad.rank) * m);
+            gpu.gemm_bf16_acc(
+                (&u, true),
+                (&ad.b, true),
+                y,
+                (m, layers[i].n, ad.rank),
+                (ad.scale, 1.0),
+            )?;
+            saved.u = Some((ut.clone(), off, ad.rank));
+        }
+    }
+    Ok(outs)
+}
+
+/// The bf16 input an adapter saved: its own copy, or the group's FP8 copy
+/// dequantized once (by the first layer that asks) and shared.
+fn saved_input(gpu: &Gpu, saved: &GpuLoraSaved, k: usize) -> Result<Rc<CudaSlice<u16>>> {
+    match (&saved.x, &saved.xq) {
+        (Some(x), _) => Ok(x.clone()),
+        (None, Some(q)) => {
+            if let Some(d) = q.deq.borrow().clone() {
+                return Ok(d);
+            }
+            let fp8 = &q.q;
+            let d = Rc::new(gpu.dequant_bf16(
+                &fp8.rowwise,
+                &fp8.scale_inv,
+                (saved.m, k),
+                (saved.m, k),
+                fp8.format,
+            )?);
+            *q.deq.borrow_mut() = Some(d.clone());
+            Ok(d)
+        }
+        (None, None) => Err(Error::Shape("LoRA backward: x was not saved".into())),
+    }
+}
+
+/// Backward of `layers` that read one input, from their grad_outputs `dys`
+/// (bf16 bits, with the amaxes their producers recorded): the input gradient
+/// written to `dx` when it is `None` (allocated here), else added to it; each
+/// layer's adapter gradients `(d_A, d_B)` (`None` without adapter).
+///
+/// Per group of adapters: `d_B = s dy^T u` and `du^T = s B^T dy^T` per
+/// layer, then one `d_A = du^T x` and one `d_input (+)= du A` over the
+/// stacked `du^T` and `A` (one read of `x` and one pass over `d_input` for
+/// q, k and v together). The adapters' term goes into `d_input` first, the
+/// bases' products add to it.
+pub fn backward_group<D: GemmOut>(
+    layers: &[GpuLoraLinear],
+    gpu: &Gpu,
+    saved: Vec<GpuLoraSaved>,
+    dys: Vec<(&CudaSlice<u16>, Option<TensorAmax>)>,
+    dx: &mut Option<CudaSlice<D>>,
+) -> Result<Vec<Option<AdapterGrads>>> {
+    let first = layers
+        .first()
+        .ok_or_else(|| Error::Shape("LoRA backward of no layer".into()))?;
+    if saved.len() != layers.len() || dys.len() != layers.len() {
+        return Err(Error::Shape(format!(
+            "LoRA backward of {} layers with {} saved states and {} grad_outputs",
+            layers.len(),
+            saved.len(),
+            dys.len()
+        )));
+    }
+    let (m, k) = (saved[0].m, first.k);
+    for ((l, s), (dy, _)) in layers.iter().zip(&saved).zip(&dys) {
+        if l.k != k || s.m != m || dy.len() != m * l.n {
+            return Err(Error::Shape(format!(
+                "LoRA backward: grad_output of {} elements for a ({m}, {}) output of width-{} input (group width {k})",
+                dy.len(),
+                l.n,
+                l.k
+            )));
+        }
+    }
+    if let Some(d) = dx.as_ref() {
+        if d.len() != m * k {
+            return Err(Error::Shape(format!(
+                "d_input destination of {} elements for a ({m}, {k}) input",
+                d.len()
+            )));
+        }
+    }
+    // The first product into a new dx overwrites it; every other one adds.
+    let mut fresh = dx.is_none();
+    if fresh {
+        // SAFETY: the first product below writes every element (beta = 0).
+        *dx = Some(unsafe { gpu.alloc_uninit::<D>(m * k, "d_input")? });
+    }
+    let d = dx
+        .as_mut()
+        .ok_or_else(|| Error::Shape("LoRA backward: no d_input".into()))?;
+    let mut grads: Vec<Option<AdapterGrads>> = (0..layers.len()).map(|_| None).collect();
+    for group in adapter_groups(layers, m) {
+        let (ads, rows) = stacked(layers, &group)?;
+        // SAFETY: each layer's rows are written by its GEMM below (beta = 0).
+        let mut dut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA du")? };
+        let mut dbs = Vec::with_capacity(ads.len());
+        for &(i, ad, off) in &ads {
+            let (dy, n, r) = (dys[i].0, layers[i].n, ad.rank);
+            let (ut, uoff, _) = saved[i]
+                .u
+                .as_ref()
+                .ok_or_else(|| Error::Shape("LoRA backward: u was not saved".into()))?;
+            let u = ut.slice(uoff * m..(uoff + r) * m);
+            // SAFETY: the GEMM writes every element (beta = 0).
+            let mut db: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * r, "d_lora_B")? };
+            gpu.gemm_bf16_acc((dy, true), (&u, true), &mut db, (n, r, m), (ad.scale, 0.0))?;
+            let mut du = dut.slice_mut(off * m..(off + r) * m);
+            gpu.gemm_bf16_acc(
+                (&ad.b, true),
+                (dy, true),
+                &mut du,
+                (r, m, n),
+                (ad.scale, 0.0),
+            )?;
+            dbs.push(db);
+        }
+        let x = saved_input(gpu, &saved[ads[0].0], k)?;
+        // SAFETY: the GEMM writes every element.
+        let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };
+        gpu.gemm_bf16_op((&dut, false), (x.as_ref(), false), &mut da, (rows, k, m))?;
+        let a_stacked = stacked_a(gpu, &ads, rows, k)?;
+        let a = match &a_stacked {
+            Some(a) => a,
+            None => &ads[0].1.a,
+        };
+        let du_a = ((&dut, true), (a, false), (m, k, rows), (1.0, 0.0));
+        if std::mem::take(&mut fresh) {
+            gpu.gemm_bf16_acc(du_a.0, du_a.1, d, du_a.2, du_a.3)?;
+        } else {
+            gpu.gemm_bf16_acc(
+                du_a.0,
+                du_a.1,
+                &mut AddTo(d.slice_mut(..)),
+                du_a.2,
+                (1.0, 1.0),
+            )?;
+        }
+        // Each layer's rows of d_A (the whole buffer for a group of one).
+        let mut das = Vec::with_capacity(ads.len());
+        if ads.len() == 1 {
+            das.push(da);
+        } else {
+            for &(_, ad, off) in &ads {
+                // SAFETY: the copy writes every element.
+                let mut own: CudaSlice<f32> = unsafe { gpu.alloc_uninit(ad.rank * k, "d_lora_A")? };
+                gpu.stream
+                    .memcpy_dtod(&da.slice(off * k..(off + ad.rank) * k), &mut own)?;
+                das.push(own);
+            }
+        }
+        for ((&(i, _, _), da), db) in ads.iter().zip(das).zip(dbs) {
+            grads[i] = Some((da, db));
+        }
+    }
+    for (l, (dy, amax)) in layers.iter().zip(dys) {
+        let at = (m, dy, amax);
+        if std::mem::take(&mut fresh) {
+            l.base_backward_into(gpu, at, d)?;
+        } else {
+            l.base_backward_into(gpu, at, &mut AddTo(d.slice_mut(..)))?;
+        }
+    }
+    Ok(grads)
+}
+
+/// Forward of `layers` that read one input `x (m, K)`: one preparation,
+/// each layer's output in order.
 pub fn forward_group(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
@@ -457,8 +652,5 @@ pub fn forward_group(
     m: usize,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
     let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
-    layers
-        .iter()
-        .map(|l| l.forward_input(gpu, &input))
-        .collect()
+    forward_layers(layers, gpu, &input)
 }

@@ -657,23 +657,10 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem: smem + 1024,
                 })
             };
-            // The forward is the warp-specialized kernel (a producer and two
-            // consumer warpgroups, 128 queries a block): Q (two tiles) + four
-            // stages of K, V + nine barriers; `OCTET_ATTN_FWD=wg` keeps the
-            // two-warpgroup kernel (Q + two stages), for comparisons. The
-            // backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
+            // The backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
             if wgmma {
-                let fwd = if std::env::var("OCTET_ATTN_FWD").is_ok_and(|v| v == "wg") {
-                    wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?
-                } else {
-                    AttnKernel {
-                        threads: 384,
-                        rows: 128,
-                        ..wg(format!("attn_fwd_ws{d}"), 2, 10 * tile + 72)?
-                    }
-                };
                 Attn {
-                    fwd,
+                    fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?,
                     dkdv: wg(format!("attn_dkdv_wg{d}_1"), 1, 6 * tile + 1024 + 64)?,
                     dq: wg(format!("attn_dq_wg{d}_1"), 1, 6 * tile + 64)?,
                     tensor_cores: true,
@@ -2018,8 +2005,11 @@ impl<'g> GpuLlama<'g> {
             self.mark("elementwise")?;
             // gate's and up's input gradients added into one buffer.
             let mut dh2 = None;
-            self.proj_backward((bi, 4), sg, &dg, g_amax, &mut dh2)?;
-            self.proj_backward((bi, 5), su, &du, u_amax, &mut dh2)?;
+            self.proj_backward_group(
+                (bi, 4),
+                vec![(sg, &dg, g_amax), (su, &du, u_amax)],
+                &mut dh2,
+            )?;
             let dh2 = dh2.ok_or_else(|| Error::Shape("gate projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dg, du));
@@ -2059,9 +2049,15 @@ impl<'g> GpuLlama<'g> {
             self.mark("attention bwd (+rope)")?;
             // q's, k's and v's input gradients added into one buffer, in that order.
             let mut dh = None;
-            self.proj_backward((bi, 0), sq, &dq_bf, q_amax, &mut dh)?;
-            self.proj_backward((bi, 1), sk, &dk_bf, k_amax, &mut dh)?;
-            self.proj_backward((bi, 2), sv, &dv_bf, v_amax, &mut dh)?;
+            self.proj_backward_group(
+                (bi, 0),
+                vec![
+                    (sq, &dq_bf, q_amax),
+                    (sk, &dk_bf, k_amax),
+                    (sv, &dv_bf, v_amax),
+                ],
+                &mut dh,
+            )?;
             let dh = dh.ok_or_else(|| Error::Shape("q projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dq_bf, dk_bf, dv_bf));
@@ -2721,15 +2717,68 @@ impl<'g> GpuLlama<'g> {
         })
     }
 
-    /// Backward of projection `li` of block `bi` from `dy`: its input
-    /// gradient; its trainable gradients (the weight, or the adapter) added
-    /// to the gradient buffer.
     /// Backward of block `bi`'s projection `li` from `dy`: its weight's (or
     /// adapters') gradients into their slots, and its input gradient into
     /// `dx`: written there when `dx` is empty, added to it otherwise (the
     /// projections that read one input add theirs into one f32 buffer, in
     /// order, which the norm's backward then reads once).
     fn proj_backward<D: GemmOut>(
+        &mut self,
+        (bi, li): (usize, usize),
+        saved: ProjSaved,
+        dy: &CudaSlice<u16>,
+        dy_amax: Option<TensorAmax>,
+        dx: &mut Option<CudaSlice<D>>,
+    ) -> Result<()> {
+        self.proj_backward_group((bi, li), vec![(saved, dy, dy_amax)], dx)
+    }
+
+    /// [`GpuLlama::proj_backward`] of block `bi`'s projections `li..`, which
+    /// read one input, from `(saved, dy, dy_amax)` each. In LoRA mode the
+    /// layers' adapters share their products ([`crate::lora::backward_group`]).
+    fn proj_backward_group<D: GemmOut>(
+        &mut self,
+        (bi, li): (usize, usize),
+        items: Vec<(ProjSaved, &CudaSlice<u16>, Option<TensorAmax>)>,
+        dx: &mut Option<CudaSlice<D>>,
+    ) -> Result<()> {
+        if self.lora.is_some() {
+            let mut saved = Vec::with_capacity(items.len());
+            let mut dys = Vec::with_capacity(items.len());
+            for (s, dy, amax) in items {
+                match s {
+                    ProjSaved::Lora(s) => saved.push(s),
+                    ProjSaved::Full(_) => {
+                        return Err(Error::Shape(
+                            "a full projection's state in LoRA mode".into(),
+                        ))
+                    }
+                }
+                dys.push((dy, amax));
+            }
+            let n = saved.len();
+            let layers = self.blocks[bi].lora.get(li..li + n).ok_or_else(|| {
+                Error::Shape(format!("block {bi} has no projections {li}..{}", li + n))
+            })?;
+            let grads = crate::lora::backward_group(layers, self.gpu, saved, dys, dx)?;
+            for (j, g) in grads.into_iter().enumerate() {
+                if let (Some((da, db)), Some(Some((sa, sb)))) =
+                    (g, self.blocks[bi].adapter_slots.get(li + j).copied())
+                {
+                    self.add_grad(sa, &da)?;
+                    self.add_grad(sb, &db)?;
+                }
+            }
+            return Ok(());
+        }
+        for (j, (s, dy, amax)) in items.into_iter().enumerate() {
+            self.proj_backward_one((bi, li + j), s, dy, amax, dx)?;
+        }
+        Ok(())
+    }
+
+    /// [`GpuLlama::proj_backward`] of one full (not LoRA) projection.
+    fn proj_backward_one<D: GemmOut>(
         &mut self,
         (bi, li): (usize, usize),
         saved: ProjSaved,
@@ -2784,14 +2833,9 @@ impl<'g> GpuLlama<'g> {
                     lin.backward_into(gpu, *s, dy, dy_amax, dx, &mut AddTo(view))
                 }
             }
-            ProjSaved::Lora(s) => {
-                let g = self.blocks[bi].lora[li].backward_into(gpu, s, dy, dy_amax, dx)?;
-                if let (Some((da, db)), Some((sa, sb))) = (g, self.blocks[bi].adapter_slots[li]) {
-                    self.add_grad(sa, &da)?;
-                    self.add_grad(sb, &db)?;
-                }
-                Ok(())
-            }
+            ProjSaved::Lora(_) => Err(Error::Shape(
+                "a LoRA projection's state outside LoRA mode".into(),
+            )),
         }
     }
 }
