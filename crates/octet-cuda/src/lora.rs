@@ -13,8 +13,12 @@
 //! - `Compute::Bf16`: the weight-only product ([`Gpu::mixed_matmul`]), or a
 //!   bf16 GEMM over a bf16 base.
 //!
-//! The adapter adds its term in the same output buffer: `u = x A^T` (bf16),
-//! then one GEMM `y = s u B^T + y` (cuBLASLt beta = 1, f32 accumulation).
+//! The adapters of the layers that read one input (q, k, v; gate, up) share
+//! their products: `u^T = A x^T` is one GEMM over their stacked `A`s (one read
+//! of `x`). Each layer's term `s u B^T` is written to its output first and the
+//! base's GEMM adds to it (cuBLASLt beta = 1, f32 accumulation), so the
+//! output is written once; over the weight-only kernel, which writes its own
+//! output, the adapter's term is added after it.
 //!
 //! Backward: no weight gradient for the base, so the base saves nothing; its
 //! input gradient `dy W` reads the stored codes: in the `quantized` backward
@@ -25,9 +29,12 @@
 //! backward, so no step holds a second persistent copy of the base. The
 //! adapter saves its input once per group (the FP8 row-wise copy under the
 //! `dequantized` backward, the very copy the base GEMM read under
-//! `Compute::Fp8`; the bf16 activation otherwise) and `u (M, r)`. In
-//! backward the group's FP8 input is dequantized to bf16 once, by the first
-//! layer of the group that runs, and shared with the others.
+//! `Compute::Fp8`; the bf16 activation otherwise) and `u^T (r, M)` (rows of
+//! the group's stacked buffer). In backward the group's FP8 input is
+//! dequantized to bf16 once and shared. The adapters' backward is grouped
+//! too: per layer `d_B = s dy^T u` and `du^T = s B^T dy^T` into one stacked
+//! buffer, then one `d_A = du^T x` and one `d_input = du A` for the group,
+//! written before the bases' input gradients add to it.
 //!
 //! Rounding against the CPU layer (which keeps `u`, `s dy B` and the
 //! dequantized input in f32): here `u` and `du = s dy B` are bf16 operands of
@@ -273,9 +280,20 @@ impl GpuLoraLinear {
             .ok_or_else(|| Error::Shape("LoRA forward of no layer".into()))
     }
 
-    /// The base's product `y = x W^T` and what the layer keeps (the
-    /// adapter's input; its `u` is added by [`forward_layers`]).
-    fn forward_base(&self, gpu: &Gpu, input: &LoraInput) -> Result<(CudaSlice<u16>, GpuLoraSaved)> {
+    /// Whether the base's product can add to an output the adapter wrote
+    /// first (a cuBLASLt GEMM, beta = 1); the weight-only kernel writes its own.
+    fn base_adds(&self) -> bool {
+        !(matches!(self.base, GpuBase::Fp8(_)) && self.compute == Compute::Bf16)
+    }
+
+    /// The base's product `x W^T` into `y`: a new buffer when `y` is `None`,
+    /// else added to what `y` holds (only where [`GpuLoraLinear::base_adds`]).
+    fn forward_base(
+        &self,
+        gpu: &Gpu,
+        input: &LoraInput,
+        y: Option<CudaSlice<u16>>,
+    ) -> Result<CudaSlice<u16>> {
         let (m, n, k) = (input.m, self.n, self.k);
         if input.k != k {
             return Err(Error::Shape(format!(
@@ -283,27 +301,43 @@ impl GpuLoraLinear {
                 input.k
             )));
         }
-        // SAFETY: the base product writes every element of y.
-        let mut y: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * n, "LoRA output")? };
+        let fresh = y.is_none();
+        let mut y = match y {
+            Some(y) if y.len() == m * n && self.base_adds() => y,
+            Some(_) => {
+                return Err(Error::Shape(format!(
+                    "LoRA base product: an output to add to that is not ({m}, {n}), or a base that cannot add"
+                )))
+            }
+            // SAFETY: the base product writes every element of y.
+            None => unsafe { gpu.alloc_uninit(m * n, "LoRA output")? },
+        };
+        let x = input.x.as_ref();
         match (&self.base, self.compute) {
-            (GpuBase::Bf16(w), _) => gpu.gemm_bf16(input.x.as_ref(), w, &mut y, (m, n, k))?,
+            (GpuBase::Bf16(w), _) if fresh => gpu.gemm_bf16(x, w, &mut y, (m, n, k))?,
+            (GpuBase::Bf16(w), _) => gpu.gemm_bf16(x, w, &mut AddTo(y.slice_mut(..)), (m, n, k))?,
             (GpuBase::Fp8(w), Compute::Fp8) => {
                 let xq = input
                     .xq
                     .as_ref()
                     .ok_or_else(|| Error::Shape("FP8 input missing".into()))?;
-                gpu.gemm_fp8(
-                    xq.q.rowwise_operand(),
-                    operand(w, &w.codes),
-                    &mut y,
-                    (m, n, k),
-                    false,
-                )?;
+                let (a, b) = (xq.q.rowwise_operand(), operand(w, &w.codes));
+                if fresh {
+                    gpu.gemm_fp8(a, b, &mut y, (m, n, k), false)?;
+                } else {
+                    gpu.gemm_fp8(a, b, &mut AddTo(y.slice_mut(..)), (m, n, k), false)?;
+                }
             }
-            (GpuBase::Fp8(w), Compute::Bf16) => gpu.mixed_matmul(&input.x, m, w, &mut y)?,
+            (GpuBase::Fp8(w), Compute::Bf16) => gpu.mixed_matmul(x, m, w, &mut y)?,
         }
+        Ok(y)
+    }
+
+    /// What the layer keeps for backward from `input`: the adapter's input
+    /// (its `u` is added by [`forward_layers`]); nothing for the base.
+    fn saved_for(&self, input: &LoraInput) -> Result<GpuLoraSaved> {
         let mut saved = GpuLoraSaved {
-            m,
+            m: input.m,
             x: None,
             xq: None,
             u: None,
@@ -320,7 +354,7 @@ impl GpuLoraLinear {
                 saved.x = Some(input.x.clone());
             }
         }
-        Ok((y, saved))
+        Ok(saved)
     }
 
     /// Backward from `dy (m, N)` (bf16 bits): `d_input (m, K)` in f32 and the
@@ -447,19 +481,24 @@ fn operand<'a>(w: &'a DeviceFp8Weight, data: &'a CudaSlice<u8>) -> Fp8Operand<'a
     }
 }
 
-/// Forward of `layers` from one prepared input: the base products, then per
-/// group of adapters `u^T = A x^T` (`(sum r, m)`, one GEMM over the stacked
-/// `A`s) and each layer's `y += s u B^T` (cuBLASLt beta = 1).
+/// Forward of `layers` from one prepared input. Per group of adapters,
+/// `u^T = A x^T` (`(sum r, m)`, one GEMM over the stacked `A`s); each
+/// layer's `s u B^T` is written first and its base's product added to it
+/// (cuBLASLt beta = 1, so the output is read and written once), except over
+/// the weight-only kernel, whose output the adapter's term is added to.
 fn forward_layers(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
     input: &LoraInput,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    let mut outs = layers
-        .iter()
-        .map(|l| l.forward_base(gpu, input))
-        .collect::<Result<Vec<_>>>()?;
     let (m, k) = (input.m, input.k);
+    let mut saved = layers
+        .iter()
+        .map(|l| l.saved_for(input))
+        .collect::<Result<Vec<_>>>()?;
+    let mut first: Vec<Option<CudaSlice<u16>>> = layers.iter().map(|_| None).collect();
+    // Adapters whose term is added after the base's product: (layer, u^T, row).
+    let mut after = Vec::new();
     for group in adapter_groups(layers, m) {
         let (ads, rows) = stacked(layers, &group)?;
         let a_stacked = stacked_a(gpu, &ads, rows, k)?;
@@ -472,19 +511,45 @@ fn forward_layers(
         gpu.gemm_bf16(a, input.x.as_ref(), &mut ut, (rows, m, k))?;
         let ut = Rc::new(ut);
         for &(i, ad, off) in &ads {
-            let (y, saved) = &mut outs[i];
-            let u = ut.slice(off * m..(off + ad.rank) * m);
-            gpu.gemm_bf16_acc(
-                (&u, true),
-                (&ad.b, true),
-                y,
-                (m, layers[i].n, ad.rank),
-                (ad.scale, 1.0),
-            )?;
-            saved.u = Some((ut.clone(), off, ad.rank));
+            saved[i].u = Some((ut.clone(), off, ad.rank));
+            if layers[i].base_adds() {
+                let u = ut.slice(off * m..(off + ad.rank) * m);
+                // SAFETY: the GEMM writes every element (beta = 0).
+                let mut y: CudaSlice<u16> =
+                    unsafe { gpu.alloc_uninit(m * layers[i].n, "LoRA output")? };
+                gpu.gemm_bf16_acc(
+                    (&u, true),
+                    (&ad.b, true),
+                    &mut y,
+                    (m, layers[i].n, ad.rank),
+                    (ad.scale, 0.0),
+                )?;
+                first[i] = Some(y);
+            } else {
+                after.push((i, ut.clone(), off));
+            }
         }
     }
-    Ok(outs)
+    let mut ys = layers
+        .iter()
+        .zip(first)
+        .map(|(l, y)| l.forward_base(gpu, input, y))
+        .collect::<Result<Vec<_>>>()?;
+    for (i, ut, off) in after {
+        let ad = layers[i]
+            .adapter
+            .as_ref()
+            .ok_or_else(|| Error::Shape("LoRA forward: a layer without adapter".into()))?;
+        let u = ut.slice(off * m..(off + ad.rank) * m);
+        gpu.gemm_bf16_acc(
+            (&u, true),
+            (&ad.b, true),
+            &mut ys[i],
+            (m, layers[i].n, ad.rank),
+            (ad.scale, 1.0),
+        )?;
+    }
+    Ok(ys.into_iter().zip(saved).collect())
 }
 
 /// The bf16 input an adapter saved: its own copy, or the group's FP8 copy
