@@ -57,7 +57,7 @@ pub fn run() -> anyhow::Result<()> {
     println!(
         "\ntraining on the GPU (octet train --device cuda): every recipe above that runs there, \
          tensor-core attention for head dims 16/32/64/128 (f32 kernels otherwise); \
-         blockwise needs every width and the token count multiples of 128; \
+         blockwise needs every width and the token count multiples of 16; \
          LoRA (octet lora --device cuda) and sharded data parallel (--nproc) run there too"
     );
     Ok(())
