@@ -9,7 +9,7 @@
 //! grid); 128x128 scales as the CPU's row-major `(rows / 128, k / 128)` grid.
 
 use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
 
 /// The compiled kernels.
@@ -353,29 +353,13 @@ impl Gpu {
         cols: usize,
         stride: usize,
     ) -> Result<CudaSlice<u8>> {
-        if codes.len() != rows * cols {
-            return Err(Error::Shape(format!(
-                "FP8 operand of {} codes is not ({rows}, {cols})",
-                codes.len()
-            )));
-        }
         let k = self.block2d_kernels()?;
-        // SAFETY: the kernel writes all rows * stride codes.
-        let mut out = unsafe { self.stream.alloc::<u8>(rows * stride) }
-            .map_err(|e| oom(e, rows * stride, "padded FP8 operand"))?;
-        let (r, c, st) = (rows as i32, cols as i32, stride as i32);
-        // SAFETY: lengths checked above; the kernel guards rows * stride.
-        unsafe {
-            self.stream
-                .launch_builder(&k.pad_cols_u8)
-                .arg(codes)
-                .arg(&mut out)
-                .arg(&r)
-                .arg(&c)
-                .arg(&st)
-                .launch(LaunchConfig::for_num_elems((rows * stride) as u32))?;
-        }
-        Ok(out)
+        self.pad_cols(
+            &k.pad_cols_u8,
+            codes,
+            (rows, cols, stride),
+            "padded FP8 operand",
+        )
     }
 
     /// A row-major `(rows, cols)` f32 grid copied with each row padded by
@@ -386,23 +370,35 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<CudaSlice<f32>> {
-        if grid.len() != rows * cols {
+        let k = self.block2d_kernels()?;
+        let stride = cols.next_multiple_of(4);
+        self.pad_cols(&k.pad_cols, grid, (rows, cols, stride), "padded scale grid")
+    }
+
+    /// `out (rows, stride)` = `input (rows, cols)` with zero columns on the
+    /// right, by `f` (`pad_cols_f32` or `pad_cols_u8`, matching `T`).
+    fn pad_cols<T: DeviceRepr>(
+        &self,
+        f: &CudaFunction,
+        input: &CudaSlice<T>,
+        (rows, cols, stride): (usize, usize, usize),
+        what: &str,
+    ) -> Result<CudaSlice<T>> {
+        if input.len() != rows * cols || stride < cols || rows * stride > i32::MAX as usize {
             return Err(Error::Shape(format!(
-                "128x128 scale grid of {} values is not ({rows}, {cols})",
-                grid.len()
+                "{what}: {} values are not ({rows}, {cols}) padded to {stride} columns",
+                input.len()
             )));
         }
-        let stride = cols.next_multiple_of(4);
-        let k = self.block2d_kernels()?;
         // SAFETY: the kernel writes all rows * stride values.
-        let mut out = unsafe { self.stream.alloc::<f32>(rows * stride) }
-            .map_err(|e| oom(e, 4 * rows * stride, "padded scale grid"))?;
+        let mut out = unsafe { self.stream.alloc::<T>(rows * stride) }
+            .map_err(|e| oom(e, std::mem::size_of::<T>() * rows * stride, what))?;
         let (r, c, st) = (rows as i32, cols as i32, stride as i32);
         // SAFETY: lengths checked above; the kernel guards rows * stride.
         unsafe {
             self.stream
-                .launch_builder(&k.pad_cols)
-                .arg(grid)
+                .launch_builder(f)
+                .arg(input)
                 .arg(&mut out)
                 .arg(&r)
                 .arg(&c)

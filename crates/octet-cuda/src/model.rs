@@ -2792,11 +2792,8 @@ impl<'g> GpuLlama<'g> {
                 self.proj_backward_to((bi, li), saved, dy, dy_amax, &mut add)
             }
             None => {
-                let blk = &self.blocks[bi];
-                let (n, k) = match saved {
-                    ProjSaved::Full(_) => (blk.lin[li].n, blk.lin[li].k),
-                    ProjSaved::Lora(_) => (blk.lora[li].n, blk.lora[li].k),
-                };
+                let lin = &self.blocks[bi].lin[li];
+                let (n, k) = (lin.n, lin.k);
                 // The layer checks dy's length; here (m, k) with m = rows of dy.
                 let numel = dy.len() / n.max(1) * k;
                 // SAFETY: the input-gradient GEMM writes every element (beta = 0).
