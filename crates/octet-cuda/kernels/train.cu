@@ -914,29 +914,9 @@ extern "C" __global__ void attn_delta(const unsigned short* out, const unsigned 
     const int h = row % Hq, n = row / Hq; // row = n * Hq + h, n = b * T + t
     const size_t o = (size_t)n * Hq * D + (size_t)h * D;
     float s = 0.f;
-    if (D % 4 == 0) {
-        // Four values a lane, in 8-byte (bf16) or 4-byte (E4M3) loads: the
-        // row starts at a multiple of D, so they are aligned.
-        for (int d = lane * 4; d < D; d += 128) {
-            const uint2 g = *reinterpret_cast<const uint2*>(dout + o + d);
-            float ov[4];
-            if (outq) {
-                const unsigned c = *reinterpret_cast<const unsigned*>(outq + o + d);
-#pragma unroll
-                for (int j = 0; j < 4; j++) ov[j] = e4m3_decode((c >> (8 * j)) & 0xffu) * out_si[0];
-            } else {
-                const uint2 w = *reinterpret_cast<const uint2*>(out + o + d);
-                ov[0] = __uint_as_float(w.x << 16), ov[1] = __uint_as_float(w.x & 0xffff0000u);
-                ov[2] = __uint_as_float(w.y << 16), ov[3] = __uint_as_float(w.y & 0xffff0000u);
-            }
-            s += ov[0] * __uint_as_float(g.x << 16) + ov[1] * __uint_as_float(g.x & 0xffff0000u) +
-                 ov[2] * __uint_as_float(g.y << 16) + ov[3] * __uint_as_float(g.y & 0xffff0000u);
-        }
-    } else {
-        for (int d = lane; d < D; d += 32) {
-            const float ov = outq ? e4m3_decode(outq[o + d]) * out_si[0] : bf2f(out[o + d]);
-            s += ov * bf2f(dout[o + d]);
-        }
+    for (int d = lane; d < D; d += 32) {
+        const float ov = outq ? e4m3_decode(outq[o + d]) * out_si[0] : bf2f(out[o + d]);
+        s += ov * bf2f(dout[o + d]);
     }
 #pragma unroll
     for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(0xffffffffu, s, w);
