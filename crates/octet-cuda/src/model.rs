@@ -2772,7 +2772,12 @@ impl<'g> GpuLlama<'g> {
             return Ok(());
         }
         for (j, (s, dy, amax)) in items.into_iter().enumerate() {
-            self.proj_backward_one((bi, li + j), s, dy, amax, dx)?;
+            let ProjSaved::Full(s) = s else {
+                return Err(Error::Shape(
+                    "a LoRA projection's state outside LoRA mode".into(),
+                ));
+            };
+            self.proj_backward_one((bi, li + j), *s, dy, amax, dx)?;
         }
         Ok(())
     }
@@ -2781,7 +2786,7 @@ impl<'g> GpuLlama<'g> {
     fn proj_backward_one<D: GemmOut>(
         &mut self,
         (bi, li): (usize, usize),
-        saved: ProjSaved,
+        saved: GpuLinearSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
         dx: &mut Option<CudaSlice<D>>,
@@ -2805,34 +2810,27 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
-    /// [`GpuLlama::proj_backward`] into a given destination.
+    /// [`GpuLlama::proj_backward_one`] into a given destination. The
+    /// weight's gradient goes straight into its slot: written by the step's
+    /// first GEMM there, added by later ones.
     fn proj_backward_to<D: GemmOut>(
         &mut self,
         (bi, li): (usize, usize),
-        saved: ProjSaved,
+        saved: GpuLinearSaved,
         dy: &CudaSlice<u16>,
         dy_amax: Option<TensorAmax>,
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
         let gpu = self.gpu;
-        match saved {
-            ProjSaved::Full(s) => {
-                // The weight's gradient goes straight into its slot: written
-                // by the step's first GEMM there, added by later ones.
-                let si = self.blocks[bi].lin_slot[li];
-                let sl = &self.slots[si];
-                let view = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
-                let lin = &mut self.blocks[bi].lin[li];
-                if self.grad_unwritten.get_mut(si).is_some_and(std::mem::take) {
-                    let mut dw = view;
-                    lin.backward_into(gpu, *s, dy, dy_amax, dx, &mut dw)
-                } else {
-                    lin.backward_into(gpu, *s, dy, dy_amax, dx, &mut AddTo(view))
-                }
-            }
-            ProjSaved::Lora(_) => Err(Error::Shape(
-                "a LoRA projection's state outside LoRA mode".into(),
-            )),
+        let si = self.blocks[bi].lin_slot[li];
+        let sl = &self.slots[si];
+        let view = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
+        let lin = &mut self.blocks[bi].lin[li];
+        if self.grad_unwritten.get_mut(si).is_some_and(std::mem::take) {
+            let mut dw = view;
+            lin.backward_into(gpu, saved, dy, dy_amax, dx, &mut dw)
+        } else {
+            lin.backward_into(gpu, saved, dy, dy_amax, dx, &mut AddTo(view))
         }
     }
 }
