@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// `bench mixed`: weight shapes, KxN[,KxN...].
     #[arg(long)]
     kn: Option<String>,
+    /// `bench mixed` on the CPU: the widest instruction set the kernels may
+    /// use (scalar, avx2, avx512; default: the widest this CPU has).
+    #[arg(long)]
+    cpu_simd: Option<String>,
     /// cpu, cuda or auto. On cuda, `gemm` runs the whole GPU suite (copy
     /// floor, fused quantizes, bf16 and FP8 cuBLASLt GEMMs, `Linear` forward +
     /// backward per recipe) in one run; `quantize` and `linear` run their part.
@@ -320,7 +324,14 @@ fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
 }
 
 fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
-    use octet_tensor::mixed::{matmul_weights, Fp8Weight, WeightRef, WeightScaling};
+    use octet_tensor::mixed::{
+        cpu_simd, limit_cpu_simd, matmul_weights, CpuSimd, Fp8Weight, WeightRef, WeightScaling,
+    };
+    if let Some(name) = &a.cpu_simd {
+        limit_cpu_simd(CpuSimd::from_name(name)?).context("--cpu-simd")?;
+    }
+    let simd = cpu_simd();
+    let reps = a.reps.max(1);
     let ms = parse_list(a.m.as_deref().unwrap_or("1,4,16,64")).context("--m")?;
     let kns: Vec<(usize, usize)> =
         a.kn.as_deref()
@@ -335,9 +346,11 @@ fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let mut dst = vec![0f32; big / 4];
     let copy_gb = 2.0 * big as f64 / median_secs(a.reps, || dst.copy_from_slice(&src)) / 1e9;
     println!(
-        "CPU, {} threads; y (M, N) = x (M, K) f32 @ W^T; the same kernel over FP8 (E4M3, per-channel scales), bf16 and f32 weights; \
-         weight GB/s counts the weight bytes read once; copy of 64 MiB: {copy_gb:.1} GB/s (read + write)\n",
-        rayon::current_num_threads()
+        "CPU, {} threads, {} kernels; y (M, N) = x (M, K) f32 @ W^T; the same kernel over FP8 (E4M3, per-channel scales), bf16 and f32 weights; \
+         weight GB/s counts the weight bytes read once; copy of 64 MiB: {copy_gb:.1} GB/s (read + write); \
+         medians of {reps} rounds in which the four products take turns\n",
+        rayon::current_num_threads(),
+        simd.name(),
     );
     let mut t = Table::new(&[
         "KxN",
@@ -360,18 +373,33 @@ fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                 ("bf16", WeightRef::Bf16(&wb, n, k), 2 * n * k),
                 ("f32", WeightRef::F32(&w, n, k), 4 * n * k),
             ];
-            let mut times = Vec::new();
-            for (label, wr, bytes) in &kinds {
-                let mut res = Ok(());
-                let s = median_secs(a.reps, || {
-                    if let Err(e) = matmul_weights(&x, wr).map(std::hint::black_box) {
-                        res = Err(e);
+            // The four products take turns, one run each per round, so that a
+            // slow phase of a shared machine lands on all of them alike.
+            let xs = x.to_f32_vec();
+            let mut secs = vec![Vec::with_capacity(reps); kinds.len() + 1];
+            for round in 0..=reps {
+                for (i, (_, wr, _)) in kinds.iter().enumerate() {
+                    let s = std::time::Instant::now();
+                    std::hint::black_box(matmul_weights(&x, wr)?);
+                    if round > 0 {
+                        secs[i].push(s.elapsed().as_secs_f64());
                     }
-                });
-                res?;
-                times.push(s);
+                }
+                let s = std::time::Instant::now();
+                std::hint::black_box(cpu::sgemm(m, n, k, &xs, false, &w, true));
+                if round > 0 {
+                    secs[kinds.len()].push(s.elapsed().as_secs_f64());
+                }
+            }
+            let times: Vec<f64> = secs
+                .iter_mut()
+                .map(|v| {
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                })
+                .collect();
+            for ((label, _, bytes), &s) in kinds.iter().zip(&times) {
                 let gbs = *bytes as f64 / s / 1e9;
-                let speed = times[0] / s;
                 t.row(vec![
                     format!("{k}x{n}"),
                     m.to_string(),
@@ -382,16 +410,13 @@ fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
                     if *label == "fp8 e4m3" {
                         "-".into()
                     } else {
-                        format!("{:.2}x", 1.0 / speed)
+                        format!("{:.2}x", s / times[0])
                     },
                 ]);
-                out.push(json!({"k": k, "n": n, "m": m, "weights": label, "ms": s * 1e3, "weight_gb_s": gbs, "copy_gb_s": copy_gb, "fp8_speedup": 1.0 / speed}));
+                out.push(json!({"k": k, "n": n, "m": m, "weights": label, "ms": s * 1e3, "weight_gb_s": gbs, "copy_gb_s": copy_gb, "fp8_speedup": s / times[0], "cpu_simd": simd.name()}));
             }
             // The plain high-precision product (gemm crate, f32 weights) for reference.
-            let xs = x.to_f32_vec();
-            let s = median_secs(a.reps, || {
-                std::hint::black_box(cpu::sgemm(m, n, k, &xs, false, &w, true));
-            });
+            let s = times[kinds.len()];
             t.row(vec![
                 format!("{k}x{n}"),
                 m.to_string(),

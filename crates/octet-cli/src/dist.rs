@@ -33,7 +33,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     );
     anyhow::ensure!(cfg.lora.is_none(), "--nproc with LoRA is not supported yet");
     anyhow::ensure!(
-        cfg.batch % n == 0,
+        cfg.batch.is_multiple_of(n),
         "--batch {} (the global batch) does not split over {n} ranks",
         cfg.batch
     );

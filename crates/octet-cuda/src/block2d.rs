@@ -207,7 +207,7 @@ impl Gpu {
             let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(input, &self.stream);
             ptr % 4 == 0
         };
-        let (kern, cfg) = if rows % 4 == 0 && cols % 4 == 0 && in_aligned {
+        let (kern, cfg) = if rows.is_multiple_of(4) && cols.is_multiple_of(4) && in_aligned {
             let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
             (&k.transpose_u8_v4, (grid, (256, 1, 1)))
         } else {

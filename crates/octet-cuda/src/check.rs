@@ -50,7 +50,7 @@ pub fn random_wide_f32(n: usize, seed: u64) -> Vec<f32> {
     (0..n)
         .map(|i| {
             let r = octet_fp8::format::sr_bits(seed, i as u64);
-            if r % 32 == 0 {
+            if r.is_multiple_of(32) {
                 return 0.0;
             }
             let e = (r >> 8) as f32 / 16_777_216.0 * 36.0 - 30.0;

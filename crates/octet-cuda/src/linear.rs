@@ -720,7 +720,7 @@ impl GpuLinear {
                 Some(&v.global),
             ),
         };
-        if cols == 0 || x.len() % cols != 0 {
+        if cols == 0 || !x.len().is_multiple_of(cols) {
             return Err(Error::Shape(format!(
                 "telemetry: {} elements are not rows of {cols}",
                 x.len()

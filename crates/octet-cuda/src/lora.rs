@@ -422,7 +422,7 @@ fn adapter_groups(layers: &[GpuLoraLinear], m: usize) -> Vec<Vec<usize>> {
         layers[i]
             .adapter
             .as_ref()
-            .is_some_and(|a| (a.rank * m) % 128 == 0)
+            .is_some_and(|a| (a.rank * m).is_multiple_of(128))
     });
     if aligned && !with.is_empty() {
         vec![with]

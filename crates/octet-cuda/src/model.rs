@@ -602,12 +602,12 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         norm_bwd: l("rmsnorm_bwd")?,
         norm_bwd_v4: l("rmsnorm_bwd_v4")?,
         sum_partials: l("sum_partials")?,
-        rope_fwd: l(if (d / 2) % 4 == 0 {
+        rope_fwd: l(if (d / 2).is_multiple_of(4) {
             "rope_fwd_v4"
         } else {
             "rope_fwd"
         })?,
-        rope_bwd: l(if (d / 2) % 4 == 0 {
+        rope_bwd: l(if (d / 2).is_multiple_of(4) {
             "rope_bwd_v4"
         } else {
             "rope_bwd"
@@ -1641,7 +1641,7 @@ impl<'g> GpuLlama<'g> {
         let ci = c as i32;
         let null: u64 = 0;
         unsafe {
-            let f = if c % 4 == 0 && c <= NORM_FWD_V4_MAX {
+            let f = if c.is_multiple_of(4) && c <= NORM_FWD_V4_MAX {
                 &self.f.norm_fwd_v4
             } else {
                 &self.f.norm_fwd

@@ -149,7 +149,7 @@ pub fn gather_fp8_weight<C: Communicator>(
         ));
     }
     let align = fp8_row_alignment(row, col, usage)?;
-    if s % align != 0 {
+    if !s.is_multiple_of(align) {
         return Err(Error::Unsupported(format!(
             "shards of {s} rows straddle this recipe's {align}-row scale blocks; build the layout with \
              ShardLayout::new(shape, n, fp8_row_alignment(..)) = {align}"

@@ -569,7 +569,7 @@ pub fn local_batch(
     rank: usize,
     n: usize,
 ) -> Result<(Vec<u32>, Vec<u32>, usize)> {
-    if n == 0 || b % n != 0 {
+    if n == 0 || !b.is_multiple_of(n) {
         return Err(Error::Config(format!(
             "a global batch of {b} sequences does not split evenly over {n} ranks; use a multiple of {n}"
         )));

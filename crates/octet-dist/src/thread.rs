@@ -284,7 +284,7 @@ impl Communicator for ThreadComm {
 
     fn reduce_scatter<T: Reducible>(&self, send: &[T], op: ReduceOp) -> Result<Vec<T>> {
         let n = self.group.n;
-        if send.len() % n != 0 {
+        if !send.len().is_multiple_of(n) {
             return Err(Error::Mismatch(format!(
                 "reduce_scatter: {} elements do not split into {n} equal chunks",
                 send.len()

@@ -93,20 +93,25 @@ impl LlamaConfig {
         {
             return bad(format!("zero-sized dimension in {self:?}"));
         }
-        if self.num_attention_heads == 0 || self.hidden_size % self.num_attention_heads != 0 {
+        if self.num_attention_heads == 0
+            || !self.hidden_size.is_multiple_of(self.num_attention_heads)
+        {
             return bad(format!(
                 "hidden_size {} is not a multiple of {} heads",
                 self.hidden_size, self.num_attention_heads
             ));
         }
-        if self.num_key_value_heads == 0 || self.num_attention_heads % self.num_key_value_heads != 0
+        if self.num_key_value_heads == 0
+            || !self
+                .num_attention_heads
+                .is_multiple_of(self.num_key_value_heads)
         {
             return bad(format!(
                 "{} query heads are not a multiple of {} key/value heads",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad(format!(
                 "head_dim {} must be even for rotary embeddings",
                 self.head_dim()

@@ -22,7 +22,7 @@ pub struct Rope {
 impl Rope {
     /// Tables for `head_dim` (even) up to `max_seq` positions with base `theta`.
     pub fn new(head_dim: usize, max_seq: usize, theta: f64) -> Result<Rope> {
-        if head_dim == 0 || head_dim % 2 != 0 || max_seq == 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || max_seq == 0 {
             return Err(Error::Shape(format!(
                 "RoPE needs an even head_dim and max_seq > 0, got {head_dim}, {max_seq}"
             )));

@@ -240,6 +240,94 @@ impl Fp8Weight {
     }
 }
 
+/// The instruction sets the CPU kernels can use, narrowest first. Every set
+/// gives the same bits: the kernels follow one summation order ([`dot_f32`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum CpuSimd {
+    /// Plain Rust; FP8 codes decode through a 256-entry table.
+    Scalar,
+    /// AVX2 + FMA + F16C: 8 f32 lanes an instruction.
+    Avx2,
+    /// AVX-512 F + BW on top of AVX2: 16 lanes an instruction, and each weight
+    /// row decoded once for up to 4 rows of the input.
+    Avx512,
+}
+
+impl CpuSimd {
+    /// `scalar`, `avx2` or `avx512`.
+    pub fn name(self) -> &'static str {
+        match self {
+            CpuSimd::Scalar => "scalar",
+            CpuSimd::Avx2 => "avx2",
+            CpuSimd::Avx512 => "avx512",
+        }
+    }
+
+    /// Parse [`CpuSimd::name`]'s names.
+    pub fn from_name(s: &str) -> Result<CpuSimd> {
+        match s {
+            "scalar" => Ok(CpuSimd::Scalar),
+            "avx2" => Ok(CpuSimd::Avx2),
+            "avx512" => Ok(CpuSimd::Avx512),
+            other => Err(Error::Unsupported(format!(
+                "CPU instruction set '{other}' (scalar, avx2, avx512)"
+            ))),
+        }
+    }
+
+    /// The widest set this CPU has (detected once).
+    pub fn detected() -> CpuSimd {
+        static DETECTED: std::sync::OnceLock<CpuSimd> = std::sync::OnceLock::new();
+        *DETECTED.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let avx2 = is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c");
+                let avx512 =
+                    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+                match (avx2, avx512) {
+                    (true, true) => CpuSimd::Avx512,
+                    (true, false) => CpuSimd::Avx2,
+                    _ => CpuSimd::Scalar,
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            CpuSimd::Scalar
+        })
+    }
+}
+
+/// The widest set the kernels may use ([`limit_cpu_simd`]); `u8::MAX`: no limit.
+static SIMD_LIMIT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
+/// Keep the CPU kernels at `level` or narrower, for comparisons (`octet bench
+/// mixed --cpu-simd avx2`). The results do not change, only the speed. An
+/// error if this CPU does not have `level`.
+pub fn limit_cpu_simd(level: CpuSimd) -> Result<()> {
+    let have = CpuSimd::detected();
+    if level > have {
+        return Err(Error::Unsupported(format!(
+            "this CPU has no {} (widest: {})",
+            level.name(),
+            have.name()
+        )));
+    }
+    SIMD_LIMIT.store(level as u8, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
+/// The set the CPU kernels use now.
+pub fn cpu_simd() -> CpuSimd {
+    let limit = SIMD_LIMIT.load(std::sync::atomic::Ordering::Relaxed);
+    let have = CpuSimd::detected();
+    [CpuSimd::Scalar, CpuSimd::Avx2, CpuSimd::Avx512]
+        .into_iter()
+        .filter(|&l| l <= have && (l as u8) <= limit)
+        .max()
+        .unwrap_or(CpuSimd::Scalar)
+}
+
 /// Bound on `|y - y_f64|` for one output of [`mixed_matmul`] over `k` terms
 /// whose absolute products sum to `abs_sum`: f32 accumulation in 32 lanes of
 /// `ceil(k/32)` terms each per 128-column chunk, a 5-level lane sum, the sum
@@ -383,7 +471,12 @@ fn decode_row_stripe(w: &WeightRef<'_>, j: usize, k0: usize, buf: &mut [f32]) {
     let (_, k) = w.dims();
     let len = buf.len();
     match w {
-        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes()[j * k + k0..j * k + k0 + len], buf),
+        WeightRef::Fp8(q) => decode_fp8(
+            cpu_simd(),
+            q.format,
+            &q.codes()[j * k + k0..j * k + k0 + len],
+            buf,
+        ),
         WeightRef::Bf16(v, ..) => {
             for (o, s) in buf.iter_mut().zip(&v[j * k + k0..j * k + k0 + len]) {
                 *o = s.to_f32();
@@ -400,30 +493,24 @@ const TILE_N: usize = 64;
 /// Columns per scale block of 128x128 block scaling.
 const BLOCK: usize = 128;
 
-/// Streaming kernel: rows of `W` split across threads. With one row of `x`
-/// each weight row is decoded in registers and multiplied at once; with more,
-/// it is decoded once into an L2-resident f32 row and multiplied with each row
-/// of `x` by the same dot product, so both give identical results.
+/// Streaming kernel: rows of `W` split across threads; each weight row is
+/// decoded in registers and multiplied with up to 4 rows of `x` at once
+/// (AVX-512; with AVX2, one row of `x`, or more from an L1-resident decoded
+/// row). Every path gives the same bits ([`dot_rows`]).
 fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
     // y^T (N, M): each task writes whole rows of it, then one transpose.
+    let level = cpu_simd();
     let mut yt = vec![0f32; n * m];
     let rows_per_task = (n / (4 * rayon::current_num_threads().max(1))).clamp(1, 256);
     yt.par_chunks_mut(rows_per_task * m)
         .enumerate()
         .for_each(|(task, out)| {
-            let mut buf = vec![0f32; if m > 1 { k } else { 0 }];
+            let mut buf = vec![0f32; k];
+            let row0 = task * rows_per_task;
+            dot_rows(level, w, row0, x, m, k, out, &mut buf);
             for (r, yrow) in out.chunks_mut(m).enumerate() {
-                let row = task * rows_per_task + r;
-                let blocks = block_factors(w, row);
-                let post = row_factor(w, row);
-                if m == 1 {
-                    yrow[0] = dot_row(w, row, &x[..k], blocks) * post;
-                } else {
-                    decode_row(w, row, &mut buf);
-                    for i in 0..m {
-                        yrow[i] = dot_f32(&buf, &x[i * k..(i + 1) * k], blocks) * post;
-                    }
-                }
+                let post = row_factor(w, row0 + r);
+                yrow.iter_mut().for_each(|v| *v *= post);
             }
         });
     octet_fp8::quant::transpose(&yt, n, m)
@@ -433,6 +520,7 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 /// in L2) and multiplied with all of `x` by the f32 GEMM; tiles run in parallel.
 fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
     let tiles = n.div_ceil(TILE_N);
+    let level = cpu_simd();
     let parts: Vec<Vec<f32>> = (0..tiles)
         .into_par_iter()
         .map(|t| {
@@ -441,7 +529,7 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
             let mut panel = vec![0f32; rows * k];
             for r in 0..rows {
                 let out = &mut panel[r * k..(r + 1) * k];
-                decode_row(w, r0 + r, out);
+                decode_row(level, w, r0 + r, out);
                 let post = row_factor(w, r0 + r);
                 match block_factors(w, r0 + r) {
                     Some(f) => out
@@ -504,10 +592,10 @@ fn e4m3_fixup(format: Format) -> f32 {
 }
 
 /// Decode `row` into `out` without its scales (E4M3 as `value * 2^-8`).
-fn decode_row(w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
+fn decode_row(level: CpuSimd, w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
     let k = out.len();
     match w {
-        WeightRef::Fp8(q) => decode_fp8(q.format, &q.codes()[row * k..(row + 1) * k], out),
+        WeightRef::Fp8(q) => decode_fp8(level, q.format, &q.codes()[row * k..(row + 1) * k], out),
         WeightRef::Bf16(v, ..) => {
             for (o, s) in out.iter_mut().zip(&v[row * k..(row + 1) * k]) {
                 *o = s.to_f32();
@@ -518,48 +606,146 @@ fn decode_row(w: &WeightRef<'_>, row: usize, out: &mut [f32]) {
 }
 
 /// Decode FP8 codes to f32: E5M2 exactly, E4M3 as `value * 2^-8`.
-fn decode_fp8(format: Format, src: &[u8], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if simd::available() {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
-            unsafe { simd::decode_fp8(format == Format::E4M3, src, out) };
-            return;
-        }
-    }
-    let table = format.table();
-    let fix = 1.0 / e4m3_fixup(format);
-    for (o, &c) in out.iter_mut().zip(src) {
-        *o = table[c as usize] * fix;
-    }
-}
-
-/// `sum_i w[row, i] * x[i]` with the weight decoded in registers
-/// (bit-identical to [`decode_row`] then [`dot_f32`]).
-fn dot_row(w: &WeightRef<'_>, row: usize, x: &[f32], blocks: Option<&[f32]>) -> f32 {
-    let k = x.len();
-    #[cfg(target_arch = "x86_64")]
-    {
-        if simd::available() {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
-            unsafe {
-                return match w {
-                    WeightRef::Fp8(q) => {
-                        let src = &q.codes()[row * k..(row + 1) * k];
-                        match q.format {
-                            Format::E4M3 => simd::dot_e4m3(src, x, blocks),
-                            _ => simd::dot_e5m2(src, x, blocks),
-                        }
-                    }
-                    WeightRef::Bf16(v, ..) => simd::dot_bf16(&v[row * k..(row + 1) * k], x, blocks),
-                    WeightRef::F32(v, ..) => simd::dot_f32(&v[row * k..(row + 1) * k], x, blocks),
-                };
+fn decode_fp8(level: CpuSimd, format: Format, src: &[u8], out: &mut [f32]) {
+    let e4m3 = format == Format::E4M3;
+    match level {
+        // SAFETY (both arms): callers pass `cpu_simd()` or narrower.
+        #[cfg(target_arch = "x86_64")]
+        CpuSimd::Avx512 => unsafe { simd::decode_fp8_512(e4m3, src, out) },
+        #[cfg(target_arch = "x86_64")]
+        CpuSimd::Avx2 => unsafe { simd::decode_fp8(e4m3, src, out) },
+        _ => {
+            let table = format.table();
+            let fix = 1.0 / e4m3_fixup(format);
+            for (o, &c) in out.iter_mut().zip(src) {
+                *o = table[c as usize] * fix;
             }
         }
     }
-    let mut buf = vec![0f32; k];
-    decode_row(w, row, &mut buf);
-    dot_f32(&buf, x, blocks)
+}
+
+/// `out[v * m + i] = sum_j w[row0 + v, j] * x[i, j]` for the `m` rows of `x`
+/// (row-major, `k` columns) and the `out.len() / m` weight rows from `row0`
+/// (unscaled but for block factors), each bit-identical to [`decode_row`]
+/// then [`dot_f32`]. With AVX-512, two weight rows are decoded in registers
+/// once for up to 4 rows of `x` at a time; with AVX2, one weight row in
+/// registers for one row of `x`, else decoded into `buf` (`k` values) and
+/// multiplied from there.
+#[allow(clippy::too_many_arguments)]
+fn dot_rows(
+    level: CpuSimd,
+    w: &WeightRef<'_>,
+    row0: usize,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    out: &mut [f32],
+    buf: &mut [f32],
+) {
+    let nrows = out.len() / m;
+    #[cfg(target_arch = "x86_64")]
+    {
+        if level == CpuSimd::Avx512 {
+            let mut v = 0;
+            while v < nrows {
+                let pair = nrows - v >= 2;
+                let mut i = 0;
+                while i < m {
+                    let rows = (m - i).min(4);
+                    // SAFETY: the CPU has AVX-512 F + BW, AVX2, FMA and F16C.
+                    unsafe {
+                        match (pair, rows) {
+                            (true, 4) => dot512::<2, 4>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
+                            (true, 3) => dot512::<2, 3>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
+                            (true, 2) => dot512::<2, 2>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
+                            (true, _) => dot512::<2, 1>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
+                            (false, 4) => {
+                                dot512::<1, 4>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                            }
+                            (false, 3) => {
+                                dot512::<1, 3>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                            }
+                            (false, 2) => {
+                                dot512::<1, 2>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                            }
+                            (false, _) => {
+                                dot512::<1, 1>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                            }
+                        }
+                    }
+                    i += rows;
+                }
+                v += if pair { 2 } else { 1 };
+            }
+            return;
+        }
+        if level == CpuSimd::Avx2 && m == 1 {
+            let x = &x[..k];
+            for (v, o) in out.iter_mut().enumerate() {
+                let row = row0 + v;
+                let blocks = block_factors(w, row);
+                let span = row * k..(row + 1) * k;
+                // SAFETY: the CPU has AVX2, FMA and F16C.
+                *o = unsafe {
+                    match w {
+                        WeightRef::Fp8(q) => match q.format {
+                            Format::E4M3 => simd::dot_e4m3(&q.codes()[span], x, blocks),
+                            _ => simd::dot_e5m2(&q.codes()[span], x, blocks),
+                        },
+                        WeightRef::Bf16(v, ..) => simd::dot_bf16(&v[span], x, blocks),
+                        WeightRef::F32(v, ..) => simd::dot_f32(&v[span], x, blocks),
+                    }
+                };
+            }
+            return;
+        }
+    }
+    let buf = &mut buf[..k];
+    for (v, o) in out.chunks_mut(m).enumerate() {
+        let row = row0 + v;
+        let blocks = block_factors(w, row);
+        decode_row(level, w, row, buf);
+        for (i, o) in o.iter_mut().enumerate() {
+            *o = dot_f32(level, buf, &x[i * k..(i + 1) * k], blocks);
+        }
+    }
+}
+
+/// [`dot_rows`] on the AVX-512 path for weight rows `row0..row0 + W` and rows
+/// `i0..i0 + R` of `x`, into `out[v * m + i]`.
+///
+/// # Safety
+/// The CPU must have AVX-512 F + BW, AVX2, FMA and F16C.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dot512<const W: usize, const R: usize>(
+    w: &WeightRef<'_>,
+    row0: usize,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    i0: usize,
+    out: &mut [f32],
+) {
+    let xs: [&[f32]; R] = std::array::from_fn(|r| &x[(i0 + r) * k..(i0 + r + 1) * k]);
+    let blocks: [Option<&[f32]>; W] = std::array::from_fn(|v| block_factors(w, row0 + v));
+    let span = |v: usize| (row0 + v) * k..(row0 + v + 1) * k;
+    let y = match w {
+        WeightRef::Fp8(q) => {
+            let ws: [&[u8]; W] = std::array::from_fn(|v| &q.codes()[span(v)]);
+            match q.format {
+                Format::E4M3 => simd::dot512_e4m3(ws, xs, blocks),
+                _ => simd::dot512_e5m2(ws, xs, blocks),
+            }
+        }
+        WeightRef::Bf16(d, ..) => {
+            simd::dot512_bf16(std::array::from_fn(|v| &d[span(v)]), xs, blocks)
+        }
+        WeightRef::F32(d, ..) => simd::dot512_f32(std::array::from_fn(|v| &d[span(v)]), xs, blocks),
+    };
+    for (v, yv) in y.iter().enumerate() {
+        out[v * m + i0..v * m + i0 + R].copy_from_slice(yv);
+    }
 }
 
 /// The dot product every kernel uses, over decoded weights `w` and `x`.
@@ -569,13 +755,14 @@ fn dot_row(w: &WeightRef<'_>, row: usize, x: &[f32], blocks: Option<&[f32]>) -> 
 /// accumulates by FMA into lane `i % 32` of 32 fresh lanes; each lane then
 /// enters the running total as `total[l] = lanes[l] * factor + total[l]`
 /// (one FMA; factor 1 without block scales); the 32 totals are summed by [`sum32`].
-fn dot_f32(w: &[f32], x: &[f32], blocks: Option<&[f32]>) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if simd::available() {
-            // SAFETY: the CPU has AVX2, FMA and F16C (checked at run time).
-            return unsafe { simd::dot_f32(w, x, blocks) };
-        }
+fn dot_f32(level: CpuSimd, w: &[f32], x: &[f32], blocks: Option<&[f32]>) -> f32 {
+    match level {
+        // SAFETY (both arms): callers pass `cpu_simd()` or narrower.
+        #[cfg(target_arch = "x86_64")]
+        CpuSimd::Avx512 => return unsafe { simd::dot512_f32([w], [x], [blocks])[0][0] },
+        #[cfg(target_arch = "x86_64")]
+        CpuSimd::Avx2 => return unsafe { simd::dot_f32(w, x, blocks) },
+        _ => {}
     }
     let n = w.len().min(x.len());
     let block = if blocks.is_some() { BLOCK } else { n.max(1) };
@@ -609,11 +796,23 @@ fn sum32(l: &[f32; 32]) -> f32 {
 mod simd {
     use std::arch::x86_64::*;
 
-    /// Whether the AVX2 + FMA + F16C paths can run.
-    pub fn available() -> bool {
-        is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c")
+    /// How far ahead of the weight stream the kernels ask for cache lines.
+    /// The hardware prefetcher alone left the FP8 kernel waiting on memory
+    /// (it reads 32 bytes a step, so the out-of-order window covers few
+    /// lines); 8 KiB ahead measured best for every weight type with two
+    /// threads (`octet bench mixed`, BENCHMARKS.md).
+    const PREFETCH_BYTES: usize = 8192;
+
+    /// Prefetch the cache lines `PREFETCH_BYTES` past the `bytes` at `p`. A
+    /// prefetch past the end of the weights is harmless: it never faults.
+    #[inline(always)]
+    unsafe fn prefetch_ahead<T>(p: *const T, bytes: usize) {
+        let p = p.cast::<i8>().wrapping_add(PREFETCH_BYTES);
+        let mut off = 0;
+        while off < bytes {
+            _mm_prefetch(p.wrapping_add(off), _MM_HINT_T0);
+            off += 64;
+        }
     }
 
     /// Decode FP8 codes through their f16 bit patterns (E4M3 as `value * 2^-8`).
@@ -711,6 +910,7 @@ mod simd {
                     let mut acc = [_mm256_setzero_ps(); 4];
                     let mut i = start;
                     while i < full {
+                        prefetch_ahead(pw.add(i), 32 * std::mem::size_of::<$t>());
                         let (w0, w1) = $x16(pw.add(i));
                         let (w2, w3) = $x16(pw.add(i + 16));
                         acc[0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(px.add(i)), acc[0]);
@@ -765,30 +965,213 @@ mod simd {
         /// bf16 weights.
         dot_bf16, half::bf16, bf16x16, |v: half::bf16| v.to_f32()
     );
+
+    /// [`decode_fp8`] 32 codes at a time in 512-bit registers.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub unsafe fn decode_fp8_512(e4m3: bool, src: &[u8], out: &mut [f32]) {
+        let n = src.len().min(out.len());
+        let full = n / 32 * 32;
+        let mut i = 0;
+        while i < full {
+            let p = src.as_ptr().add(i);
+            let (a, b) = if e4m3 { e4m3x32(p) } else { e5m2x32(p) };
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), a);
+            _mm512_storeu_ps(out.as_mut_ptr().add(i + 16), b);
+            i += 32;
+        }
+        decode_fp8(e4m3, &src[full..n], &mut out[full..n]);
+    }
+
+    /// Split 32 f16 bit patterns into two vectors of 16 f32.
+    #[inline(always)]
+    unsafe fn halves_to_f32_512(h: __m512i) -> (__m512, __m512) {
+        (
+            _mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+            _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1)),
+        )
+    }
+
+    /// 32 E4M3 codes as `value * 2^-8` (as [`e4m3x16`]).
+    #[inline(always)]
+    unsafe fn e4m3x32(p: *const u8) -> (__m512, __m512) {
+        let v = _mm512_cvtepi8_epi16(_mm256_loadu_si256(p as *const __m256i));
+        halves_to_f32_512(_mm512_and_si512(
+            _mm512_slli_epi16(v, 7),
+            _mm512_set1_epi16(0xbf80u16 as i16),
+        ))
+    }
+
+    /// 32 E5M2 codes.
+    #[inline(always)]
+    unsafe fn e5m2x32(p: *const u8) -> (__m512, __m512) {
+        let v = _mm512_cvtepu8_epi16(_mm256_loadu_si256(p as *const __m256i));
+        halves_to_f32_512(_mm512_slli_epi16(v, 8))
+    }
+
+    /// 32 bf16 values.
+    #[inline(always)]
+    unsafe fn bf16x32(p: *const half::bf16) -> (__m512, __m512) {
+        let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i));
+        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(16) as *const __m256i));
+        (
+            _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)),
+            _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)),
+        )
+    }
+
+    /// 32 f32 values.
+    #[inline(always)]
+    unsafe fn f32x32(p: *const f32) -> (__m512, __m512) {
+        (_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(16)))
+    }
+
+    /// [`super::dot_f32`]'s order for `W` weight rows times `R` rows of `x`
+    /// at once: each chunk of 32 weights is decoded once by `$x32` (`$one`
+    /// for a block's tail) and multiplied into every `x` row's two 16-lane
+    /// accumulators (lanes 0-15 and 16-31 of the documented 32). Two weight
+    /// rows make two streams from memory and share the loads of `x`.
+    macro_rules! dot512_kernel {
+        ($(#[$doc:meta])* $name:ident, $t:ty, $x32:ident, $one:expr) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+            pub unsafe fn $name<const W: usize, const R: usize>(
+                ws: [&[$t]; W],
+                xs: [&[f32]; R],
+                blocks: [Option<&[f32]>; W],
+            ) -> [[f32; R]; W] {
+                let mut n = usize::MAX;
+                for w in &ws {
+                    n = n.min(w.len());
+                }
+                for x in &xs {
+                    n = n.min(x.len());
+                }
+                let block = if blocks[0].is_some() { super::BLOCK } else { n.max(1) };
+                let mut total = [[[_mm512_setzero_ps(); 2]; R]; W];
+                let mut start = 0;
+                let mut b = 0;
+                while start < n {
+                    let end = (start + block).min(n);
+                    let full = start + (end - start) / 32 * 32;
+                    let mut acc = [[[_mm512_setzero_ps(); 2]; R]; W];
+                    let mut i = start;
+                    while i < full {
+                        for v in 0..W {
+                            let pw = ws[v].as_ptr().add(i);
+                            prefetch_ahead(pw, 32 * std::mem::size_of::<$t>());
+                            let (w0, w1) = $x32(pw);
+                            for r in 0..R {
+                                let px = xs[r].as_ptr().add(i);
+                                acc[v][r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(px), acc[v][r][0]);
+                                acc[v][r][1] =
+                                    _mm512_fmadd_ps(w1, _mm512_loadu_ps(px.add(16)), acc[v][r][1]);
+                            }
+                        }
+                        i += 32;
+                    }
+                    for v in 0..W {
+                        if full < end {
+                            // The block's tail, one element at a time into its lane.
+                            for r in 0..R {
+                                let mut lanes = [0f32; 32];
+                                _mm512_storeu_ps(lanes.as_mut_ptr(), acc[v][r][0]);
+                                _mm512_storeu_ps(lanes.as_mut_ptr().add(16), acc[v][r][1]);
+                                for j in full..end {
+                                    let wj: f32 = $one(ws[v][j]);
+                                    lanes[j % 32] = wj.mul_add(xs[r][j], lanes[j % 32]);
+                                }
+                                acc[v][r][0] = _mm512_loadu_ps(lanes.as_ptr());
+                                acc[v][r][1] = _mm512_loadu_ps(lanes.as_ptr().add(16));
+                            }
+                        }
+                        let f = _mm512_set1_ps(blocks[v].map_or(1.0, |f| f[b]));
+                        for r in 0..R {
+                            for c in 0..2 {
+                                total[v][r][c] = _mm512_fmadd_ps(acc[v][r][c], f, total[v][r][c]);
+                            }
+                        }
+                    }
+                    start = end;
+                    b += 1;
+                }
+                let mut out = [[0f32; R]; W];
+                for v in 0..W {
+                    for r in 0..R {
+                        let mut lanes = [0f32; 32];
+                        _mm512_storeu_ps(lanes.as_mut_ptr(), total[v][r][0]);
+                        _mm512_storeu_ps(lanes.as_mut_ptr().add(16), total[v][r][1]);
+                        out[v][r] = super::sum32(&lanes);
+                    }
+                }
+                out
+            }
+        };
+    }
+
+    dot512_kernel!(
+        /// f32 weights, 16 lanes an instruction.
+        dot512_f32, f32, f32x32, |v: f32| v
+    );
+    dot512_kernel!(
+        /// E4M3 codes, decoded as `value * 2^-8`.
+        dot512_e4m3, u8, e4m3x32, e4m3_one
+    );
+    dot512_kernel!(
+        /// E5M2 codes.
+        dot512_e5m2, u8, e5m2x32, e5m2_one
+    );
+    dot512_kernel!(
+        /// bf16 weights.
+        dot512_bf16, half::bf16, bf16x32, |v: half::bf16| v.to_f32()
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Every non-NaN code decodes exactly, on the scalar and the SIMD path.
+    /// The instruction sets this CPU can run, narrowest first.
+    fn levels() -> Vec<CpuSimd> {
+        [CpuSimd::Scalar, CpuSimd::Avx2, CpuSimd::Avx512]
+            .into_iter()
+            .filter(|&l| l <= CpuSimd::detected())
+            .collect()
+    }
+
+    /// Every non-NaN code decodes exactly, on every path this CPU has (the
+    /// 253 or 254 codes end in a tail shorter than a vector, which also runs).
     #[test]
     fn every_code_decodes_exactly() {
-        for format in [Format::E4M3, Format::E5M2] {
-            let codes: Vec<u8> = (0..=255u8).filter(|&c| !format.is_nan(c)).collect();
-            let want: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
-            let fix = e4m3_fixup(format);
-            let mut got = vec![0f32; codes.len()];
-            decode_fp8(format, &codes, &mut got);
-            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
-                assert_eq!(
-                    (g * fix).to_bits(),
-                    w.to_bits(),
-                    "{format:?} code {:#x}",
-                    codes[i]
-                );
+        for level in levels() {
+            for format in [Format::E4M3, Format::E5M2] {
+                let codes: Vec<u8> = (0..=255u8).filter(|&c| !format.is_nan(c)).collect();
+                let want: Vec<f32> = codes.iter().map(|&c| format.decode(c)).collect();
+                let fix = e4m3_fixup(format);
+                let mut got = vec![0f32; codes.len()];
+                decode_fp8(level, format, &codes, &mut got);
+                for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        (g * fix).to_bits(),
+                        w.to_bits(),
+                        "{level:?} {format:?} code {:#x}",
+                        codes[i]
+                    );
+                }
             }
         }
+    }
+
+    /// Only sets the CPU has can be chosen; names parse back.
+    #[test]
+    fn simd_limit_refuses_missing_sets() {
+        for level in [CpuSimd::Scalar, CpuSimd::Avx2, CpuSimd::Avx512] {
+            assert_eq!(CpuSimd::from_name(level.name()).unwrap(), level);
+            if level > CpuSimd::detected() {
+                let e = limit_cpu_simd(level).unwrap_err().to_string();
+                assert!(e.contains(level.name()), "{e}");
+            }
+        }
+        assert!(CpuSimd::from_name("neon").is_err());
     }
 
     /// The scalar reference of [`dot_f32`]'s order, written out again.
@@ -809,40 +1192,66 @@ mod tests {
         sum32(&total)
     }
 
-    /// Register-decoded dots equal decode-then-dot equal the scalar order, bit for bit.
+    /// Register-decoded dots (1 to 5 rows of `x` at once) equal
+    /// decode-then-dot equal the scalar order, bit for bit, on every
+    /// instruction set this CPU has.
     #[test]
     fn dots_follow_the_documented_order_bit_for_bit() {
         for k in [1usize, 31, 32, 33, 128, 205, 300] {
-            let w: Vec<f32> = (0..2 * k)
+            let w: Vec<f32> = (0..3 * k)
                 .map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3)
                 .collect();
-            let x: Vec<f32> = (0..k)
+            let x: Vec<f32> = (0..5 * k)
                 .map(|i| ((i * 104729 % 997) as f32 - 498.0) * 1e-2)
                 .collect();
             let wb: Vec<half::bf16> = w.iter().map(|&v| half::bf16::from_f32(v)).collect();
             for format in [Format::E4M3, Format::E5M2] {
                 for scaling in [WeightScaling::Tensor, WeightScaling::Block128] {
-                    let q = Fp8Weight::quantize(&w, 2, k, format, scaling).unwrap();
+                    let q = Fp8Weight::quantize(&w, 3, k, format, scaling).unwrap();
                     for wr in [
                         WeightRef::Fp8(&q),
-                        WeightRef::Bf16(&wb, 2, k),
-                        WeightRef::F32(&w, 2, k),
+                        WeightRef::Bf16(&wb, 3, k),
+                        WeightRef::F32(&w, 3, k),
                     ] {
-                        let blocks = block_factors(&wr, 1);
-                        let mut buf = vec![0f32; k];
-                        decode_row(&wr, 1, &mut buf);
-                        let want = scalar_dot(&buf, &x, blocks);
-                        let label = format!("{format:?} {scaling:?} k {k}");
-                        assert_eq!(
-                            dot_f32(&buf, &x, blocks).to_bits(),
-                            want.to_bits(),
-                            "{label}"
-                        );
-                        assert_eq!(
-                            dot_row(&wr, 1, &x, blocks).to_bits(),
-                            want.to_bits(),
-                            "{label}"
-                        );
+                        // want[v][i]: weight row v times row i of x, in the scalar order.
+                        let mut rows = vec![vec![0f32; k]; 3];
+                        let mut want = vec![Vec::new(); 3];
+                        for v in 0..3 {
+                            decode_row(CpuSimd::Scalar, &wr, v, &mut rows[v]);
+                            want[v] = x
+                                .chunks(k)
+                                .map(|xr| scalar_dot(&rows[v], xr, block_factors(&wr, v)).to_bits())
+                                .collect::<Vec<u32>>();
+                        }
+                        for level in levels() {
+                            let label = format!("{level:?} {format:?} {scaling:?} k {k}");
+                            let mut buf = vec![0f32; k];
+                            decode_row(level, &wr, 1, &mut buf);
+                            assert_eq!(buf, rows[1], "{label}");
+                            assert_eq!(
+                                dot_f32(level, &buf, &x[..k], block_factors(&wr, 1)).to_bits(),
+                                want[1][0],
+                                "{label}"
+                            );
+                            for m in 1..=5 {
+                                for (row0, nrows) in [(0, 2), (1, 1), (0, 3)] {
+                                    let mut got = vec![0f32; nrows * m];
+                                    dot_rows(level, &wr, row0, &x, m, k, &mut got, &mut buf);
+                                    for v in 0..nrows {
+                                        let g: Vec<u32> = got[v * m..(v + 1) * m]
+                                            .iter()
+                                            .map(|v| v.to_bits())
+                                            .collect();
+                                        assert_eq!(
+                                            g,
+                                            want[row0 + v][..m],
+                                            "{label} m {m} row {}",
+                                            row0 + v
+                                        );
+                                    }
+                                }
+                            }
+                        }
                     }
                 }
             }

@@ -239,7 +239,7 @@ pub fn train_gpu_ranked(
 ) -> Result<RunSummary> {
     cfg.validate()?;
     let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
-    if cfg.batch % world != 0 {
+    if !cfg.batch.is_multiple_of(world) {
         return Err(Error::Train(format!(
             "--batch {} (the global batch) does not split over {world} ranks",
             cfg.batch
