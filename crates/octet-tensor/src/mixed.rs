@@ -500,6 +500,7 @@ const BLOCK: usize = 128;
 fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
     // y^T (N, M): each task writes whole rows of it, then one transpose.
     let level = cpu_simd();
+    let x_up = scaled_input(level, w, x);
     let mut yt = vec![0f32; n * m];
     let rows_per_task = (n / (4 * rayon::current_num_threads().max(1))).clamp(1, 256);
     yt.par_chunks_mut(rows_per_task * m)
@@ -507,13 +508,33 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
         .for_each(|(task, out)| {
             let mut buf = vec![0f32; k];
             let row0 = task * rows_per_task;
-            dot_rows(level, w, row0, x, m, k, out, &mut buf);
+            dot_rows(level, w, row0, x, x_up.as_deref(), m, k, out, &mut buf);
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let post = row_factor(w, row0 + r);
                 yrow.iter_mut().for_each(|v| *v *= post);
             }
         });
     octet_fp8::quant::transpose(&yt, n, m)
+}
+
+/// `x * 2^112` for the AVX-512 E4M3 kernel that decodes codes with integer
+/// instructions only, or `None` where that kernel does not apply.
+///
+/// That kernel places each code's bits in an f32 as `value * 2^-120` (see
+/// `simd::e4m3x32_up`: sign-extend, shift, mask; E4M3's subnormals become
+/// f32 denormals) and multiplies by `x * 2^112`, so every product
+/// `(value 2^-120)(x 2^112) = value x 2^-8` is the same real number as on the
+/// other paths and every FMA rounds the same: the bits do not change. It
+/// needs `|x| < 2^16` (so that `x * 2^112` is finite: checked here, NaN
+/// included) and denormal inputs honoured (MXCSR's DAZ clear: checked on
+/// the thread that runs the kernel).
+fn scaled_input(level: CpuSimd, w: &WeightRef<'_>, x: &[f32]) -> Option<Vec<f32>> {
+    let e4m3 = matches!(w, WeightRef::Fp8(q) if q.format == Format::E4M3);
+    if level != CpuSimd::Avx512 || !e4m3 || !x.iter().all(|v| v.abs() < 65536.0) {
+        return None;
+    }
+    let up = f32::from_bits((127 + 112) << 23);
+    Some(x.iter().map(|&v| v * up).collect())
 }
 
 /// Tiled kernel: `TILE_N` rows of `W` are decoded into an f32 panel (`TILE_N x K`,
@@ -637,6 +658,7 @@ fn dot_rows(
     w: &WeightRef<'_>,
     row0: usize,
     x: &[f32],
+    x_up: Option<&[f32]>,
     m: usize,
     k: usize,
     out: &mut [f32],
@@ -655,21 +677,29 @@ fn dot_rows(
                     // SAFETY: the CPU has AVX-512 F + BW, AVX2, FMA and F16C.
                     unsafe {
                         match (pair, rows) {
-                            (true, 4) => dot512::<2, 4>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
-                            (true, 3) => dot512::<2, 3>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
-                            (true, 2) => dot512::<2, 2>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
-                            (true, _) => dot512::<2, 1>(w, row0 + v, x, m, k, i, &mut out[v * m..]),
+                            (true, 4) => {
+                                dot512::<2, 4>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
+                            }
+                            (true, 3) => {
+                                dot512::<2, 3>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
+                            }
+                            (true, 2) => {
+                                dot512::<2, 2>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
+                            }
+                            (true, _) => {
+                                dot512::<2, 1>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
+                            }
                             (false, 4) => {
-                                dot512::<1, 4>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                                dot512::<1, 4>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
                             }
                             (false, 3) => {
-                                dot512::<1, 3>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                                dot512::<1, 3>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
                             }
                             (false, 2) => {
-                                dot512::<1, 2>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                                dot512::<1, 2>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
                             }
                             (false, _) => {
-                                dot512::<1, 1>(w, row0 + v, x, m, k, i, &mut out[v * m..])
+                                dot512::<1, 1>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
                             }
                         }
                     }
@@ -722,6 +752,7 @@ unsafe fn dot512<const W: usize, const R: usize>(
     w: &WeightRef<'_>,
     row0: usize,
     x: &[f32],
+    x_up: Option<&[f32]>,
     m: usize,
     k: usize,
     i0: usize,
@@ -733,8 +764,13 @@ unsafe fn dot512<const W: usize, const R: usize>(
     let y = match w {
         WeightRef::Fp8(q) => {
             let ws: [&[u8]; W] = std::array::from_fn(|v| &q.codes()[span(v)]);
-            match q.format {
-                Format::E4M3 => simd::dot512_e4m3(ws, xs, blocks),
+            match (q.format, x_up) {
+                (Format::E4M3, Some(xu)) if simd::denormals_honoured() => {
+                    let xs: [&[f32]; R] =
+                        std::array::from_fn(|r| &xu[(i0 + r) * k..(i0 + r + 1) * k]);
+                    simd::dot512_e4m3_up(ws, xs, blocks)
+                }
+                (Format::E4M3, _) => simd::dot512_e4m3(ws, xs, blocks),
                 _ => simd::dot512_e5m2(ws, xs, blocks),
             }
         }
@@ -801,7 +837,7 @@ mod simd {
     /// (it reads 32 bytes a step, so the out-of-order window covers few
     /// lines); 8 KiB ahead measured best for every weight type with two
     /// threads (`octet bench mixed`, BENCHMARKS.md).
-    const PREFETCH_BYTES: usize = 8192;
+    const PREFETCH_BYTES: usize = 32768;
 
     /// Prefetch the cache lines `PREFETCH_BYTES` past the `bytes` at `p`. A
     /// prefetch past the end of the weights is harmless: it never faults.
@@ -810,7 +846,7 @@ mod simd {
         let p = p.cast::<i8>().wrapping_add(PREFETCH_BYTES);
         let mut off = 0;
         while off < bytes {
-            _mm_prefetch(p.wrapping_add(off), _MM_HINT_T0);
+            _mm_prefetch(p.wrapping_add(off), _MM_HINT_T1);
             off += 64;
         }
     }
@@ -1001,6 +1037,38 @@ mod simd {
         ))
     }
 
+    /// Whether this thread's MXCSR keeps denormal inputs (DAZ clear), as
+    /// `dot512_e4m3_up` needs.
+    pub fn denormals_honoured() -> bool {
+        // SAFETY: reading MXCSR has no preconditions on x86-64.
+        #[allow(deprecated)]
+        let csr = unsafe { _mm_getcsr() };
+        csr & 0x40 == 0
+    }
+
+    /// 32 E4M3 codes as `value * 2^-120` with integer instructions only:
+    /// sign-extend each to 32 bits, shift left by 20 and keep the sign bit
+    /// and the code's 7 exponent and mantissa bits (`s 0000eeee mmm 0..0`).
+    /// For the input scaled by `2^112` ([`super::scaled_input`]).
+    #[inline(always)]
+    unsafe fn e4m3x32_up(p: *const u8) -> (__m512, __m512) {
+        let mask = _mm512_set1_epi32(E4M3_UP_MASK as i32);
+        let a = _mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i));
+        let b = _mm512_cvtepi8_epi32(_mm_loadu_si128(p.add(16) as *const __m128i));
+        (
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(a, 20), mask)),
+            _mm512_castsi512_ps(_mm512_and_si512(_mm512_slli_epi32(b, 20), mask)),
+        )
+    }
+
+    /// The sign bit and bits 26..20 (E4M3's exponent and mantissa after the shift).
+    const E4M3_UP_MASK: u32 = 0x87f0_0000;
+
+    /// One E4M3 code as `value * 2^-120` (as [`e4m3x32_up`]).
+    pub(super) fn e4m3_up_one(c: u8) -> f32 {
+        f32::from_bits(((c as i8 as i32 as u32) << 20) & E4M3_UP_MASK)
+    }
+
     /// 32 E5M2 codes.
     #[inline(always)]
     unsafe fn e5m2x32(p: *const u8) -> (__m512, __m512) {
@@ -1117,6 +1185,10 @@ mod simd {
         dot512_e4m3, u8, e4m3x32, e4m3_one
     );
     dot512_kernel!(
+        /// E4M3 codes decoded as `value * 2^-120`, for `x` scaled by `2^112`.
+        dot512_e4m3_up, u8, e4m3x32_up, e4m3_up_one
+    );
+    dot512_kernel!(
         /// E5M2 codes.
         dot512_e5m2, u8, e5m2x32, e5m2_one
     );
@@ -1158,6 +1230,27 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// The integer-only E4M3 decode gives `value * 2^-120` for every code,
+    /// and inputs it cannot scale by `2^112` keep the other kernel.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn scaled_decode_is_exact() {
+        for c in (0..=255u8).filter(|&c| !Format::E4M3.is_nan(c)) {
+            let got = f64::from(simd::e4m3_up_one(c)) * 2f64.powi(120);
+            assert_eq!(got, f64::from(Format::E4M3.decode(c)), "code {c:#x}");
+        }
+        if CpuSimd::detected() == CpuSimd::Avx512 {
+            let q = Fp8Weight::quantize(&[0.5, -1.0], 1, 2, Format::E4M3, WeightScaling::Tensor)
+                .unwrap();
+            let w = WeightRef::Fp8(&q);
+            assert!(scaled_input(CpuSimd::Avx512, &w, &[1.0, -65535.0]).is_some());
+            for bad in [65536.0, f32::INFINITY, f32::NAN] {
+                assert!(scaled_input(CpuSimd::Avx512, &w, &[1.0, bad]).is_none());
+            }
+            assert!(scaled_input(CpuSimd::Avx2, &w, &[1.0, 2.0]).is_none());
         }
     }
 
@@ -1234,9 +1327,13 @@ mod tests {
                                 "{label}"
                             );
                             for m in 1..=5 {
-                                for (row0, nrows) in [(0, 2), (1, 1), (0, 3)] {
+                                let up = scaled_input(level, &wr, &x);
+                                for ((row0, nrows), x_up) in [(0, 2), (1, 1), (0, 3)]
+                                    .into_iter()
+                                    .flat_map(|r| [(r, None), (r, up.as_deref())])
+                                {
                                     let mut got = vec![0f32; nrows * m];
-                                    dot_rows(level, &wr, row0, &x, m, k, &mut got, &mut buf);
+                                    dot_rows(level, &wr, row0, &x, x_up, m, k, &mut got, &mut buf);
                                     for v in 0..nrows {
                                         let g: Vec<u32> = got[v * m..(v + 1) * m]
                                             .iter()
