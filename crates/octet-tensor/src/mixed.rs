@@ -3,10 +3,12 @@
 //! per-tensor, per-output-channel or 128x128 block scales.
 //!
 //! The weight bytes that stream from memory are the FP8 codes; each code is
-//! widened to f32 in registers inside the loop over `K` (AVX2 + F16C where the
-//! CPU has them, a 256-entry table otherwise) and never written back to
-//! memory as a high-precision matrix. This pays where moving weight bytes is
-//! the cost: `M` of 1 to a few dozen (decoding) and weights beyond the caches.
+//! widened to f32 in registers inside the loop over `K` and never written
+//! back to memory as a high-precision matrix ([`CpuSimd`]: AVX-512, where two
+//! weight rows are decoded once for up to 4 rows of `x`; AVX2 + F16C; a
+//! 256-entry table otherwise). The SIMD kernels prefetch 32 KiB ahead of the
+//! weight stream. This pays where moving weight bytes is the cost: `M` of 1
+//! to a few dozen (decoding) and weights beyond the caches.
 //!
 //! Layout ([`Fp8Weight`], built once at load): codes row-major `(N, K)`, each
 //! output channel's `K` codes contiguous, so a matrix-vector product streams
@@ -17,9 +19,11 @@
 //! f16 bit pattern `s 0eeee mmm0000000` is the f16 number `value * 2^-8`
 //! (normals and subnormals alike, since both formats put the implicit bit in
 //! the same place), so `vcvtph2ps` decodes 8 codes and the `2^8` folds into
-//! the scale; an E5M2 byte is the top byte of its f16. The E4M3 trick turns
-//! the NaN codes into finite numbers, so [`Fp8Weight`] refuses weights with
-//! NaN codes when it is built.
+//! the scale; an E5M2 byte is the top byte of its f16. With AVX-512, E4M3
+//! skips the conversion: the byte sign-extended, shifted and masked into an
+//! f32 is `value * 2^-120`, multiplied against `x * 2^112` (the same
+//! products, see `scaled_input`). These tricks turn the NaN codes into finite
+//! numbers, so [`Fp8Weight`] refuses weights with NaN codes when it is built.
 //!
 //! Accumulation is f32 in a fixed order per output (8 lanes over `K`, then the
 //! lanes summed), so results do not depend on the thread count. Against the
@@ -241,7 +245,7 @@ impl Fp8Weight {
 }
 
 /// The instruction sets the CPU kernels can use, narrowest first. Every set
-/// gives the same bits: the kernels follow one summation order ([`dot_f32`]).
+/// gives the same bits: the kernels follow one summation order (`dot_f32`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum CpuSimd {
     /// Plain Rust; FP8 codes decode through a 256-entry table.
