@@ -678,33 +678,24 @@ fn dot_rows(
                 let mut i = 0;
                 while i < m {
                     let rows = (m - i).min(4);
+                    let o = &mut out[v * m..];
+                    // One instance per shape: the accumulators stay in registers.
+                    macro_rules! run {
+                        ($w:literal, $r:literal) => {
+                            dot512::<$w, $r>(w, row0 + v, x, x_up, m, k, i, o)
+                        };
+                    }
                     // SAFETY: the CPU has AVX-512 F + BW, AVX2, FMA and F16C.
                     unsafe {
                         match (pair, rows) {
-                            (true, 4) => {
-                                dot512::<2, 4>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (true, 3) => {
-                                dot512::<2, 3>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (true, 2) => {
-                                dot512::<2, 2>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (true, _) => {
-                                dot512::<2, 1>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (false, 4) => {
-                                dot512::<1, 4>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (false, 3) => {
-                                dot512::<1, 3>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (false, 2) => {
-                                dot512::<1, 2>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
-                            (false, _) => {
-                                dot512::<1, 1>(w, row0 + v, x, x_up, m, k, i, &mut out[v * m..])
-                            }
+                            (true, 4) => run!(2, 4),
+                            (true, 3) => run!(2, 3),
+                            (true, 2) => run!(2, 2),
+                            (true, _) => run!(2, 1),
+                            (false, 4) => run!(1, 4),
+                            (false, 3) => run!(1, 3),
+                            (false, 2) => run!(1, 2),
+                            (false, _) => run!(1, 1),
                         }
                     }
                     i += rows;
