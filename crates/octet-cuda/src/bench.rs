@@ -488,7 +488,10 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
 /// together hold at least 256 MiB (five times the H100's L2, so every weight
 /// comes from DRAM), launched together and divided by their number, beside
 /// cuBLASLt's bf16 product timed the same way. A single launch timed alone
-/// also pays the launch and the ramp of one small kernel.
+/// also pays the launch and the ramp of one small kernel. Those rows are also
+/// set against a device-to-device copy of the same codes, back to back over
+/// the same copies (read + written, as the 1 GiB figure): what a kernel that
+/// moves this many bytes per launch reaches.
 pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Vec<BenchRow>> {
     use octet_tensor::mixed::{Fp8Weight, WeightScaling};
     let mut rows = Vec::new();
@@ -535,6 +538,31 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             stream_wb.push(gpu.upload(&wb)?);
         }
         drop((w, wb));
+        // The same-size copy floor: each weight's codes copied to one scratch
+        // buffer, back to back.
+        let same_copy_gbs = if small {
+            let mut scratch: CudaSlice<u8> = gpu.alloc_zeros(dw.codes.len(), "copy scratch")?;
+            let t = time_ms(gpu, 2, 10, |g| {
+                for w in &stream_w {
+                    g.stream.memcpy_dtod(&w.codes, &mut scratch)?;
+                }
+                Ok(())
+            })? / copies as f64;
+            let r = gbs(2 * dw.codes.len(), t);
+            rows.push(BenchRow {
+                name: format!(
+                    "copy d2d of one weight's codes K={k} N={n}, {copies} back to back (read + written)"
+                ),
+                ms: t,
+                rate: r,
+                unit: "GB/s",
+                ratio: r / copy_gbs,
+                vs: "copy".into(),
+            });
+            r
+        } else {
+            f64::NAN
+        };
         for &m in ms {
             let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, 12, 1.0)))?;
             let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
@@ -588,6 +616,17 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                         .try_for_each(|w| g.gemm_bf16(&dx, w, &mut y, (m, n, k)))
                 })?);
                 rows.extend(pair(&format!(", {copies} weights back to back"), mixed, bf));
+                let rate = gbs(dw.bytes(), mixed);
+                rows.push(BenchRow {
+                    name: format!(
+                        "mixed fp8 e4m3 per-channel K={k} N={n} M={m}, back to back, vs the same-size copy"
+                    ),
+                    ms: mixed,
+                    rate,
+                    unit: "weight GB/s",
+                    ratio: rate / same_copy_gbs,
+                    vs: "same-size copy".into(),
+                });
             }
             // Large M: per-tensor and 128x128-block factors too (on the
             // upcast path the first is the GEMM's alpha, the second applied in
