@@ -323,13 +323,12 @@ pub fn limit_cpu_simd(level: CpuSimd) -> Result<()> {
 
 /// The set the CPU kernels use now.
 pub fn cpu_simd() -> CpuSimd {
-    let limit = SIMD_LIMIT.load(std::sync::atomic::Ordering::Relaxed);
-    let have = CpuSimd::detected();
-    [CpuSimd::Scalar, CpuSimd::Avx2, CpuSimd::Avx512]
-        .into_iter()
-        .filter(|&l| l <= have && (l as u8) <= limit)
-        .max()
-        .unwrap_or(CpuSimd::Scalar)
+    // `limit_cpu_simd` stores only sets the CPU has.
+    match SIMD_LIMIT.load(std::sync::atomic::Ordering::Relaxed) {
+        0 => CpuSimd::Scalar,
+        1 => CpuSimd::Avx2,
+        _ => CpuSimd::detected(),
+    }
 }
 
 /// Bound on `|y - y_f64|` for one output of [`mixed_matmul`] over `k` terms
@@ -512,7 +511,9 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
         .for_each(|(task, out)| {
             let mut buf = vec![0f32; k];
             let row0 = task * rows_per_task;
-            dot_rows(level, w, row0, x, x_up.as_deref(), m, k, out, &mut buf);
+            // MXCSR is per thread: check DAZ where the kernel runs.
+            let x_up = x_up.as_deref().filter(|_| denormals_honoured());
+            dot_rows(level, w, row0, x, x_up, m, k, out, &mut buf);
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let post = row_factor(w, row0 + r);
                 yrow.iter_mut().for_each(|v| *v *= post);
@@ -530,15 +531,29 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 /// `(value 2^-120)(x 2^112) = value x 2^-8` is the same real number as on the
 /// other paths and every FMA rounds the same: the bits do not change. It
 /// needs `|x| < 2^16` (so that `x * 2^112` is finite: checked here, NaN
-/// included) and denormal inputs honoured (MXCSR's DAZ clear: checked on
-/// the thread that runs the kernel).
+/// included) and denormal inputs honoured (MXCSR's DAZ clear: each task
+/// checks [`denormals_honoured`] on the thread that runs it).
 fn scaled_input(level: CpuSimd, w: &WeightRef<'_>, x: &[f32]) -> Option<Vec<f32>> {
     let e4m3 = matches!(w, WeightRef::Fp8(q) if q.format == Format::E4M3);
     if level != CpuSimd::Avx512 || !e4m3 || !x.iter().all(|v| v.abs() < 65536.0) {
         return None;
     }
-    let up = f32::from_bits((127 + 112) << 23);
+    let up = 2f32.powi(112);
     Some(x.iter().map(|&v| v * up).collect())
+}
+
+/// Whether this thread keeps denormal inputs (MXCSR's DAZ clear), as the
+/// integer E4M3 decode needs ([`scaled_input`]).
+fn denormals_honoured() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: reading MXCSR has no preconditions on x86-64.
+        #[allow(deprecated)]
+        let csr = unsafe { std::arch::x86_64::_mm_getcsr() };
+        csr & 0x40 == 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    true
 }
 
 /// Tiled kernel: `TILE_N` rows of `W` are decoded into an f32 panel (`TILE_N x K`,
@@ -655,7 +670,8 @@ fn decode_fp8(level: CpuSimd, format: Format, src: &[u8], out: &mut [f32]) {
 /// then [`dot_f32`]. With AVX-512, two weight rows are decoded in registers
 /// once for up to 4 rows of `x` at a time; with AVX2, one weight row in
 /// registers for one row of `x`, else decoded into `buf` (`k` values) and
-/// multiplied from there.
+/// multiplied from there. `x_up` is `x * 2^112` where the integer E4M3
+/// decode may run ([`scaled_input`], DAZ checked by the caller), else `None`.
 #[allow(clippy::too_many_arguments)]
 fn dot_rows(
     level: CpuSimd,
@@ -760,7 +776,7 @@ unsafe fn dot512<const W: usize, const R: usize>(
         WeightRef::Fp8(q) => {
             let ws: [&[u8]; W] = std::array::from_fn(|v| &q.codes()[span(v)]);
             match (q.format, x_up) {
-                (Format::E4M3, Some(xu)) if simd::denormals_honoured() => {
+                (Format::E4M3, Some(xu)) => {
                     let xs: [&[f32]; R] =
                         std::array::from_fn(|r| &xu[(i0 + r) * k..(i0 + r + 1) * k]);
                     simd::dot512_e4m3_up(ws, xs, blocks)
@@ -1030,15 +1046,6 @@ mod simd {
             _mm512_slli_epi16(v, 7),
             _mm512_set1_epi16(0xbf80u16 as i16),
         ))
-    }
-
-    /// Whether this thread's MXCSR keeps denormal inputs (DAZ clear), as
-    /// `dot512_e4m3_up` needs.
-    pub fn denormals_honoured() -> bool {
-        // SAFETY: reading MXCSR has no preconditions on x86-64.
-        #[allow(deprecated)]
-        let csr = unsafe { _mm_getcsr() };
-        csr & 0x40 == 0
     }
 
     /// 32 E4M3 codes as `value * 2^-120` with integer instructions only:
