@@ -48,6 +48,27 @@ pub fn time_ms(
     Ok(t[t.len() / 2])
 }
 
+/// Median milliseconds of one replay of a CUDA graph holding what `f`
+/// enqueues (captured once, after `f` ran eagerly once to load kernels and
+/// plans): the device's time for that work without the host's launch cost
+/// between kernels, as `octet generate` replays each decoding step.
+pub fn time_graph_ms(
+    gpu: &Gpu,
+    warm: usize,
+    reps: usize,
+    mut f: impl FnMut(&Gpu) -> Result<()>,
+) -> Result<f64> {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    f(gpu)?;
+    gpu.stream
+        .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+    let r = f(gpu);
+    let graph = gpu.stream.end_capture(CUgraphInstantiate_flags(0))?;
+    r?;
+    let graph = graph.ok_or_else(|| Error::Shape("the captured graph is empty".into()))?;
+    time_ms(gpu, warm, reps, |_| Ok(graph.launch()?))
+}
+
 fn gbs(bytes: usize, ms: f64) -> f64 {
     bytes as f64 / ms / 1e6
 }
@@ -486,12 +507,14 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
 /// Up to [`crate::mixed::SMALL_M`] rows, each product is also timed as a
 /// decoder runs it: back to back over distinct copies of the weight that
 /// together hold at least 256 MiB (five times the H100's L2, so every weight
-/// comes from DRAM), launched together and divided by their number, beside
-/// cuBLASLt's bf16 product timed the same way. A single launch timed alone
-/// also pays the launch and the ramp of one small kernel. Those rows are also
-/// set against a device-to-device copy of the same codes, back to back over
-/// the same copies (read + written, as the 1 GiB figure): what a kernel that
-/// moves this many bytes per launch reaches.
+/// comes from DRAM), captured in one CUDA graph (as `octet generate` replays
+/// a step, so the host's launch cost is not in it) and divided by their
+/// number, beside cuBLASLt's bf16 product timed the same way. A single
+/// launch timed alone also pays the host's launch and the ramp of one small
+/// kernel (and at small sizes reads a weight L2 still holds). The graph rows
+/// are also set against a device-to-device copy of the same codes, back to
+/// back over the same copies in a graph (read + written, as the 1 GiB
+/// figure): what a copy moving this many bytes per launch reaches.
 pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Vec<BenchRow>> {
     use octet_tensor::mixed::{Fp8Weight, WeightScaling};
     let mut rows = Vec::new();
@@ -542,7 +565,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         // buffer, back to back.
         let same_copy_gbs = if small {
             let mut scratch: CudaSlice<u8> = gpu.alloc_zeros(dw.codes.len(), "copy scratch")?;
-            let t = time_ms(gpu, 2, 10, |g| {
+            let t = time_graph_ms(gpu, 2, 10, |g| {
                 for w in &stream_w {
                     g.stream.memcpy_dtod(&w.codes, &mut scratch)?;
                 }
@@ -551,7 +574,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             let r = gbs(2 * dw.codes.len(), t);
             rows.push(BenchRow {
                 name: format!(
-                    "copy d2d of one weight's codes K={k} N={n}, {copies} back to back (read + written)"
+                    "copy d2d of one weight's codes K={k} N={n}, {copies} back to back in a graph (read + written)"
                 ),
                 ms: t,
                 rate: r,
@@ -563,6 +586,26 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         } else {
             f64::NAN
         };
+        // What a kernel that only reads the same codes reaches, back to back.
+        if small {
+            let mut sink: CudaSlice<u32> = gpu.alloc_zeros(gpu.read_floor_sink(), "read sink")?;
+            let t = time_graph_ms(gpu, 2, 10, |g| {
+                stream_w
+                    .iter()
+                    .try_for_each(|w| g.read_floor(&w.codes, &mut sink))
+            })? / copies as f64;
+            let r = gbs(dw.codes.len(), t);
+            rows.push(BenchRow {
+                name: format!(
+                    "read-only pass over one weight's codes K={k} N={n}, {copies} back to back in a graph"
+                ),
+                ms: t,
+                rate: r,
+                unit: "GB/s",
+                ratio: r / copy_gbs,
+                vs: "copy".into(),
+            });
+        }
         for &m in ms {
             let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, 12, 1.0)))?;
             let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
@@ -605,21 +648,25 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             rows.extend(pair("", mixed, bf));
             if m <= crate::mixed::SMALL_M {
                 let per = |total: f64| total / copies as f64;
-                let mixed = per(time_ms(gpu, 2, 10, |g| {
+                let mixed = per(time_graph_ms(gpu, 2, 10, |g| {
                     stream_w
                         .iter()
                         .try_for_each(|w| g.mixed_matmul(&dx, m, w, &mut y))
                 })?);
-                let bf = per(time_ms(gpu, 2, 10, |g| {
+                let bf = per(time_graph_ms(gpu, 2, 10, |g| {
                     stream_wb
                         .iter()
                         .try_for_each(|w| g.gemm_bf16(&dx, w, &mut y, (m, n, k)))
                 })?);
-                rows.extend(pair(&format!(", {copies} weights back to back"), mixed, bf));
+                rows.extend(pair(
+                    &format!(", {copies} weights back to back in a graph"),
+                    mixed,
+                    bf,
+                ));
                 let rate = gbs(dw.bytes(), mixed);
                 rows.push(BenchRow {
                     name: format!(
-                        "mixed fp8 e4m3 per-channel K={k} N={n} M={m}, back to back, vs the same-size copy"
+                        "mixed fp8 e4m3 per-channel K={k} N={n} M={m}, back to back in a graph, vs the same-size copy"
                     ),
                     ms: mixed,
                     rate,

@@ -43,6 +43,11 @@ pub(crate) struct MixedKernels {
     /// The wgmma kernel for large M, `[block scaling][format][out f32 / bf16]`:
     /// on `sm_90a` only, and absent under `OCTET_MIXED=upcast`.
     wg: Option<[[[CudaFunction; 2]; 2]; 2]>,
+    /// Launch the small-M kernel as a programmatic dependent of the previous
+    /// kernel: on sm_90 and later, unless `OCTET_MIXED_PDL=0` (for comparisons).
+    pdl: bool,
+    /// The read-only calibration pass of `octet bench mixed`.
+    read_floor: CudaFunction,
 }
 
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
@@ -92,11 +97,20 @@ impl MixedKernels {
             upcast: [f("upcast_e4m3")?, f("upcast_e5m2")?],
             epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
             wg,
+            pdl: !arch.starts_with("sm_8")
+                && std::env::var("OCTET_MIXED_PDL").map_or(true, |v| v != "0"),
+            read_floor: f("read_floor")?,
         })
     }
 }
 
 /// An FP8 weight on the device, ready for [`Gpu::mixed_matmul`].
+///
+/// Its device buffers are written once, by [`Gpu::upload_fp8_weight`], and
+/// are not reachable for writing outside this crate: the small-M kernel
+/// starts reading the codes before the previous kernel in the stream has
+/// finished (a programmatic dependent launch), which is sound only because
+/// no kernel ever writes them.
 pub struct DeviceFp8Weight {
     /// Output channels `N`.
     pub n: usize,
@@ -107,15 +121,25 @@ pub struct DeviceFp8Weight {
     /// Scale granularity.
     pub scaling: WeightScaling,
     /// Row-major `(N, K)` codes.
-    pub codes: CudaSlice<u8>,
+    pub(crate) codes: CudaSlice<u8>,
     /// Dequantization factors.
-    pub factors: CudaSlice<f32>,
+    pub(crate) factors: CudaSlice<f32>,
     /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
     /// host as well: the large-M path passes it to the GEMM as its alpha.
     pub tensor_factor: f32,
 }
 
 impl DeviceFp8Weight {
+    /// The row-major `(N, K)` codes.
+    pub fn codes(&self) -> &CudaSlice<u8> {
+        &self.codes
+    }
+
+    /// The dequantization factors (1, `N`, or one per 128x128 tile).
+    pub fn factors(&self) -> &CudaSlice<f32> {
+        &self.factors
+    }
+
     /// Device bytes: codes plus factors.
     pub fn bytes(&self) -> usize {
         self.codes.len() + 4 * self.factors.len()
@@ -214,18 +238,7 @@ impl Gpu {
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
         if m <= SMALL_M {
             let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
-            let cfg = LaunchConfig {
-                grid_dim: (m.div_ceil(16) as u32, n.div_ceil(16) as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(f);
-            b.arg(&w.codes).arg(x);
-            push_tail(&mut b, &w.factors, y, &dims);
-            // SAFETY: argument types match the kernel; shapes were checked above and the
-            // kernel guards rows, tokens and columns.
-            unsafe { b.launch(cfg) }?;
-            return Ok(());
+            return self.launch_small(f, w, x, y, &dims);
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
@@ -300,5 +313,106 @@ impl Gpu {
         // SAFETY: types match; guarded by M * N.
         unsafe { b.launch(cfg) }?;
         Ok(())
+    }
+}
+
+impl Gpu {
+    /// Launch the small-M kernel `f` on `(M, N)` (grid: groups of 16 tokens x
+    /// tiles of 16 rows), as a programmatic dependent of the previous kernel
+    /// in the stream where the device has it (the kernel reads only the
+    /// constant weight before its `griddepcontrol.wait`). cudarc's launch
+    /// builder takes no launch attributes, hence `cuLaunchKernelEx` here.
+    fn launch_small<D: GemmOut>(
+        &self,
+        f: &CudaFunction,
+        w: &DeviceFp8Weight,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<D>,
+        dims: &[i32; 4],
+    ) -> Result<()> {
+        use cudarc::driver::sys;
+        use cudarc::driver::{DevicePtr, DevicePtrMut};
+        use std::ffi::c_void;
+        let grid = ((dims[0] as u32).div_ceil(16), (dims[1] as u32).div_ceil(16));
+        let (wp, _gw) = w.codes.device_ptr(&self.stream);
+        let (xp, _gx) = x.device_ptr(&self.stream);
+        let (fp, _gf) = w.factors.device_ptr(&self.stream);
+        let (yp, _gy) = y.device_ptr_mut(&self.stream);
+        let mut params: [*mut c_void; 8] = [
+            &wp as *const _ as *mut c_void,
+            &xp as *const _ as *mut c_void,
+            &fp as *const _ as *mut c_void,
+            &yp as *const _ as *mut c_void,
+            &dims[0] as *const _ as *mut c_void,
+            &dims[1] as *const _ as *mut c_void,
+            &dims[2] as *const _ as *mut c_void,
+            &dims[3] as *const _ as *mut c_void,
+        ];
+        // SAFETY: an all-zero launch attribute is valid (id "ignore").
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: 1,
+            blockDimX: 256,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.k.mixed.pdl),
+        };
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: `params` points at one value of each kernel parameter's type
+        // (four device pointers as u64, then four i32), all alive until the
+        // call returns (the driver copies them); the caller checked the shapes
+        // and the kernel guards rows, tokens and columns. The weight the kernel
+        // reads before its wait is written only by its upload (a copy, which
+        // a dependent launch does not overlap).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        Ok(())
+    }
+
+    /// Read every byte of `data` (a multiple of 16 bytes) and write nothing:
+    /// the calibration of `octet bench mixed` for a kernel that only reads.
+    /// `sink` holds [`Gpu::read_floor_sink`] words.
+    pub(crate) fn read_floor(&self, data: &CudaSlice<u8>, sink: &mut CudaSlice<u32>) -> Result<()> {
+        if !data.len().is_multiple_of(16) {
+            return Err(Error::Shape(format!(
+                "read_floor takes whole 16-byte words, got {} bytes",
+                data.len()
+            )));
+        }
+        let blocks = 8 * self.sm_count.max(1) as u32;
+        if sink.len() < self.read_floor_sink() {
+            return Err(Error::Shape("read_floor: sink too small".into()));
+        }
+        let n16 = (data.len() / 16) as i64;
+        let mut b = self.stream.launch_builder(&self.k.mixed.read_floor);
+        b.arg(data).arg(&n16).arg(sink);
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: types match; the kernel reads `n16` words of `data` and
+        // writes at most one word per thread of `sink`.
+        unsafe { b.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Words of the `sink` of [`Gpu::read_floor`]: one per thread of its grid.
+    pub(crate) fn read_floor_sink(&self) -> usize {
+        8 * self.sm_count.max(1) as usize * 256
     }
 }
