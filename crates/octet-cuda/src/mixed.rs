@@ -6,6 +6,10 @@
 //!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
 //!   accumulation); block factors apply per 128 columns, tensor and row
 //!   factors to the result. This is the decode path, where weight bytes are the cost.
+//!   The codes are read without a place in L1 (x keeps it), and on sm_90 and
+//!   later the kernel is launched as a programmatic dependent of the previous
+//!   one, its first weight loads overlapping that kernel's tail
+//!   (`OCTET_MIXED_PDL=0` launches it plainly, for comparisons).
 //! - `M > 64` on Hopper (`sm_90a`): `mixed_wg`, a warpgroup-MMA kernel that
 //!   copies the FP8 codes into shared memory as they are, upcasts each
 //!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
