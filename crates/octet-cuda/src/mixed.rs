@@ -397,7 +397,7 @@ impl Gpu {
                 data.len()
             )));
         }
-        let blocks = 8 * self.sm_count.max(1) as u32;
+        let blocks = self.read_floor_blocks();
         if sink.len() < self.read_floor_sink() {
             return Err(Error::Shape("read_floor: sink too small".into()));
         }
@@ -405,7 +405,7 @@ impl Gpu {
         let mut b = self.stream.launch_builder(&self.k.mixed.read_floor);
         b.arg(data).arg(&n16).arg(sink);
         let cfg = LaunchConfig {
-            grid_dim: (blocks, 1, 1),
+            grid_dim: (blocks as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -415,8 +415,13 @@ impl Gpu {
         Ok(())
     }
 
+    /// Blocks of 256 threads in [`Gpu::read_floor`]'s grid: 8 an SM, full occupancy.
+    fn read_floor_blocks(&self) -> usize {
+        8 * self.sm_count.max(1) as usize
+    }
+
     /// Words of the `sink` of [`Gpu::read_floor`]: one per thread of its grid.
     pub(crate) fn read_floor_sink(&self) -> usize {
-        8 * self.sm_count.max(1) as usize * 256
+        self.read_floor_blocks() * 256
     }
 }
