@@ -29,8 +29,9 @@
 // Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: FP8 ->
 // f16x2 by the hardware conversion, f16 -> f32 exact, f32 -> bf16 exact for
 // every FP8 value (E4M3 and E5M2 values fit bf16's exponent and mantissa).
+// Two FP8 codes (low byte first) -> two f32, exactly (FP8 -> f16x2 -> f32).
 template <int FMT>
-__device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
+__device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
     unsigned short v = (unsigned short)two;
     unsigned int h;
     if (FMT == FMT_E4M3) {
@@ -38,10 +39,15 @@ __device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
     } else {
         asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(v));
     }
-    float lo, hi;
     asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
         : "=f"(lo), "=f"(hi)
         : "r"(h));
+}
+
+template <int FMT>
+__device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
+    float lo, hi;
+    fp8x2_to_f32x2<FMT>(two, lo, hi);
     unsigned int r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
@@ -407,11 +413,14 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// Two FP8 codes times a factor -> bf16x2 (rounded to nearest even).
+// Two FP8 codes times a factor -> bf16x2 (rounded to nearest even): the
+// codes go to f32 exactly and are multiplied there, without the bf16 round
+// trip of `fp8x2_to_bf16x2` (same bits, three instructions fewer a pair).
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two, float f) {
-    const unsigned int b = fp8x2_to_bf16x2<FMT>(two);
-    return pack_bf16x2(bf16_lo(b) * f, bf16_hi(b) * f);
+    float lo, hi;
+    fp8x2_to_f32x2<FMT>(two, lo, hi);
+    return pack_bf16x2(lo * f, hi * f);
 }
 
 // Stage `st` (columns [64 st, 64 st + 64)) of x and W into its buffer, by

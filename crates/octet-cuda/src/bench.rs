@@ -48,6 +48,44 @@ pub fn time_ms(
     Ok(t[t.len() / 2])
 }
 
+/// Work enqueued on the GPU's stream, one contender of [`time_round_robin`].
+pub type Enqueue<'a> = &'a mut dyn FnMut(&Gpu) -> Result<()>;
+
+/// Median milliseconds of each of `fs`, timed in turn within every
+/// repetition (round robin), so that a drift of the clocks over the run (an
+/// H100 slows down as it heats under a long run of matrix products) touches
+/// every contender alike and their ratios stay fair.
+pub fn time_round_robin(
+    gpu: &Gpu,
+    warm: usize,
+    reps: usize,
+    fs: &mut [Enqueue<'_>],
+) -> Result<Vec<f64>> {
+    for f in fs.iter_mut() {
+        for _ in 0..warm {
+            f(gpu)?;
+        }
+    }
+    let mut t: Vec<Vec<f64>> = fs.iter().map(|_| Vec::with_capacity(reps)).collect();
+    for _ in 0..reps.max(1) {
+        for (f, t) in fs.iter_mut().zip(t.iter_mut()) {
+            let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+            start.record(&gpu.stream)?;
+            f(gpu)?;
+            end.record(&gpu.stream)?;
+            end.synchronize()?;
+            t.push(start.elapsed_ms(&end)? as f64);
+        }
+    }
+    Ok(t.into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect())
+}
+
 /// Median milliseconds of one replay of a CUDA graph holding what `f`
 /// enqueues (captured once, after `f` ran eagerly once to load kernels and
 /// plans): the device's time for that work without the host's launch cost
@@ -609,8 +647,24 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         for &m in ms {
             let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, 12, 1.0)))?;
             let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
-            let mixed = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, &dw, &mut y))?;
-            let bf = time_ms(gpu, 5, 30, |g| g.gemm_bf16(&dx, &dwb, &mut y, (m, n, k)))?;
+            // Every product of this M in turn within each repetition. Large
+            // M: per-tensor and 128x128-block factors too (on the upcast path
+            // the first applies in the epilogue, the second in the upcast).
+            let large = m > crate::mixed::SMALL_M;
+            let times = {
+                let y = std::cell::RefCell::new(&mut y);
+                let mut ch = |g: &Gpu| g.mixed_matmul(&dx, m, &dw, *y.borrow_mut());
+                let mut bf = |g: &Gpu| g.gemm_bf16(&dx, &dwb, *y.borrow_mut(), (m, n, k));
+                let mut ten = |g: &Gpu| g.mixed_matmul(&dx, m, &dwt, *y.borrow_mut());
+                let mut blk = |g: &Gpu| g.mixed_matmul(&dx, m, &dwk, *y.borrow_mut());
+                let mut fs: Vec<Enqueue<'_>> = vec![&mut ch, &mut bf];
+                if large {
+                    fs.push(&mut ten);
+                    fs.push(&mut blk);
+                }
+                time_round_robin(gpu, 5, 30, &mut fs)?
+            };
+            let (mixed, bf) = (times[0], times[1]);
             let flops = |ms: f64| 2.0 * (m * n * k) as f64 / ms / 1e9;
             // The FP8 row (weight GB/s against copy at small M, TFLOP/s
             // above) and cuBLASLt's bf16 row beside it.
@@ -675,12 +729,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                     vs: "same-size copy".into(),
                 });
             }
-            // Large M: per-tensor and 128x128-block factors too (on the
-            // upcast path the first is the GEMM's alpha, the second applied in
-            // the upcast; per-row ones a separate pass over the f32 product).
-            if m > crate::mixed::SMALL_M {
-                for (what, dwx) in [("per-tensor", &dwt), ("block128", &dwk)] {
-                    let t = time_ms(gpu, 5, 30, |g| g.mixed_matmul(&dx, m, dwx, &mut y))?;
+            if large {
+                for (what, t) in [("per-tensor", times[2]), ("block128", times[3])] {
                     rows.push(BenchRow {
                         name: format!("mixed fp8 e4m3 {what} K={k} N={n} M={m}"),
                         ms: t,

@@ -327,6 +327,11 @@ pub fn train_gpu_ranked(
     let mut last_val = f64::NAN;
     let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
     let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
+    // `OCTET_HOST_TIMING`: per step, the host's time to the loss (forward,
+    // which ends reading the loss back), to enqueue the backward, and to its
+    // end on the device (a synchronization added after it). An enqueue time
+    // near the device's means the host's launches pace the backward.
+    let mut host: Option<Vec<[f64; 3]>> = std::env::var_os("OCTET_HOST_TIMING").map(|_| Vec::new());
     while model.step < cfg.steps {
         let step = model.step;
         // NCCL bytes per step, counted over the steps after the first.
@@ -370,7 +375,13 @@ pub fn train_gpu_ranked(
             peak_saved = peak_saved.max(saved.bytes());
             peak_dev = peak_dev.max(gpu.mem_used()?);
             loss_sum += loss;
+            let tb = Instant::now();
             model.backward(saved).map_err(gpu_err(step + 1))?;
+            if let Some(h) = host.as_mut() {
+                let queued = tb.elapsed().as_secs_f64();
+                gpu.synchronize()?;
+                h.push([(tb - ts).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
+            }
         }
         // The step's own quantizations (not the evaluation's that may follow).
         let telemetry = if telemetry_step {
@@ -472,6 +483,20 @@ pub fn train_gpu_ranked(
             val_curve,
             obs,
         );
+    }
+    if let Some(h) = host.filter(|h| h.len() > 2) {
+        let median = |i: usize| {
+            let mut v: Vec<f64> = h[2..].iter().map(|r| r[i] * 1e3).collect();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        obs.note(&format!(
+            "host timing, median of micro-steps 3-{}: forward to the loss {:.2} ms, backward enqueued in {:.2} ms, done on the device after {:.2} ms",
+            h.len(),
+            median(0),
+            median(1),
+            median(2)
+        ));
     }
     let prof = model.profile();
     if !prof.is_empty() {
