@@ -31,21 +31,10 @@ pub fn time_ms(
     reps: usize,
     mut f: impl FnMut(&Gpu) -> Result<()>,
 ) -> Result<f64> {
-    for _ in 0..warm {
-        f(gpu)?;
-    }
-    let mut t = Vec::with_capacity(reps);
-    for _ in 0..reps.max(1) {
-        let start = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        let end = gpu.ctx.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-        start.record(&gpu.stream)?;
-        f(gpu)?;
-        end.record(&gpu.stream)?;
-        end.synchronize()?;
-        t.push(start.elapsed_ms(&end)? as f64);
-    }
-    t.sort_by(f64::total_cmp);
-    Ok(t[t.len() / 2])
+    let t = time_round_robin(gpu, warm, reps, &mut [&mut f])?;
+    t.first()
+        .copied()
+        .ok_or_else(|| Error::Shape("no timing".into()))
 }
 
 /// Work enqueued on the GPU's stream, one contender of [`time_round_robin`].
