@@ -26,10 +26,8 @@
 #define SCALE_ROW 1
 #define SCALE_BLOCK 2
 
-// Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: FP8 ->
-// f16x2 by the hardware conversion, f16 -> f32 exact, f32 -> bf16 exact for
-// every FP8 value (E4M3 and E5M2 values fit bf16's exponent and mantissa).
-// Two FP8 codes (low byte first) -> two f32, exactly (FP8 -> f16x2 -> f32).
+// Two FP8 codes (low byte first) -> two f32, exactly: FP8 -> f16x2 by the
+// hardware conversion, then f16 -> f32.
 template <int FMT>
 __device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
     unsigned short v = (unsigned short)two;
@@ -44,6 +42,9 @@ __device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, floa
         : "r"(h));
 }
 
+// Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: f32 ->
+// bf16 is exact for every FP8 value (E4M3 and E5M2 values fit bf16's
+// exponent and mantissa).
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
     float lo, hi;

@@ -641,6 +641,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             // the first applies in the epilogue, the second in the upcast).
             let large = m > crate::mixed::SMALL_M;
             let times = {
+                // The contenders share one output buffer, each borrowing it
+                // only while it enqueues.
                 let y = std::cell::RefCell::new(&mut y);
                 let mut ch = |g: &Gpu| g.mixed_matmul(&dx, m, &dw, *y.borrow_mut());
                 let mut bf = |g: &Gpu| g.gemm_bf16(&dx, &dwb, *y.borrow_mut(), (m, n, k));

@@ -327,10 +327,11 @@ pub fn train_gpu_ranked(
     let mut last_val = f64::NAN;
     let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
     let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
-    // `OCTET_HOST_TIMING`: per step, the host's time to the loss (forward,
-    // which ends reading the loss back), to enqueue the backward, and to its
-    // end on the device (a synchronization added after it). An enqueue time
-    // near the device's means the host's launches pace the backward.
+    // `OCTET_HOST_TIMING`: per micro-step, the host's time to the loss
+    // (batch and forward, which ends reading the loss back), to enqueue the
+    // backward, and to its end on the device (a synchronization added after
+    // it). An enqueue time near the device's means the host's launches pace
+    // the backward.
     let mut host: Option<Vec<[f64; 3]>> = std::env::var_os("OCTET_HOST_TIMING").map(|_| Vec::new());
     while model.step < cfg.steps {
         let step = model.step;
@@ -346,6 +347,7 @@ pub fn train_gpu_ranked(
         model.set_telemetry(telemetry_step);
         let mut loss_sum = 0.0;
         for micro in 0..cfg.grad_accum {
+            let tm = Instant::now();
             let (x, y) = data.batch(
                 Split::Train,
                 cfg.batch,
@@ -380,7 +382,7 @@ pub fn train_gpu_ranked(
             if let Some(h) = host.as_mut() {
                 let queued = tb.elapsed().as_secs_f64();
                 gpu.synchronize()?;
-                h.push([(tb - ts).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
+                h.push([(tb - tm).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
             }
         }
         // The step's own quantizations (not the evaluation's that may follow).
