@@ -23,6 +23,13 @@ pub struct GenerateArgs {
     /// (tiny, small, medium, 1b): for speed measurements only.
     #[arg(long)]
     random_model: Option<String>,
+    /// A LoRA adapter (PEFT layout, as `octet lora` writes it) merged onto
+    /// the checkpoint's weights before they are stored as `--weights`.
+    #[arg(long)]
+    adapter: Option<PathBuf>,
+    /// The base the adapter was trained on (`octet lora --base-format`).
+    #[arg(long, default_value = "fp8-tensorwise")]
+    adapter_base_format: String,
     /// Block matrices: fp8 (E4M3, per-channel scales), fp8-tensor, fp8-block, fp8-e5m2, bf16, f32.
     #[arg(long, default_value = "fp8")]
     weights: String,
@@ -111,6 +118,10 @@ fn run_one_gpu(
 
 fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor>, String)> {
     if let Some(preset) = &a.random_model {
+        anyhow::ensure!(
+            a.adapter.is_none(),
+            "--adapter merges onto a checkpoint; it does not apply to --random-model"
+        );
         let cfg = LlamaConfig::preset(preset)?;
         let m = Llama::new_random(&cfg, DType::F32, None, a.seed)?;
         let w = m
@@ -130,6 +141,17 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
             parent.join(latest.trim())
         }
     };
+    if let Some(adapter) = &a.adapter {
+        let m = crate::lora::merge_adapter(&dir, adapter, &a.adapter_base_format)?;
+        let what = format!(
+            "{} with adapter {} (r={}, alpha={}) merged",
+            dir.display(),
+            adapter.display(),
+            m.rank,
+            m.alpha
+        );
+        return Ok((m.cfg, m.weights, what));
+    }
     let cfg = checkpoint::load_config(&dir)?;
     let w = checkpoint::load_weights(&dir, DType::F32)?;
     Ok((cfg, w, dir.display().to_string()))

@@ -2,13 +2,17 @@
 //! and `octet lora merge`.
 
 use crate::train::{bar, summary_table, TrainArgs};
-use octet_nn::llama::Llama;
-use octet_tensor::DType;
+use anyhow::Context;
+use octet_fp8::Format;
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_nn::lora::BaseFormat;
+use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
 use octet_train::plot::{line_plot, Series};
 use octet_train::trainer::{train, LoraSettings};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of `octet lora`.
 #[derive(clap::Args)]
@@ -62,7 +66,9 @@ struct MergeArgs {
     /// The base the adapter was trained on (merge onto what training saw).
     #[arg(long, default_value = "fp8-tensorwise")]
     base_format: String,
-    /// Dtype of the written weights: bf16 or f32.
+    /// Dtype of the written weights: bf16, f32, or fp8 (the block matrices
+    /// re-quantized to E4M3 with `--base-format`'s scaling, per channel when
+    /// that is bf16, the other tensors in bf16).
     #[arg(long, default_value = "bf16")]
     dtype: String,
 }
@@ -188,34 +194,97 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn merge(m: MergeArgs) -> anyhow::Result<()> {
-    let dtype = match m.dtype.as_str() {
-        "bf16" => DType::Bf16,
-        "f32" => DType::F32,
-        other => anyhow::bail!("--dtype {other}: expected bf16 or f32"),
-    };
-    let cfg = checkpoint::load_config(&m.base)?;
-    let weights = checkpoint::load_weights(&m.base, DType::F32)?;
-    let (adapter, r, alpha, targets) = checkpoint::load_adapter(&m.adapter)?;
+/// The block matrices (q, k, v, o, gate, up, down) of `model` quantized to
+/// E4M3 with `scaling`, by Hugging Face name.
+fn requantize_block_matrices(
+    model: &Llama,
+    scaling: WeightScaling,
+) -> anyhow::Result<HashMap<String, Fp8Weight>> {
+    let mut out = HashMap::new();
+    for (name, t) in model.params() {
+        if !name.starts_with("model.layers.") || !name.ends_with("_proj.weight") {
+            continue;
+        }
+        let (n, k) = t.dims2()?;
+        let q = Fp8Weight::quantize(&t.to_f32_vec(), n, k, Format::E4M3, scaling)
+            .with_context(|| format!("quantizing {name}"))?;
+        out.insert(name, q);
+    }
+    Ok(out)
+}
+
+/// A base checkpoint with an adapter merged into it.
+pub struct Merged {
+    /// The model's dimensions.
+    pub cfg: LlamaConfig,
+    /// Every tensor, f32, the block matrices `W + (alpha/r) B A`.
+    pub weights: HashMap<String, Tensor>,
+    /// The adapter's rank.
+    pub rank: usize,
+    /// The adapter's alpha.
+    pub alpha: f64,
+    /// The form of the base the adapter was merged onto.
+    pub base: BaseFormat,
+}
+
+/// Merge the PEFT adapter in `adapter` onto the checkpoint in `base`, stored
+/// as `base_format` says (the base the adapter was trained on: the codes of
+/// an FP8 base, as [`Llama::into_lora_with`] keeps or makes them), one matrix
+/// at a time.
+pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> anyhow::Result<Merged> {
+    let cfg = checkpoint::load_config(base)?;
+    let (weights, mut stored) = checkpoint::load_weights_fp8(base, DType::F32)?;
+    let (tensors, rank, alpha, targets) = checkpoint::load_adapter(adapter)?;
     let settings = LoraSettings {
-        base: Some(m.base.clone()),
-        rank: r,
+        base: Some(base.to_path_buf()),
+        rank,
         alpha,
         targets,
-        base_format: m.base_format.clone(),
+        base_format: base_format.to_string(),
         compute: "bf16".into(),
     };
     let spec = settings.spec("tensorwise", "dequantized", 0)?;
-    let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora(&spec)?;
-    model.load_params(adapter)?;
-    let merged: HashMap<_, _> = model.merged_weights()?.into_iter().collect();
-    drop(model);
-    let mut full = Llama::from_weights(&cfg, merged, None)?;
-    for (_, t) in full.params_mut() {
-        *t = t.to_dtype(dtype);
-    }
+    let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora_with(&spec, &mut stored)?;
+    model
+        .load_params(tensors)
+        .with_context(|| format!("adapter {}", adapter.display()))?;
+    let weights = model.merged_weights()?.into_iter().collect();
+    Ok(Merged {
+        cfg,
+        weights,
+        rank,
+        alpha,
+        base: spec.base,
+    })
+}
+
+fn merge(m: MergeArgs) -> anyhow::Result<()> {
+    let dtype = match m.dtype.as_str() {
+        "bf16" => Some(DType::Bf16),
+        "f32" => Some(DType::F32),
+        "fp8" => None,
+        other => anyhow::bail!("--dtype {other}: expected bf16, f32 or fp8"),
+    };
+    let merged = merge_adapter(&m.base, &m.adapter, &m.base_format)?;
+    let (r, alpha, base) = (merged.rank, merged.alpha, merged.base);
+    let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
     std::fs::create_dir_all(&m.out)?;
-    checkpoint::save_model(&m.out, &full)?;
+    match dtype {
+        Some(dtype) => {
+            for (_, t) in full.params_mut() {
+                *t = t.to_dtype(dtype);
+            }
+            checkpoint::save_model(&m.out, &full)?;
+        }
+        None => {
+            let scaling = match base {
+                BaseFormat::Fp8(s) => s,
+                BaseFormat::Bf16 => WeightScaling::Channel,
+            };
+            let fp8 = requantize_block_matrices(&full, scaling)?;
+            checkpoint::save_model_fp8(&m.out, &full, &fp8)?;
+        }
+    }
     println!(
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
         m.adapter.display(),

@@ -2358,6 +2358,21 @@ impl<'g> GpuLlama<'g> {
         spec: &LoraSpec,
         adapters: Option<&HashMap<String, Tensor>>,
     ) -> Result<GpuLlama<'g>> {
+        Self::new_lora_with(gpu, cfg, weights, spec, adapters, &mut HashMap::new())
+    }
+
+    /// [`GpuLlama::new_lora`] where a checkpoint stored some block matrices
+    /// in FP8: those (by name, taken out of `as_stored`) become bases as stored,
+    /// as the CPU's `Llama::into_lora_with` makes them
+    /// (`octet_nn::lora::Base::from_checkpoint`).
+    pub fn new_lora_with(
+        gpu: &'g Gpu,
+        cfg: &LlamaConfig,
+        weights: &HashMap<String, Tensor>,
+        spec: &LoraSpec,
+        adapters: Option<&HashMap<String, Tensor>>,
+        as_stored: &mut HashMap<String, octet_tensor::mixed::Fp8Weight>,
+    ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
@@ -2421,7 +2436,7 @@ impl<'g> GpuLlama<'g> {
             let mut stored = None;
             if in_block {
                 let (n, k) = (shape[0], shape[1]);
-                let b = octet_nn::lora::Base::new(t, spec.base)
+                let b = octet_nn::lora::Base::from_checkpoint(&name, t, spec.base, as_stored)
                     .map_err(|e| Error::Shape(format!("{name}: {e}")))?;
                 let gb = match b {
                     octet_nn::lora::Base::Fp8(w) => GpuBase::Fp8(gpu.upload_fp8_weight(&w)?),

@@ -642,7 +642,18 @@ impl Llama {
     /// an adapter on the targeted ones; the embedding, norms and LM head
     /// freeze. Each dense weight is converted and dropped in turn, so at most
     /// one matrix exists in both forms at any time.
-    pub fn into_lora(mut self, spec: &LoraSpec) -> Result<Llama> {
+    pub fn into_lora(self, spec: &LoraSpec) -> Result<Llama> {
+        self.into_lora_with(spec, &mut HashMap::new())
+    }
+
+    /// [`Llama::into_lora`] where a checkpoint stored some block matrices in
+    /// FP8: those (by Hugging Face name, taken out of `stored`) become bases
+    /// as stored ([`Base::from_checkpoint`]).
+    pub fn into_lora_with(
+        mut self,
+        spec: &LoraSpec,
+        stored: &mut HashMap<String, octet_tensor::mixed::Fp8Weight>,
+    ) -> Result<Llama> {
         for t in &spec.targets {
             if !PROJ_NAMES.iter().any(|(short, _)| short == t) {
                 return Err(Error::Config(format!(
@@ -654,13 +665,14 @@ impl Llama {
             return Err(Error::Config("LoRA needs at least one target".into()));
         }
         let mut seed = spec.seed;
-        for b in &mut self.blocks {
-            for (p, (short, _)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
+        for (i, b) in self.blocks.iter_mut().enumerate() {
+            for (p, (short, module)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
                 let Proj::Full(l) = p else {
                     return Err(Error::Config("the model is already in LoRA mode".into()));
                 };
                 let (n, k) = (l.out_features(), l.in_features());
-                let base = Base::new(&l.weight, spec.base)?;
+                let name = format!("model.layers.{i}.{module}.weight");
+                let base = Base::from_checkpoint(&name, &l.weight, spec.base, stored)?;
                 let adapter = if spec.targets.iter().any(|t| t == short) {
                     seed += 1;
                     Some(Adapter::init(n, k, spec.rank, spec.alpha, seed)?)

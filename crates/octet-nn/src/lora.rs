@@ -100,6 +100,34 @@ impl Base {
         })
     }
 
+    /// The base of matrix `name` from a checkpoint: the FP8 weight the
+    /// checkpoint stored for it (taken out of `stored`) is kept as it is when
+    /// `format` is an FP8 one, with its own scaling whatever `format`'s (no
+    /// second quantization); when `format` is bf16, `w` (its dequantized
+    /// values) is rounded to bf16. A matrix the checkpoint did not store in
+    /// FP8 goes through [`Base::new`].
+    pub fn from_checkpoint(
+        name: &str,
+        w: &Tensor,
+        format: BaseFormat,
+        stored: &mut std::collections::HashMap<String, Fp8Weight>,
+    ) -> Result<Base> {
+        match (stored.remove(name), format) {
+            (Some(q), BaseFormat::Fp8(_)) => {
+                if w.dims2()? != (q.rows(), q.cols()) {
+                    return Err(Error::Shape(format!(
+                        "{name}: stored FP8 weight is ({}, {}), the model's {:?}",
+                        q.rows(),
+                        q.cols(),
+                        w.shape()
+                    )));
+                }
+                Ok(Base::Fp8(q))
+            }
+            _ => Base::new(w, format),
+        }
+    }
+
     /// `(N, K)`.
     pub fn dims(&self) -> (usize, usize) {
         match self {

@@ -8,12 +8,22 @@
 //! - `config.json`: `LlamaConfig` in Hugging Face's form
 //! - `optimizer.safetensors`: per parameter `<name>.master`, `<name>.exp_avg`,
 //!   `<name>.exp_avg_sq` (f32), metadata `step` and `trainer` (JSON)
+//!
+//! FP8 weights in `model.safetensors` (read by [`load_weights_fp8`] and
+//! [`load_weights`], written by [`save_model_fp8`]): a matrix `X.weight` of
+//! dtype `F8_E4M3` or `F8_E5M2`, shape `(N, K)`, with its f32 dequantization
+//! factors in `X.weight_scale` (the compressed-tensors convention) or
+//! `X.weight_scale_inv` (DeepSeek-V3's), `value = code * factor` in both. The
+//! factors' shape says their granularity: one value (per tensor), `(N)` or
+//! `(N, 1)` (per output channel), `(ceil(N/128), ceil(K/128))` (128x128 blocks).
 
 use crate::optim::{AdamW, AdamWConfig, ParamState};
 use crate::{Error, Result};
 use half::{bf16, f16};
 use octet_fp8::{DelayedState, Role};
+use octet_fp8::{Format, QuantData, Scales};
 use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::mixed::{Fp8Weight, WeightScaling};
 use octet_tensor::{DType, Tensor};
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -75,15 +85,23 @@ pub fn serialize(
     tensors: &[(String, Tensor)],
     meta: Option<HashMap<String, String>>,
 ) -> Result<Vec<u8>> {
-    let owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = tensors
+    let owned: Vec<RawTensor> = tensors
         .iter()
         .map(|(n, t)| {
             let (d, b) = to_bytes(t);
             (n.clone(), d, t.shape().to_vec(), b)
         })
         .collect();
+    serialize_raw(&owned, meta)
+}
+
+/// A tensor as bytes: name, dtype, shape, little-endian data.
+type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
+
+/// Serialize tensors given as bytes to safetensors bytes.
+fn serialize_raw(owned: &[RawTensor], meta: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
     let mut views = Vec::with_capacity(owned.len());
-    for (n, d, s, b) in &owned {
+    for (n, d, s, b) in owned {
         let v = TensorView::new(*d, s.clone(), b)
             .map_err(|e| Error::Checkpoint(format!("tensor {n}: {e}")))?;
         views.push((n.clone(), v));
@@ -93,6 +111,25 @@ pub fn serialize(
 
 /// Read every tensor of a safetensors file into f32/bf16/f64 tensors (f16 widens to f32).
 pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<String, String>)> {
+    let (out, fp8, meta) = read_tensors_fp8(path)?;
+    if let Some(name) = fp8.keys().next() {
+        return Err(Error::Checkpoint(format!(
+            "{}: tensor {name} is FP8; this file takes F32, BF16, F16 or F64 tensors",
+            path.display()
+        )));
+    }
+    Ok((out, meta))
+}
+
+/// FP8 tensors as a file stores them: element format, shape, codes.
+type RawFp8 = HashMap<String, (Format, Vec<usize>, Vec<u8>)>;
+
+/// A file's floating-point tensors, FP8 ones and string metadata.
+type FileTensors = (HashMap<String, Tensor>, RawFp8, HashMap<String, String>);
+
+/// Every tensor of a safetensors file: the floating-point ones as tensors,
+/// the FP8 ones (`F8_E4M3`, `F8_E5M2`) as raw codes, and the metadata.
+fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     let bytes =
         std::fs::read(path).map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
@@ -101,7 +138,17 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<Str
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut out = HashMap::new();
+    let mut fp8 = HashMap::new();
     for (name, view) in st.tensors() {
+        let format = match view.dtype() {
+            Dtype::F8_E4M3 => Some(Format::E4M3),
+            Dtype::F8_E5M2 => Some(Format::E5M2),
+            _ => None,
+        };
+        if let Some(f) = format {
+            fp8.insert(name, (f, view.shape().to_vec(), view.data().to_vec()));
+            continue;
+        }
         let shape = view.shape().to_vec();
         let d = view.data();
         let t = match view.dtype() {
@@ -131,14 +178,74 @@ pub fn read_tensors(path: &Path) -> Result<(HashMap<String, Tensor>, HashMap<Str
             ),
             other => {
                 return Err(bad(format!(
-                    "tensor {name} has dtype {other:?}; expected F32, BF16, F16 or F64"
+                    "tensor {name} has dtype {other:?}; expected F32, BF16, F16, F64, F8_E4M3 or F8_E5M2"
                 )))
             }
         }
         .map_err(|e| bad(format!("tensor {name}: {e}")))?;
         out.insert(name, t);
     }
-    Ok((out, meta))
+    Ok((out, fp8, meta))
+}
+
+/// Pair each FP8 matrix of `raw` with its factors (`<name>_scale` or
+/// `<name>_scale_inv`, taken out of `dense`); errors name the tensor.
+fn fp8_weights(
+    path: &Path,
+    raw: RawFp8,
+    dense: &mut HashMap<String, Tensor>,
+) -> Result<HashMap<String, Fp8Weight>> {
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    let mut out = HashMap::new();
+    for (name, (format, shape, codes)) in raw {
+        let &[n, k] = shape.as_slice() else {
+            return Err(bad(format!(
+                "FP8 tensor {name} has shape {shape:?}; FP8 is read for matrices only"
+            )));
+        };
+        let (sname, scale) = [format!("{name}_scale"), format!("{name}_scale_inv")]
+            .into_iter()
+            .find_map(|s| dense.remove(&s).map(|t| (s, t)))
+            .ok_or_else(|| {
+                bad(format!(
+                    "FP8 tensor {name} has no factors: expected {name}_scale or {name}_scale_inv"
+                ))
+            })?;
+        let (gn, gk) = (n.div_ceil(128), k.div_ceil(128));
+        let dims: Vec<usize> = scale.shape().to_vec();
+        let scaling = match dims.as_slice() {
+            d if d.iter().product::<usize>() == 1 => WeightScaling::Tensor,
+            [r] | [r, 1] if *r == n => WeightScaling::Channel,
+            [r, c] if (*r, *c) == (gn, gk) => WeightScaling::Block128,
+            d => {
+                return Err(bad(format!(
+                    "{sname} has shape {d:?}; a ({n}, {k}) FP8 weight takes one factor, ({n}) or ({n}, 1) per channel, or ({gn}, {gk}) per 128x128 block"
+                )))
+            }
+        };
+        let factors = scale.to_f32_vec();
+        if let Some(f) = factors.iter().find(|f| !f.is_finite()) {
+            return Err(bad(format!("{sname} holds a non-finite factor {f}")));
+        }
+        let block = match scaling {
+            WeightScaling::Tensor => (n, k),
+            WeightScaling::Channel => (1, k),
+            WeightScaling::Block128 => (128, 128),
+        };
+        let q = QuantData {
+            rows: n,
+            cols: k,
+            format,
+            data: codes,
+            block,
+            scales: Scales::F32(factors),
+            saturated: 0,
+            underflowed: 0,
+        };
+        let w = Fp8Weight::from_quant_data(q).map_err(|e| bad(format!("tensor {name}: {e}")))?;
+        out.insert(name, w);
+    }
+    Ok(out)
 }
 
 /// Save the model weights and `config.json` into `dir` (created if needed).
@@ -261,10 +368,69 @@ pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     serde_json::from_str(&text).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
 }
 
-/// Load the weights of a checkpoint directory, converted to `dtype`; errors name the tensor.
+/// Load the weights of a checkpoint directory, converted to `dtype` (FP8
+/// matrices dequantized); errors name the tensor.
 pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>> {
-    let (w, _) = read_tensors(&dir.join("model.safetensors"))?;
-    Ok(w.into_iter().map(|(n, t)| (n, t.to_dtype(dtype))).collect())
+    Ok(load_weights_fp8(dir, dtype)?.0)
+}
+
+/// [`load_weights`], and the FP8 matrices also as stored (codes and factors,
+/// by name), for a LoRA base that keeps them as they are.
+pub fn load_weights_fp8(
+    dir: &Path,
+    dtype: DType,
+) -> Result<(HashMap<String, Tensor>, HashMap<String, Fp8Weight>)> {
+    let path = dir.join("model.safetensors");
+    let (mut dense, raw, _) = read_tensors_fp8(&path)?;
+    let fp8 = fp8_weights(&path, raw, &mut dense)?;
+    let mut w: HashMap<String, Tensor> = dense
+        .into_iter()
+        .map(|(n, t)| (n, t.to_dtype(dtype)))
+        .collect();
+    for (name, q) in &fp8 {
+        let t = Tensor::from_f32(&[q.rows(), q.cols()], q.dequantize())?;
+        w.insert(name.clone(), t.to_dtype(dtype));
+    }
+    Ok((w, fp8))
+}
+
+/// Save `model`'s weights with its block matrices (q, k, v, o, gate, up,
+/// down) stored as `fp8` gives them (by name: FP8 codes and f32 factors, see
+/// the module docs) and every other tensor in bf16, and `config.json`.
+pub fn save_model_fp8(dir: &Path, model: &Llama, fp8: &HashMap<String, Fp8Weight>) -> Result<()> {
+    let mut owned: Vec<RawTensor> = Vec::new();
+    for (name, t) in model.params() {
+        let Some(w) = fp8.get(&name) else {
+            let t = t.to_dtype(DType::Bf16);
+            let (d, b) = to_bytes(&t);
+            owned.push((name, d, t.shape().to_vec(), b));
+            continue;
+        };
+        let (n, k) = (w.rows(), w.cols());
+        if t.shape() != [n, k] {
+            return Err(Error::Checkpoint(format!(
+                "FP8 weight for {name} is ({n}, {k}), the tensor {:?}",
+                t.shape()
+            )));
+        }
+        let d = match w.format() {
+            Format::E4M3 => Dtype::F8_E4M3,
+            _ => Dtype::F8_E5M2,
+        };
+        owned.push((name.clone(), d, vec![n, k], w.codes().to_vec()));
+        let (suffix, shape) = match w.scaling() {
+            WeightScaling::Tensor => ("_scale", vec![1]),
+            WeightScaling::Channel => ("_scale", vec![n, 1]),
+            WeightScaling::Block128 => ("_scale_inv", vec![n.div_ceil(128), k.div_ceil(128)]),
+        };
+        let bytes = w.factors().iter().flat_map(|f| f.to_le_bytes()).collect();
+        owned.push((format!("{name}{suffix}"), Dtype::F32, shape, bytes));
+    }
+    let bytes = serialize_raw(&owned, None)?;
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
+    write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    write_config(dir, &model.cfg, DType::Bf16)
 }
 
 /// Save the optimizer state with `trainer` metadata (JSON text) and the

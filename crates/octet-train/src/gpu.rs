@@ -148,11 +148,11 @@ fn lora_model<'g>(
     obs: &mut dyn Observer,
 ) -> Result<GpuLlama<'g>> {
     let spec = l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?;
-    let (mcfg, weights) = match &l.base {
-        Some(dir) => (
-            checkpoint::load_config(dir)?,
-            checkpoint::load_weights(dir, DType::F32)?,
-        ),
+    let (mcfg, weights, mut stored) = match &l.base {
+        Some(dir) => {
+            let (w, fp8) = checkpoint::load_weights_fp8(dir, DType::F32)?;
+            (checkpoint::load_config(dir)?, w, fp8)
+        }
         None => {
             let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
             let w = cpu
@@ -160,11 +160,11 @@ fn lora_model<'g>(
                 .into_iter()
                 .map(|(n, t)| (n, t.clone()))
                 .collect();
-            (cpu.cfg.clone(), w)
+            (cpu.cfg.clone(), w, HashMap::new())
         }
     };
     let Some(ck) = resume else {
-        let model = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, None)?;
+        let model = GpuLlama::new_lora_with(gpu, &mcfg, &weights, &spec, None, &mut stored)?;
         obs.note(&format!(
             "LoRA on the GPU: base matrices {} bytes ({}), {} adapter tensors",
             model.base_bytes(),
@@ -177,7 +177,8 @@ fn lora_model<'g>(
     let (opt, _, _) = checkpoint::load_optimizer_for(ck, &params)?;
     // The masters are the truth: the adapter file holds the same values.
     let masters = masters_of(&opt)?;
-    let mut model = GpuLlama::new_lora(gpu, &mcfg, &weights, &spec, Some(&masters))?;
+    let mut model =
+        GpuLlama::new_lora_with(gpu, &mcfg, &weights, &spec, Some(&masters), &mut stored)?;
     let (m, v): (Vec<_>, Vec<_>) = opt.states.into_iter().map(|s| (s.m, s.v)).unzip();
     model.set_moments(&m, &v, opt.step)?;
     obs.note(&format!(

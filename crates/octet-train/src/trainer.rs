@@ -140,15 +140,16 @@ impl LoraSettings {
 
     /// The frozen base model in LoRA mode, from the checkpoint or random.
     pub fn build(&self, cfg: &TrainConfig) -> Result<Llama> {
-        let base = match &self.base {
+        let spec = self.spec(&cfg.recipe, &cfg.backward, cfg.seed)?;
+        Ok(match &self.base {
             Some(dir) => {
                 let mcfg = checkpoint::load_config(dir)?;
-                let w = checkpoint::load_weights(dir, DType::F32)?;
-                Llama::from_weights(&mcfg, w, None)?
+                let (w, mut stored) = checkpoint::load_weights_fp8(dir, DType::F32)?;
+                Llama::from_weights(&mcfg, w, None)?.into_lora_with(&spec, &mut stored)?
             }
-            None => Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?,
-        };
-        Ok(base.into_lora(&self.spec(&cfg.recipe, &cfg.backward, cfg.seed)?)?)
+            None => Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?
+                .into_lora(&spec)?,
+        })
     }
 }
 
