@@ -33,6 +33,10 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     );
     anyhow::ensure!(cfg.lora.is_none(), "--nproc with LoRA is not supported yet");
     anyhow::ensure!(
+        resume.is_none() || cfg.init.is_none(),
+        "--resume continues a run; --init starts a new one from weights: give one"
+    );
+    anyhow::ensure!(
         cfg.batch.is_multiple_of(n),
         "--batch {} (the global batch) does not split over {n} ranks",
         cfg.batch
@@ -76,8 +80,11 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 FsdpRank::from_optimizer(comm, model, &opt, fcfg)?
             }
             None => {
-                let model = Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed)
-                    .map_err(|e| dist_err(e.to_string()))?;
+                let model = match cfg.init_weights().map_err(|e| dist_err(e.to_string()))? {
+                    Some((c, w)) => Llama::from_weights(&c, w, recipe),
+                    None => Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed),
+                }
+                .map_err(|e| dist_err(e.to_string()))?;
                 FsdpRank::new(comm, model, fcfg)?
             }
         };

@@ -142,7 +142,7 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
         }
     };
     if let Some(adapter) = &a.adapter {
-        let m = crate::lora::merge_adapter(&dir, adapter, &a.adapter_base_format)?;
+        let m = octet_train::trainer::merge_adapter(&dir, adapter, &a.adapter_base_format)?;
         let what = format!(
             "{} with adapter {} (r={}, alpha={}) merged",
             dir.display(),

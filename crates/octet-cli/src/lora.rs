@@ -4,15 +4,15 @@
 use crate::train::{bar, summary_table, TrainArgs};
 use anyhow::Context;
 use octet_fp8::Format;
-use octet_nn::llama::{Llama, LlamaConfig};
+use octet_nn::llama::Llama;
 use octet_nn::lora::BaseFormat;
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
-use octet_tensor::{DType, Tensor};
+use octet_tensor::DType;
 use octet_train::checkpoint;
 use octet_train::plot::{line_plot, Series};
-use octet_train::trainer::{train, LoraSettings};
+use octet_train::trainer::{merge_adapter, train, LoraSettings};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Flags of `octet lora`.
 #[derive(clap::Args)]
@@ -211,51 +211,6 @@ fn requantize_block_matrices(
         out.insert(name, q);
     }
     Ok(out)
-}
-
-/// A base checkpoint with an adapter merged into it.
-pub struct Merged {
-    /// The model's dimensions.
-    pub cfg: LlamaConfig,
-    /// Every tensor, f32, the block matrices `W + (alpha/r) B A`.
-    pub weights: HashMap<String, Tensor>,
-    /// The adapter's rank.
-    pub rank: usize,
-    /// The adapter's alpha.
-    pub alpha: f64,
-    /// The form of the base the adapter was merged onto.
-    pub base: BaseFormat,
-}
-
-/// Merge the PEFT adapter in `adapter` onto the checkpoint in `base`, stored
-/// as `base_format` says (the base the adapter was trained on: the codes of
-/// an FP8 base, as [`Llama::into_lora_with`] keeps or makes them), one matrix
-/// at a time.
-pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> anyhow::Result<Merged> {
-    let cfg = checkpoint::load_config(base)?;
-    let (weights, mut stored) = checkpoint::load_weights_fp8(base, DType::F32)?;
-    let (tensors, rank, alpha, targets) = checkpoint::load_adapter(adapter)?;
-    let settings = LoraSettings {
-        base: Some(base.to_path_buf()),
-        rank,
-        alpha,
-        targets,
-        base_format: base_format.to_string(),
-        compute: "bf16".into(),
-    };
-    let spec = settings.spec("tensorwise", "dequantized", 0)?;
-    let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora_with(&spec, &mut stored)?;
-    model
-        .load_params(tensors)
-        .with_context(|| format!("adapter {}", adapter.display()))?;
-    let weights = model.merged_weights()?.into_iter().collect();
-    Ok(Merged {
-        cfg,
-        weights,
-        rank,
-        alpha,
-        base: spec.base,
-    })
 }
 
 fn merge(m: MergeArgs) -> anyhow::Result<()> {

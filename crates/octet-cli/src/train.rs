@@ -92,6 +92,18 @@ pub struct TrainArgs {
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
+    /// Start a new run from the weights of a checkpoint directory
+    /// (`config.json` + `model.safetensors` with Hugging Face names, bf16,
+    /// f32 or FP8 with factors; its dimensions replace `--model`), with a
+    /// fresh optimizer at step 0.
+    #[arg(long)]
+    init: Option<PathBuf>,
+    /// A LoRA adapter (PEFT layout) merged onto the `--init` weights first.
+    #[arg(long)]
+    init_adapter: Option<PathBuf>,
+    /// The base `--init-adapter` was trained on (`octet lora --base-format`).
+    #[arg(long)]
+    init_adapter_base_format: Option<String>,
     /// Ranks of sharded data parallel (FSDP-style; threads of this process on
     /// the CPU): parameters sharded, FP8 all-gather of block weights under FP8
     /// recipes, gradients reduce-scattered. `--batch` is the global batch.
@@ -181,6 +193,15 @@ impl TrainArgs {
         );
         if let Some(d) = &self.data {
             c.data = Some(d.clone());
+        }
+        if let Some(d) = &self.init {
+            c.init = Some(d.clone());
+        }
+        if let Some(d) = &self.init_adapter {
+            c.init_adapter = Some(d.clone());
+        }
+        if let Some(f) = &self.init_adapter_base_format {
+            c.init_adapter_base_format = f.clone();
         }
         if self.no_save {
             c.save = false;

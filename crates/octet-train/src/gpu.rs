@@ -239,6 +239,11 @@ pub fn train_gpu_ranked(
     comm: Option<&NcclComm>,
 ) -> Result<RunSummary> {
     cfg.validate()?;
+    if resume.is_some() && cfg.init.is_some() {
+        return Err(Error::Train(
+            "--resume continues a run; --init starts a new one from weights: give one".into(),
+        ));
+    }
     let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
     if !cfg.batch.is_multiple_of(world) {
         return Err(Error::Train(format!(
@@ -292,14 +297,21 @@ pub fn train_gpu_ranked(
             model
         }
         (None, None) => {
-            let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
-            let w: HashMap<String, Tensor> = cpu
-                .params()
-                .into_iter()
-                .map(|(n, t)| (n, t.clone()))
-                .collect();
-            let mcfg = cpu.cfg.clone();
-            drop(cpu);
+            let (mcfg, w) = match cfg.init_weights()? {
+                Some(init) => {
+                    obs.note(&crate::trainer::init_note(cfg));
+                    init
+                }
+                None => {
+                    let cpu = Llama::new_random(&cfg.llama_config()?, DType::F32, None, cfg.seed)?;
+                    let w: HashMap<String, Tensor> = cpu
+                        .params()
+                        .into_iter()
+                        .map(|(n, t)| (n, t.clone()))
+                        .collect();
+                    (cpu.cfg.clone(), w)
+                }
+            };
             build(&mcfg, &w)?
         }
     };

@@ -16,6 +16,7 @@ use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
 use octet_nn::lora::{BaseFormat, Compute};
 use octet_tensor::{DType, Tensor};
 use rand::{Rng, SeedableRng};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -31,6 +32,15 @@ pub struct TrainConfig {
     pub model: String,
     /// Explicit model dimensions (overrides `model`).
     pub model_config: Option<LlamaConfig>,
+    /// Start from the weights of this checkpoint directory (`config.json` +
+    /// `model.safetensors` with Hugging Face names, FP8 matrices
+    /// dequantized; its dimensions override `model` and `model_config`)
+    /// instead of a random model: a new run at step 0 with a fresh optimizer.
+    pub init: Option<PathBuf>,
+    /// A LoRA adapter (PEFT layout) merged onto `init`'s weights first.
+    pub init_adapter: Option<PathBuf>,
+    /// The base `init_adapter` was trained on (`octet lora --base-format`).
+    pub init_adapter_base_format: String,
     /// Training data: a text file, a directory of .txt, or a .bin token file; `None` = embedded corpus.
     pub data: Option<PathBuf>,
     /// `bf16` (high precision, no FP8) or an FP8 recipe name (`Recipe::NAMES`).
@@ -153,6 +163,50 @@ impl LoraSettings {
     }
 }
 
+/// A base checkpoint with an adapter merged into it.
+pub struct Merged {
+    /// The model's dimensions.
+    pub cfg: LlamaConfig,
+    /// Every tensor, f32, the block matrices `W + (alpha/r) B A`.
+    pub weights: HashMap<String, Tensor>,
+    /// The adapter's rank.
+    pub rank: usize,
+    /// The adapter's alpha.
+    pub alpha: f64,
+    /// The form of the base the adapter was merged onto.
+    pub base: BaseFormat,
+}
+
+/// Merge the PEFT adapter in `adapter` onto the checkpoint in `base`, stored
+/// as `base_format` says (the base the adapter was trained on: the codes of
+/// an FP8 base, as [`Llama::into_lora_with`] keeps or makes them).
+pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<Merged> {
+    let cfg = checkpoint::load_config(base)?;
+    let (weights, mut stored) = checkpoint::load_weights_fp8(base, DType::F32)?;
+    let (tensors, rank, alpha, targets) = checkpoint::load_adapter(adapter)?;
+    let settings = LoraSettings {
+        base: Some(base.to_path_buf()),
+        rank,
+        alpha,
+        targets,
+        base_format: base_format.to_string(),
+        compute: "bf16".into(),
+    };
+    let spec = settings.spec("tensorwise", "dequantized", 0)?;
+    let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora_with(&spec, &mut stored)?;
+    model
+        .load_params(tensors)
+        .map_err(|e| Error::Checkpoint(format!("adapter {}: {e}", adapter.display())))?;
+    let weights = model.merged_weights()?.into_iter().collect();
+    Ok(Merged {
+        cfg,
+        weights,
+        rank,
+        alpha,
+        base: spec.base,
+    })
+}
+
 /// The `(peak lr, final lr, warmup steps)` of a model preset whose schedule
 /// differs from the default's (3e-3 to 3e-4 after 30 steps, made for the
 /// small models): the ~1B preset takes 3e-4 to 3e-5 after 100 steps, the
@@ -172,6 +226,9 @@ impl Default for TrainConfig {
             out_dir: PathBuf::from("runs"),
             model: "small".into(),
             model_config: None,
+            init: None,
+            init_adapter: None,
+            init_adapter_base_format: "fp8-tensorwise".into(),
             data: None,
             recipe: "tensorwise".into(),
             backward: "quantized".into(),
@@ -211,9 +268,10 @@ impl TrainConfig {
 
     /// The model dimensions this config asks for.
     pub fn llama_config(&self) -> Result<LlamaConfig> {
-        let mut cfg = match &self.model_config {
-            Some(c) => c.clone(),
-            None => LlamaConfig::preset(&self.model)?,
+        let mut cfg = match (&self.init, &self.model_config) {
+            (Some(dir), _) => checkpoint::load_config(dir)?,
+            (None, Some(c)) => c.clone(),
+            (None, None) => LlamaConfig::preset(&self.model)?,
         };
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq);
         Ok(cfg)
@@ -244,8 +302,37 @@ impl TrainConfig {
         })
     }
 
+    /// The weights a new run starts from: `init`'s (with `init_adapter`
+    /// merged in) with their dimensions, or `None` for a random model.
+    pub fn init_weights(&self) -> Result<Option<(LlamaConfig, HashMap<String, Tensor>)>> {
+        let Some(dir) = &self.init else {
+            return Ok(None);
+        };
+        let (mcfg, w) = match &self.init_adapter {
+            Some(adapter) => {
+                let m = merge_adapter(dir, adapter, &self.init_adapter_base_format)?;
+                (m.cfg, m.weights)
+            }
+            None => (
+                checkpoint::load_config(dir)?,
+                checkpoint::load_weights(dir, DType::F32)?,
+            ),
+        };
+        Ok(Some((mcfg, w)))
+    }
+
     /// Check the numbers make sense.
     pub fn validate(&self) -> Result<()> {
+        if self.init_adapter.is_some() && self.init.is_none() {
+            return Err(Error::Train(
+                "--init-adapter merges onto the checkpoint of --init; give both".into(),
+            ));
+        }
+        if self.init.is_some() && self.lora.is_some() {
+            return Err(Error::Train(
+                "a LoRA run takes its base with --base, not --init".into(),
+            ));
+        }
         if self.batch == 0 || self.seq == 0 || self.grad_accum == 0 || self.steps == 0 {
             return Err(Error::Train(
                 "batch, seq, grad_accum and steps must be at least 1".into(),
@@ -424,13 +511,32 @@ fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) 
     Ok(())
 }
 
-/// Train from scratch, or resume from `resume` (a checkpoint directory).
+/// What a run started with `init` says it starts from.
+pub fn init_note(cfg: &TrainConfig) -> String {
+    let dir = cfg
+        .init
+        .as_deref()
+        .map(|d| d.display().to_string())
+        .unwrap_or_default();
+    match &cfg.init_adapter {
+        Some(a) => format!("starting from {dir} with adapter {} merged", a.display()),
+        None => format!("starting from {dir}"),
+    }
+}
+
+/// Train from scratch (or from `cfg.init`'s weights), or resume from
+/// `resume` (a checkpoint directory).
 pub fn train(
     cfg: &TrainConfig,
     resume: Option<&Path>,
     obs: &mut dyn Observer,
 ) -> Result<RunSummary> {
     cfg.validate()?;
+    if resume.is_some() && cfg.init.is_some() {
+        return Err(Error::Train(
+            "--resume continues a run; --init starts a new one from weights: give one".into(),
+        ));
+    }
     if cfg.saved_activations != "full" {
         return Err(Error::Train(format!(
             "--saved-activations {} is built for the GPU model (--device cuda); the CPU model keeps its activations in f32",
@@ -487,7 +593,14 @@ pub fn train(
             (model, opt)
         }
         (None, None) => {
-            let model = Llama::new_random(&cfg.llama_config()?, DType::F32, recipe, cfg.seed)?;
+            let model = match cfg.init_weights()? {
+                Some((mcfg, w)) => {
+                    let m = Llama::from_weights(&mcfg, w, recipe)?;
+                    obs.note(&init_note(cfg));
+                    m
+                }
+                None => Llama::new_random(&cfg.llama_config()?, DType::F32, recipe, cfg.seed)?,
+            };
             let opt = AdamW::new(&model.params(), cfg.adamw);
             (model, opt)
         }
