@@ -42,9 +42,15 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         cfg.batch
     );
     let recipe = cfg.recipe()?;
+    let mcfg = cfg.llama_config()?;
     let data = match &cfg.data {
-        Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
+        Some(p) => Dataset::load(p, mcfg.vocab_size, 0.1)?,
         None => Dataset::default_corpus(),
+    };
+    // `--init`: read (and merge) the starting weights once; each rank takes a copy.
+    let init = match resume {
+        Some(_) => None,
+        None => cfg.init_weights()?,
     };
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
@@ -52,7 +58,6 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     let obs = Mutex::new(bar(&format!("train x{n}")));
     let trainer_json = serde_json::to_string(cfg)?;
     let summary: Mutex<Option<Summary>> = Mutex::new(None);
-    let mcfg = cfg.llama_config()?;
     spawn_ranks(n, |comm: &ThreadComm| -> octet_dist::Result<()> {
         let dist_err = |e: String| octet_dist::Error::Config(e);
         let fcfg = FsdpConfig {
@@ -80,8 +85,8 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 FsdpRank::from_optimizer(comm, model, &opt, fcfg)?
             }
             None => {
-                let model = match cfg.init_weights().map_err(|e| dist_err(e.to_string()))? {
-                    Some((c, w)) => Llama::from_weights(&c, w, recipe),
+                let model = match &init {
+                    Some((c, w)) => Llama::from_weights(c, w.clone(), recipe),
                     None => Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed),
                 }
                 .map_err(|e| dist_err(e.to_string()))?;
