@@ -17,7 +17,7 @@ use crate::check::{download_f32, random_bf16, rel_frobenius, CaseResult};
 use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
 use crate::model::{AdamParams, GpuLlama};
 use crate::{Error, Gpu, Result};
-use octet_fp8::{BackwardMode, Recipe};
+use octet_fp8::{BackwardMode, Format, Recipe};
 use octet_nn::llama::{Llama, LoraSpec};
 use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
 use octet_tensor::mixed::WeightScaling;
@@ -55,7 +55,8 @@ fn gpu_base(gpu: &Gpu, b: &Base) -> Result<GpuBase> {
 /// All GPU LoRA cases.
 pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     layer_cases(gpu, out)?;
-    model_cases(gpu, out)
+    model_cases(gpu, out)?;
+    stored_cases(gpu, out)
 }
 
 /// `(base name, base format, compute, backward, (M, K, N))`.
@@ -491,6 +492,153 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 && (fp8_bytes as f64) <= 0.52 * bf16_bytes as f64,
             worst: format!(
                 "losses {losses:.4?} then {last:.4}; merged {mloss:.4} ({em:.2e}); base {fp8_bytes} vs {bf16_bytes} B"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `(name, each projection's stored scaling, compute, backward)`.
+type StoredCase = (
+    &'static str,
+    fn(&str) -> WeightScaling,
+    Compute,
+    BackwardMode,
+);
+
+/// LoRA on a base whose block matrices a checkpoint stored in FP8
+/// ([`GpuLlama::new_lora_with`], as `octet lora` reads an FP8
+/// `model.safetensors`): the GPU keeps the stored codes and factors (per
+/// channel, 128x128 blocks, per tensor: whatever the file holds, not the
+/// spec's format) and computes what the CPU `Llama::into_lora_with` computes
+/// from the same codes.
+fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use octet_tensor::mixed::Fp8Weight;
+    let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
+    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 93)
+        .map_err(nn)?
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let (b, t) = (2usize, 64usize);
+    let toks: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2311, i as u64) % 256) as u32)
+        .collect();
+    let tgts: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2312, i as u64) % 256) as u32)
+        .collect();
+    let targets: Vec<String> = ["q", "k", "v", "o", "gate", "up", "down"]
+        .map(String::from)
+        .to_vec();
+    // The scaling a checkpoint stored each projection with.
+    let mixed_scaling = |name: &str| -> WeightScaling {
+        if name.contains("mlp.gate") || name.contains("mlp.up") {
+            WeightScaling::Block128
+        } else if name.contains("down") {
+            WeightScaling::Tensor
+        } else {
+            WeightScaling::Channel
+        }
+    };
+    let all_tensor = |_: &str| WeightScaling::Tensor;
+    let cases: [StoredCase; 2] = [
+        (
+            "stored per channel, 128x128 blocks and per tensor; compute bf16, high_precision",
+            mixed_scaling,
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+        ),
+        (
+            "stored per tensor; compute fp8, quantized",
+            all_tensor,
+            Compute::Fp8,
+            BackwardMode::Quantized,
+        ),
+    ];
+    for (name, scaling, compute, mode) in cases {
+        let mut stored: HashMap<String, Fp8Weight> = HashMap::new();
+        for (n, t) in &w {
+            if n.ends_with("_proj.weight") {
+                let (r, c) = (t.shape()[0], t.shape()[1]);
+                let q = Fp8Weight::quantize(&t.to_f32_vec(), r, c, Format::E4M3, scaling(n))
+                    .map_err(|e| Error::Shape(e.to_string()))?;
+                stored.insert(n.clone(), q);
+            }
+        }
+        let stored_bytes: usize = stored.values().map(|q| q.bytes()).sum();
+        let spec = LoraSpec {
+            rank: 8,
+            alpha: 16.0,
+            targets: targets.clone(),
+            base: BaseFormat::Fp8(WeightScaling::Tensor),
+            compute,
+            recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
+            seed: 7,
+        };
+        let cpu_model = |spec: &LoraSpec| -> Result<Llama> {
+            Llama::from_weights(&cfg, w.clone(), None)
+                .map_err(nn)?
+                .into_lora_with(spec, &mut stored.clone())
+                .map_err(nn)
+        };
+        let mut cpu = cpu_model(&spec)?;
+        let mut adapters = HashMap::new();
+        for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
+            let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
+            adapters.insert(pname, bf16_tensor(p.shape(), 2500 + i as u64, scale)?);
+        }
+        let f32_adapters: HashMap<String, Tensor> = adapters
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
+            .collect();
+        cpu.load_params(f32_adapters.clone()).map_err(nn)?;
+        let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
+        let cgrads = cpu.backward(cs).map_err(nn)?;
+        // The exact reference: the same codes, no input or gradient quantization.
+        let mut exact = cpu_model(&LoraSpec {
+            compute: Compute::Bf16,
+            recipe: Recipe::from_name("tensorwise")?.with_backward(BackwardMode::HighPrecision)?,
+            ..spec.clone()
+        })?;
+        exact.load_params(f32_adapters).map_err(nn)?;
+        let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
+        let egrads = exact.backward(es).map_err(nn)?;
+        let worst_vs = |got: &[(String, Tensor)]| -> f64 {
+            let mut worst = 0f64;
+            for ((gn, g), (en, e)) in got.iter().zip(&egrads) {
+                let r = if gn == en {
+                    rel_frobenius(&g.to_f32_vec(), &e.to_f32_vec())
+                } else {
+                    f64::INFINITY
+                };
+                if r > worst || r.is_nan() {
+                    worst = r;
+                }
+            }
+            worst
+        };
+        let mut as_stored = stored.clone();
+        let mut model =
+            GpuLlama::new_lora_with(gpu, &cfg, &w, &spec, Some(&adapters), &mut as_stored)?;
+        model.zero_grad()?;
+        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+        model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+        let grads = model.grads()?;
+        let (eg, ecg) = (worst_vs(&grads), worst_vs(&cgrads));
+        let (el, ecl) = ((loss - eloss).abs() / eloss, (closs - eloss).abs() / eloss);
+        let base = model.base_bytes();
+        // The bounds of the whole-model LoRA cases above.
+        out.push(CaseResult {
+            name: format!("Llama LoRA on FP8 checkpoint codes ({name}) vs CPU into_lora_with: loss, adapter grads, base bytes as stored"),
+            pass: el <= 2.0 * ecl + 2e-3
+                && eg <= 1.5 * ecg + 3e-2
+                && grads.len() == 28
+                && as_stored.is_empty()
+                && base == stored_bytes,
+            worst: format!(
+                "loss {el:.2e}, worst grad {eg:.2e}; CPU with the same settings: loss {ecl:.2e}, grad {ecg:.2e}; base {base} B, stored {stored_bytes} B, {} left unused",
+                as_stored.len()
             ),
         });
     }

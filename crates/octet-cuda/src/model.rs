@@ -2420,6 +2420,35 @@ impl<'g> GpuLlama<'g> {
             gpu.upload_bf16(&b)
         };
         for (si, (name, shape)) in Llama::param_shapes(cfg).into_iter().enumerate() {
+            // Block matrices: slots 1 + 9 i + {1, 2, 3, 4, 6, 7, 8}; the LM head is last when untied.
+            let in_block =
+                si >= 1 && si <= 9 * nl && block_matrix_slots((si - 1) / 9).contains(&si);
+            let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
+            // A block matrix stored in FP8 needs no dense copy in `weights`
+            // (`octet_train::checkpoint::load_base_fp8` makes none).
+            let fp8_base = matches!(spec.base, octet_nn::lora::BaseFormat::Fp8(_));
+            if in_block && fp8_base && !remaining.contains_key(name.as_str()) {
+                if let Some(q) = as_stored.remove(&name) {
+                    let (n, k) = (shape[0], shape[1]);
+                    if (q.rows(), q.cols()) != (n, k) {
+                        return Err(Error::Shape(format!(
+                            "{name}: stored FP8 weight is ({}, {}), the model's ({n}, {k})",
+                            q.rows(),
+                            q.cols()
+                        )));
+                    }
+                    bases.push(Some((GpuBase::Fp8(gpu.upload_fp8_weight(&q)?), n, k)));
+                    rep_off.push(None);
+                    base_slots.push(Slot {
+                        offset: 0,
+                        numel: n * k,
+                        decay: true,
+                        name,
+                        shape,
+                    });
+                    continue;
+                }
+            }
             let t = remaining
                 .remove(name.as_str())
                 .ok_or_else(|| Error::Shape(format!("missing tensor {name}")))?;
@@ -2429,10 +2458,6 @@ impl<'g> GpuLlama<'g> {
                     t.shape()
                 )));
             }
-            // Block matrices: slots 1 + 9 i + {1, 2, 3, 4, 6, 7, 8}; the LM head is last when untied.
-            let in_block =
-                si >= 1 && si <= 9 * nl && block_matrix_slots((si - 1) / 9).contains(&si);
-            let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
             let mut stored = None;
             if in_block {
                 let (n, k) = (shape[0], shape[1]);

@@ -380,6 +380,23 @@ pub fn load_weights_fp8(
     dir: &Path,
     dtype: DType,
 ) -> Result<(HashMap<String, Tensor>, HashMap<String, Fp8Weight>)> {
+    let (mut w, fp8) = load_base_fp8(dir, dtype)?;
+    for (name, q) in fp8.iter().filter(|(n, _)| n.ends_with("_proj.weight")) {
+        let t = Tensor::from_f32(&[q.rows(), q.cols()], q.dequantize())?;
+        w.insert(name.clone(), t.to_dtype(dtype));
+    }
+    Ok((w, fp8))
+}
+
+/// A LoRA base for the GPU: the tensors a checkpoint stores in other dtypes
+/// (as `dtype`), and its FP8 block matrices (`*_proj.weight`) as stored only,
+/// with no dense copy of them in host memory (`GpuLlama::new_lora_with` takes
+/// them from the second map). Other FP8 tensors are also read dequantized.
+/// [`load_weights_fp8`] adds the block matrices' dense copies.
+pub fn load_base_fp8(
+    dir: &Path,
+    dtype: DType,
+) -> Result<(HashMap<String, Tensor>, HashMap<String, Fp8Weight>)> {
     let path = dir.join("model.safetensors");
     let (mut dense, raw, _) = read_tensors_fp8(&path)?;
     let fp8 = fp8_weights(&path, raw, &mut dense)?;
@@ -387,7 +404,9 @@ pub fn load_weights_fp8(
         .into_iter()
         .map(|(n, t)| (n, t.to_dtype(dtype)))
         .collect();
-    for (name, q) in &fp8 {
+    // Only the block matrices become FP8 bases; any other FP8 tensor (an LM
+    // head, say) is read dequantized.
+    for (name, q) in fp8.iter().filter(|(n, _)| !n.ends_with("_proj.weight")) {
         let t = Tensor::from_f32(&[q.rows(), q.cols()], q.dequantize())?;
         w.insert(name.clone(), t.to_dtype(dtype));
     }

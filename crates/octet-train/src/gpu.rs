@@ -150,7 +150,12 @@ fn lora_model<'g>(
     let spec = l.spec(&cfg.recipe, &cfg.backward, cfg.seed)?;
     let (mcfg, weights, mut stored) = match &l.base {
         Some(dir) => {
-            let (w, fp8) = checkpoint::load_weights_fp8(dir, DType::F32)?;
+            // An FP8 base keeps the stored codes; a bf16 base dequantizes them.
+            let (w, fp8) = if matches!(spec.base, octet_nn::lora::BaseFormat::Fp8(_)) {
+                checkpoint::load_base_fp8(dir, DType::F32)?
+            } else {
+                checkpoint::load_weights_fp8(dir, DType::F32)?
+            };
             (checkpoint::load_config(dir)?, w, fp8)
         }
         None => {

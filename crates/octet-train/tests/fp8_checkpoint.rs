@@ -81,6 +81,13 @@ fn fp8_checkpoints_keep_codes_and_factors() {
                 None => assert_eq!(got, t.to_dtype(DType::Bf16).to_f32_vec(), "{name}"),
             }
         }
+        // The GPU LoRA base reader makes no dense copy of the FP8 matrices.
+        let (base, kept) = checkpoint::load_base_fp8(&dir, DType::F32).unwrap();
+        assert_eq!(kept.len(), fp8.len());
+        assert_eq!(base.len(), dense.len() - fp8.len());
+        assert!(base
+            .keys()
+            .all(|n| !fp8.contains_key(n) && dense.contains_key(n)));
         // The plain loader gives the same dense weights, and the model loads.
         let plain = checkpoint::load_weights(&dir, DType::F32).unwrap();
         assert_eq!(plain.len(), dense.len());
