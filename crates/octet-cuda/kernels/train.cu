@@ -753,10 +753,13 @@ extern "C" __global__ void sumsq_partial(const float* g, size_t n, double* parti
 // multiplied by `clip` first (octet_train::optim::AdamW::step); the new
 // master also written as bf16 to `out` when given (the compute copy), with
 // that copy's amax when `amax` is given (the weight's tensorwise quantizer
-// reads it). Grid-stride.
+// reads it), and transposed to `out_t` when given (the tensor read as
+// (n / t_cols, t_cols), written as (t_cols, n / t_cols): a LoRA B's B^T).
+// Grid-stride.
 extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, unsigned short* out, size_t n,
                                  float lr, float b1, float b2, float eps, float wd, float bc1, float bc2,
-                                 float clip, unsigned* amax, unsigned* nonfinite) {
+                                 float clip, unsigned* amax, unsigned* nonfinite, unsigned short* out_t,
+                                 size_t t_cols) {
     float am = 0.f;
     int bad = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
@@ -771,6 +774,7 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, u
         if (out) {
             out[i] = f2bf(w);
             amax_note(out[i], am, bad);
+            if (out_t) out_t[(i % t_cols) * (n / t_cols) + i / t_cols] = out[i];
         }
     }
     if (amax) amax_commit(am, bad, amax, nonfinite);

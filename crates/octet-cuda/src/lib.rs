@@ -122,7 +122,7 @@ macro_rules! kernel_source {
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
 /// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 10] = [
+pub const KERNEL_SOURCES: [(&str, &str); 11] = [
     ("quantize", kernel_source!("quantize.cu")),
     ("block_quantize", kernel_source!("block_quantize.cu")),
     ("mixed", kernel_source!("mixed.cu")),
@@ -133,6 +133,7 @@ pub const KERNEL_SOURCES: [(&str, &str); 10] = [
     ("mx", kernel_source!("mx.cu")),
     ("nvfp4", kernel_source!("nvfp4.cu")),
     ("train", kernel_source!("train.cu")),
+    ("lora", kernel_source!("lora.cu")),
 ];
 
 /// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
@@ -242,6 +243,8 @@ pub struct Gpu {
     pub(crate) mx: std::sync::OnceLock<mx::MxKernels>,
     /// NVFP4 kernels, compiled on first use.
     pub(crate) nv: std::sync::OnceLock<nvfp4::NvKernels>,
+    /// LoRA kernels, compiled on first use.
+    pub(crate) lora_k: std::sync::OnceLock<lora::LoraKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -365,6 +368,7 @@ impl Gpu {
             block2d: std::sync::OnceLock::new(),
             mx: std::sync::OnceLock::new(),
             nv: std::sync::OnceLock::new(),
+            lora_k: std::sync::OnceLock::new(),
             blas,
         })
     }

@@ -33,8 +33,12 @@
 //! the group's stacked buffer). In backward the group's FP8 input is
 //! dequantized to bf16 once and shared. The adapters' backward is grouped
 //! too: per layer `d_B = s dy^T u` and `du^T = s B^T dy^T` into one stacked
-//! buffer, then one `d_A = du^T x` and one `d_input = du A` for the group,
-//! written before the bases' input gradients add to it.
+//! buffer, then one `d_A = du^T x` and one `d_input = du A` for the group.
+//! In the `quantized` backward `du^T` and the E5M2 codes of `dy` come from
+//! one read of `dy` ([`Gpu::lora_cast_du`], which reads `B^T`, kept beside
+//! `B` by the model's AdamW), and that layer's base input gradient is added
+//! to `d_input` right after; otherwise the bases' input gradients add to it
+//! after the adapters' products.
 //!
 //! Rounding against the CPU layer (which keeps `u`, `s dy B` and the
 //! dequantized input in f32): here `u` and `du = s dy B` are bf16 operands of
@@ -42,7 +46,7 @@
 
 use crate::mixed::DeviceFp8Weight;
 use crate::{AddTo, DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
-use cudarc::driver::CudaSlice;
+use cudarc::driver::{CudaFunction, CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::Compute;
 use octet_tensor::mixed::WeightScaling;
@@ -72,10 +76,40 @@ pub struct GpuAdapter {
     pub a: CudaSlice<u16>,
     /// `B (N, r)`, bf16 bits.
     pub b: CudaSlice<u16>,
+    /// `B^T (r, N)`, bf16 bits: the same values transposed, rewritten with
+    /// `b` (for [`Gpu::lora_cast_du`]).
+    pub bt: CudaSlice<u16>,
     /// Rank `r`.
     pub rank: usize,
     /// `alpha / r`.
     pub scale: f32,
+}
+
+impl GpuAdapter {
+    /// An adapter from its bf16 compute copies `A (r, K)` and `B (N, r)`
+    /// (`B^T` is made here); `scale = alpha / r`.
+    pub fn new(
+        gpu: &Gpu,
+        a: CudaSlice<u16>,
+        b: CudaSlice<u16>,
+        rank: usize,
+        scale: f32,
+    ) -> Result<GpuAdapter> {
+        if rank == 0 || !b.len().is_multiple_of(rank) {
+            return Err(Error::Shape(format!(
+                "LoRA B of {} elements is not (N, {rank})",
+                b.len()
+            )));
+        }
+        let bt = gpu.transpose_bf16(&b, b.len() / rank, rank)?;
+        Ok(GpuAdapter {
+            a,
+            b,
+            bt,
+            rank,
+            scale,
+        })
+    }
 }
 
 /// A linear layer with a frozen base and an optional adapter.
@@ -90,6 +124,10 @@ pub struct GpuLoraLinear {
     pub adapter: Option<GpuAdapter>,
     compute: Compute,
     backward: BackwardMode,
+    /// In the `quantized` backward, make the E5M2 codes of `dy` and the
+    /// adapter's `du` in one read of `dy` ([`Gpu::lora_cast_du`]) where the
+    /// shapes allow (true by default; false: the cast and a cuBLASLt GEMM).
+    pub fuse_cast_du: bool,
 }
 
 /// An input prepared once for the layers of a group that read it (q, k, v;
@@ -207,7 +245,20 @@ impl GpuLoraLinear {
             adapter,
             compute,
             backward,
+            fuse_cast_du: true,
         })
+    }
+
+    /// Whether this layer's backward makes `dy`'s codes and its adapter's
+    /// `du` together ([`Gpu::lora_cast_du`]) for a `(m, n)` gradient.
+    fn fuses_cast_du(&self, m: usize) -> bool {
+        self.fuse_cast_du
+            && matches!(self.base, GpuBase::Fp8(_))
+            && self.backward == BackwardMode::Quantized
+            && self
+                .adapter
+                .as_ref()
+                .is_some_and(|a| Gpu::lora_cast_du_fits(m, self.n, a.rank))
     }
 
     /// Whether this layer quantizes its input with current per-tensor scaling
@@ -391,10 +442,9 @@ impl GpuLoraLinear {
         let (n, k) = (self.n, self.k);
         match (&self.base, self.backward) {
             (GpuBase::Bf16(w), _) => gpu.gemm_bf16_op((dy, false), (w, false), dx, (m, k, n)),
-            (GpuBase::Fp8(w), BackwardMode::Quantized) => {
+            (GpuBase::Fp8(_), BackwardMode::Quantized) => {
                 let gq = gpu.quantize_tensorwise_rowwise_known(dy, m, n, Format::E5M2, dy_amax)?;
-                let wt = gpu.transpose_u8(&w.codes, n, k)?;
-                gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
+                self.base_backward_codes(gpu, m, &gq, dx)
             }
             (GpuBase::Fp8(w), _) => {
                 let block = match w.scaling {
@@ -406,6 +456,169 @@ impl GpuLoraLinear {
                 gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))
             }
         }
+    }
+}
+
+impl GpuLoraLinear {
+    /// The base's input gradient from `dy`'s row-wise E5M2 codes `gq` (the
+    /// `quantized` backward over a per-tensor FP8 base): the stored codes
+    /// transposed for the call, one FP8 GEMM.
+    fn base_backward_codes<D: GemmOut>(
+        &self,
+        gpu: &Gpu,
+        m: usize,
+        gq: &DeviceFp8,
+        dx: &mut impl GemmDst<D>,
+    ) -> Result<()> {
+        let (n, k) = (self.n, self.k);
+        let GpuBase::Fp8(w) = &self.base else {
+            return Err(Error::Shape(
+                "an FP8 input gradient over a bf16 base".into(),
+            ));
+        };
+        let wt = gpu.transpose_u8(&w.codes, n, k)?;
+        gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
+    }
+}
+
+/// The kernels of `lora.cu` (compiled on first use).
+pub(crate) struct LoraKernels {
+    /// `lora_cast_du_e5m2_r{8, 16, ..., 64}`.
+    cast_du: Vec<CudaFunction>,
+    transpose_b16: CudaFunction,
+}
+
+impl Gpu {
+    fn lora_kernels(&self) -> Result<&LoraKernels> {
+        if let Some(k) = self.lora_k.get() {
+            return Ok(k);
+        }
+        let m = self.ctx.load_module(crate::nvrtc::compile(
+            "lora",
+            crate::KERNEL_SOURCES[10].1,
+            self.arch,
+        )?)?;
+        let k = LoraKernels {
+            cast_du: (1..=8)
+                .map(|i| m.load_function(&format!("lora_cast_du_e5m2_r{}", 8 * i)))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+            transpose_b16: m.load_function("transpose_b16")?,
+        };
+        Ok(self.lora_k.get_or_init(|| k))
+    }
+
+    /// `(cols, rows)` = the transpose of a 16-bit `(rows, cols)` matrix (bf16 bits).
+    pub fn transpose_bf16(
+        &self,
+        x: &CudaSlice<u16>,
+        rows: usize,
+        cols: usize,
+    ) -> Result<CudaSlice<u16>> {
+        if x.len() != rows * cols || rows * cols > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "transpose of ({rows}, {cols}) from {} elements",
+                x.len()
+            )));
+        }
+        let k = self.lora_kernels()?;
+        // SAFETY: the kernel writes every element.
+        let mut out = unsafe { self.alloc_uninit::<u16>(rows * cols, "transposed bf16")? };
+        let (r, c) = (rows as i32, cols as i32);
+        // SAFETY: lengths checked above; the kernel guards the element count.
+        unsafe {
+            self.stream
+                .launch_builder(&k.transpose_b16)
+                .arg(x)
+                .arg(&r)
+                .arg(&c)
+                .arg(&mut out)
+                .launch(LaunchConfig {
+                    grid_dim: ((rows * cols).div_ceil(256).max(1) as u32, 1, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(out)
+    }
+
+    /// Whether [`Gpu::lora_cast_du`] takes a `(m, n)` gradient and rank `r`:
+    /// `n` a multiple of 64, `m` of 16, `r` of 8 up to 64.
+    pub fn lora_cast_du_fits(m: usize, n: usize, r: usize) -> bool {
+        n.is_multiple_of(64)
+            && m.is_multiple_of(16)
+            && m > 0
+            && n > 0
+            && r.is_multiple_of(8)
+            && (8..=64).contains(&r)
+            && m.max(r) * n <= i32::MAX as usize
+    }
+
+    /// One read of a LoRA layer's output gradient `dy (m, n)` (bf16 bits)
+    /// for both its products in the `quantized` backward: its row-wise E5M2
+    /// codes with current per-tensor scaling (the bytes and `scale_inv` of
+    /// [`Gpu::quantize_tensorwise_rowwise_known`]; `amax` from the kernel
+    /// that wrote `dy`, or `None` for an amax pass) and the adapter's
+    /// `du^T = s B^T dy^T` (`(r, m)`, bf16, f32 sums) into `dut`, given
+    /// `B^T (r, n)` (see [`Gpu::transpose_bf16`]).
+    pub fn lora_cast_du(
+        &self,
+        dy: &CudaSlice<u16>,
+        (m, n): (usize, usize),
+        amax: Option<TensorAmax>,
+        (bt, r, s): (&CudaSlice<u16>, usize, f32),
+        dut: &mut CudaViewMut<'_, u16>,
+    ) -> Result<DeviceFp8> {
+        if !Self::lora_cast_du_fits(m, n, r)
+            || dy.len() != m * n
+            || bt.len() != r * n
+            || dut.len() != r * m
+        {
+            return Err(Error::Shape(format!(
+                "LoRA cast+du: dy of {} elements as ({m}, {n}), B^T of {} as ({r}, {n}), du^T of {} as ({r}, {m}); needs n % 64 == 0, m % 16 == 0, r in 8, 16, ..., 64",
+                dy.len(),
+                bt.len(),
+                dut.len()
+            )));
+        }
+        let kernel = &self.lora_kernels()?.cast_du[r / 8 - 1];
+        // SAFETY: the kernel writes every code.
+        let rowwise = unsafe { self.alloc_uninit::<u8>(m * n, "row-wise FP8")? };
+        let mut out = DeviceFp8 {
+            rows: m,
+            cols: n,
+            format: Format::E5M2,
+            rowwise,
+            colwise: self.alloc_zeros(1, "placeholder")?,
+            scale_inv: self.alloc_zeros(1, "scale_inv")?,
+            amax_bits: self.alloc_zeros(1, "amax")?,
+            nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
+        };
+        match amax {
+            Some(a) => (out.amax_bits, out.nonfinite) = (a.amax_bits, a.nonfinite),
+            None => self.launch_amax(dy, &mut out.amax_bits, &mut out.nonfinite)?,
+        }
+        let (mi, ni) = (m as i32, n as i32);
+        // SAFETY: shapes checked above (every thread's 16-byte accesses are
+        // inside its rows; fresh allocations are 256-byte aligned).
+        unsafe {
+            self.stream
+                .launch_builder(kernel)
+                .arg(dy)
+                .arg(&mi)
+                .arg(&ni)
+                .arg(&out.amax_bits)
+                .arg(bt)
+                .arg(&s)
+                .arg(&mut out.rowwise)
+                .arg(&mut out.scale_inv)
+                .arg(dut)
+                .launch(LaunchConfig {
+                    grid_dim: ((m / 16) as u32, 1, 1),
+                    block_dim: (128, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(out)
     }
 }
 
@@ -633,9 +846,13 @@ pub fn backward_group<D: GemmOut>(
         .as_mut()
         .ok_or_else(|| Error::Shape("LoRA backward: no d_input".into()))?;
     let mut grads: Vec<Option<AdapterGrads>> = (0..layers.len()).map(|_| None).collect();
+    let mut dys = dys;
+    // Layers whose base input gradient is already in dx.
+    let mut based = vec![false; layers.len()];
     for group in adapter_groups(layers, m) {
         let (ads, rows) = stacked(layers, &group)?;
-        // SAFETY: each layer's rows are written by its GEMM below (beta = 0).
+        // SAFETY: each layer's rows are written below (by its GEMM, beta = 0,
+        // or by the fused cast).
         let mut dut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA du")? };
         let mut dbs = Vec::with_capacity(ads.len());
         for &(i, ad, off) in &ads {
@@ -649,13 +866,27 @@ pub fn backward_group<D: GemmOut>(
             let mut db: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * r, "d_lora_B")? };
             gpu.gemm_bf16_acc((dy, true), (&u, true), &mut db, (n, r, m), (ad.scale, 0.0))?;
             let mut du = dut.slice_mut(off * m..(off + r) * m);
-            gpu.gemm_bf16_acc(
-                (&ad.b, true),
-                (dy, true),
-                &mut du,
-                (r, m, n),
-                (ad.scale, 0.0),
-            )?;
+            if layers[i].fuses_cast_du(m) {
+                // dy's codes and du from one read of dy; the base's input
+                // gradient from the codes right away (one layer's codes
+                // alive at a time, as with the separate cast).
+                let gq =
+                    gpu.lora_cast_du(dy, (m, n), dys[i].1.take(), (&ad.bt, r, ad.scale), &mut du)?;
+                if std::mem::take(&mut fresh) {
+                    layers[i].base_backward_codes(gpu, m, &gq, d)?;
+                } else {
+                    layers[i].base_backward_codes(gpu, m, &gq, &mut AddTo(d.slice_mut(..)))?;
+                }
+                based[i] = true;
+            } else {
+                gpu.gemm_bf16_acc(
+                    (&ad.b, true),
+                    (dy, true),
+                    &mut du,
+                    (r, m, n),
+                    (ad.scale, 0.0),
+                )?;
+            }
             dbs.push(db);
         }
         let x = saved_input(gpu, &saved[ads[0].0], k)?;
@@ -696,7 +927,10 @@ pub fn backward_group<D: GemmOut>(
             grads[i] = Some((da, db));
         }
     }
-    for (l, (dy, amax)) in layers.iter().zip(dys) {
+    for ((l, (dy, amax)), done) in layers.iter().zip(dys).zip(based) {
+        if done {
+            continue;
+        }
         let at = (m, dy, amax);
         if std::mem::take(&mut fresh) {
             l.base_backward_into(gpu, at, d)?;

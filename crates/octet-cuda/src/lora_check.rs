@@ -54,9 +54,72 @@ fn gpu_base(gpu: &Gpu, b: &Base) -> Result<GpuBase> {
 
 /// All GPU LoRA cases.
 pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    fused_cases(gpu, out)?;
     layer_cases(gpu, out)?;
     model_cases(gpu, out)?;
     stored_cases(gpu, out)
+}
+
+/// [`Gpu::lora_cast_du`] against its two separate products: the codes and
+/// `scale_inv` of the per-tensor cast, bit for bit (the same scale, multiply
+/// and conversion), and `du^T = s B^T dy^T` against an f64 product of the
+/// same bf16 values within [`BF16_OUT_TOL`] (one bf16 rounding of an f32 sum,
+/// relative 2^-9 per element). Shapes with fewer 64-column chunks than the
+/// block has warps, and every rank the kernel takes.
+fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (i, (m, n, r)) in [
+        (64usize, 192usize, 8usize),
+        (48, 128, 16),
+        (32, 320, 32),
+        (32, 256, 24),
+        (16, 64, 64),
+        (256, 5632, 16),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 2600 + 10 * i as u64;
+        let dy_h = random_bf16(m * n, seed, 0.3);
+        let b_h = random_bf16(n * r, seed + 1, 0.05);
+        let s = 2.0f32;
+        let dy = gpu.upload_bf16(&dy_h)?;
+        let b = gpu.upload_bf16(&b_h)?;
+        let plain = gpu.quantize_tensorwise_rowwise_known(&dy, m, n, Format::E5M2, None)?;
+        let bt = gpu.transpose_bf16(&b, n, r)?;
+        let bt_h = gpu.download(&bt)?;
+        let bt_exact = (0..n * r).all(|o| bt_h[o] == b_h[(o % n) * r + o / n].to_bits());
+        // SAFETY: the kernel writes every element.
+        let mut dut = unsafe { gpu.alloc_uninit::<u16>(r * m, "du^T")? };
+        let fused = gpu.lora_cast_du(&dy, (m, n), None, (&bt, r, s), &mut dut.slice_mut(..))?;
+        let codes_equal = gpu.download(&fused.rowwise)? == gpu.download(&plain.rowwise)?;
+        let scale_equal = gpu.download(&fused.scale_inv)?[0].to_bits()
+            == gpu.download(&plain.scale_inv)?[0].to_bits();
+        let got: Vec<f32> = gpu
+            .download(&dut)?
+            .into_iter()
+            .map(|v| half::bf16::from_bits(v).to_f32())
+            .collect();
+        let mut want = vec![0f32; r * m];
+        for j in 0..r {
+            for t in 0..m {
+                let sum: f64 = (0..n)
+                    .map(|c| {
+                        f64::from(b_h[c * r + j].to_f32()) * f64::from(dy_h[t * n + c].to_f32())
+                    })
+                    .sum();
+                want[j * m + t] = (f64::from(s) * sum) as f32;
+            }
+        }
+        let e = rel_frobenius(&got, &want);
+        out.push(CaseResult {
+            name: format!("LoRA fused E5M2 cast + du (m={m}, n={n}, r={r}) vs cast and f64 product"),
+            pass: codes_equal && scale_equal && bt_exact && e <= BF16_OUT_TOL,
+            worst: format!(
+                "codes equal: {codes_equal}, scale_inv equal: {scale_equal}, B^T exact: {bt_exact}, du {e:.2e}"
+            ),
+        });
+    }
+    Ok(())
 }
 
 /// `(base name, base format, compute, backward, (M, K, N))`.
@@ -151,12 +214,13 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let layer = GpuLoraLinear::new(
             gbase,
             (n, k),
-            Some(GpuAdapter {
-                a: gpu.upload(&bits(&a))?,
-                b: gpu.upload(&bits(&b))?,
-                rank: r,
-                scale: (alpha / r as f64) as f32,
-            }),
+            Some(GpuAdapter::new(
+                gpu,
+                gpu.upload(&bits(&a))?,
+                gpu.upload(&bits(&b))?,
+                r,
+                (alpha / r as f64) as f32,
+            )?),
             compute,
             mode,
         )?;
@@ -408,6 +472,32 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     grads.len()
                 ),
             });
+            // The output gradients' codes and the adapters' du in one read of
+            // each gradient (`lora_cast_du`, the default) against the cast and
+            // a cuBLASLt GEMM: the same codes, du within a bf16 rounding, so
+            // the adapter gradients agree within the bf16 allowance.
+            let mut sep = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            sep.set_lora_fuse_cast_du(false);
+            sep.zero_grad()?;
+            let (sloss, ssaved) = sep.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            sep.backward(ssaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            let sgrads = sep.grads()?;
+            let mut worst = (0f64, String::new());
+            for ((gn, g), (_, h)) in grads.iter().zip(&sgrads) {
+                let r = rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec());
+                if r > worst.0 || r.is_nan() {
+                    worst = (r, gn.clone());
+                }
+            }
+            out.push(CaseResult {
+                name: format!(
+                    "Llama LoRA ({name}): fused cast + du against the cast and a GEMM (same loss, adapter grads)"
+                ),
+                pass: sloss.to_bits() == loss.to_bits()
+                    && worst.0 <= GRAD_TOL
+                    && grads.len() == sgrads.len(),
+                worst: format!("loss {loss} / {sloss}; worst grad {:.2e} ({})", worst.0, worst.1),
+            });
         }
         if mode != BackwardMode::Dequantized {
             continue;
@@ -468,6 +558,7 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             .iter()
             .zip(&before)
             .all(|((_, a), (_, b))| a.to_f32_vec() != b.to_f32_vec());
+        let transposed = model.lora_transposes_match()?;
         let merged: HashMap<String, Tensor> = model.merged_weights()?.into_iter().collect();
         let mut plain = GpuLlama::new(gpu, &cfg, &merged, None)?;
         let (mloss, _) = plain.forward(&toks, &tgts, (b, t), 0.0, false)?;
@@ -484,14 +575,15 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             GpuLlama::new_lora(gpu, &cfg, &w, &spec16, None)?.base_bytes()
         };
         out.push(CaseResult {
-            name: format!("Llama LoRA ({name}): 4 AdamW steps move every adapter and lower the loss; merged weights give the adapted loss; FP8 base <= 0.52x bf16 bytes"),
+            name: format!("Llama LoRA ({name}): 4 AdamW steps move every adapter (B^T kept with B) and lower the loss; merged weights give the adapted loss; FP8 base <= 0.52x bf16 bytes"),
             pass: moved
+                && transposed
                 && losses.windows(2).all(|p| p[1] < p[0])
                 && last < losses[losses.len() - 1]
                 && em <= 2e-2
                 && (fp8_bytes as f64) <= 0.52 * bf16_bytes as f64,
             worst: format!(
-                "losses {losses:.4?} then {last:.4}; merged {mloss:.4} ({em:.2e}); base {fp8_bytes} vs {bf16_bytes} B"
+                "losses {losses:.4?} then {last:.4}; merged {mloss:.4} ({em:.2e}); base {fp8_bytes} vs {bf16_bytes} B; B^T copies match: {transposed}"
             ),
         });
     }

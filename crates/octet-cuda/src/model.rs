@@ -2210,13 +2210,20 @@ impl<'g> GpuLlama<'g> {
                 }
                 _ => None,
             };
+            // A LoRA B also keeps its transpose (`GpuAdapter::bt`).
+            let mut out_t = None;
             let out: Option<&mut CudaSlice<u16>> = match targets.get(&si) {
                 Some(&(bi, li, 0)) => Some(&mut self.blocks[bi].lin[li].weight),
                 Some(&(bi, li, which)) => {
                     let ad = self.blocks[bi].lora[li].adapter.as_mut().ok_or_else(|| {
                         Error::Shape(format!("{}: its layer has no adapter", sl.name))
                     })?;
-                    Some(if which == 1 { &mut ad.a } else { &mut ad.b })
+                    if which == 1 {
+                        Some(&mut ad.a)
+                    } else {
+                        out_t = Some((&mut ad.bt, ad.rank));
+                        Some(&mut ad.b)
+                    }
                 }
                 None if !lora && si == self.head_slot => Some(&mut self.head),
                 None => None,
@@ -2225,7 +2232,7 @@ impl<'g> GpuLlama<'g> {
                 s,
                 &self.f.adamw,
                 (&mut pm, &g, &mut mm, &mut vm),
-                (out, &mut amax),
+                (out, &mut amax, out_t),
                 &p,
                 wd,
                 (bc1, bc2, clip),
@@ -2554,12 +2561,7 @@ impl<'g> GpuLlama<'g> {
                             v.iter().map(|&x| half::bf16::from_f32(x)).collect();
                         gpu.upload_bf16(&b)
                     };
-                    Some(GpuAdapter {
-                        a: bf(&a)?,
-                        b: bf(&b)?,
-                        rank: spec.rank,
-                        scale,
-                    })
+                    Some(GpuAdapter::new(gpu, bf(&a)?, bf(&b)?, spec.rank, scale)?)
                 } else {
                     None
                 };
@@ -2661,6 +2663,34 @@ impl<'g> GpuLlama<'g> {
         self.lora
             .as_ref()
             .map(|lm| (lm.rank, lm.alpha, lm.targets.clone()))
+    }
+
+    /// LoRA mode: whether the `quantized` backward makes each output
+    /// gradient's codes and its adapter's `du` in one read
+    /// ([`GpuLoraLinear::fuse_cast_du`]; on by default).
+    pub fn set_lora_fuse_cast_du(&mut self, on: bool) {
+        for b in &mut self.blocks {
+            for l in &mut b.lora {
+                l.fuse_cast_du = on;
+            }
+        }
+    }
+
+    /// LoRA mode: whether every adapter's `B^T` copy is the transpose of its
+    /// `B` (the copies AdamW writes; for the conformance suite).
+    pub fn lora_transposes_match(&self) -> Result<bool> {
+        for b in &self.blocks {
+            for ad in b.lora.iter().filter_map(|l| l.adapter.as_ref()) {
+                let (bb, bt) = (self.gpu.download(&ad.b)?, self.gpu.download(&ad.bt)?);
+                let n = bb.len() / ad.rank;
+                if bt.len() != bb.len()
+                    || (0..bb.len()).any(|o| bt[o] != bb[(o % n) * ad.rank + o / n])
+                {
+                    return Ok(false);
+                }
+            }
+        }
+        Ok(true)
     }
 
     /// Device bytes of the block matrices' stored weights (the frozen base in
@@ -2875,8 +2905,16 @@ impl<'g> GpuLlama<'g> {
     }
 }
 
+/// What AdamW writes besides the master: its bf16 copy, that copy's amax,
+/// and a transposed bf16 copy with its row length (a LoRA B's `B^T`).
+type AdamwCopies<'a> = (
+    Option<&'a mut CudaSlice<u16>>,
+    &'a mut Option<TensorAmax>,
+    Option<(&'a mut CudaSlice<u16>, usize)>,
+);
+
 /// One AdamW update of `n = p.len()` elements: `(master, grad, m, v)`, and the
-/// bf16 compute copy `out` rewritten from the new master where there is one.
+/// copies of [`AdamwCopies`] rewritten from the new master where given.
 fn launch_adamw(
     s: &std::sync::Arc<cudarc::driver::CudaStream>,
     adamw: &CudaFunction,
@@ -2886,7 +2924,7 @@ fn launch_adamw(
         &mut cudarc::driver::CudaViewMut<'_, f32>,
         &mut cudarc::driver::CudaViewMut<'_, f32>,
     ),
-    (out, out_amax): (Option<&mut CudaSlice<u16>>, &mut Option<TensorAmax>),
+    (out, out_amax, out_t): AdamwCopies<'_>,
     p: &AdamParams,
     wd: f32,
     (bc1, bc2, clip): (f32, f32, f32),
@@ -2895,6 +2933,14 @@ fn launch_adamw(
     if g.len() != n || mm.len() != n || vm.len() != n || out.as_ref().is_some_and(|o| o.len() != n)
     {
         return Err(Error::Shape("AdamW buffers of different lengths".into()));
+    }
+    if let Some((t, cols)) = &out_t {
+        if out.is_none() || t.len() != n || *cols == 0 || !n.is_multiple_of(*cols) {
+            return Err(Error::Shape(format!(
+                "AdamW transposed copy of {} elements in rows of {cols} for {n} weights (and a bf16 copy)",
+                t.len()
+            )));
+        }
     }
     let null: u64 = 0;
     // SAFETY: argument types match `adamw` in train.cu; every buffer holds `n` elements.
@@ -2915,6 +2961,12 @@ fn launch_adamw(
             .arg(&bc2)
             .arg(&clip);
         push_amax(&mut lb, out_amax, &null);
+        let t_cols = out_t.as_ref().map_or(0usize, |(_, c)| *c);
+        match out_t {
+            Some((t, _)) => lb.arg(t),
+            None => lb.arg(&null),
+        };
+        lb.arg(&t_cols);
         lb.launch(grid_stride(n))?;
     }
     Ok(())

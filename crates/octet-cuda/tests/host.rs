@@ -86,6 +86,12 @@ fn kernels_compile() {
                     "dequant_e5m2",
                     "cvt.rn.satfinite.e4m3x2.f32",
                 ],
+                "lora" => &[
+                    "lora_cast_du_e5m2_r16",
+                    "transpose_b16",
+                    "mma.sync.aligned.m16n8k16",
+                    "cvt.rn.satfinite.e5m2x2.f32",
+                ],
                 _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
             };
             for m in markers {

@@ -859,7 +859,7 @@ impl<'g> GpuLlama<'g> {
                 s,
                 &self.f.adamw,
                 (&mut pm, &g, &mut mm, &mut vm),
-                (sh.wsh[si].as_mut(), &mut amax),
+                (sh.wsh[si].as_mut(), &mut amax, None),
                 &p,
                 wd,
                 (bc1, bc2, clip),

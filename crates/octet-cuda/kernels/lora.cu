@@ -1,0 +1,169 @@
+// LoRA kernels (common.cuh is prepended by the host).
+//
+// `lora_cast_du_e5m2_r<R>` (R = 8, 16, ..., 64): the backward of a LoRA layer over an FP8 base
+// (`quantized` backward) reads the output gradient dy (M, N) for two things:
+// its E5M2 codes for the base's input-gradient GEMM, and the adapter's
+// du^T = s B^T dy^T (R, M). This kernel does both from one read of dy:
+// - row-wise codes with current per-tensor scaling: the scale from the
+//   tensor's known amax by the CPU reference's rule, one f32 multiply and a
+//   saturating round-to-nearest-even conversion per element; the bytes of
+//   `cast_transpose_bf16_e5m2`'s row-wise copy, bit for bit;
+// - du^T = bf16(s * sum over n of B[n][j] dy[m][n]), f32 sums on the tensor
+//   cores (mma.m16n8k16), as the cuBLASLt GEMM it replaces rounds it (the
+//   order of the sum differs).
+//
+// A block of 4 warps owns 16 rows of dy (tokens); warp w takes the 64-column
+// chunks w, w + 4, ... Per chunk a thread loads 16 contiguous bf16 of rows g
+// and g + 8 (g = lane / 4, t = lane % 4; columns 16t .. 16t + 15 of the
+// chunk), stores their 16 codes each, and multiplies them by B's rows in
+// four mma steps per 8 columns of du. The order of k inside one mma is free
+// (a sum), so thread t's logical columns {2t, 2t+1, 2t+8, 2t+9} of step s
+// are the physical columns 16t + 4s + {0, 1, 2, 3}: one pair of 16-byte
+// loads of dy per row, and one pair from B^T's row j (B transposed, (R, N),
+// so that a thread's 16 columns of it are contiguous too). The next chunk's
+// loads (dy and B^T: a first version loaded B^T when it needed it, and
+// waited for it) are in flight while the current one is converted and
+// multiplied. The four warps' sums are added in warp order through shared
+// memory: the result does not depend on timing.
+//
+// Requirements checked by the host: N % 64 == 0, M % 16 == 0, 16-byte
+// aligned buffers.
+
+#define CD_WARPS 4
+
+__device__ __forceinline__ unsigned short f32_to_bf16_bits(float v) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(v));
+    return r;
+}
+
+// 16 bf16 (two 16-byte words) times `scale` -> 16 codes, stored as one 16-byte word.
+template <int FMT>
+__device__ __forceinline__ void store_codes16(const uint4 v[2], float scale, unsigned char* __restrict__ out) {
+    uint4 q;
+    uint2 h[2];
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        float f[8];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            f[2 * w] = bf16_lo(word(v[i], w));
+            f[2 * w + 1] = bf16_hi(word(v[i], w));
+        }
+        h[i] = cast8<FMT>(f, scale);
+    }
+    q.x = h[0].x;
+    q.y = h[0].y;
+    q.z = h[1].x;
+    q.w = h[1].y;
+    *reinterpret_cast<uint4*>(out) = q;
+}
+
+template <int FMT, int NR>
+__device__ __forceinline__ void cast_du(const unsigned short* __restrict__ dy, int M, int N,
+                                        const unsigned int* __restrict__ amax_bits, float fmax,
+                                        const unsigned short* __restrict__ bt, float s,
+                                        unsigned char* __restrict__ out_row, float* __restrict__ scale_inv,
+                                        unsigned short* __restrict__ dut) {
+    __shared__ float red[CD_WARPS][NR * 4][32];
+    const float scale = scale_from_amax(__uint_as_float(*amax_bits), fmax, 0);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = __fdiv_rn(1.f, scale);
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = blockIdx.x * 16;
+    const size_t ra = (size_t)(row0 + g) * N, rb = (size_t)(row0 + g + 8) * N;
+    const int chunks = N / 64;
+    float acc[NR][4];
+#pragma unroll
+    for (int j = 0; j < NR; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    // Chunk c's loads: 16 bf16 of rows g and g + 8 of dy, and of each n8
+    // tile's row 8j + g of B^T, at the thread's columns.
+    auto load = [&](int c, uint4 a[2], uint4 b[2], uint4 bv[NR][2]) {
+        const int col = c * 64 + 16 * t;
+        const uint4* pa = reinterpret_cast<const uint4*>(dy + ra + col);
+        const uint4* pb = reinterpret_cast<const uint4*>(dy + rb + col);
+        a[0] = __ldg(pa);
+        a[1] = __ldg(pa + 1);
+        b[0] = __ldg(pb);
+        b[1] = __ldg(pb + 1);
+#pragma unroll
+        for (int j = 0; j < NR; j++) {
+            const uint4* p = reinterpret_cast<const uint4*>(bt + (size_t)(8 * j + g) * N + col);
+            bv[j][0] = __ldg(p);
+            bv[j][1] = __ldg(p + 1);
+        }
+    };
+    uint4 ya[2], yb[2], bv[NR][2];
+    if (warp < chunks) load(warp, ya, yb, bv);
+    for (int c = warp; c < chunks; c += CD_WARPS) {
+        const int col = c * 64 + 16 * t;
+        uint4 na[2], nb[2], nbv[NR][2];
+        const bool more = c + CD_WARPS < chunks;
+        if (more) load(c + CD_WARPS, na, nb, nbv);
+        store_codes16<FMT>(ya, scale, out_row + ra + col);
+        store_codes16<FMT>(yb, scale, out_row + rb + col);
+#pragma unroll
+        for (int st = 0; st < 4; st++) {
+            const int v = st >> 1, w = (st & 1) * 2;
+            const unsigned a0 = word(ya[v], w), a2 = word(ya[v], w + 1);  // row g
+            const unsigned a1 = word(yb[v], w), a3 = word(yb[v], w + 1);  // row g + 8
+#pragma unroll
+            for (int j = 0; j < NR; j++) mma_bf16(acc[j], a0, a1, a2, a3, word(bv[j][v], w), word(bv[j][v], w + 1));
+        }
+        if (more) {
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                ya[i] = na[i];
+                yb[i] = nb[i];
+#pragma unroll
+                for (int j = 0; j < NR; j++) bv[j][i] = nbv[j][i];
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NR; j++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][j * 4 + i][lane] = acc[j][i];
+    __syncthreads();
+    // One thread per (fragment slot, lane): the warps' sums in warp order,
+    // times s, rounded to bf16; C[token][j] of the mma layout.
+    for (int e = threadIdx.x; e < NR * 4 * 32; e += CD_WARPS * 32) {
+        const int idx = e >> 5, l = e & 31;
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < CD_WARPS; q++) v += red[q][idx][l];
+        const int j = 8 * (idx >> 2) + 2 * (l & 3) + (idx & 1);
+        const int tok = row0 + (l >> 2) + ((idx & 2) ? 8 : 0);
+        dut[(size_t)j * M + tok] = f32_to_bf16_bits(s * v);
+    }
+}
+
+#define CAST_DU(FMT, FNAME, FMAX, R)                                                                       \
+    extern "C" __global__ void __launch_bounds__(CD_WARPS * 32)                                             \
+        lora_cast_du_##FNAME##_r##R(const unsigned short* __restrict__ dy, int M, int N,                   \
+                                     const unsigned int* __restrict__ amax_bits,                            \
+                                     const unsigned short* __restrict__ bt, float s,                        \
+                                     unsigned char* __restrict__ out_row, float* __restrict__ scale_inv,    \
+                                     unsigned short* __restrict__ dut) {                                    \
+        cast_du<FMT, R / 8>(dy, M, N, amax_bits, FMAX, bt, s, out_row, scale_inv, dut);                     \
+    }
+#define CAST_DU_RANKS(FMT, FNAME, FMAX)                                                                     \
+    CAST_DU(FMT, FNAME, FMAX, 8)                                                                            \
+    CAST_DU(FMT, FNAME, FMAX, 16)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 24)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 32)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 40)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 48)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 56)                                                                           \
+    CAST_DU(FMT, FNAME, FMAX, 64)
+CAST_DU_RANKS(FMT_E5M2, e5m2, 57344.f)
+
+// out (cols, rows) = in (rows, cols)^T for 16-bit elements: one thread per
+// output element (coalesced stores; the small input is read from cache).
+extern "C" __global__ void transpose_b16(const unsigned short* __restrict__ in, int rows, int cols,
+                                         unsigned short* __restrict__ out) {
+    const long long o = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if (o >= (long long)rows * cols) return;
+    const long long c = o / rows, r = o % rows;
+    out[o] = in[r * cols + c];
+}
