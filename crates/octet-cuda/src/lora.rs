@@ -581,22 +581,9 @@ impl Gpu {
             )));
         }
         let kernel = &self.lora_kernels()?.cast_du[r / 8 - 1];
+        let mut out = self.rowwise_fp8_shell(dy, (m, n), Format::E5M2, amax)?;
         // SAFETY: the kernel writes every code.
-        let rowwise = unsafe { self.alloc_uninit::<u8>(m * n, "row-wise FP8")? };
-        let mut out = DeviceFp8 {
-            rows: m,
-            cols: n,
-            format: Format::E5M2,
-            rowwise,
-            colwise: self.alloc_zeros(1, "placeholder")?,
-            scale_inv: self.alloc_zeros(1, "scale_inv")?,
-            amax_bits: self.alloc_zeros(1, "amax")?,
-            nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
-        };
-        match amax {
-            Some(a) => (out.amax_bits, out.nonfinite) = (a.amax_bits, a.nonfinite),
-            None => self.launch_amax(dy, &mut out.amax_bits, &mut out.nonfinite)?,
-        }
+        out.rowwise = unsafe { self.alloc_uninit::<u8>(m * n, "row-wise FP8")? };
         let (mi, ni) = (m as i32, n as i32);
         // SAFETY: shapes checked above (every thread's 16-byte accesses are
         // inside its rows; fresh allocations are 256-byte aligned).

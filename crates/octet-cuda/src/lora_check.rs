@@ -65,7 +65,7 @@ pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// and conversion), and `du^T = s B^T dy^T` against an f64 product of the
 /// same bf16 values within [`BF16_OUT_TOL`] (one bf16 rounding of an f32 sum,
 /// relative 2^-9 per element). Shapes with fewer 64-column chunks than the
-/// block has warps, and every rank the kernel takes.
+/// block has warps, and ranks 8, 16, 24, 32 and 64 (of the 8 to 64 it takes).
 fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for (i, (m, n, r)) in [
         (64usize, 192usize, 8usize),
@@ -321,24 +321,41 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// same base, adapters and tokens: loss and every adapter gradient; then
 /// three AdamW steps on the GPU change only the adapters, lower the loss, and
 /// `merged_weights` reproduces the adapted model's loss as a plain model.
-fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+/// The small model of the whole-model LoRA cases: its config, random f32
+/// weights, `b * t` random tokens and targets, and all seven projections as
+/// LoRA targets.
+type ModelSetup = (
+    octet_nn::llama::LlamaConfig,
+    HashMap<String, Tensor>,
+    Vec<u32>,
+    Vec<u32>,
+    Vec<String>,
+);
+
+/// [`ModelSetup`] with weights from `seed`, tokens from `seed + 2200` and
+/// targets from `seed + 2201`.
+fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
     let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
-    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 91)
+    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, seed)
         .map_err(nn)?
         .params()
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
-    let (b, t) = (4usize, 64usize);
-    let toks: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2301, i as u64) % 256) as u32)
-        .collect();
-    let tgts: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2302, i as u64) % 256) as u32)
-        .collect();
-    let targets: Vec<String> = ["q", "k", "v", "o", "gate", "up", "down"]
+    let tokens = |s: u64| -> Vec<u32> {
+        (0..b * t)
+            .map(|i| (octet_fp8::format::sr_bits(s, i as u64) % 256) as u32)
+            .collect()
+    };
+    let targets = ["q", "k", "v", "o", "gate", "up", "down"]
         .map(String::from)
         .to_vec();
+    Ok((cfg, w, tokens(seed + 2200), tokens(seed + 2201), targets))
+}
+
+fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let (b, t) = (4usize, 64usize);
+    let (cfg, w, toks, tgts, targets) = model_setup(91, (b, t))?;
     for (name, base, compute, mode) in [
         (
             "fp8-tensorwise base, compute fp8, dequantized",
@@ -606,23 +623,8 @@ type StoredCase = (
 /// from the same codes.
 fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use octet_tensor::mixed::Fp8Weight;
-    let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
-    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 93)
-        .map_err(nn)?
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
     let (b, t) = (2usize, 64usize);
-    let toks: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2311, i as u64) % 256) as u32)
-        .collect();
-    let tgts: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2312, i as u64) % 256) as u32)
-        .collect();
-    let targets: Vec<String> = ["q", "k", "v", "o", "gate", "up", "down"]
-        .map(String::from)
-        .to_vec();
+    let (cfg, w, toks, tgts, targets) = model_setup(93, (b, t))?;
     // The scaling a checkpoint stored each projection with.
     let mixed_scaling = |name: &str| -> WeightScaling {
         if name.contains("mlp.gate") || name.contains("mlp.up") {

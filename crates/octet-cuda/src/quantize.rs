@@ -390,6 +390,34 @@ impl Gpu {
         self.quantize_tensorwise_rowwise_known(x, rows, cols, format, None)
     }
 
+    /// A row-wise-only [`DeviceFp8`] of `x (rows, cols)` before its codes are
+    /// cast: placeholders for the codes and the column-wise copy, a fresh
+    /// `scale_inv`, and the tensor's amax (`amax` from the kernel that wrote
+    /// `x`, or the amax pass run here).
+    pub(crate) fn rowwise_fp8_shell<T: QuantInput>(
+        &self,
+        x: &CudaSlice<T>,
+        (rows, cols): (usize, usize),
+        format: Format,
+        amax: Option<TensorAmax>,
+    ) -> Result<DeviceFp8> {
+        let mut out = DeviceFp8 {
+            rows,
+            cols,
+            format,
+            rowwise: self.alloc_zeros(1, "placeholder")?,
+            colwise: self.alloc_zeros(1, "placeholder")?,
+            scale_inv: self.alloc_zeros(1, "scale_inv")?,
+            amax_bits: self.alloc_zeros(1, "amax")?,
+            nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
+        };
+        match amax {
+            Some(a) => (out.amax_bits, out.nonfinite) = (a.amax_bits, a.nonfinite),
+            None => self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?,
+        }
+        Ok(out)
+    }
+
     /// [`Gpu::quantize_tensorwise_rowwise`] with the amax of `x` already
     /// computed by the kernel that wrote it (`amax`; `None`: the amax pass runs).
     pub fn quantize_tensorwise_rowwise_known<T: QuantInput>(
@@ -405,20 +433,7 @@ impl Gpu {
         // SAFETY: the codes are written by the cast kernel below.
         let mut rowwise = unsafe { s.alloc::<u8>(rows * cols) }
             .map_err(|e| oom(e, rows * cols, "row-wise FP8"))?;
-        let mut out = DeviceFp8 {
-            rows,
-            cols,
-            format,
-            rowwise: self.alloc_zeros(1, "placeholder")?,
-            colwise: self.alloc_zeros(1, "placeholder")?,
-            scale_inv: self.alloc_zeros(1, "scale_inv")?,
-            amax_bits: self.alloc_zeros(1, "amax")?,
-            nonfinite: self.alloc_zeros(1, "nonfinite flag")?,
-        };
-        match amax {
-            Some(a) => (out.amax_bits, out.nonfinite) = (a.amax_bits, a.nonfinite),
-            None => self.launch_amax(x, &mut out.amax_bits, &mut out.nonfinite)?,
-        }
+        let mut out = self.rowwise_fp8_shell(x, (rows, cols), format, amax)?;
         let kernel = self.cast_kernel::<T>(format)?;
         if rows.div_ceil(64) > 65535 {
             return Err(Error::Shape(format!(
