@@ -5,7 +5,8 @@
 //! median of several timed runs after a warm-up.
 
 use crate::util::{
-    gaussian, median_secs, parse_attention_shapes, parse_dims2, parse_shapes, write_json, Table,
+    check_matrix, gaussian, median_secs, parse_attention_shapes, parse_dims2, parse_shapes,
+    write_json, Table, MAX_ELEMENTS,
 };
 use anyhow::Context;
 use half::bf16;
@@ -77,6 +78,7 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
                     .map(parse_dims2)
                     .collect::<anyhow::Result<_>>()
                     .context("--kn")?;
+            check_mixed(&ms, &kns)?;
             return crate::gpu::bench_mixed(&mut g, &ms, &kns, a.json.as_deref());
         }
         if matches!(a.op, Op::Attention) {
@@ -117,8 +119,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
 
 fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     let (r, c) = parse_dims2(a.tensor.as_deref().unwrap_or("4096x4096")).context("--tensor")?;
+    let max_mib = (MAX_ELEMENTS * 4) >> 20;
+    anyhow::ensure!(
+        (1..=max_mib).contains(&a.mib),
+        "--mib {}: must be between 1 and {max_mib} (a buffer of at most {MAX_ELEMENTS} f32 values)",
+        a.mib
+    );
     let n = a.mib * (1 << 20) / 4;
-    anyhow::ensure!(n > 0, "--mib must be at least 1");
     println!(
         "CPU, {} threads; buffer of {} MiB f32 ({} elements); median of {} runs\n",
         rayon::current_num_threads(),
@@ -312,6 +319,19 @@ fn linear(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     Ok(json!(out))
 }
 
+/// Each `--m` row count against each `--kn` weight: the activations
+/// (M x K) and outputs (M x N) stay within [`MAX_ELEMENTS`].
+fn check_mixed(ms: &[usize], kns: &[(usize, usize)]) -> anyhow::Result<()> {
+    for &m in ms {
+        for &(k, n) in kns {
+            let what = format!("--m {m} with --kn {k}x{n}");
+            check_matrix(m, k, &what)?;
+            check_matrix(m, n, &what)?;
+        }
+    }
+    Ok(())
+}
+
 /// Parse `1,4,16`.
 fn parse_list(s: &str) -> anyhow::Result<Vec<usize>> {
     s.split(',')
@@ -340,6 +360,7 @@ fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
             .map(parse_dims2)
             .collect::<anyhow::Result<_>>()
             .context("--kn")?;
+    check_mixed(&ms, &kns)?;
     // The memory floor: a copy of a buffer well beyond the caches.
     let big = 64 << 20;
     let src = gaussian(big / 4, 5, 1.0);

@@ -41,6 +41,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         "--batch {} (the global batch) does not split over {n} ranks",
         cfg.batch
     );
+    cfg.check_resume(resume)?;
     let recipe = cfg.recipe()?;
     let mcfg = cfg.llama_config()?;
     let data = match &cfg.data {
@@ -167,7 +168,8 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 *s = Some(Summary {
                     final_loss: last,
                     val_loss: val,
-                    tokens_per_s: (cfg.batch * cfg.seq) as f64 * (cfg.steps - first) as f64
+                    tokens_per_s: (cfg.batch * cfg.seq) as f64
+                        * cfg.steps.saturating_sub(first) as f64
                         / time.max(1e-9),
                     fp8_gather_bytes: fp8_bytes,
                     hp_gather_bytes: hp_bytes,

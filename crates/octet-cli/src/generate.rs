@@ -67,6 +67,19 @@ fn gpu_weights(name: &str) -> anyhow::Result<octet_cuda::decode::GpuWeights> {
     })
 }
 
+/// The prompt and `--max-tokens` must fit the model's positions (a sum
+/// that overflows does not fit either).
+fn check_positions(prompt: usize, max_tokens: usize, positions: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(prompt > 0, "--prompt is empty");
+    anyhow::ensure!(
+        prompt
+            .checked_add(max_tokens)
+            .is_some_and(|n| n <= positions),
+        "prompt ({prompt} tokens) + --max-tokens {max_tokens} exceed the model's {positions} positions"
+    );
+    Ok(())
+}
+
 fn run_one_gpu(
     a: &GenerateArgs,
     gpu: &octet_cuda::Gpu,
@@ -78,14 +91,7 @@ fn run_one_gpu(
     let tok = ByteTokenizer;
     let mut dec = octet_cuda::decode::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
     let prompt = tok.encode(&a.prompt);
-    anyhow::ensure!(!prompt.is_empty(), "--prompt is empty");
-    anyhow::ensure!(
-        prompt.len() + a.max_tokens <= cfg.max_position_embeddings,
-        "prompt ({} tokens) + --max-tokens {} exceed the model's {} positions",
-        prompt.len(),
-        a.max_tokens,
-        cfg.max_position_embeddings
-    );
+    check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     // Warm-up (kernel loading, cuBLASLt plans), then a fresh sequence.
     dec.step(prompt[0])?;
@@ -174,14 +180,7 @@ fn run_one(
     let tok = ByteTokenizer;
     let mut model = DecodeModel::new(cfg, w, storage)?;
     let prompt = tok.encode(&a.prompt);
-    anyhow::ensure!(!prompt.is_empty(), "--prompt is empty");
-    anyhow::ensure!(
-        prompt.len() + a.max_tokens <= cfg.max_position_embeddings,
-        "prompt ({} tokens) + --max-tokens {} exceed the model's {} positions",
-        prompt.len(),
-        a.max_tokens,
-        cfg.max_position_embeddings
-    );
+    check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     let t0 = Instant::now();
     let logits = model.forward(&prompt)?;
@@ -211,6 +210,11 @@ fn run_one(
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let (cfg, w, source) = load(&a)?;
     WeightStorage::from_name(&a.weights)?; // a bad name is an error before anything loads
+    check_positions(
+        ByteTokenizer.encode(&a.prompt).len(),
+        a.max_tokens,
+        cfg.max_position_embeddings,
+    )?;
     let gpu = crate::gpu::open(&a.device)?;
     let device = match &gpu {
         Some(g) => g.info()?,
@@ -253,4 +257,21 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     }
     t.print();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::check_positions;
+
+    #[test]
+    fn a_token_budget_that_overflows_is_an_error() {
+        assert!(check_positions(6, 58, 64).is_ok());
+        assert!(check_positions(6, 59, 64).is_err());
+        let e = check_positions(6, usize::MAX, 64).unwrap_err().to_string();
+        assert!(
+            e.contains("--max-tokens 18446744073709551615") && e.contains("64 positions"),
+            "{e}"
+        );
+        assert!(check_positions(0, 1, 64).is_err());
+    }
 }

@@ -291,6 +291,7 @@ pub fn summary_table(runs: &[RunSummary]) {
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let cfg = a.config()?;
+    cfg.check_resume(a.resume.as_deref())?;
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
     anyhow::ensure!(a.nnodes >= 1, "--nnodes must be at least 1");
     anyhow::ensure!(

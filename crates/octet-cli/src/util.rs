@@ -166,7 +166,22 @@ pub fn ref_matmul_nt(m: usize, k: usize, n: usize, a: &[f64], b: &[f64]) -> Vec<
     c
 }
 
-/// Parse `RxC` into a pair of positive sizes.
+/// Largest matrix the benchmarks and the demo take from the command line:
+/// 2^31 elements per operand (8 GiB of f32; the default GPU shapes reach
+/// 16384x14336, about 2^28). Bigger products overflow or exhaust memory.
+pub const MAX_ELEMENTS: usize = 1 << 31;
+
+/// Check a `rows x cols` matrix (named by `what` in the error) has at most
+/// [`MAX_ELEMENTS`] elements, with an overflow-checked product.
+pub fn check_matrix(rows: usize, cols: usize, what: &str) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        rows.checked_mul(cols).is_some_and(|n| n <= MAX_ELEMENTS),
+        "{what}: a {rows}x{cols} matrix exceeds the limit of {MAX_ELEMENTS} elements"
+    );
+    Ok(())
+}
+
+/// Parse `RxC` into a pair of positive sizes whose product is at most [`MAX_ELEMENTS`].
 pub fn parse_dims2(s: &str) -> anyhow::Result<(usize, usize)> {
     let d: Vec<usize> = s
         .trim()
@@ -177,7 +192,10 @@ pub fn parse_dims2(s: &str) -> anyhow::Result<(usize, usize)> {
         })
         .collect::<anyhow::Result<_>>()?;
     match d[..] {
-        [r, c] if r > 0 && c > 0 => Ok((r, c)),
+        [r, c] if r > 0 && c > 0 => {
+            check_matrix(r, c, &format!("'{}'", s.trim()))?;
+            Ok((r, c))
+        }
         _ => anyhow::bail!("'{s}': expected RxC with two positive numbers"),
     }
 }
@@ -204,20 +222,38 @@ fn parse_dim_list(s: &str, n: usize, form: &str) -> anyhow::Result<Vec<Vec<usize
         .collect()
 }
 
-/// Parse `MxKxN[,MxKxN...]`.
+/// Parse `MxKxN[,MxKxN...]`; each of the GEMM's matrices (M x K, K x N,
+/// M x N) has at most [`MAX_ELEMENTS`] elements.
 pub fn parse_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize)>> {
-    Ok(parse_dim_list(s, 3, "MxKxN")?
+    parse_dim_list(s, 3, "MxKxN")?
         .into_iter()
-        .map(|d| (d[0], d[1], d[2]))
-        .collect())
+        .map(|d| {
+            let (m, k, n) = (d[0], d[1], d[2]);
+            let what = format!("'{m}x{k}x{n}'");
+            check_matrix(m, k, &what)?;
+            check_matrix(k, n, &what)?;
+            check_matrix(m, n, &what)?;
+            Ok((m, k, n))
+        })
+        .collect()
 }
 
-/// Parse `BxTxHxD[,BxTxHxD...]` (attention shapes: batch, sequence, heads, head dim).
+/// Parse `BxTxHxD[,BxTxHxD...]` (attention shapes: batch, sequence, heads,
+/// head dim); each `B*T*H*D` is at most [`MAX_ELEMENTS`].
 pub fn parse_attention_shapes(s: &str) -> anyhow::Result<Vec<(usize, usize, usize, usize)>> {
-    Ok(parse_dim_list(s, 4, "BxTxHxD")?
+    parse_dim_list(s, 4, "BxTxHxD")?
         .into_iter()
-        .map(|d| (d[0], d[1], d[2], d[3]))
-        .collect())
+        .map(|d| {
+            let (b, t, h, hd) = (d[0], d[1], d[2], d[3]);
+            let what = format!("'{b}x{t}x{h}x{hd}'");
+            let rows = b
+                .checked_mul(t)
+                .and_then(|n| n.checked_mul(h))
+                .ok_or_else(|| anyhow::anyhow!("{what}: B*T*H overflows"))?;
+            check_matrix(rows, hd, &what)?;
+            Ok((b, t, h, hd))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -235,6 +271,25 @@ mod tests {
         }
         assert_eq!(parse_dims2("4096x2048").unwrap(), (4096, 2048));
         assert!(parse_dims2("4096").is_err());
+    }
+
+    #[test]
+    fn shapes_whose_products_overflow_or_exceed_the_cap_are_errors() {
+        let e = parse_dims2("4294967296x4294967296").unwrap_err();
+        assert!(e.to_string().contains("limit"), "{e}");
+        assert!(parse_dims2("65536x32769").is_err());
+        assert!(parse_dims2("65536x32768").is_ok());
+        for bad in [
+            "4294967296x4294967296x1",
+            "1x4294967296x4294967296",
+            "4294967296x1x4294967296",
+            "18446744073709551615x2x2",
+        ] {
+            let e = parse_shapes(bad).unwrap_err();
+            assert!(e.to_string().contains("limit"), "{bad}: {e}");
+        }
+        assert!(parse_attention_shapes("65536x65536x65536x65536").is_err());
+        assert!(parse_attention_shapes("4x2048x16x128").is_ok());
     }
 
     #[test]

@@ -574,7 +574,8 @@ pub fn local_batch(
             "a global batch of {b} sequences does not split evenly over {n} ranks; use a multiple of {n}"
         )));
     }
-    if tokens.len() != b * t || targets.len() != b * t {
+    let bt = b.checked_mul(t);
+    if bt != Some(tokens.len()) || bt != Some(targets.len()) {
         return Err(Error::Shape(format!(
             "{} tokens and {} targets for a batch of {b} x {t}",
             tokens.len(),

@@ -362,7 +362,7 @@ pub fn quantize<T: ToF32>(
     if rows == 0 || cols == 0 {
         return Err(Error::Empty { rows, cols });
     }
-    if x.len() != rows * cols {
+    if rows.checked_mul(cols) != Some(x.len()) {
         return Err(Error::Shape(format!(
             "quantize: {} elements for shape ({rows}, {cols})",
             x.len()

@@ -22,6 +22,29 @@ use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
 use std::collections::HashMap;
 
+/// Largest `vocab_size`, `hidden_size` and `intermediate_size` that
+/// [`LlamaConfig::validate`] accepts: 2^24 (16,777,216), far above any
+/// released Llama-style model (vocabularies reach ~256K, MLP widths ~54K).
+pub const MAX_DIM: usize = 1 << 24;
+
+/// Largest `num_hidden_layers` that [`LlamaConfig::validate`] accepts (2^16;
+/// released models have at most a few hundred blocks).
+pub const MAX_LAYERS: usize = 1 << 16;
+
+/// Largest `max_position_embeddings` that [`LlamaConfig::validate`] accepts:
+/// 2^21 = 2,097,152 positions (the longest released contexts are ~1M). The
+/// training `--seq` is bound by it too.
+pub const MAX_POSITIONS: usize = 1 << 21;
+
+/// Largest rotary table, `max_position_embeddings * head_dim / 2` entries
+/// (2^28: two f64 tables of 2 GiB each; a 2M-position context with
+/// `head_dim` 256 fits).
+pub const MAX_ROPE_ENTRIES: usize = 1 << 28;
+
+/// Largest parameter count that [`LlamaConfig::validate`] accepts: 2^40
+/// (about 1.1 trillion), counted with overflow checks.
+pub const MAX_PARAMS: usize = 1 << 40;
+
 /// Model dimensions, with Hugging Face `config.json` field names.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct LlamaConfig {
@@ -83,7 +106,12 @@ impl LlamaConfig {
         self.hidden_size / self.num_attention_heads.max(1)
     }
 
-    /// Check the dimensions fit together.
+    /// Check the dimensions fit together and stay within the caps:
+    /// `vocab_size`, `hidden_size`, `intermediate_size` at most [`MAX_DIM`],
+    /// `num_hidden_layers` at most [`MAX_LAYERS`], `max_position_embeddings`
+    /// between 1 and [`MAX_POSITIONS`], the rotary table at most
+    /// [`MAX_ROPE_ENTRIES`] and the parameter count at most [`MAX_PARAMS`];
+    /// `rms_norm_eps` finite and not negative, `rope_theta` finite and positive.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Config(m));
         if self.vocab_size == 0
@@ -92,6 +120,36 @@ impl LlamaConfig {
             || self.intermediate_size == 0
         {
             return bad(format!("zero-sized dimension in {self:?}"));
+        }
+        for (field, v, max) in [
+            ("vocab_size", self.vocab_size, MAX_DIM),
+            ("hidden_size", self.hidden_size, MAX_DIM),
+            ("intermediate_size", self.intermediate_size, MAX_DIM),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                MAX_POSITIONS,
+            ),
+        ] {
+            if v > max {
+                return bad(format!("{field} {v} exceeds the limit of {max}"));
+            }
+        }
+        if self.max_position_embeddings == 0 {
+            return bad("max_position_embeddings must be at least 1".into());
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return bad(format!(
+                "rms_norm_eps {} must be finite and not negative",
+                self.rms_norm_eps
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!(
+                "rope_theta {} must be finite and positive",
+                self.rope_theta
+            ));
         }
         if self.num_attention_heads == 0
             || !self.hidden_size.is_multiple_of(self.num_attention_heads)
@@ -117,16 +175,48 @@ impl LlamaConfig {
                 self.head_dim()
             ));
         }
-        Ok(())
+        let rope = self
+            .max_position_embeddings
+            .saturating_mul(self.head_dim() / 2);
+        if rope > MAX_ROPE_ENTRIES {
+            return bad(format!(
+                "max_position_embeddings {} x head_dim {} / 2 = {rope} rotary table entries exceed the limit of {MAX_ROPE_ENTRIES}",
+                self.max_position_embeddings,
+                self.head_dim()
+            ));
+        }
+        match self.checked_num_params() {
+            Some(n) if n <= MAX_PARAMS => Ok(()),
+            n => bad(format!(
+                "{} parameters exceed the limit of {MAX_PARAMS} (vocab_size {}, hidden_size {}, intermediate_size {}, num_hidden_layers {})",
+                n.map_or_else(|| "more than 2^64".to_string(), |n| n.to_string()),
+                self.vocab_size,
+                self.hidden_size,
+                self.intermediate_size,
+                self.num_hidden_layers
+            )),
+        }
     }
 
-    /// Parameter count.
+    /// Parameter count (saturating at `usize::MAX` for a config that
+    /// [`LlamaConfig::validate`] rejects).
     pub fn num_params(&self) -> usize {
+        self.checked_num_params().unwrap_or(usize::MAX)
+    }
+
+    /// Parameter count, `None` where it overflows `usize`.
+    fn checked_num_params(&self) -> Option<usize> {
         let (c, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let kv = self.num_key_value_heads * self.head_dim();
-        let block = 2 * c + 2 * c * c + 2 * c * kv + 3 * c * f;
-        let heads = if self.tie_word_embeddings { 1 } else { 2 };
-        heads * v * c + self.num_hidden_layers * block + c
+        let kv = self.num_key_value_heads.checked_mul(self.head_dim())?;
+        let cc = c.checked_mul(c)?;
+        let ckv = c.checked_mul(kv)?;
+        let cf = c.checked_mul(f)?;
+        let block = (2 * c as u128) + 2 * cc as u128 + 2 * ckv as u128 + 3 * cf as u128;
+        let heads: u128 = if self.tie_word_embeddings { 1 } else { 2 };
+        let total = heads * v.checked_mul(c)? as u128
+            + (self.num_hidden_layers as u128).checked_mul(block)?
+            + c as u128;
+        usize::try_from(total).ok()
     }
 }
 
@@ -816,7 +906,7 @@ impl Llama {
     }
 
     fn check_tokens(&self, tokens: &[u32], b: usize, t: usize) -> Result<()> {
-        if b == 0 || t == 0 || tokens.len() != b * t {
+        if b == 0 || t == 0 || b.checked_mul(t) != Some(tokens.len()) {
             return Err(Error::Shape(format!(
                 "{} tokens for batch {b} x sequence {t}",
                 tokens.len()

@@ -154,6 +154,25 @@ impl Base {
     }
 }
 
+/// The largest adapter rank accepted (`r`, 65536).
+///
+/// PEFT allows a rank above the layer's dimensions, so the rank is not bound
+/// by `min(N, K)`; this cap only keeps a mistyped rank (or an
+/// `adapter_config.json` with a corrupt `r`) from asking for a huge
+/// allocation. Published adapters use ranks from 1 to a few thousand.
+pub const MAX_LORA_RANK: usize = 1 << 16;
+
+/// Check an adapter rank: at least 1 and at most [`MAX_LORA_RANK`]; `what`
+/// names where it came from in the error (`--rank`, `adapter_config.json r`).
+pub fn check_rank(rank: usize, what: &str) -> Result<()> {
+    if rank == 0 || rank > MAX_LORA_RANK {
+        return Err(Error::Config(format!(
+            "{what} {rank}: a LoRA rank must be between 1 and {MAX_LORA_RANK}"
+        )));
+    }
+    Ok(())
+}
+
 /// The trainable low-rank adapter.
 #[derive(Clone, Debug)]
 pub struct Adapter {
@@ -168,12 +187,15 @@ pub struct Adapter {
 impl Adapter {
     /// PEFT's initialisation: `A` uniform in `+-1/sqrt(K)` (Kaiming-uniform
     /// with `a = sqrt(5)`), `B = 0`, from a counter hash of `seed`.
+    ///
+    /// The rank must be in `1..=`[`MAX_LORA_RANK`], and `A` and `B` must
+    /// have element counts that fit in `usize`.
     pub fn init(n: usize, k: usize, rank: usize, alpha: f64, seed: u64) -> Result<Adapter> {
-        if rank == 0 {
-            return Err(Error::Config("LoRA rank must be at least 1".into()));
-        }
+        check_rank(rank, "r")?;
+        let a_len = octet_tensor::checked_numel(&[rank, k])?;
+        octet_tensor::checked_numel(&[n, rank])?;
         let bound = 1.0 / (k as f64).sqrt();
-        let a: Vec<f32> = (0..rank * k)
+        let a: Vec<f32> = (0..a_len)
             .map(|i| {
                 let u = octet_fp8::format::sr_bits(seed, i as u64) as f64 / 4294967296.0;
                 ((2.0 * u - 1.0) * bound) as f32
@@ -181,7 +203,7 @@ impl Adapter {
             .collect();
         Ok(Adapter {
             a: Tensor::from_f32(&[rank, k], a)?,
-            b: Tensor::zeros(&[n, rank], DType::F32),
+            b: Tensor::zeros(&[n, rank], DType::F32)?,
             alpha,
         })
     }

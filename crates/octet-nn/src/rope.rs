@@ -20,7 +20,9 @@ pub struct Rope {
 }
 
 impl Rope {
-    /// Tables for `head_dim` (even) up to `max_seq` positions with base `theta`.
+    /// Tables for `head_dim` (even) up to `max_seq` positions with base `theta`;
+    /// `max_seq * head_dim / 2` may not exceed
+    /// [`MAX_ROPE_ENTRIES`](crate::llama::MAX_ROPE_ENTRIES).
     pub fn new(head_dim: usize, max_seq: usize, theta: f64) -> Result<Rope> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) || max_seq == 0 {
             return Err(Error::Shape(format!(
@@ -28,10 +30,16 @@ impl Rope {
             )));
         }
         let half = head_dim / 2;
-        let (mut cos, mut sin) = (
-            Vec::with_capacity(max_seq * half),
-            Vec::with_capacity(max_seq * half),
-        );
+        let max = crate::llama::MAX_ROPE_ENTRIES;
+        let entries = match max_seq.checked_mul(half) {
+            Some(n) if n <= max => n,
+            _ => {
+                return Err(Error::Config(format!(
+                    "RoPE tables for {max_seq} positions x head_dim {head_dim} / 2 exceed the limit of {max} entries (lower max_position_embeddings)"
+                )))
+            }
+        };
+        let (mut cos, mut sin) = (Vec::with_capacity(entries), Vec::with_capacity(entries));
         for t in 0..max_seq {
             for i in 0..half {
                 let a = t as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64);

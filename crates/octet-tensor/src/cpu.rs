@@ -1,6 +1,6 @@
 //! CPU reference kernels.
 
-use crate::{DType, Error, Result, Tensor};
+use crate::{checked_numel, DType, Error, Result, Tensor};
 use gemm::Parallelism;
 use octet_fp8::convert::ToF32;
 use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Usage};
@@ -28,22 +28,31 @@ pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: b
 /// If a slice length disagrees with its shape (callers check shapes first).
 pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], tb: bool) -> Vec<T> {
     assert_eq!(
-        a.len(),
-        m * k,
+        Some(a.len()),
+        m.checked_mul(k),
         "gemm: a has {} elements, want {m}x{k}",
         a.len()
     );
     assert_eq!(
-        b.len(),
-        k * n,
+        Some(b.len()),
+        k.checked_mul(n),
         "gemm: b has {} elements, want {k}x{n}",
         b.len()
     );
-    let mut c = vec![T::zero(); m * n];
+    let mut c = vec![T::zero(); out_len(m, n)];
     let a_strides = if ta { (1, m) } else { (k, 1) };
     let b_strides = if tb { (1, k) } else { (n, 1) };
     gemm_strided(m, n, k, a, a_strides, b, b_strides, &mut c);
     c
+}
+
+/// `m * n` elements of a GEMM's output.
+///
+/// # Panics
+/// If the product overflows `usize` (no such output can be allocated; callers check shapes first).
+fn out_len(m: usize, n: usize) -> usize {
+    m.checked_mul(n)
+        .unwrap_or_else(|| panic!("gemm: an output of {m}x{n} overflows usize"))
 }
 
 /// `c (m, n) = a (m, k) @ b^T` for `b (n, k)`, both row-major, on the calling
@@ -52,9 +61,17 @@ pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], t
 /// # Panics
 /// If a slice length disagrees with its shape (callers check shapes first).
 pub fn gemm_serial(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
-    assert_eq!(a.len(), m * k, "gemm_serial: a is not {m}x{k}");
-    assert_eq!(b.len(), n * k, "gemm_serial: b is not {n}x{k}");
-    let mut c = vec![0f32; m * n];
+    assert_eq!(
+        Some(a.len()),
+        m.checked_mul(k),
+        "gemm_serial: a is not {m}x{k}"
+    );
+    assert_eq!(
+        Some(b.len()),
+        n.checked_mul(k),
+        "gemm_serial: b is not {n}x{k}"
+    );
+    let mut c = vec![0f32; out_len(m, n)];
     gemm_strided_par(m, n, k, a, (k, 1), b, (1, k), &mut c, Parallelism::None);
     c
 }
@@ -72,7 +89,7 @@ fn gemm_strided<T: Real>(
     (b_rs, b_cs): (usize, usize),
     c: &mut [T],
 ) {
-    let par = if m * n * k >= PAR_FLOPS {
+    let par = if m.saturating_mul(n).saturating_mul(k) >= PAR_FLOPS {
         Parallelism::Rayon(rayon::current_num_threads())
     } else {
         Parallelism::None
@@ -93,7 +110,11 @@ fn gemm_strided_par<T: Real>(
     c: &mut [T],
     par: Parallelism,
 ) {
-    assert!(c.len() >= m * n);
+    let mn = m.checked_mul(n);
+    assert!(
+        mn.is_some_and(|mn| c.len() >= mn),
+        "gemm: c too short for {m}x{n}"
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -101,14 +122,28 @@ fn gemm_strided_par<T: Real>(
         c[..m * n].fill(T::zero());
         return;
     }
-    // Bounds of the farthest element each operand's strides reach.
+    // Bounds of the farthest element each operand's strides reach, in
+    // checked arithmetic: a wrapped offset must never pass.
+    let reach = |rows: usize, rs: usize, cols: usize, cs: usize| {
+        (rows - 1)
+            .checked_mul(rs)
+            .zip((cols - 1).checked_mul(cs))
+            .and_then(|(x, y)| x.checked_add(y))
+    };
     assert!(
-        (m - 1) * a_rs + (k - 1) * a_cs < a.len(),
+        reach(m, a_rs, k, a_cs).is_some_and(|e| e < a.len()),
         "gemm: a too short for its strides"
     );
     assert!(
-        (k - 1) * b_rs + (n - 1) * b_cs < b.len(),
+        reach(k, b_rs, n, b_cs).is_some_and(|e| e < b.len()),
         "gemm: b too short for its strides"
+    );
+    // The gemm crate takes strides as isize.
+    assert!(
+        [a_rs, a_cs, b_rs, b_cs, n]
+            .iter()
+            .all(|&s| isize::try_from(s).is_ok()),
+        "gemm: a stride exceeds isize"
     );
     // SAFETY: the asserts above keep every index the strides reach inside `a`, `b` and `c`;
     // `c` is exclusively borrowed and does not alias `a` or `b`.
@@ -154,6 +189,7 @@ pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<
             if tb { "^T" } else { "" }
         )));
     }
+    checked_numel(&[m, n])?;
     match (a.as_f64(), b.as_f64()) {
         (Some(av), Some(bv)) => {
             Ok(Tensor::from_f64(&[m, n], gemm(m, n, k, av, ta, bv, tb))?.to_dtype(out))
@@ -194,6 +230,7 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
         )));
     }
     let (m, n, k) = (a.rows, b.rows, a.cols);
+    checked_numel(&[m, n])?;
     let (da, db) = (decode_codes(a), decode_codes(b));
     let mut acc = vec![0f32; m * n];
     let mut part = vec![0f32; m * n];

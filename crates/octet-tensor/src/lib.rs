@@ -12,7 +12,7 @@ pub mod cpu;
 pub mod mixed;
 mod tensor;
 
-pub use tensor::{DType, Tensor};
+pub use tensor::{checked_numel, DType, Tensor};
 
 /// Errors of tensor construction and kernels.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

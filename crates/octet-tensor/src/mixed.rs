@@ -88,7 +88,7 @@ impl Fp8Weight {
                 format.name()
             )));
         }
-        if w.len() != n * k || n == 0 || k == 0 {
+        if n.checked_mul(k) != Some(w.len()) || n == 0 || k == 0 {
             return Err(Error::Shape(format!(
                 "weight of {} values is not ({n}, {k})",
                 w.len()
@@ -150,12 +150,12 @@ impl Fp8Weight {
             WeightScaling::Channel => n,
             WeightScaling::Block128 => n.div_ceil(128) * k.div_ceil(128),
         };
-        if factors.len() != want || q.data.len() != n * k {
+        if factors.len() != want || n.checked_mul(k) != Some(q.data.len()) {
             return Err(Error::Shape(format!(
                 "weight ({n}, {k}) has {} codes and {} scales, expected {} and {want}",
                 q.data.len(),
                 factors.len(),
-                n * k
+                n as u128 * k as u128
             )));
         }
         if let Some(i) = q.data.iter().position(|&c| q.format.is_nan(c)) {
@@ -378,13 +378,13 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
         return Err(Error::Shape("empty input: M = 0".into()));
     }
     match w {
-        WeightRef::Bf16(v, ..) if v.len() != n * k => {
+        WeightRef::Bf16(v, ..) if n.checked_mul(k) != Some(v.len()) => {
             return Err(Error::Shape(format!(
                 "bf16 weight of {} values is not ({n}, {k})",
                 v.len()
             )))
         }
-        WeightRef::F32(v, ..) if v.len() != n * k => {
+        WeightRef::F32(v, ..) if n.checked_mul(k) != Some(v.len()) => {
             return Err(Error::Shape(format!(
                 "f32 weight of {} values is not ({n}, {k})",
                 v.len()

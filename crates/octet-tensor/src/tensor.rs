@@ -39,8 +39,22 @@ pub struct Tensor {
     data: Data,
 }
 
+/// The element count of `shape`, or an error when the product of its dims
+/// overflows `usize` (such a shape can describe no allocation).
+pub fn checked_numel(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "shape {shape:?}: the element count overflows {} bits",
+                usize::BITS
+            ))
+        })
+}
+
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
-    let n: usize = shape.iter().product();
+    let n = checked_numel(shape)?;
     if n != len {
         return Err(Error::Shape(format!(
             "{len} elements do not fill shape {shape:?} ({n} elements)"
@@ -82,18 +96,18 @@ impl Tensor {
         Tensor::from_f32(shape, data).map(|t| t.to_dtype(dtype))
     }
 
-    /// Zeros.
-    pub fn zeros(shape: &[usize], dtype: DType) -> Tensor {
-        let n = shape.iter().product();
+    /// Zeros; errors if the element count of `shape` overflows `usize`.
+    pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
+        let n = checked_numel(shape)?;
         let data = match dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
             DType::F64 => Data::F64(vec![0.0; n]),
         };
-        Tensor {
+        Ok(Tensor {
             shape: shape.to_vec(),
             data,
-        }
+        })
     }
 
     /// The shape.

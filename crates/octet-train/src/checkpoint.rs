@@ -340,13 +340,33 @@ pub type Adapter = (HashMap<String, Tensor>, usize, f64, Vec<String>);
 /// Read an adapter written by [`save_adapter`] (or by PEFT): its tensors and
 /// `(r, alpha, target module names)`.
 pub fn load_adapter(dir: &Path) -> Result<Adapter> {
+    let (r, alpha, targets) = load_adapter_config(dir)?;
+    let (w, _) = read_tensors(&dir.join("adapter_model.safetensors"))?;
+    Ok((w, r, alpha, targets))
+}
+
+/// Read `adapter_config.json` alone: `(r, alpha, target module names)`,
+/// with `r` an integer between 1 and
+/// [`MAX_LORA_RANK`](octet_nn::lora::MAX_LORA_RANK).
+pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
     let p = dir.join("adapter_config.json");
     let text = std::fs::read_to_string(&p)
         .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
     let bad = |m: &str| Error::Checkpoint(format!("{}: {m}", p.display()));
-    let r = v["r"].as_u64().ok_or_else(|| bad("missing r"))? as usize;
+    let max = octet_nn::lora::MAX_LORA_RANK;
+    let r = match &v["r"] {
+        serde_json::Value::Null => return Err(bad("missing r")),
+        rv => match rv.as_u64().map(usize::try_from) {
+            Some(Ok(r)) if (1..=max).contains(&r) => r,
+            _ => {
+                return Err(bad(&format!(
+                    "r = {rv}: a LoRA rank must be an integer between 1 and {max}"
+                )))
+            }
+        },
+    };
     let alpha = v["lora_alpha"]
         .as_f64()
         .ok_or_else(|| bad("missing lora_alpha"))?;
@@ -356,16 +376,18 @@ pub fn load_adapter(dir: &Path) -> Result<Adapter> {
         .iter()
         .filter_map(|t| t.as_str().map(String::from))
         .collect();
-    let (w, _) = read_tensors(&dir.join("adapter_model.safetensors"))?;
-    Ok((w, r, alpha, targets))
+    Ok((r, alpha, targets))
 }
 
-/// Read `config.json` from a checkpoint directory.
+/// Read `config.json` from a checkpoint directory and check its dimensions
+/// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
-    let text = std::fs::read_to_string(&p)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
-    serde_json::from_str(&text).map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
+    let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
+    let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    cfg.validate().map_err(|e| bad(e.to_string()))?;
+    Ok(cfg)
 }
 
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
@@ -500,6 +522,55 @@ pub fn load_optimizer(dir: &Path, model: &mut Llama) -> Result<(AdamW, String)> 
     Ok((opt, trainer))
 }
 
+/// The optimizer step of a checkpoint's metadata: a number of at most
+/// [`MAX_STEPS`](crate::trainer::MAX_STEPS).
+fn parse_step(text: Option<&String>) -> std::result::Result<u64, String> {
+    let text = text.ok_or_else(|| "missing step".to_string())?;
+    let step: u64 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("step '{text}' is not a step count"))?;
+    let max = crate::trainer::MAX_STEPS;
+    if step > max {
+        return Err(format!("step {step} exceeds the limit of {max}"));
+    }
+    Ok(step)
+}
+
+/// The optimizer step a checkpoint directory was saved at, read from the
+/// header of its `optimizer.safetensors` alone (the tensors are not read).
+pub fn read_step(dir: &Path) -> Result<u64> {
+    use std::io::Read;
+    let path = dir.join("optimizer.safetensors");
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    let mut f = std::fs::File::open(&path).map_err(|e| bad(e.to_string()))?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len)
+        .map_err(|e| bad(format!("no safetensors header ({e})")))?;
+    // The safetensors crate's own bound on a header.
+    const MAX_HEADER: u64 = 100_000_000;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER {
+        return Err(bad(format!(
+            "a header of {n} bytes exceeds the limit of {MAX_HEADER}"
+        )));
+    }
+    let mut header = Vec::new();
+    f.take(n)
+        .read_to_end(&mut header)
+        .map_err(|e| bad(e.to_string()))?;
+    if header.len() as u64 != n {
+        return Err(bad(format!(
+            "the header is cut short ({} of {n} bytes)",
+            header.len()
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&header)
+        .map_err(|e| bad(format!("not a valid safetensors header ({e})")))?;
+    let step = v["__metadata__"]["step"].as_str().map(String::from);
+    parse_step(step.as_ref()).map_err(bad)
+}
+
 /// Delayed-scaling state of a checkpoint: `(layer, role, state)`.
 pub type ScalingState = Vec<(String, Role, DelayedState)>;
 
@@ -513,10 +584,7 @@ pub fn load_optimizer_for(
     let path = dir.join("optimizer.safetensors");
     let (mut t, meta) = read_tensors(&path)?;
     let bad = |m: String| Error::Checkpoint(format!("{}: {m}", path.display()));
-    let step = meta
-        .get("step")
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| bad("missing step".into()))?;
+    let step = parse_step(meta.get("step")).map_err(bad)?;
     let cfg: AdamWConfig = meta
         .get("adamw")
         .and_then(|s| serde_json::from_str(s).ok())

@@ -142,18 +142,25 @@ impl Dataset {
             Split::Train => &self.train,
             Split::Val => &self.val,
         };
-        if data.len() <= seq + 1 {
+        // Windows start anywhere in `0..len - seq - 1`: at least `seq + 2` tokens.
+        let need = seq.saturating_add(2);
+        if data.len() < need {
             return Err(Error::Data(format!(
-                "the {split:?} split has {} tokens, fewer than one window of {} (lower --seq or add data)",
+                "the {split:?} split has {} tokens; batches of --seq {seq} need at least {need} (seq + 2); lower --seq or add data",
                 data.len(),
-                seq + 1
             )));
         }
+        let n = batch.checked_mul(seq).ok_or_else(|| {
+            Error::Data(format!(
+                "a batch of {batch} x {seq} tokens overflows {} bits",
+                usize::BITS
+            ))
+        })?;
         let mut rng = rand::rngs::StdRng::seed_from_u64(
             seed ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ split as u64,
         );
-        let mut x = Vec::with_capacity(batch * seq);
-        let mut y = Vec::with_capacity(batch * seq);
+        let mut x = Vec::with_capacity(n);
+        let mut y = Vec::with_capacity(n);
         for _ in 0..batch {
             let start = rng.random_range(0..data.len() - seq - 1);
             x.extend_from_slice(&data[start..start + seq]);
@@ -197,5 +204,21 @@ mod tests {
         let d = Dataset::from_tokens(vec![1; 10], 256, 0.1).unwrap();
         assert!(d.batch(Split::Train, 1, 16, 0, 0).is_err());
         assert!(Dataset::load(Path::new("/nonexistent/file.txt"), 256, 0.1).is_err());
+    }
+
+    #[test]
+    fn a_split_of_seq_plus_one_tokens_names_the_real_requirement() {
+        // 17 training tokens for --seq 16: one window, but no room to draw a start.
+        let d = Dataset::from_tokens(vec![1; 17], 256, 0.0).unwrap();
+        let e = d.batch(Split::Train, 1, 16, 0, 0).unwrap_err().to_string();
+        assert!(
+            e.contains("has 17 tokens") && e.contains("need at least 18"),
+            "{e}"
+        );
+        let d = Dataset::from_tokens(vec![1; 18], 256, 0.0).unwrap();
+        assert_eq!(d.batch(Split::Train, 2, 16, 0, 0).unwrap().0.len(), 32);
+        // Products that wrap are errors, not a wrapped capacity.
+        assert!(d.batch(Split::Train, usize::MAX, 2, 0, 0).is_err());
+        assert!(d.batch(Split::Train, 1, usize::MAX, 0, 0).is_err());
     }
 }

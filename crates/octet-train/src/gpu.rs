@@ -249,6 +249,7 @@ pub fn train_gpu_ranked(
             "--resume continues a run; --init starts a new one from weights: give one".into(),
         ));
     }
+    cfg.check_resume(resume)?;
     let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
     if !cfg.batch.is_multiple_of(world) {
         return Err(Error::Train(format!(

@@ -114,9 +114,21 @@ impl AdamW {
         } else {
             1.0
         };
+        // The bias correction takes the step as an i32 power: a step count
+        // past i32::MAX (only from a corrupt state) would wrap.
+        let t = self
+            .step
+            .checked_add(1)
+            .and_then(|s| i32::try_from(s).ok())
+            .ok_or_else(|| {
+                Error::Train(format!(
+                    "optimizer step {} exceeds the limit of {}",
+                    self.step,
+                    i32::MAX
+                ))
+            })?;
         self.step += 1;
         let c = self.cfg;
-        let t = self.step as i32;
         let (bc1, bc2) = (1.0 - c.beta1.powi(t), 1.0 - c.beta2.powi(t));
         for (s, g) in self.states.iter_mut().zip(&gs) {
             let wd = if s.decay { c.weight_decay } else { 0.0 };
@@ -192,6 +204,20 @@ mod tests {
         ));
         let wrong = Tensor::from_f32(&[1, 3], vec![1.0; 3]).unwrap();
         assert!(opt.step(&[("w".into(), wrong)], 0.1).is_err());
+    }
+
+    #[test]
+    fn a_step_count_past_i32_is_an_error_not_a_wrapped_bias_correction() {
+        let w = Tensor::from_f32(&[2], vec![1.0, -1.0]).unwrap();
+        let mut opt = AdamW::new(&[("w".into(), &w)], AdamWConfig::default());
+        opt.step = i32::MAX as u64;
+        let before = opt.states[0].master.clone();
+        let e = opt.step(&[("w".into(), w.clone())], 0.1).unwrap_err();
+        assert!(e.to_string().contains("2147483647"), "{e}");
+        assert_eq!(opt.step, i32::MAX as u64);
+        assert_eq!(opt.states[0].master, before, "nothing moves");
+        opt.step = i32::MAX as u64 - 1;
+        assert!(opt.step(&[("w".into(), w)], 0.1).is_ok());
     }
 
     #[test]

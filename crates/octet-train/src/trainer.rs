@@ -20,6 +20,20 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+/// Largest micro-batch [`TrainConfig::validate`] accepts: `batch * seq`
+/// tokens, 2^24 (16,777,216). A micro-batch is held in memory at once
+/// (tokens, activations, logits); the 1B preset's GPU runs use 16K.
+pub const MAX_BATCH_TOKENS: usize = 1 << 24;
+
+/// Largest optimizer step [`TrainConfig::validate`] accepts: `batch * seq *
+/// grad_accum` tokens, 2^32 (Llama 3's global batch was 2^24).
+pub const MAX_STEP_TOKENS: u64 = 1 << 32;
+
+/// Most optimizer steps a run may have (`--steps`, and the `step` of a
+/// checkpoint's optimizer state): `i32::MAX`, since AdamW's bias correction
+/// raises `beta` to the step as a 32-bit power.
+pub const MAX_STEPS: u64 = i32::MAX as u64;
+
 /// Everything a run is configured by (serialised into checkpoints).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(default)]
@@ -133,6 +147,13 @@ impl LoraSettings {
             recipe
         };
         let recipe = Recipe::from_name(name)?.with_backward(BackwardMode::from_name(backward)?)?;
+        let max = octet_nn::lora::MAX_LORA_RANK;
+        if !(1..=max).contains(&self.rank) {
+            return Err(Error::Train(format!(
+                "--rank {}: a LoRA rank must be between 1 and {max}",
+                self.rank
+            )));
+        }
         Ok(LoraSpec {
             rank: self.rank,
             alpha: self.alpha,
@@ -266,15 +287,55 @@ impl TrainConfig {
         }
     }
 
-    /// The model dimensions this config asks for.
+    /// The model dimensions this config asks for, with
+    /// `max_position_embeddings` raised to `seq` where it is shorter;
+    /// validated ([`LlamaConfig::validate`]), and `seq` may not exceed
+    /// [`MAX_POSITIONS`](octet_nn::llama::MAX_POSITIONS).
     pub fn llama_config(&self) -> Result<LlamaConfig> {
+        let max = octet_nn::llama::MAX_POSITIONS;
+        if self.seq > max {
+            return Err(Error::Train(format!(
+                "--seq {} exceeds the limit of {max} positions",
+                self.seq
+            )));
+        }
         let mut cfg = match (&self.init, &self.model_config) {
             (Some(dir), _) => checkpoint::load_config(dir)?,
             (None, Some(c)) => c.clone(),
             (None, None) => LlamaConfig::preset(&self.model)?,
         };
+        let raised = self.seq > cfg.max_position_embeddings;
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq);
+        cfg.validate().map_err(|e| {
+            if raised {
+                Error::Train(format!(
+                    "--seq {} (the model's max_position_embeddings is raised to it): {e}",
+                    self.seq
+                ))
+            } else {
+                e.into()
+            }
+        })?;
         Ok(cfg)
+    }
+
+    /// Check a run resumed from `resume` (a checkpoint directory) before
+    /// anything loads: its `config.json` is valid and it has steps left (the
+    /// checkpoint's optimizer step must be below `steps`).
+    pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
+        let Some(dir) = resume else {
+            return Ok(());
+        };
+        checkpoint::load_config(dir)?;
+        let step = checkpoint::read_step(dir)?;
+        if step >= self.steps {
+            return Err(Error::Train(format!(
+                "checkpoint {} is at step {step}; --steps {} leaves nothing to train; raise --steps",
+                dir.display(),
+                self.steps
+            )));
+        }
+        Ok(())
     }
 
     /// The recipe (`None` for the high-precision baseline), validated with the backward mode.
@@ -328,6 +389,9 @@ impl TrainConfig {
                 "--init-adapter merges onto the checkpoint of --init; give both".into(),
             ));
         }
+        if let Some(adapter) = &self.init_adapter {
+            checkpoint::load_adapter_config(adapter)?;
+        }
         if self.init.is_some() && self.lora.is_some() {
             return Err(Error::Train(
                 "a LoRA run takes its base with --base, not --init".into(),
@@ -337,6 +401,28 @@ impl TrainConfig {
             return Err(Error::Train(
                 "batch, seq, grad_accum and steps must be at least 1".into(),
             ));
+        }
+        if self.steps > MAX_STEPS {
+            return Err(Error::Train(format!(
+                "--steps {} exceeds the limit of {MAX_STEPS}",
+                self.steps
+            )));
+        }
+        match self.batch.checked_mul(self.seq) {
+            Some(n) if n <= MAX_BATCH_TOKENS => {}
+            _ => {
+                return Err(Error::Train(format!(
+                    "--batch {} x --seq {} tokens per micro-batch exceed the limit of {MAX_BATCH_TOKENS}",
+                    self.batch, self.seq
+                )))
+            }
+        }
+        let step_tokens = (self.batch as u128) * (self.seq as u128) * (self.grad_accum as u128);
+        if step_tokens > u128::from(MAX_STEP_TOKENS) {
+            return Err(Error::Train(format!(
+                "--batch {} x --seq {} x --grad-accum {} = {step_tokens} tokens per step exceed the limit of {MAX_STEP_TOKENS}",
+                self.batch, self.seq, self.grad_accum
+            )));
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::Train(format!(
@@ -537,6 +623,7 @@ pub fn train(
             "--resume continues a run; --init starts a new one from weights: give one".into(),
         ));
     }
+    cfg.check_resume(resume)?;
     if cfg.saved_activations != "full" {
         return Err(Error::Train(format!(
             "--saved-activations {} is built for the GPU model (--device cuda); the CPU model keeps its activations in f32",

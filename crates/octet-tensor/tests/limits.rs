@@ -1,0 +1,44 @@
+//! Shapes whose element counts overflow `usize` are errors (or, in the raw
+//! GEMM whose callers check shapes first, a panic), never a tensor that
+//! claims more elements than it holds.
+
+use octet_tensor::cpu::{gemm, gemm_serial, matmul};
+use octet_tensor::{checked_numel, DType, Tensor};
+
+#[test]
+fn shapes_whose_element_count_wraps_are_rejected() {
+    // (2^61 + 1) * 32 wraps to 32 in a plain product.
+    let wraps = [(1usize << 61) + 1, 32];
+    let e = Tensor::from_f32(&wraps, vec![0.0; 32]).unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
+    assert!(Tensor::from_bf16(&wraps, vec![half::bf16::ZERO; 32]).is_err());
+    assert!(Tensor::from_f64(&wraps, vec![0.0; 32]).is_err());
+    assert!(Tensor::zeros(&wraps, DType::F32).is_err());
+    assert!(checked_numel(&[usize::MAX, 2]).is_err());
+    assert_eq!(checked_numel(&[3, 0, usize::MAX]).unwrap(), 0);
+    let t = Tensor::from_f32(&[4, 8], vec![0.0; 32]).unwrap();
+    assert!(t.reshape(&wraps).is_err());
+    assert_eq!(Tensor::zeros(&[2, 3], DType::Bf16).unwrap().numel(), 6);
+}
+
+#[test]
+fn matmul_with_an_output_that_overflows_is_an_error() {
+    // Empty operands (K = 0) whose (M, N) output cannot exist.
+    let a = Tensor::from_f32(&[1 << 40, 0], vec![]).unwrap();
+    let b = Tensor::from_f32(&[1 << 40, 0], vec![]).unwrap();
+    let e = matmul(&a, false, &b, true, DType::F32).unwrap_err();
+    assert!(e.to_string().contains("overflows"), "{e}");
+}
+
+#[test]
+#[should_panic(expected = "gemm: a has 0 elements")]
+fn gemm_asserts_do_not_pass_a_wrapped_product() {
+    // m * k = 2^62 * 4 wraps to 0, the length of `a`.
+    gemm::<f32>(1 << 62, 1, 4, &[], false, &[0.0; 4], false);
+}
+
+#[test]
+#[should_panic(expected = "gemm_serial: b is not")]
+fn gemm_serial_asserts_do_not_pass_a_wrapped_product() {
+    gemm_serial(1, 1 << 62, 4, &[0.0; 4], &[]);
+}

@@ -1,0 +1,186 @@
+//! Extreme settings and corrupt checkpoint files are errors that name the
+//! flag or field and its limit, never a wrapped product, a panic or a
+//! run that trains nothing.
+
+use octet_nn::llama::{Llama, LlamaConfig};
+use octet_tensor::DType;
+use octet_train::checkpoint;
+use octet_train::optim::{AdamW, AdamWConfig};
+use octet_train::trainer::{train, LoraSettings, Quiet, TrainConfig, MAX_STEPS};
+
+fn tmpdir(tag: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("octet-limits-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn err(cfg: &TrainConfig) -> String {
+    cfg.validate()
+        .expect_err("the config should be rejected")
+        .to_string()
+}
+
+#[test]
+fn batch_seq_grad_accum_and_steps_are_bounded_with_checked_products() {
+    let ok = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    assert!(ok.validate().is_ok());
+    // 2^61 x 2 wraps to 0 in a plain product.
+    let e = err(&TrainConfig {
+        batch: 1 << 61,
+        seq: 2,
+        ..ok.clone()
+    });
+    assert!(e.contains("--batch") && e.contains("limit"), "{e}");
+    let e = err(&TrainConfig {
+        grad_accum: usize::MAX,
+        ..ok.clone()
+    });
+    assert!(e.contains("--grad-accum") && e.contains("limit"), "{e}");
+    let e = err(&TrainConfig {
+        batch: 1,
+        seq: usize::MAX,
+        ..ok.clone()
+    });
+    assert!(e.contains("--seq") && e.contains("limit"), "{e}");
+    // Within the micro-batch cap, a sequence beyond the position cap.
+    let e = err(&TrainConfig {
+        batch: 1,
+        seq: (octet_nn::llama::MAX_POSITIONS + 1),
+        ..ok.clone()
+    });
+    assert!(e.contains("--seq") && e.contains("2097152"), "{e}");
+    let e = err(&TrainConfig {
+        steps: MAX_STEPS + 1,
+        ..ok.clone()
+    });
+    assert!(e.contains("--steps") && e.contains("limit"), "{e}");
+    // A LoRA rank that wraps rank * K is refused before anything is allocated.
+    let e = err(&TrainConfig {
+        lora: Some(LoraSettings {
+            rank: (1 << 61) + 1,
+            ..Default::default()
+        }),
+        ..ok.clone()
+    });
+    assert!(e.contains("--rank") && e.contains("65536"), "{e}");
+}
+
+#[test]
+fn checkpoint_files_with_absurd_numbers_are_errors_naming_the_field() {
+    let dir = tmpdir("files");
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let model = Llama::new_random(&cfg, DType::F32, None, 1).unwrap();
+    std::fs::create_dir_all(&dir).unwrap();
+    checkpoint::save_model(&dir, &model).unwrap();
+    assert_eq!(checkpoint::load_config(&dir).unwrap(), cfg);
+
+    // config.json: positions that would ask Rope::new for terabytes.
+    let mut big = cfg.clone();
+    big.max_position_embeddings = 1_000_000_000_000;
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_string(&big).unwrap(),
+    )
+    .unwrap();
+    let e = checkpoint::load_config(&dir).unwrap_err().to_string();
+    assert!(
+        e.contains("max_position_embeddings") && e.contains("limit"),
+        "{e}"
+    );
+    let run = TrainConfig {
+        init: Some(dir.clone()),
+        ..Default::default()
+    };
+    assert!(run.validate().is_err(), "--init reads a validated config");
+
+    // adapter_config.json: r that would ask for r x K floats first.
+    let adapter = dir.join("adapter");
+    std::fs::create_dir_all(&adapter).unwrap();
+    for r in ["1000000000000", "0", "-1", "16.5"] {
+        std::fs::write(
+            adapter.join("adapter_config.json"),
+            format!(r#"{{"r": {r}, "lora_alpha": 8.0, "target_modules": ["q_proj"]}}"#),
+        )
+        .unwrap();
+        let e = checkpoint::load_adapter_config(&adapter)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains(&format!("r = {r}")) && e.contains("65536"),
+            "{e}"
+        );
+        let e = checkpoint::load_adapter(&adapter).unwrap_err().to_string();
+        assert!(e.contains("r = "), "{e}");
+    }
+
+    // optimizer.safetensors: a step whose i32 bias correction would wrap.
+    let mut opt = AdamW::new(&model.params(), AdamWConfig::default());
+    opt.step = MAX_STEPS + 1;
+    checkpoint::save_optimizer(&dir, &opt, "{}", "").unwrap();
+    let e = checkpoint::read_step(&dir).unwrap_err().to_string();
+    assert!(e.contains("step 2147483648") && e.contains("limit"), "{e}");
+    let params: Vec<(String, Vec<usize>)> = model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec()))
+        .collect();
+    let e = checkpoint::load_optimizer_for(&dir, &params)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("step 2147483648"), "{e}");
+    opt.step = 7;
+    checkpoint::save_optimizer(&dir, &opt, "{}", "").unwrap();
+    assert_eq!(checkpoint::read_step(&dir).unwrap(), 7);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn resuming_a_finished_run_is_an_error_not_an_empty_run() {
+    let out = tmpdir("resume");
+    let cfg = TrainConfig {
+        name: "done".into(),
+        out_dir: out.clone(),
+        model: "tiny".into(),
+        recipe: "bf16".into(),
+        batch: 2,
+        seq: 16,
+        steps: 2,
+        eval_batches: 1,
+        sample_tokens: 0,
+        ..Default::default()
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    let ck = out.join("done").join("checkpoints").join("step_000002");
+    assert_eq!(checkpoint::read_step(&ck).unwrap(), 2);
+    for steps in [1, 2] {
+        let again = TrainConfig {
+            name: "again".into(),
+            steps,
+            ..cfg.clone()
+        };
+        let e = train(&again, Some(&ck), &mut Quiet)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("at step 2")
+                && e.contains(&format!("--steps {steps}"))
+                && e.contains("raise --steps"),
+            "{e}"
+        );
+        assert!(!out.join("again").join("metrics.jsonl").exists());
+    }
+    let more = TrainConfig {
+        name: "more".into(),
+        steps: 3,
+        ..cfg.clone()
+    };
+    let s = train(&more, Some(&ck), &mut Quiet).unwrap();
+    assert_eq!(s.losses.len(), 1);
+    assert!(s.final_loss.is_finite());
+    let _ = std::fs::remove_dir_all(&out);
+}
