@@ -25,14 +25,24 @@ use octet_fp8::{Format, QuantData, Scales};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
 use octet_tensor::{DType, Tensor};
-use safetensors::tensor::{Dtype, TensorView};
-use safetensors::SafeTensors;
+use safetensors::tensor::Dtype;
+use safetensors::{SafeTensors, View};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// Write `bytes` to `path` atomically: a temp file beside it, fsync, rename, fsync the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    atomic(path, |tmp| {
+        let mut f = std::fs::File::create(tmp)?;
+        f.write_all(bytes)
+    })
+}
+
+/// Write `path` atomically by `write`, which fills the temp file it is given
+/// (beside `path`); then fsync, rename, fsync the directory. On an error the
+/// temp file is removed and `path` is left as it was.
+fn atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<()> {
     let io = |e: std::io::Error| Error::Checkpoint(format!("writing {}: {e}", path.display()));
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
@@ -41,16 +51,107 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(bytes).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let done = write(&tmp).and_then(|()| std::fs::File::open(&tmp)?.sync_all());
+    if let Err(e) = done {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
     }
     std::fs::rename(&tmp, path).map_err(io)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all(); // not every filesystem allows fsync on a directory
     }
     Ok(())
+}
+
+/// A tensor for [`write_tensors`]: its little-endian bytes are made when the
+/// writer reaches it, so that one tensor's bytes are in memory at a time,
+/// not the whole file's.
+enum Lazy<'a> {
+    /// A tensor, in its own dtype.
+    Tensor(&'a Tensor),
+    /// f32 values with a shape (optimizer state, without a tensor copy).
+    F32(&'a [f32], &'a [usize]),
+    /// Bytes as they are stored (FP8 codes, f32 factors).
+    Raw(Dtype, Vec<usize>, std::borrow::Cow<'a, [u8]>),
+}
+
+impl safetensors::View for Lazy<'_> {
+    fn dtype(&self) -> Dtype {
+        match self {
+            Lazy::Tensor(t) => match t.dtype() {
+                DType::F32 => Dtype::F32,
+                DType::F64 => Dtype::F64,
+                DType::Bf16 => Dtype::BF16,
+            },
+            Lazy::F32(..) => Dtype::F32,
+            Lazy::Raw(d, ..) => *d,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            Lazy::Tensor(t) => t.shape(),
+            Lazy::F32(_, shape) => shape,
+            Lazy::Raw(_, shape, _) => shape,
+        }
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        match self {
+            Lazy::Tensor(t) => to_bytes(t).1.into(),
+            Lazy::F32(v, _) => v
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+            Lazy::Raw(_, _, b) => std::borrow::Cow::Borrowed(b),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            Lazy::Tensor(t) => {
+                t.numel()
+                    * match t.dtype() {
+                        DType::F32 => 4,
+                        DType::F64 => 8,
+                        DType::Bf16 => 2,
+                    }
+            }
+            Lazy::F32(v, _) => 4 * v.len(),
+            Lazy::Raw(_, _, b) => b.len(),
+        }
+    }
+}
+
+/// Write `tensors` (and string metadata) as a safetensors file at `path`,
+/// atomically, streaming: each tensor's bytes are made as the writer reaches
+/// it. (A checkpoint used to be built whole in memory first: for the ~1B
+/// model's optimizer state, three f32 copies of it besides the state itself.)
+fn write_tensors(
+    path: &Path,
+    tensors: Vec<(String, Lazy<'_>)>,
+    meta: Option<HashMap<String, String>>,
+) -> Result<()> {
+    for (name, t) in &tensors {
+        let want: Option<usize> = t.shape().iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let elem = match safetensors::View::dtype(t) {
+            Dtype::F64 => 8,
+            Dtype::F32 => 4,
+            Dtype::BF16 | Dtype::F16 => 2,
+            _ => 1,
+        };
+        if want.and_then(|n| n.checked_mul(elem)) != Some(safetensors::View::data_len(t)) {
+            return Err(Error::Checkpoint(format!(
+                "tensor {name}: {} bytes for shape {:?}",
+                safetensors::View::data_len(t),
+                t.shape()
+            )));
+        }
+    }
+    atomic(path, |tmp| {
+        safetensors::serialize_to_file(tensors, meta, tmp).map_err(std::io::Error::other)
+    })
 }
 
 fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
@@ -78,35 +179,6 @@ fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
                 .collect(),
         ),
     }
-}
-
-/// Serialize named tensors (with optional string metadata) to safetensors bytes.
-pub fn serialize(
-    tensors: &[(String, Tensor)],
-    meta: Option<HashMap<String, String>>,
-) -> Result<Vec<u8>> {
-    let owned: Vec<RawTensor> = tensors
-        .iter()
-        .map(|(n, t)| {
-            let (d, b) = to_bytes(t);
-            (n.clone(), d, t.shape().to_vec(), b)
-        })
-        .collect();
-    serialize_raw(&owned, meta)
-}
-
-/// A tensor as bytes: name, dtype, shape, little-endian data.
-type RawTensor = (String, Dtype, Vec<usize>, Vec<u8>);
-
-/// Serialize tensors given as bytes to safetensors bytes.
-fn serialize_raw(owned: &[RawTensor], meta: Option<HashMap<String, String>>) -> Result<Vec<u8>> {
-    let mut views = Vec::with_capacity(owned.len());
-    for (n, d, s, b) in owned {
-        let v = TensorView::new(*d, s.clone(), b)
-            .map_err(|e| Error::Checkpoint(format!("tensor {n}: {e}")))?;
-        views.push((n.clone(), v));
-    }
-    safetensors::serialize(views, meta).map_err(|e| Error::Checkpoint(format!("serialize: {e}")))
 }
 
 /// Read every tensor of a safetensors file into f32/bf16/f64 tensors (f16 widens to f32).
@@ -257,16 +329,13 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
         save_adapter(dir, model, None)?;
         return write_config(dir, &model.cfg, DType::F32);
     }
-    let tensors: Vec<(String, Tensor)> = model
-        .params()
+    let params = model.params();
+    let dtype = params.first().map(|(_, t)| t.dtype()).unwrap_or(DType::F32);
+    let tensors = params
         .into_iter()
-        .map(|(n, t)| (n, t.clone()))
+        .map(|(n, t)| (n, Lazy::Tensor(t)))
         .collect();
-    let dtype = tensors
-        .first()
-        .map(|(_, t)| t.dtype())
-        .unwrap_or(DType::F32);
-    write_atomic(&dir.join("model.safetensors"), &serialize(&tensors, None)?)?;
+    write_tensors(&dir.join("model.safetensors"), tensors, None)?;
     write_config(dir, &model.cfg, dtype)
 }
 
@@ -314,9 +383,13 @@ pub fn write_adapter(
 ) -> Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
-    write_atomic(
+    write_tensors(
         &dir.join("adapter_model.safetensors"),
-        &serialize(tensors, None)?,
+        tensors
+            .iter()
+            .map(|(n, t)| (n.clone(), Lazy::Tensor(t)))
+            .collect(),
+        None,
     )?;
     let cfg = serde_json::json!({
         "peft_type": "LORA",
@@ -439,12 +512,13 @@ pub fn load_base_fp8(
 /// down) stored as `fp8` gives them (by name: FP8 codes and f32 factors, see
 /// the module docs) and every other tensor in bf16, and `config.json`.
 pub fn save_model_fp8(dir: &Path, model: &Llama, fp8: &HashMap<String, Fp8Weight>) -> Result<()> {
-    let mut owned: Vec<RawTensor> = Vec::new();
+    let mut out: Vec<(String, Lazy)> = Vec::new();
     for (name, t) in model.params() {
         let Some(w) = fp8.get(&name) else {
+            // The other tensors (embedding, norms, head) in bf16.
             let t = t.to_dtype(DType::Bf16);
             let (d, b) = to_bytes(&t);
-            owned.push((name, d, t.shape().to_vec(), b));
+            out.push((name, Lazy::Raw(d, t.shape().to_vec(), b.into())));
             continue;
         };
         let (n, k) = (w.rows(), w.cols());
@@ -458,19 +532,22 @@ pub fn save_model_fp8(dir: &Path, model: &Llama, fp8: &HashMap<String, Fp8Weight
             Format::E4M3 => Dtype::F8_E4M3,
             _ => Dtype::F8_E5M2,
         };
-        owned.push((name.clone(), d, vec![n, k], w.codes().to_vec()));
+        out.push((
+            name.clone(),
+            Lazy::Raw(d, vec![n, k], std::borrow::Cow::Borrowed(w.codes())),
+        ));
         let (suffix, shape) = match w.scaling() {
             WeightScaling::Tensor => ("_scale", vec![1]),
             WeightScaling::Channel => ("_scale", vec![n, 1]),
             WeightScaling::Block128 => ("_scale_inv", vec![n.div_ceil(128), k.div_ceil(128)]),
         };
-        let bytes = w.factors().iter().flat_map(|f| f.to_le_bytes()).collect();
-        owned.push((format!("{name}{suffix}"), Dtype::F32, shape, bytes));
+        let factors: Vec<u8> = w.factors().iter().flat_map(|f| f.to_le_bytes()).collect();
+        out.push((
+            format!("{name}{suffix}"),
+            Lazy::Raw(Dtype::F32, shape, factors.into()),
+        ));
     }
-    let bytes = serialize_raw(&owned, None)?;
-    std::fs::create_dir_all(dir)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
-    write_atomic(&dir.join("model.safetensors"), &bytes)?;
+    write_tensors(&dir.join("model.safetensors"), out, None)?;
     write_config(dir, &model.cfg, DType::Bf16)
 }
 
@@ -486,7 +563,7 @@ pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str, scaling: &str) -> 
         ] {
             tensors.push((
                 format!("{}.{suffix}", s.name),
-                Tensor::from_f32(&s.shape, v.clone())?,
+                Lazy::F32(v.as_slice(), s.shape.as_slice()),
             ));
         }
     }
@@ -499,10 +576,7 @@ pub fn save_optimizer(dir: &Path, opt: &AdamW, trainer: &str, scaling: &str) -> 
         ("trainer".to_string(), trainer.to_string()),
         ("scaling".to_string(), scaling.to_string()),
     ]);
-    write_atomic(
-        &dir.join("optimizer.safetensors"),
-        &serialize(&tensors, Some(meta))?,
-    )
+    write_tensors(&dir.join("optimizer.safetensors"), tensors, Some(meta))
 }
 
 /// Load the optimizer state for `model`'s parameters and restore the model's
