@@ -201,10 +201,23 @@ type FileTensors = (HashMap<String, Tensor>, RawFp8, HashMap<String, String>);
 
 /// Every tensor of a safetensors file: the floating-point ones as tensors,
 /// the FP8 ones (`F8_E4M3`, `F8_E5M2`) as raw codes, and the metadata.
+///
+/// The file is mapped, not read into memory: its pages are the page cache's,
+/// so loading holds the converted tensors and not a second copy of the file.
 fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
-    let bytes =
-        std::fs::read(path).map_err(|e| Error::Checkpoint(format!("{}: {e}", path.display())))?;
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    if len < 8 {
+        return Err(bad(format!(
+            "not a valid safetensors file ({len} bytes, less than its 8-byte header length)"
+        )));
+    }
+    // SAFETY: the map is read-only and dropped before this returns; octet
+    // replaces checkpoint files by rename (never in place), so a file being
+    // mapped is not written to by octet. (Another program truncating it
+    // while it is read is outside what a checkpoint reader can guard.)
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
     let st = SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
