@@ -2503,6 +2503,13 @@ impl<'g> GpuLlama<'g> {
                 "unexpected tensor {extra} for this config"
             )));
         }
+        // A stored FP8 block matrix that no parameter took (it has no dense
+        // copy in `weights` to be caught above).
+        if let Some(extra) = as_stored.keys().find(|n| n.ends_with("_proj.weight")) {
+            return Err(Error::Shape(format!(
+                "unexpected FP8 tensor {extra} for this config"
+            )));
+        }
         let head = head.ok_or_else(|| Error::Shape("no LM head".into()))?;
         // Adapters, in the order (and with the seeds) of the CPU `into_lora`.
         let mut given: Option<HashMap<&str, &Tensor>> =

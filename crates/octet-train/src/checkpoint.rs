@@ -51,12 +51,13 @@ fn atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -> Resu
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
-    let done = write(&tmp).and_then(|()| std::fs::File::open(&tmp)?.sync_all());
+    let done = write(&tmp)
+        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
+        .and_then(|()| std::fs::rename(&tmp, path));
     if let Err(e) = done {
         let _ = std::fs::remove_file(&tmp);
         return Err(io(e));
     }
-    std::fs::rename(&tmp, path).map_err(io)?;
     if let Ok(d) = std::fs::File::open(dir) {
         let _ = d.sync_all(); // not every filesystem allows fsync on a directory
     }
@@ -150,7 +151,12 @@ fn write_tensors(
         }
     }
     atomic(path, |tmp| {
-        safetensors::serialize_to_file(tensors, meta, tmp).map_err(std::io::Error::other)
+        // `serialize_to_file` writes through a file of its own that is
+        // readable by its owner only; the checkpoint gets the permissions a
+        // file created here gets (the umask's, as `write_atomic`'s files).
+        let perms = std::fs::File::create(tmp)?.metadata()?.permissions();
+        safetensors::serialize_to_file(tensors, meta, tmp).map_err(std::io::Error::other)?;
+        std::fs::set_permissions(tmp, perms)
     })
 }
 

@@ -221,3 +221,39 @@ fn lora_on_an_fp8_checkpoint_keeps_its_codes() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The streaming writer's files get the permissions of a file created in the
+/// same place (the umask's), not the owner-only mode of the safetensors
+/// crate's own temp file; no temp file is left beside them.
+#[cfg(unix)]
+#[test]
+fn checkpoint_files_get_ordinary_permissions() {
+    use std::os::unix::fs::PermissionsExt;
+    let model = Llama::new_random(&cfg(), DType::F32, None, 5).unwrap();
+    let dir = tmpdir("perms");
+    checkpoint::save_model(&dir, &model).unwrap();
+    let probe = dir.join("probe");
+    let want = std::fs::File::create(&probe)
+        .unwrap()
+        .metadata()
+        .unwrap()
+        .permissions()
+        .mode();
+    std::fs::remove_file(&probe).unwrap();
+    let got = std::fs::metadata(dir.join("model.safetensors"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(got & 0o777, want & 0o777);
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(
+        names.iter().all(|n| !n.starts_with('.')),
+        "temp files left: {names:?}"
+    );
+    let back = checkpoint::load_weights(&dir, DType::F32).unwrap();
+    assert_eq!(back.len(), model.params().len());
+    let _ = std::fs::remove_dir_all(&dir);
+}
