@@ -9,7 +9,7 @@ use octet_dist::{local_batch, spawn_ranks, Communicator, FsdpConfig, FsdpRank, T
 use octet_nn::llama::Llama;
 use octet_tensor::DType;
 use octet_train::checkpoint;
-use octet_train::data::{Dataset, Split};
+use octet_train::data::Split;
 use octet_train::metrics::{MetricsWriter, StepMetrics};
 use octet_train::optim::lr_at;
 use octet_train::trainer::{evaluate, Observer, TrainConfig};
@@ -44,10 +44,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     cfg.check_resume(resume)?;
     let recipe = cfg.recipe()?;
     let mcfg = cfg.llama_config()?;
-    let data = match &cfg.data {
-        Some(p) => Dataset::load(p, mcfg.vocab_size, 0.1)?,
-        None => Dataset::default_corpus(),
-    };
+    let data = cfg.dataset(mcfg.vocab_size)?;
     // `--init`: read (and merge) the starting weights once; each rank takes a copy.
     let init = match resume {
         Some(_) => None,

@@ -6,7 +6,7 @@ use octet_nn::decode::{sample, DecodeModel, WeightStorage};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
-use octet_train::data::ByteTokenizer;
+use octet_train::data::Tokenizer;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::Write;
@@ -54,6 +54,26 @@ pub struct GenerateArgs {
     /// cpu, cuda or auto (the GPU when there is one).
     #[arg(long, default_value = "auto")]
     device: String,
+    /// byte, gpt2, or auto: the one `octet train` made the model's
+    /// vocabulary for (256 ids: byte; 50257 to 50304: gpt2).
+    #[arg(long, default_value = "auto")]
+    tokenizer: String,
+}
+
+/// The tokenizer of `--tokenizer` for a model of `cfg`'s vocabulary.
+fn tokenizer(a: &GenerateArgs, cfg: &LlamaConfig) -> anyhow::Result<Tokenizer> {
+    let tok = match a.tokenizer.as_str() {
+        "auto" => Tokenizer::for_vocab(cfg.vocab_size)?,
+        name => Tokenizer::from_name(name)?,
+    };
+    anyhow::ensure!(
+        tok.vocab() <= cfg.vocab_size,
+        "--tokenizer {} makes {} token ids; the model's vocab_size is {}",
+        tok.name(),
+        tok.vocab(),
+        cfg.vocab_size
+    );
+    Ok(tok)
 }
 
 fn gpu_weights(name: &str) -> anyhow::Result<octet_cuda::decode::GpuWeights> {
@@ -88,7 +108,7 @@ fn run_one_gpu(
     weights: &str,
     echo: bool,
 ) -> anyhow::Result<Run> {
-    let tok = ByteTokenizer;
+    let tok = tokenizer(a, cfg)?;
     let mut dec = octet_cuda::decode::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
@@ -177,7 +197,7 @@ fn run_one(
     storage: WeightStorage,
     echo: bool,
 ) -> anyhow::Result<Run> {
-    let tok = ByteTokenizer;
+    let tok = tokenizer(a, cfg)?;
     let mut model = DecodeModel::new(cfg, w, storage)?;
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
@@ -211,7 +231,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     let (cfg, w, source) = load(&a)?;
     WeightStorage::from_name(&a.weights)?; // a bad name is an error before anything loads
     check_positions(
-        ByteTokenizer.encode(&a.prompt).len(),
+        tokenizer(&a, &cfg)?.encode(&a.prompt).len(),
         a.max_tokens,
         cfg.max_position_embeddings,
     )?;

@@ -26,6 +26,11 @@ pub struct TrainArgs {
     /// Training text file, directory of .txt files, or .bin token file (default: embedded Tiny Shakespeare).
     #[arg(long)]
     data: Option<PathBuf>,
+    /// Tokenizer of text data and samples: `byte` (the default, 256 ids) or
+    /// `gpt2` (GPT-2's BPE, shipped by the tiktoken-rs crate; a preset model
+    /// gets a vocabulary of 50304).
+    #[arg(long)]
+    tokenizer: Option<String>,
     /// bf16 (no FP8) or an FP8 recipe: delayed, tensorwise, rowwise, blockwise, mxfp8, nvfp4.
     #[arg(long)]
     recipe: Option<String>,
@@ -189,7 +194,8 @@ impl TrainArgs {
             ckpt_every,
             sample_tokens,
             grad_reduce,
-            saved_activations
+            saved_activations,
+            tokenizer
         );
         if let Some(d) = &self.data {
             c.data = Some(d.clone());

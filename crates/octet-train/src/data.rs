@@ -1,5 +1,6 @@
-//! Training data: a byte-level tokenizer, text or pre-tokenized token files,
-//! a train/validation split, and deterministic batch sampling.
+//! Training data: a byte-level tokenizer or GPT-2's BPE, text or
+//! pre-tokenized token files, a train/validation split, and deterministic
+//! batch sampling.
 //!
 //! Batches are drawn by a generator seeded from `(seed, step)`, so a resumed
 //! run sees exactly the batches the uninterrupted run would have seen without
@@ -32,6 +33,99 @@ impl ByteTokenizer {
             .map(|&t| u8::try_from(t).unwrap_or(b'?'))
             .collect();
         String::from_utf8_lossy(&bytes).into_owned()
+    }
+}
+
+/// The tokenizers a run can use (`--tokenizer`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tokenizer {
+    /// Byte-level: token id = byte value ([`ByteTokenizer`]), 256 ids.
+    #[default]
+    Byte,
+    /// GPT-2's byte-level BPE (`r50k_base`, 50,257 ids), from the
+    /// `tiktoken-rs` crate, which ships the vocabulary (no download).
+    Gpt2,
+}
+
+/// GPT-2's token ids.
+const GPT2_VOCAB: usize = 50_257;
+
+impl Tokenizer {
+    /// `byte` or `gpt2`.
+    pub fn from_name(name: &str) -> Result<Tokenizer> {
+        match name {
+            "byte" => Ok(Tokenizer::Byte),
+            "gpt2" => Ok(Tokenizer::Gpt2),
+            other => Err(Error::Data(format!(
+                "tokenizer '{other}': expected byte or gpt2"
+            ))),
+        }
+    }
+
+    /// The name [`Tokenizer::from_name`] takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tokenizer::Byte => "byte",
+            Tokenizer::Gpt2 => "gpt2",
+        }
+    }
+
+    /// How many token ids it produces (256; GPT-2's 50,257).
+    pub fn vocab(self) -> usize {
+        match self {
+            Tokenizer::Byte => ByteTokenizer::VOCAB,
+            Tokenizer::Gpt2 => GPT2_VOCAB,
+        }
+    }
+
+    /// The vocabulary of a model made for it: 256, or GPT-2's 50,257 rounded
+    /// up to a multiple of 128 (50,304, as nanoGPT pads it: the LM head's
+    /// GEMMs and kernels want multiples of 16). The extra ids never occur in
+    /// the data.
+    pub fn model_vocab(self) -> usize {
+        self.vocab().next_multiple_of(128).max(ByteTokenizer::VOCAB)
+    }
+
+    /// The tokenizer of a model with `vocab` ids, as octet makes them: 256
+    /// for byte-level, 50,257 to 50,304 for GPT-2's.
+    pub fn for_vocab(vocab: usize) -> Result<Tokenizer> {
+        match vocab {
+            256 => Ok(Tokenizer::Byte),
+            v if (GPT2_VOCAB..=GPT2_VOCAB.next_multiple_of(128)).contains(&v) => {
+                Ok(Tokenizer::Gpt2)
+            }
+            v => Err(Error::Data(format!(
+                "no tokenizer of octet's for a vocabulary of {v} (byte: 256, gpt2: 50257 to 50304); give --tokenizer"
+            ))),
+        }
+    }
+
+    /// Encode text into token ids (GPT-2: special tokens such as
+    /// `<|endoftext|>` are read as ordinary text).
+    pub fn encode(self, text: &str) -> Vec<u32> {
+        match self {
+            Tokenizer::Byte => ByteTokenizer.encode(text),
+            Tokenizer::Gpt2 => tiktoken_rs::r50k_base_singleton().encode_ordinary(text),
+        }
+    }
+
+    /// Decode token ids to text (ids outside the vocabulary are left out;
+    /// invalid UTF-8 shows as U+FFFD).
+    pub fn decode(self, tokens: &[u32]) -> String {
+        match self {
+            Tokenizer::Byte => ByteTokenizer.decode(tokens),
+            Tokenizer::Gpt2 => {
+                let known: Vec<u32> = tokens
+                    .iter()
+                    .copied()
+                    .filter(|&t| (t as usize) < GPT2_VOCAB)
+                    .collect();
+                let bytes = tiktoken_rs::r50k_base_singleton()
+                    .decode_bytes(&known)
+                    .unwrap_or_default();
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
+        }
     }
 }
 
@@ -68,14 +162,31 @@ impl Dataset {
 
     /// The embedded Tiny Shakespeare corpus, byte-level, 10% validation.
     pub fn default_corpus() -> Dataset {
-        let tokens = ByteTokenizer.encode(DEFAULT_CORPUS);
-        // Byte ids are always < 256, so this cannot fail.
-        Dataset::from_tokens(tokens, ByteTokenizer::VOCAB, 0.1).unwrap_or_else(|_| unreachable!())
+        Dataset::default_corpus_with(Tokenizer::Byte)
+    }
+
+    /// The embedded Tiny Shakespeare corpus by `tok`, 10% validation.
+    pub fn default_corpus_with(tok: Tokenizer) -> Dataset {
+        let tokens = tok.encode(DEFAULT_CORPUS);
+        // Every id is below the tokenizer's vocabulary, so this cannot fail.
+        Dataset::from_tokens(tokens, tok.vocab(), 0.1).unwrap_or_else(|_| unreachable!())
     }
 
     /// Load a text file, a directory of `.txt` files (sorted by name), or a
     /// pre-tokenized `.bin` file of little-endian u16 (or u32 with `.u32.bin`).
+    /// Text is byte-level; [`Dataset::load_with`] takes a tokenizer.
     pub fn load(path: &Path, vocab: usize, val_fraction: f64) -> Result<Dataset> {
+        Dataset::load_with(path, Tokenizer::Byte, vocab, val_fraction)
+    }
+
+    /// [`Dataset::load`] with text encoded by `tok` (token files are read as
+    /// they are); every id must be below `vocab`.
+    pub fn load_with(
+        path: &Path,
+        tok: Tokenizer,
+        vocab: usize,
+        val_fraction: f64,
+    ) -> Result<Dataset> {
         let io = |e: std::io::Error| Error::Data(format!("{}: {e}", path.display()));
         let name = path.to_string_lossy();
         let tokens = if path.is_dir() {
@@ -98,7 +209,7 @@ impl Dataset {
                         .map_err(|e| Error::Data(format!("{}: {e}", f.display())))?,
                 );
             }
-            ByteTokenizer.encode(&text)
+            tok.encode(&text)
         } else if name.ends_with(".u32.bin") {
             let b = std::fs::read(path).map_err(io)?;
             if b.len() % 4 != 0 {
@@ -122,7 +233,7 @@ impl Dataset {
                 .map(|c| u32::from(u16::from_le_bytes([c[0], c[1]])))
                 .collect()
         } else {
-            ByteTokenizer.encode(&std::fs::read_to_string(path).map_err(io)?)
+            tok.encode(&std::fs::read_to_string(path).map_err(io)?)
         };
         Dataset::from_tokens(tokens, vocab, val_fraction)
     }
@@ -182,6 +293,29 @@ pub enum Split {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpt2_tokens_round_trip_and_name_the_vocabulary() {
+        let text = &DEFAULT_CORPUS[..4000];
+        let tok = Tokenizer::from_name("gpt2").unwrap();
+        let ids = tok.encode(text);
+        // BPE merges: several bytes a token on English text.
+        assert!(ids.len() < text.len() / 3, "{} tokens", ids.len());
+        assert!(ids.iter().all(|&t| (t as usize) < tok.vocab()));
+        assert_eq!(tok.decode(&ids), text);
+        // GPT-2's ids of a known string (its "Hello world" is 15496, 995).
+        assert_eq!(tok.encode("Hello world"), vec![15496, 995]);
+        // Ids past the vocabulary (the model's padding) decode to nothing.
+        assert_eq!(tok.decode(&[15496, 50300, 995]), "Hello world");
+        assert_eq!((tok.vocab(), tok.model_vocab()), (50257, 50304));
+        assert_eq!(Tokenizer::for_vocab(50304).unwrap(), Tokenizer::Gpt2);
+        assert_eq!(Tokenizer::for_vocab(256).unwrap(), Tokenizer::Byte);
+        assert!(Tokenizer::for_vocab(32000).is_err());
+        assert!(Tokenizer::from_name("bpe").is_err());
+        let byte = Tokenizer::Byte;
+        assert_eq!(byte.decode(&byte.encode(text)), text);
+        assert_eq!((byte.vocab(), byte.model_vocab()), (256, 256));
+    }
 
     #[test]
     fn batches_are_shifted_windows_and_reproducible() {

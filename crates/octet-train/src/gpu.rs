@@ -15,7 +15,7 @@
 //! adapters' optimizer state), and its sample decodes the merged weights.
 
 use crate::checkpoint;
-use crate::data::{ByteTokenizer, Dataset, Split};
+use crate::data::{Dataset, Split};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{lr_at, AdamW, ParamState};
 use crate::trainer::{pick_token, plot_losses, LoraSettings, Observer, RunSummary, TrainConfig};
@@ -273,10 +273,7 @@ pub fn train_gpu_ranked(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
-    let data = match &cfg.data {
-        Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
-        None => Dataset::default_corpus(),
-    };
+    let data = cfg.dataset(cfg.llama_config()?.vocab_size)?;
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
     let mut model = match (resume, &cfg.lora) {
@@ -557,7 +554,8 @@ pub fn train_gpu_ranked(
     let sample_text = if let (true, Some(w)) = (lead, sample_weights) {
         let w: HashMap<String, Tensor> = w.into_iter().collect();
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
-        let prompt = ByteTokenizer.encode("ROMEO:\n");
+        let tok = cfg.tokenizer()?;
+        let prompt = tok.encode("ROMEO:\n");
         let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
         let mut logits = Vec::new();
         for &t in &prompt {
@@ -575,7 +573,7 @@ pub fn train_gpu_ranked(
                 logits = dec.step(t)?;
             }
         }
-        ByteTokenizer.decode(&out)
+        tok.decode(&out)
     } else {
         String::new()
     };

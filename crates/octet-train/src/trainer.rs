@@ -6,7 +6,7 @@
 //! checkpoint reproduces the uninterrupted run's losses exactly.
 
 use crate::checkpoint;
-use crate::data::{ByteTokenizer, Dataset, Split};
+use crate::data::{Dataset, Split, Tokenizer};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{lr_at, AdamW, AdamWConfig};
 use crate::plot::{line_plot, Series};
@@ -57,6 +57,10 @@ pub struct TrainConfig {
     pub init_adapter_base_format: String,
     /// Training data: a text file, a directory of .txt, or a .bin token file; `None` = embedded corpus.
     pub data: Option<PathBuf>,
+    /// Tokenizer of text data and samples: `byte` (256 ids) or `gpt2`
+    /// (GPT-2's BPE; a preset model gets 50,304 ids, an explicit or `init`
+    /// model must have at least 50,257).
+    pub tokenizer: String,
     /// `bf16` (high precision, no FP8) or an FP8 recipe name (`Recipe::NAMES`).
     pub recipe: String,
     /// Backward mode of FP8 recipes.
@@ -251,6 +255,7 @@ impl Default for TrainConfig {
             init_adapter: None,
             init_adapter_base_format: "fp8-tensorwise".into(),
             data: None,
+            tokenizer: "byte".into(),
             recipe: "tensorwise".into(),
             backward: "quantized".into(),
             batch: 8,
@@ -304,6 +309,17 @@ impl TrainConfig {
             (None, Some(c)) => c.clone(),
             (None, None) => LlamaConfig::preset(&self.model)?,
         };
+        let tok = self.tokenizer()?;
+        if self.init.is_none() && self.model_config.is_none() {
+            cfg.vocab_size = cfg.vocab_size.max(tok.model_vocab());
+        } else if cfg.vocab_size < tok.vocab() {
+            return Err(Error::Train(format!(
+                "--tokenizer {} makes {} token ids; the model's vocab_size is {}",
+                tok.name(),
+                tok.vocab(),
+                cfg.vocab_size
+            )));
+        }
         let raised = self.seq > cfg.max_position_embeddings;
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq);
         cfg.validate().map_err(|e| {
@@ -317,6 +333,31 @@ impl TrainConfig {
             }
         })?;
         Ok(cfg)
+    }
+
+    /// The tokenizer (`tokenizer`, checked).
+    pub fn tokenizer(&self) -> Result<Tokenizer> {
+        Tokenizer::from_name(&self.tokenizer)
+    }
+
+    /// The run's data (`data`, or the embedded corpus) by its tokenizer, for
+    /// a model of `vocab` ids.
+    pub fn dataset(&self, vocab: usize) -> Result<Dataset> {
+        let tok = self.tokenizer()?;
+        match &self.data {
+            Some(p) => Dataset::load_with(p, tok, vocab, 0.1),
+            None => {
+                let d = Dataset::default_corpus_with(tok);
+                if d.vocab > vocab {
+                    return Err(Error::Data(format!(
+                        "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
+                        tok.name(),
+                        d.vocab
+                    )));
+                }
+                Ok(d)
+            }
+        }
     }
 
     /// Check a run resumed from `resume` (a checkpoint directory) before
@@ -430,6 +471,7 @@ impl TrainConfig {
                 self.lr
             )));
         }
+        self.tokenizer()?;
         if !matches!(self.saved_activations.as_str(), "full" | "fp8") {
             return Err(Error::Train(format!(
                 "--saved-activations {}: expected full or fp8",
@@ -635,10 +677,7 @@ pub fn train(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
-    let data = match &cfg.data {
-        Some(p) => Dataset::load(p, cfg.llama_config()?.vocab_size, 0.1)?,
-        None => Dataset::default_corpus(),
-    };
+    let data = cfg.dataset(cfg.llama_config()?.vocab_size)?;
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
     let (mut model, mut opt) = match (resume, &cfg.lora) {
@@ -803,9 +842,10 @@ pub fn train(
         obs,
     );
     let sample_text = if cfg.sample_tokens > 0 {
-        let prompt = ByteTokenizer.encode("ROMEO:\n");
+        let tok = cfg.tokenizer()?;
+        let prompt = tok.encode("ROMEO:\n");
         let toks = sample(&mut model, &prompt, cfg.sample_tokens, 0.8, 40, cfg.seed)?;
-        ByteTokenizer.decode(&toks)
+        tok.decode(&toks)
     } else {
         String::new()
     };

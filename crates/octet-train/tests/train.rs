@@ -257,6 +257,32 @@ fn tied_embeddings_load_with_or_without_a_duplicate_head() {
 }
 
 #[test]
+fn gpt2_tokenizer_trains_a_model_of_its_vocabulary() {
+    let out = tmpdir("gpt2");
+    let cfg = TrainConfig {
+        tokenizer: "gpt2".into(),
+        save: false,
+        ..small_run("gpt2", &out, "tensorwise")
+    };
+    let mcfg = cfg.llama_config().unwrap();
+    assert_eq!(mcfg.vocab_size, 50304);
+    let data = cfg.dataset(mcfg.vocab_size).unwrap();
+    assert_eq!(data.vocab, 50257);
+    assert!(data.train.iter().any(|&t| t > 255), "BPE ids, not bytes");
+    let s = train(&cfg, None, &mut Quiet).unwrap();
+    // Starts near ln(50304) = 10.83 (uniform over the vocabulary) and falls.
+    assert!((s.losses[0] - 50304f64.ln()).abs() < 0.5, "{:?}", s.losses);
+    assert!(s.losses.last().unwrap() < &s.losses[0], "{:?}", s.losses);
+    // An explicit model smaller than the tokenizer's ids is refused.
+    let small = TrainConfig {
+        model_config: Some(tiny()),
+        ..cfg.clone()
+    };
+    assert!(small.llama_config().is_err());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn a_benchmark_run_writes_no_checkpoint_and_skips_evaluation() {
     let out = tmpdir("nosave");
     let cfg = TrainConfig {
