@@ -273,7 +273,7 @@ pub fn train_gpu_ranked(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
-    let data = cfg.dataset(cfg.llama_config()?.vocab_size)?;
+    let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
     let mut model = match (resume, &cfg.lora) {

@@ -340,23 +340,30 @@ impl TrainConfig {
         Tokenizer::from_name(&self.tokenizer)
     }
 
+    /// The vocabulary of the model this run trains: a LoRA base's, else
+    /// [`TrainConfig::llama_config`]'s.
+    pub fn model_vocab(&self) -> Result<usize> {
+        match self.lora.as_ref().and_then(|l| l.base.as_ref()) {
+            Some(base) => Ok(checkpoint::load_config(base)?.vocab_size),
+            None => Ok(self.llama_config()?.vocab_size),
+        }
+    }
+
     /// The run's data (`data`, or the embedded corpus) by its tokenizer, for
-    /// a model of `vocab` ids.
+    /// a model of `vocab` ids: a tokenizer with more ids than the model is an
+    /// error here, before anything trains.
     pub fn dataset(&self, vocab: usize) -> Result<Dataset> {
         let tok = self.tokenizer()?;
+        if tok.vocab() > vocab {
+            return Err(Error::Data(format!(
+                "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
+                tok.name(),
+                tok.vocab()
+            )));
+        }
         match &self.data {
             Some(p) => Dataset::load_with(p, tok, vocab, 0.1),
-            None => {
-                let d = Dataset::default_corpus_with(tok);
-                if d.vocab > vocab {
-                    return Err(Error::Data(format!(
-                        "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
-                        tok.name(),
-                        d.vocab
-                    )));
-                }
-                Ok(d)
-            }
+            None => Ok(Dataset::default_corpus_with(tok)),
         }
     }
 
@@ -677,7 +684,7 @@ pub fn train(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
-    let data = cfg.dataset(cfg.llama_config()?.vocab_size)?;
+    let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
     std::fs::create_dir_all(&dir)?;
     let (mut model, mut opt) = match (resume, &cfg.lora) {
