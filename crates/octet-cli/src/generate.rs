@@ -66,13 +66,7 @@ fn tokenizer(a: &GenerateArgs, cfg: &LlamaConfig) -> anyhow::Result<Tokenizer> {
         "auto" => Tokenizer::for_vocab(cfg.vocab_size)?,
         name => Tokenizer::from_name(name)?,
     };
-    anyhow::ensure!(
-        tok.vocab() <= cfg.vocab_size,
-        "--tokenizer {} makes {} token ids; the model's vocab_size is {}",
-        tok.name(),
-        tok.vocab(),
-        cfg.vocab_size
-    );
+    tok.check_fits(cfg.vocab_size)?;
     Ok(tok)
 }
 

@@ -2431,45 +2431,27 @@ impl<'g> GpuLlama<'g> {
             let in_block =
                 si >= 1 && si <= 9 * nl && block_matrix_slots((si - 1) / 9).contains(&si);
             let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
-            // A block matrix stored in FP8 needs no dense copy in `weights`
-            // (`octet_train::checkpoint::load_base_fp8` makes none).
-            let fp8_base = matches!(spec.base, octet_nn::lora::BaseFormat::Fp8(_));
-            if in_block && fp8_base && !remaining.contains_key(name.as_str()) {
-                if let Some(q) = as_stored.remove(&name) {
-                    let (n, k) = (shape[0], shape[1]);
-                    if (q.rows(), q.cols()) != (n, k) {
-                        return Err(Error::Shape(format!(
-                            "{name}: stored FP8 weight is ({}, {}), the model's ({n}, {k})",
-                            q.rows(),
-                            q.cols()
-                        )));
-                    }
-                    bases.push(Some((GpuBase::Fp8(gpu.upload_fp8_weight(&q)?), n, k)));
-                    rep_off.push(None);
-                    base_slots.push(Slot {
-                        offset: 0,
-                        numel: n * k,
-                        decay: true,
-                        name,
-                        shape,
-                    });
-                    continue;
-                }
-            }
-            let t = remaining
-                .remove(name.as_str())
-                .ok_or_else(|| Error::Shape(format!("missing tensor {name}")))?;
-            if t.shape() != shape.as_slice() {
+            // A block matrix kept as stored in FP8 may have no dense copy in
+            // `weights` (`octet_train::checkpoint::load_base_fp8` makes none).
+            let dense = remaining.remove(name.as_str());
+            if let Some(t) = dense.filter(|t| t.shape() != shape.as_slice()) {
                 return Err(Error::Shape(format!(
                     "tensor {name} has shape {:?}, expected {shape:?}",
                     t.shape()
                 )));
             }
+            let missing = || Error::Shape(format!("missing tensor {name}"));
             let mut stored = None;
             if in_block {
                 let (n, k) = (shape[0], shape[1]);
-                let b = octet_nn::lora::Base::from_checkpoint(&name, t, spec.base, as_stored)
-                    .map_err(|e| Error::Shape(format!("{name}: {e}")))?;
+                let b = octet_nn::lora::Base::from_checkpoint(
+                    &name,
+                    (n, k),
+                    dense,
+                    spec.base,
+                    as_stored,
+                )
+                .map_err(|e| Error::Shape(format!("{name}: {e}")))?;
                 let gb = match b {
                     octet_nn::lora::Base::Fp8(w) => GpuBase::Fp8(gpu.upload_fp8_weight(&w)?),
                     octet_nn::lora::Base::Dense(w) => GpuBase::Bf16(to_bf16(&w)?),
@@ -2477,9 +2459,10 @@ impl<'g> GpuLlama<'g> {
                 stored = Some((gb, n, k));
                 rep_off.push(None);
             } else if is_head {
-                head = Some(to_bf16(t)?);
+                head = Some(to_bf16(dense.ok_or_else(missing)?)?);
                 rep_off.push(None);
             } else {
+                let t = dense.ok_or_else(missing)?;
                 rep_off.push(Some(rep_host.len()));
                 rep_host.extend(t.to_f32_vec());
                 if si == 0 && cfg.tie_word_embeddings {
@@ -2489,7 +2472,7 @@ impl<'g> GpuLlama<'g> {
             bases.push(stored);
             base_slots.push(Slot {
                 offset: 0,
-                numel: t.numel(),
+                numel: shape.iter().product(),
                 decay: shape.len() >= 2,
                 name,
                 shape,

@@ -762,7 +762,13 @@ impl Llama {
                 };
                 let (n, k) = (l.out_features(), l.in_features());
                 let name = format!("model.layers.{i}.{module}.weight");
-                let base = Base::from_checkpoint(&name, &l.weight, spec.base, stored)?;
+                let base = Base::from_checkpoint(
+                    &name,
+                    l.weight.dims2()?,
+                    Some(&l.weight),
+                    spec.base,
+                    stored,
+                )?;
                 let adapter = if spec.targets.iter().any(|t| t == short) {
                     seed += 1;
                     Some(Adapter::init(n, k, spec.rank, spec.alpha, seed)?)

@@ -100,31 +100,37 @@ impl Base {
         })
     }
 
-    /// The base of matrix `name` from a checkpoint: the FP8 weight the
-    /// checkpoint stored for it (taken out of `stored`) is kept as it is when
-    /// `format` is an FP8 one, with its own scaling whatever `format`'s (no
-    /// second quantization); when `format` is bf16, `w` (its dequantized
-    /// values) is rounded to bf16. A matrix the checkpoint did not store in
-    /// FP8 goes through [`Base::new`].
+    /// The base of the `(n, k)` matrix `name` from a checkpoint: the FP8
+    /// weight the checkpoint stored for it (taken out of `stored`) is kept as
+    /// it is when `format` is an FP8 one, with its own scaling whatever
+    /// `format`'s (no second quantization); otherwise `w`, its dense values
+    /// (dequantized where it was stored in FP8), goes through [`Base::new`].
+    /// `w` may be absent where the stored FP8 weight is kept (a reader that
+    /// made no dense copy of it).
     pub fn from_checkpoint(
         name: &str,
-        w: &Tensor,
+        (n, k): (usize, usize),
+        w: Option<&Tensor>,
         format: BaseFormat,
         stored: &mut std::collections::HashMap<String, Fp8Weight>,
     ) -> Result<Base> {
-        match (stored.remove(name), format) {
-            (Some(q), BaseFormat::Fp8(_)) => {
-                if w.dims2()? != (q.rows(), q.cols()) {
+        match (stored.remove(name), format, w) {
+            (Some(q), BaseFormat::Fp8(_), _) => {
+                if (q.rows(), q.cols()) != (n, k) {
                     return Err(Error::Shape(format!(
-                        "{name}: stored FP8 weight is ({}, {}), the model's {:?}",
+                        "{name}: stored FP8 weight is ({}, {}), the model's ({n}, {k})",
                         q.rows(),
-                        q.cols(),
-                        w.shape()
+                        q.cols()
                     )));
                 }
                 Ok(Base::Fp8(q))
             }
-            _ => Base::new(w, format),
+            (_, _, Some(w)) if w.dims2()? == (n, k) => Base::new(w, format),
+            (_, _, Some(w)) => Err(Error::Shape(format!(
+                "{name} has shape {:?}, the model's ({n}, {k})",
+                w.shape()
+            ))),
+            (_, _, None) => Err(Error::Shape(format!("missing tensor {name}"))),
         }
     }
 

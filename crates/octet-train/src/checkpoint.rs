@@ -79,11 +79,7 @@ enum Lazy<'a> {
 impl safetensors::View for Lazy<'_> {
     fn dtype(&self) -> Dtype {
         match self {
-            Lazy::Tensor(t) => match t.dtype() {
-                DType::F32 => Dtype::F32,
-                DType::F64 => Dtype::F64,
-                DType::Bf16 => Dtype::BF16,
-            },
+            Lazy::Tensor(t) => st_dtype(t.dtype()),
             Lazy::F32(..) => Dtype::F32,
             Lazy::Raw(d, ..) => *d,
         }
@@ -111,14 +107,7 @@ impl safetensors::View for Lazy<'_> {
 
     fn data_len(&self) -> usize {
         match self {
-            Lazy::Tensor(t) => {
-                t.numel()
-                    * match t.dtype() {
-                        DType::F32 => 4,
-                        DType::F64 => 8,
-                        DType::Bf16 => 2,
-                    }
-            }
+            Lazy::Tensor(t) => t.bytes(),
             Lazy::F32(v, _) => 4 * v.len(),
             Lazy::Raw(_, _, b) => b.len(),
         }
@@ -135,17 +124,12 @@ fn write_tensors(
     meta: Option<HashMap<String, String>>,
 ) -> Result<()> {
     for (name, t) in &tensors {
-        let want: Option<usize> = t.shape().iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let elem = match safetensors::View::dtype(t) {
-            Dtype::F64 => 8,
-            Dtype::F32 => 4,
-            Dtype::BF16 | Dtype::F16 => 2,
-            _ => 1,
-        };
-        if want.and_then(|n| n.checked_mul(elem)) != Some(safetensors::View::data_len(t)) {
+        let want = octet_tensor::checked_numel(t.shape()).ok();
+        let bits = want.and_then(|n| n.checked_mul(t.dtype().bitsize()));
+        if bits.map(|b| b.div_ceil(8)) != Some(t.data_len()) {
             return Err(Error::Checkpoint(format!(
                 "tensor {name}: {} bytes for shape {:?}",
-                safetensors::View::data_len(t),
+                t.data_len(),
                 t.shape()
             )));
         }
@@ -160,31 +144,35 @@ fn write_tensors(
     })
 }
 
-fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
-    match t.dtype() {
-        DType::F32 => (
-            Dtype::F32,
-            t.to_f32_vec()
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
-        ),
-        DType::F64 => (
-            Dtype::F64,
-            t.to_f64_vec()
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect(),
-        ),
-        DType::Bf16 => (
-            Dtype::BF16,
-            t.as_bf16()
-                .unwrap_or_default()
-                .iter()
-                .flat_map(|v| v.to_bits().to_le_bytes())
-                .collect(),
-        ),
+/// The safetensors dtype of a tensor dtype.
+fn st_dtype(d: DType) -> Dtype {
+    match d {
+        DType::F32 => Dtype::F32,
+        DType::F64 => Dtype::F64,
+        DType::Bf16 => Dtype::BF16,
     }
+}
+
+fn to_bytes(t: &Tensor) -> (Dtype, Vec<u8>) {
+    let bytes = match t.dtype() {
+        DType::F32 => t
+            .to_f32_vec()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::F64 => t
+            .to_f64_vec()
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect(),
+        DType::Bf16 => t
+            .as_bf16()
+            .unwrap_or_default()
+            .iter()
+            .flat_map(|v| v.to_bits().to_le_bytes())
+            .collect(),
+    };
+    (st_dtype(t.dtype()), bytes)
 }
 
 /// Read every tensor of a safetensors file into f32/bf16/f64 tensors (f16 widens to f32).

@@ -100,6 +100,18 @@ impl Tokenizer {
         }
     }
 
+    /// An error unless a model of `vocab` ids holds every id it makes.
+    pub fn check_fits(self, vocab: usize) -> Result<()> {
+        if self.vocab() > vocab {
+            return Err(Error::Data(format!(
+                "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
+                self.name(),
+                self.vocab()
+            )));
+        }
+        Ok(())
+    }
+
     /// Encode text into token ids (GPT-2: special tokens such as
     /// `<|endoftext|>` are read as ordinary text).
     pub fn encode(self, text: &str) -> Vec<u32> {

@@ -312,13 +312,8 @@ impl TrainConfig {
         let tok = self.tokenizer()?;
         if self.init.is_none() && self.model_config.is_none() {
             cfg.vocab_size = cfg.vocab_size.max(tok.model_vocab());
-        } else if cfg.vocab_size < tok.vocab() {
-            return Err(Error::Train(format!(
-                "--tokenizer {} makes {} token ids; the model's vocab_size is {}",
-                tok.name(),
-                tok.vocab(),
-                cfg.vocab_size
-            )));
+        } else {
+            tok.check_fits(cfg.vocab_size)?;
         }
         let raised = self.seq > cfg.max_position_embeddings;
         cfg.max_position_embeddings = cfg.max_position_embeddings.max(self.seq);
@@ -354,13 +349,7 @@ impl TrainConfig {
     /// error here, before anything trains.
     pub fn dataset(&self, vocab: usize) -> Result<Dataset> {
         let tok = self.tokenizer()?;
-        if tok.vocab() > vocab {
-            return Err(Error::Data(format!(
-                "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
-                tok.name(),
-                tok.vocab()
-            )));
-        }
+        tok.check_fits(vocab)?;
         match &self.data {
             Some(p) => Dataset::load_with(p, tok, vocab, 0.1),
             None => Ok(Dataset::default_corpus_with(tok)),
