@@ -39,6 +39,9 @@ pub struct LoraArgs {
     /// fp8 (FP8 GEMMs) or bf16 (activations in high precision, FP8 weights upcast in the product).
     #[arg(long, default_value = "fp8")]
     compute: String,
+    /// LoRA dropout on the adapters' inputs (PEFT's lora_dropout), in [0, 1).
+    #[arg(long, default_value_t = 0.0)]
+    lora_dropout: f64,
     /// Also run the same LoRA on a bf16 base and compare the two.
     #[arg(long)]
     compare_bf16: bool,
@@ -100,6 +103,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         targets: a.targets.split(',').map(|t| t.trim().to_string()).collect(),
         base_format: a.base_format.clone(),
         compute: a.compute.clone(),
+        dropout: a.lora_dropout,
     });
     cfg.validate()?;
     let gpu = crate::gpu::open(&a.train.device)?;

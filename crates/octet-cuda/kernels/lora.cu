@@ -167,3 +167,66 @@ extern "C" __global__ void transpose_b16(const unsigned short* __restrict__ in, 
     const long long c = o / rows, r = o % rows;
     out[o] = in[r * cols + c];
 }
+
+// LoRA dropout (octet_nn::lora::Dropout): element i of an adapter's (M, K)
+// input is kept when sr_bits(key, i) >= thr. The kept elements are not
+// rescaled (1 / P(kept) is folded into the adapter's scale), so the masked
+// input is exact in bf16. Each thread takes 8 consecutive elements (one
+// 16-byte load and store where the whole group is in range), grid-stride.
+
+// out = keep ? x : 0 (bf16 bits).
+extern "C" __global__ void dropout_mask_b16(const unsigned short* __restrict__ x, long long n,
+                                            unsigned long long key, unsigned int thr,
+                                            unsigned short* __restrict__ out) {
+    const long long stride = (long long)gridDim.x * blockDim.x * 8;
+    for (long long i0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8; i0 < n; i0 += stride) {
+        if (i0 + 8 <= n && (n & 7) == 0) {
+            uint4 v = *reinterpret_cast<const uint4*>(x + i0);
+            unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned int lo = sr_bits(key, i0 + 2 * j) >= thr ? 0xffffu : 0u;
+                const unsigned int hi = sr_bits(key, i0 + 2 * j + 1) >= thr ? 0xffff0000u : 0u;
+                w[j] &= lo | hi;
+            }
+            *reinterpret_cast<uint4*>(out + i0) = make_uint4(w[0], w[1], w[2], w[3]);
+        } else {
+            for (long long i = i0; i < n && i < i0 + 8; ++i) out[i] = sr_bits(key, i) >= thr ? x[i] : 0;
+        }
+    }
+}
+
+// d = (fresh ? 0 : d) + (keep ? t : 0), d in f32 or bf16 bits (rounded to
+// nearest even once), t in f32: the adapter's masked input gradient.
+template <typename D>
+__device__ __forceinline__ float dropout_load(const D* d, long long i);
+template <>
+__device__ __forceinline__ float dropout_load<float>(const float* d, long long i) { return d[i]; }
+template <>
+__device__ __forceinline__ float dropout_load<unsigned short>(const unsigned short* d, long long i) {
+    return __uint_as_float((unsigned int)d[i] << 16);
+}
+__device__ __forceinline__ void dropout_store(float* d, long long i, float v) { d[i] = v; }
+__device__ __forceinline__ void dropout_store(unsigned short* d, long long i, float v) {
+    d[i] = f32_to_bf16_bits(v);
+}
+
+template <typename D>
+__device__ __forceinline__ void dropout_add(const float* __restrict__ t, long long n, unsigned long long key,
+                                            unsigned int thr, D* __restrict__ d, int fresh) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
+        const float add = sr_bits(key, i) >= thr ? t[i] : 0.f;
+        dropout_store(d, i, fresh ? add : dropout_load<D>(d, i) + add);
+    }
+}
+
+extern "C" __global__ void dropout_add_f32(const float* __restrict__ t, long long n, unsigned long long key,
+                                           unsigned int thr, float* __restrict__ d, int fresh) {
+    dropout_add<float>(t, n, key, thr, d, fresh);
+}
+
+extern "C" __global__ void dropout_add_b16(const float* __restrict__ t, long long n, unsigned long long key,
+                                           unsigned int thr, unsigned short* __restrict__ d, int fresh) {
+    dropout_add<unsigned short>(t, n, key, thr, d, fresh);
+}

@@ -40,6 +40,13 @@
 //! to `d_input` right after; otherwise the bases' input gradients add to it
 //! after the adapters' products.
 //!
+//! LoRA dropout ([`Dropout`], training forwards only): one mask per input,
+//! shared by the group's adapters. The forward's `u` product reads the
+//! masked copy of `x` ([`Gpu::dropout_mask`], a transient: the mask is drawn
+//! again in backward, not kept); the backward masks the saved input again for
+//! `d_A`, and adds the adapters' `du A` to `d_input` through the mask
+//! ([`Gpu::dropout_add`]). `1 / P(kept)` is folded into the scale `s`.
+//!
 //! Rounding against the CPU layer (which keeps `u`, `s dy B` and the
 //! dequantized input in f32): here `u` and `du = s dy B` are bf16 operands of
 //! the next GEMMs, and the dequantized input and base are rounded once to bf16.
@@ -48,7 +55,7 @@ use crate::mixed::DeviceFp8Weight;
 use crate::{AddTo, DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
 use octet_fp8::{BackwardMode, Format};
-use octet_nn::lora::Compute;
+use octet_nn::lora::{Compute, Dropout};
 use octet_tensor::mixed::WeightScaling;
 use std::rc::Rc;
 
@@ -158,6 +165,8 @@ pub struct GpuLoraSaved {
     /// `u^T = A x^T`: the group's stacked `(sum r, M)` bf16 buffer, this
     /// layer's first row in it and its rank.
     u: Option<(Rc<CudaSlice<u16>>, usize, usize)>,
+    /// The forward's dropout mask (drawn again in backward).
+    dropout: Option<Dropout>,
 }
 
 impl GpuLoraSaved {
@@ -326,7 +335,7 @@ impl GpuLoraLinear {
         gpu: &Gpu,
         input: &LoraInput,
     ) -> Result<(CudaSlice<u16>, GpuLoraSaved)> {
-        let mut outs = forward_layers(std::slice::from_ref(self), gpu, input)?;
+        let mut outs = forward_layers(std::slice::from_ref(self), gpu, input, None)?;
         outs.pop()
             .ok_or_else(|| Error::Shape("LoRA forward of no layer".into()))
     }
@@ -392,6 +401,7 @@ impl GpuLoraLinear {
             x: None,
             xq: None,
             u: None,
+            dropout: None,
         };
         if self.adapter.is_some() {
             if self.backward == BackwardMode::Dequantized {
@@ -486,6 +496,19 @@ pub(crate) struct LoraKernels {
     /// `lora_cast_du_e5m2_r{8, 16, ..., 64}`.
     cast_du: Vec<CudaFunction>,
     transpose_b16: CudaFunction,
+    dropout_mask: CudaFunction,
+    dropout_add_f32: CudaFunction,
+    dropout_add_b16: CudaFunction,
+}
+
+/// A grid-stride launch over `work` items: 256 threads a block, at most
+/// 4096 blocks.
+fn elementwise_grid(work: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (work.div_ceil(256).clamp(1, 4096) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    }
 }
 
 impl Gpu {
@@ -503,8 +526,73 @@ impl Gpu {
                 .map(|i| m.load_function(&format!("lora_cast_du_e5m2_r{}", 8 * i)))
                 .collect::<std::result::Result<Vec<_>, _>>()?,
             transpose_b16: m.load_function("transpose_b16")?,
+            dropout_mask: m.load_function("dropout_mask_b16")?,
+            dropout_add_f32: m.load_function("dropout_add_f32")?,
+            dropout_add_b16: m.load_function("dropout_add_b16")?,
         };
         Ok(self.lora_k.get_or_init(|| k))
+    }
+
+    /// `x` (bf16 bits) with the elements `dropout` drops zeroed (the others
+    /// as they are): a new buffer.
+    pub fn dropout_mask(&self, x: &CudaSlice<u16>, dropout: &Dropout) -> Result<CudaSlice<u16>> {
+        let k = self.lora_kernels()?;
+        let n = x.len();
+        // SAFETY: the kernel writes every element.
+        let mut out = unsafe { self.alloc_uninit::<u16>(n, "dropout-masked input")? };
+        let (nl, key, thr) = (n as i64, dropout.key, dropout.threshold());
+        // SAFETY: n elements in and out; fresh allocations are 256-byte
+        // aligned for the kernel's 16-byte accesses.
+        unsafe {
+            self.stream
+                .launch_builder(&k.dropout_mask)
+                .arg(x)
+                .arg(&nl)
+                .arg(&key)
+                .arg(&thr)
+                .arg(&mut out)
+                .launch(elementwise_grid(n.div_ceil(8)))?;
+        }
+        Ok(out)
+    }
+
+    /// `d (+)= mask * t` elementwise: written when `fresh`, added otherwise
+    /// (`d` f32, or bf16 rounded once), `t` f32 of `d`'s length.
+    pub fn dropout_add<D: GemmOut>(
+        &self,
+        t: &CudaSlice<f32>,
+        dropout: &Dropout,
+        d: &mut CudaSlice<D>,
+        fresh: bool,
+    ) -> Result<()> {
+        if t.len() != d.len() {
+            return Err(Error::Shape(format!(
+                "dropout add of {} elements into {}",
+                t.len(),
+                d.len()
+            )));
+        }
+        let k = self.lora_kernels()?;
+        let f = match D::OUT {
+            crate::gemm::OutType::F32 => &k.dropout_add_f32,
+            crate::gemm::OutType::Bf16 => &k.dropout_add_b16,
+        };
+        let n = t.len();
+        let (nl, key, thr, fr) = (n as i64, dropout.key, dropout.threshold(), i32::from(fresh));
+        // SAFETY: both buffers hold n elements of the kernel's types (D is
+        // f32 or bf16 bits, as OUT says).
+        unsafe {
+            self.stream
+                .launch_builder(f)
+                .arg(t)
+                .arg(&nl)
+                .arg(&key)
+                .arg(&thr)
+                .arg(d)
+                .arg(&fr)
+                .launch(elementwise_grid(n))?;
+        }
+        Ok(())
     }
 
     /// `(cols, rows)` = the transpose of a 16-bit `(rows, cols)` matrix (bf16 bits).
@@ -686,20 +774,31 @@ fn operand<'a>(w: &'a DeviceFp8Weight, data: &'a CudaSlice<u8>) -> Fp8Operand<'a
 /// layer's `s u B^T` is written first and its base's product added to it
 /// (cuBLASLt beta = 1, so the output is read and written once), except over
 /// the weight-only kernel, whose output the adapter's term is added to.
+/// `dropout`: the adapters read the input through this mask.
 fn forward_layers(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
     input: &LoraInput,
+    dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
     let (m, k) = (input.m, input.k);
     let mut saved = layers
         .iter()
         .map(|l| l.saved_for(input))
         .collect::<Result<Vec<_>>>()?;
+    let dropout = dropout.filter(|d| d.threshold() > 0);
+    let groups = adapter_groups(layers, m);
+    // The adapters' masked input (a transient, drawn again in backward).
+    let masked = match dropout {
+        Some(d) if !groups.is_empty() => Some(gpu.dropout_mask(&input.x, &d)?),
+        _ => None,
+    };
+    let x_adapter = masked.as_ref().unwrap_or(input.x.as_ref());
+    let keep_scale = dropout.map_or(1.0, |d| d.keep_scale());
     let mut first: Vec<Option<CudaSlice<u16>>> = layers.iter().map(|_| None).collect();
     // Adapters whose term is added after the base's product: (layer, u^T, row).
     let mut after = Vec::new();
-    for group in adapter_groups(layers, m) {
+    for group in groups {
         let (ads, rows) = stacked(layers, &group)?;
         let a_stacked = stacked_a(gpu, &ads, rows, k)?;
         let a = match &a_stacked {
@@ -708,10 +807,12 @@ fn forward_layers(
         };
         // SAFETY: the GEMM writes every element.
         let mut ut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA u")? };
-        gpu.gemm_bf16(a, input.x.as_ref(), &mut ut, (rows, m, k))?;
+        gpu.gemm_bf16(a, x_adapter, &mut ut, (rows, m, k))?;
         let ut = Rc::new(ut);
         for &(i, ad, off) in &ads {
             saved[i].u = Some((ut.clone(), off, ad.rank));
+            saved[i].dropout = dropout;
+            let s = (f64::from(ad.scale) * keep_scale) as f32;
             if layers[i].base_adds() {
                 let u = ut.slice(off * m..(off + ad.rank) * m);
                 // SAFETY: the GEMM writes every element (beta = 0).
@@ -722,11 +823,11 @@ fn forward_layers(
                     (&ad.b, true),
                     &mut y,
                     (m, layers[i].n, ad.rank),
-                    (ad.scale, 0.0),
+                    (s, 0.0),
                 )?;
                 first[i] = Some(y);
             } else {
-                after.push((i, ut.clone(), off));
+                after.push((i, ut.clone(), off, s));
             }
         }
     }
@@ -735,7 +836,7 @@ fn forward_layers(
         .zip(first)
         .map(|(l, y)| l.forward_base(gpu, input, y))
         .collect::<Result<Vec<_>>>()?;
-    for (i, ut, off) in after {
+    for (i, ut, off, s) in after {
         let ad = layers[i]
             .adapter
             .as_ref()
@@ -746,7 +847,7 @@ fn forward_layers(
             (&ad.b, true),
             &mut ys[i],
             (m, layers[i].n, ad.rank),
-            (ad.scale, 1.0),
+            (s, 1.0),
         )?;
     }
     Ok(ys.into_iter().zip(saved).collect())
@@ -838,12 +939,20 @@ pub fn backward_group<D: GemmOut>(
     let mut based = vec![false; layers.len()];
     for group in adapter_groups(layers, m) {
         let (ads, rows) = stacked(layers, &group)?;
+        let dropout = saved[ads[0].0].dropout;
+        if ads.iter().any(|&(i, _, _)| saved[i].dropout != dropout) {
+            return Err(Error::Shape(
+                "LoRA backward: adapters sharing an input saved different dropout masks".into(),
+            ));
+        }
+        let keep_scale = dropout.map_or(1.0, |d| d.keep_scale());
         // SAFETY: each layer's rows are written below (by its GEMM, beta = 0,
         // or by the fused cast).
         let mut dut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA du")? };
         let mut dbs = Vec::with_capacity(ads.len());
         for &(i, ad, off) in &ads {
             let (dy, n, r) = (dys[i].0, layers[i].n, ad.rank);
+            let s = (f64::from(ad.scale) * keep_scale) as f32;
             let (ut, uoff, _) = saved[i]
                 .u
                 .as_ref()
@@ -851,14 +960,13 @@ pub fn backward_group<D: GemmOut>(
             let u = ut.slice(uoff * m..(uoff + r) * m);
             // SAFETY: the GEMM writes every element (beta = 0).
             let mut db: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * r, "d_lora_B")? };
-            gpu.gemm_bf16_acc((dy, true), (&u, true), &mut db, (n, r, m), (ad.scale, 0.0))?;
+            gpu.gemm_bf16_acc((dy, true), (&u, true), &mut db, (n, r, m), (s, 0.0))?;
             let mut du = dut.slice_mut(off * m..(off + r) * m);
             if layers[i].fuses_cast_du(m) {
                 // dy's codes and du from one read of dy; the base's input
                 // gradient from the codes right away (one layer's codes
                 // alive at a time, as with the separate cast).
-                let gq =
-                    gpu.lora_cast_du(dy, (m, n), dys[i].1.take(), (&ad.bt, r, ad.scale), &mut du)?;
+                let gq = gpu.lora_cast_du(dy, (m, n), dys[i].1.take(), (&ad.bt, r, s), &mut du)?;
                 if std::mem::take(&mut fresh) {
                     layers[i].base_backward_codes(gpu, m, &gq, d)?;
                 } else {
@@ -866,27 +974,30 @@ pub fn backward_group<D: GemmOut>(
                 }
                 based[i] = true;
             } else {
-                gpu.gemm_bf16_acc(
-                    (&ad.b, true),
-                    (dy, true),
-                    &mut du,
-                    (r, m, n),
-                    (ad.scale, 0.0),
-                )?;
+                gpu.gemm_bf16_acc((&ad.b, true), (dy, true), &mut du, (r, m, n), (s, 0.0))?;
             }
             dbs.push(db);
         }
         let x = saved_input(gpu, &saved[ads[0].0], k)?;
+        let masked = dropout.map(|d| gpu.dropout_mask(&x, &d)).transpose()?;
+        let x = masked.as_ref().unwrap_or(x.as_ref());
         // SAFETY: the GEMM writes every element.
         let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };
-        gpu.gemm_bf16_op((&dut, false), (x.as_ref(), false), &mut da, (rows, k, m))?;
+        gpu.gemm_bf16_op((&dut, false), (x, false), &mut da, (rows, k, m))?;
+        drop(masked);
         let a_stacked = stacked_a(gpu, &ads, rows, k)?;
         let a = match &a_stacked {
             Some(a) => a,
             None => &ads[0].1.a,
         };
         let du_a = ((&dut, true), (a, false), (m, k, rows), (1.0, 0.0));
-        if std::mem::take(&mut fresh) {
+        if let Some(mask) = &dropout {
+            // d_input gets m * (du A): the product in f32, added through the mask.
+            // SAFETY: the GEMM writes every element (beta = 0).
+            let mut t: CudaSlice<f32> = unsafe { gpu.alloc_uninit(m * k, "LoRA du A")? };
+            gpu.gemm_bf16_acc(du_a.0, du_a.1, &mut t, du_a.2, du_a.3)?;
+            gpu.dropout_add(&t, mask, d, std::mem::take(&mut fresh))?;
+        } else if std::mem::take(&mut fresh) {
             gpu.gemm_bf16_acc(du_a.0, du_a.1, d, du_a.2, du_a.3)?;
         } else {
             gpu.gemm_bf16_acc(
@@ -929,14 +1040,14 @@ pub fn backward_group<D: GemmOut>(
 }
 
 /// Forward of `layers` that read one input `x (m, K)`: one preparation,
-/// each layer's output in order.
+/// each layer's output in order; the adapters read `x` through `dropout`'s
+/// mask when there is one (a training forward).
 pub fn forward_group(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
-    x: Rc<CudaSlice<u16>>,
-    x_amax: Option<TensorAmax>,
-    m: usize,
+    (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
+    dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
     let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
-    forward_layers(layers, gpu, &input)
+    forward_layers(layers, gpu, &input, dropout)
 }

@@ -19,7 +19,7 @@ use crate::model::{AdamParams, GpuLlama};
 use crate::{Error, Gpu, Result};
 use octet_fp8::{BackwardMode, Format, Recipe};
 use octet_nn::llama::{Llama, LoraSpec};
-use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
+use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear};
 use octet_tensor::mixed::WeightScaling;
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
@@ -56,6 +56,7 @@ fn gpu_base(gpu: &Gpu, b: &Base) -> Result<GpuBase> {
 pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     fused_cases(gpu, out)?;
     layer_cases(gpu, out)?;
+    dropout_cases(gpu, out)?;
     model_cases(gpu, out)?;
     stored_cases(gpu, out)
 }
@@ -225,7 +226,8 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             mode,
         )?;
         let xg = Rc::new(gpu.upload(&bits(&x))?);
-        let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, None, m)?;
+        let mut outs =
+            crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
         let (y, saved) = outs
             .pop()
             .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
@@ -289,7 +291,8 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         BackwardMode::Dequantized,
     )?;
     let xg = Rc::new(gpu.upload(&bits(&bf16_tensor(&[m, k], 4901, 1.0)?))?);
-    let mut outs = crate::lora::forward_group(std::slice::from_ref(&layer), gpu, xg, None, m)?;
+    let mut outs =
+        crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
     let (_, saved) = outs.pop().ok_or_else(|| Error::Shape("no output".into()))?;
     let bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
     out.push(CaseResult {
@@ -314,6 +317,149 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             Ok(_) => "accepted".into(),
         },
     });
+    Ok(())
+}
+
+/// LoRA dropout. The kernels against the CPU's [`Dropout`] on the same key,
+/// bit for bit: the masked input (lengths a multiple of 8 and not, for the
+/// 16-byte and the scalar path) and the masked add into f32 and bf16 (one
+/// rounding of the same f32 sum). Then a group of three adapters sharing an
+/// input and its mask (as q, k, v) against three CPU layers with the same
+/// mask, in each backward mode that groups them: outputs, adapter gradients
+/// and the summed input gradient within the layer cases' tolerances.
+fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    for (n, p) in [(4096usize, 0.25f64), (1001, 0.1)] {
+        let d = Dropout::new(p, 0xd5 + n as u64).map_err(nn)?;
+        let x = bf16_tensor(&[n], 4700 + n as u64, 1.0)?;
+        let t_h: Vec<f32> = random_bf16(n, 4710 + n as u64, 0.5)
+            .into_iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let base_h: Vec<f32> = random_bf16(n, 4720 + n as u64, 0.5)
+            .into_iter()
+            .map(|v| v.to_f32())
+            .collect();
+        let masked = gpu.download(&gpu.dropout_mask(&gpu.upload(&bits(&x))?, &d)?)?;
+        let mask_ok = masked == bits(&d.mask(&x).map_err(nn)?);
+        let kept = (0..n as u64).filter(|&i| d.keeps(i)).count();
+        let t = gpu.upload(&t_h)?;
+        let mut acc = gpu.upload(&base_h)?;
+        gpu.dropout_add(&t, &d, &mut acc, false)?;
+        let mut fresh = gpu.upload(&base_h)?;
+        gpu.dropout_add(&t, &d, &mut fresh, true)?;
+        let base16: Vec<u16> = base_h
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let mut acc16 = gpu.upload(&base16)?;
+        gpu.dropout_add(&t, &d, &mut acc16, false)?;
+        let add = |i: usize| if d.keeps(i as u64) { t_h[i] } else { 0.0 };
+        let acc_ok = gpu.download(&acc)? == (0..n).map(|i| base_h[i] + add(i)).collect::<Vec<_>>();
+        let fresh_ok = gpu.download(&fresh)? == (0..n).map(add).collect::<Vec<_>>();
+        let acc16_ok = gpu.download(&acc16)?
+            == (0..n)
+                .map(|i| half::bf16::from_f32(base_h[i] + add(i)).to_bits())
+                .collect::<Vec<_>>();
+        out.push(CaseResult {
+            name: format!("LoRA dropout kernels (n={n}, p={p}): masked input and masked add (f32, bf16, fresh) equal the CPU's bit for bit"),
+            pass: mask_ok && acc_ok && fresh_ok && acc16_ok && kept > 0 && kept < n,
+            worst: format!(
+                "mask {mask_ok}, add {acc_ok}, fresh {fresh_ok}, bf16 {acc16_ok}; kept {kept} of {n}"
+            ),
+        });
+    }
+    let (m, k, r, alpha) = (96usize, 256usize, 16usize, 32.0f64);
+    let ns = [192usize, 64, 128];
+    let t = BaseFormat::Fp8(WeightScaling::Tensor);
+    for (ci, (name, format, compute, mode)) in [
+        ("fp8-tensorwise", t, Compute::Fp8, BackwardMode::Quantized),
+        ("fp8-tensorwise", t, Compute::Fp8, BackwardMode::Dequantized),
+        (
+            "bf16",
+            BaseFormat::Bf16,
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let seed = 4800 + 20 * ci as u64;
+        let drop = Dropout::new(0.25, 0x5eed + ci as u64).map_err(nn)?;
+        let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
+        let x = bf16_tensor(&[m, k], seed, 1.0)?;
+        let (mut cpus, mut gpus, mut dys) = (Vec::new(), Vec::new(), Vec::new());
+        for (j, &n) in ns.iter().enumerate() {
+            let s = seed + 1 + 5 * j as u64;
+            let w = bf16_tensor(&[n, k], s, 0.05)?;
+            let a = bf16_tensor(&[r, k], s + 1, 1.0 / (k as f32).sqrt())?;
+            let b = bf16_tensor(&[n, r], s + 2, 0.02)?;
+            dys.push(bf16_tensor(&[m, n], s + 3, 0.1)?);
+            let base = Base::new(&w, format).map_err(nn)?;
+            gpus.push(GpuLoraLinear::new(
+                gpu_base(gpu, &base)?,
+                (n, k),
+                Some(GpuAdapter::new(
+                    gpu,
+                    gpu.upload(&bits(&a))?,
+                    gpu.upload(&bits(&b))?,
+                    r,
+                    (alpha / r as f64) as f32,
+                )?),
+                compute,
+                mode,
+            )?);
+            let ad = Adapter { a, b, alpha };
+            cpus.push(LoraLinear::new(base, Some(ad), compute, recipe).map_err(nn)?);
+        }
+        let xg = Rc::new(gpu.upload(&bits(&x))?);
+        let outs = crate::lora::forward_group(&gpus, gpu, (xg, None, m), Some(drop))?;
+        let (mut worst_y, mut worst_g) = (0f64, 0f64);
+        let mut dx_ref = vec![0f32; m * k];
+        let mut saved = Vec::new();
+        let mut grads_ref = Vec::new();
+        for ((cpu, (y, s)), dy) in cpus.iter_mut().zip(outs).zip(&dys) {
+            let (y_ref, cs) = cpu.forward_with(&x, true, Some(drop)).map_err(nn)?;
+            worst_y = worst_y.max(rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec()));
+            let g = cpu.backward(cs, dy).map_err(nn)?;
+            if let Some(d) = &g.d_input {
+                dx_ref
+                    .iter_mut()
+                    .zip(d.to_f32_vec())
+                    .for_each(|(a, b)| *a += b);
+            }
+            grads_ref.push(g);
+            saved.push(s);
+        }
+        let dy_dev = dys
+            .iter()
+            .map(|d| gpu.upload(&bits(d)))
+            .collect::<Result<Vec<_>>>()?;
+        let mut dx: Option<cudarc::driver::CudaSlice<f32>> = None;
+        let grads = crate::lora::backward_group(
+            &gpus,
+            gpu,
+            saved,
+            dy_dev.iter().map(|d| (d, None)).collect(),
+            &mut dx,
+        )?;
+        let dx = dx.ok_or_else(|| Error::Shape("no d_input".into()))?;
+        let ex = rel_frobenius(&gpu.download(&dx)?, &dx_ref);
+        let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
+        for (g, gr) in grads.into_iter().zip(&grads_ref) {
+            let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
+            worst_g = worst_g
+                .max(rel_frobenius(&gpu.download(&da)?, &want(&gr.d_a)))
+                .max(rel_frobenius(&gpu.download(&db)?, &want(&gr.d_b)));
+        }
+        out.push(CaseResult {
+            name: format!(
+                "LoRA dropout 0.25, q/k/v-like group sharing the mask: {name} base, compute {compute:?}, {mode:?} backward vs CPU LoraLinear with the same mask"
+            ),
+            pass: worst_y <= BF16_OUT_TOL && ex.max(worst_g) <= GRAD_TOL,
+            worst: format!("y {worst_y:.2e}, d_input {ex:.2e}, worst dA/dB {worst_g:.2e}"),
+        });
+    }
     Ok(())
 }
 
@@ -356,24 +502,42 @@ fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
 fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let (b, t) = (4usize, 64usize);
     let (cfg, w, toks, tgts, targets) = model_setup(91, (b, t))?;
-    for (name, base, compute, mode) in [
+    for (name, base, compute, mode, dropout) in [
         (
             "fp8-tensorwise base, compute fp8, dequantized",
             BaseFormat::Fp8(WeightScaling::Tensor),
             Compute::Fp8,
             BackwardMode::Dequantized,
+            0.0,
         ),
         (
             "fp8-tensorwise base, compute fp8, quantized",
             BaseFormat::Fp8(WeightScaling::Tensor),
             Compute::Fp8,
             BackwardMode::Quantized,
+            0.0,
         ),
         (
             "bf16 base, compute bf16, high_precision",
             BaseFormat::Bf16,
             Compute::Bf16,
             BackwardMode::HighPrecision,
+            0.0,
+        ),
+        // The CPU model at the same round draws the same masks.
+        (
+            "fp8-tensorwise base, compute fp8, quantized, dropout 0.1",
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Quantized,
+            0.1,
+        ),
+        (
+            "fp8-tensorwise base, compute fp8, dequantized, dropout 0.1",
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Dequantized,
+            0.1,
         ),
     ] {
         let spec = LoraSpec {
@@ -384,6 +548,7 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             compute,
             recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
             seed: 5,
+            dropout,
         };
         let mut cpu = Llama::from_weights(&cfg, w.clone(), None)
             .map_err(nn)?
@@ -669,6 +834,7 @@ fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             compute,
             recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
             seed: 7,
+            dropout: 0.0,
         };
         let cpu_model = |spec: &LoraSpec| -> Result<Llama> {
             Llama::from_weights(&cfg, w.clone(), None)

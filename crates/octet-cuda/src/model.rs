@@ -25,6 +25,7 @@ use cudarc::driver::{
 };
 use octet_fp8::Recipe;
 use octet_nn::llama::{Llama, LlamaConfig, LoraSpec, PROJ_NAMES};
+use octet_nn::lora::{dropout_key, Dropout};
 use octet_tensor::Tensor;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -153,6 +154,13 @@ struct LoraMode {
     alpha: f64,
     /// Targeted projections (`q_proj`, ...).
     targets: Vec<String>,
+    /// LoRA dropout `(p, seed)` of training forwards (`None`: off).
+    dropout: Option<(f64, u64)>,
+    /// The training forward the next dropout masks belong to (see
+    /// [`GpuLlama::set_dropout_round`]).
+    dropout_round: u64,
+    /// The round of the forward in progress (`None`: an evaluation, no dropout).
+    dropout_now: Option<u64>,
 }
 
 /// AdamW hyper-parameters of [`GpuLlama::adamw_step`] (as `octet_train::optim::AdamWConfig`).
@@ -1340,6 +1348,13 @@ impl<'g> GpuLlama<'g> {
                 i % n
             )));
         }
+        if let Some(mode) = &mut self.lora {
+            // A training forward draws its round's dropout masks.
+            mode.dropout_now = keep.then_some(mode.dropout_round);
+            if keep {
+                mode.dropout_round = mode.dropout_round.wrapping_add(1);
+            }
+        }
         let gpu = self.gpu;
         let s = &gpu.stream;
         let null: u64 = 0;
@@ -2399,6 +2414,7 @@ impl<'g> GpuLlama<'g> {
                 "LoRA needs at least one target and a rank of at least 1".into(),
             ));
         }
+        octet_nn::lora::check_dropout(spec.dropout).map_err(|e| Error::Shape(e.to_string()))?;
         if spec.recipe.scaling()
             != (octet_fp8::Scaling::Tensorwise {
                 power_of_two: false,
@@ -2619,6 +2635,9 @@ impl<'g> GpuLlama<'g> {
                     .filter(|(short, _)| spec.targets.iter().any(|t| t == short))
                     .map(|(_, m)| m.rsplit('.').next().unwrap_or(m).to_string())
                     .collect(),
+                dropout: (spec.dropout > 0.0).then_some((spec.dropout, spec.seed)),
+                dropout_round: 0,
+                dropout_now: None,
             }),
         })
     }
@@ -2646,6 +2665,16 @@ impl<'g> GpuLlama<'g> {
     /// Whether the model is in LoRA mode ([`GpuLlama::new_lora`]).
     pub fn is_lora(&self) -> bool {
         self.lora.is_some()
+    }
+
+    /// Set which training forward comes next, for the LoRA dropout masks
+    /// (as `octet_nn::llama::Llama::set_dropout_round`: each training
+    /// forward draws its round's masks, then counts one up; the CPU model
+    /// at the same round draws the same masks).
+    pub fn set_dropout_round(&mut self, round: u64) {
+        if let Some(mode) = &mut self.lora {
+            mode.dropout_round = round;
+        }
     }
 
     /// LoRA mode: rank, alpha and the targeted module names (`q_proj`, ...).
@@ -2764,8 +2793,16 @@ impl<'g> GpuLlama<'g> {
     ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
         let gpu = self.gpu;
         let blk = &mut self.blocks[bi];
-        Ok(if self.lora.is_some() {
-            forward_group(&blk.lora[range], gpu, x, x_amax, n)?
+        Ok(if let Some(mode) = &self.lora {
+            let dropout = match (mode.dropout, mode.dropout_now) {
+                (Some((p, seed)), Some(round)) => {
+                    let site = octet_nn::lora::DROPOUT_SITE[range.start];
+                    let key = dropout_key(seed, round, bi, site);
+                    Some(Dropout::new(p, key).map_err(|e| Error::Shape(e.to_string()))?)
+                }
+                _ => None,
+            };
+            forward_group(&blk.lora[range], gpu, (x, x_amax, n), dropout)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
                 .collect()
@@ -3154,6 +3191,7 @@ mod tests {
                 .with_backward(octet_fp8::BackwardMode::HighPrecision)
                 .unwrap(),
             seed: 1,
+            dropout: 0.0,
         };
         let cpu = Llama::new_random(&cfg, octet_tensor::DType::F32, None, 3)
             .unwrap()

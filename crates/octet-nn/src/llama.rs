@@ -10,7 +10,9 @@
 use crate::attention::{attention_backward, attention_forward, AttentionSaved};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, LinearSaved};
-use crate::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear, LoraSaved};
+use crate::lora::{
+    dropout_key, Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear, LoraSaved, DROPOUT_SITE,
+};
 use crate::loss::cross_entropy;
 use crate::norm::{RmsNorm, RmsNormSaved};
 use crate::rope::Rope;
@@ -256,14 +258,20 @@ struct ProjGrads {
 }
 
 impl Proj {
-    fn forward(&mut self, x: &Tensor, input_requires_grad: bool) -> Result<(Tensor, ProjSaved)> {
+    /// Forward; `dropout` masks a LoRA adapter's input (ignored by a full layer).
+    fn forward(
+        &mut self,
+        x: &Tensor,
+        input_requires_grad: bool,
+        dropout: Option<Dropout>,
+    ) -> Result<(Tensor, ProjSaved)> {
         Ok(match self {
             Proj::Full(l) => {
                 let (y, s) = l.forward(x, input_requires_grad)?;
                 (y, ProjSaved::Full(s))
             }
             Proj::Lora(l) => {
-                let (y, s) = l.forward(x, input_requires_grad)?;
+                let (y, s) = l.forward_with(x, input_requires_grad, dropout)?;
                 (y, ProjSaved::Lora(s))
             }
         })
@@ -320,8 +328,11 @@ pub struct LoraSpec {
     pub compute: Compute,
     /// Input/gradient quantization under FP8 compute, and the backward mode.
     pub recipe: Recipe,
-    /// Seed of the adapters' initialisation.
+    /// Seed of the adapters' initialisation (and of the dropout masks).
     pub seed: u64,
+    /// LoRA dropout on the adapters' inputs in training forwards
+    /// (PEFT's `lora_dropout`; `0`: none). See [`Dropout`].
+    pub dropout: f64,
 }
 
 /// Short names of a block's projections, in order, with their Hugging Face module paths.
@@ -416,6 +427,11 @@ pub struct Llama {
     rope: Rope,
     /// LoRA mode: the base is frozen, only adapters train.
     lora: bool,
+    /// LoRA dropout `(p, seed)` of training forwards (`None`: off).
+    dropout: Option<(f64, u64)>,
+    /// The training forward the next dropout masks belong to (see
+    /// [`Llama::set_dropout_round`]).
+    dropout_round: u64,
 }
 
 /// What the model's backward reads.
@@ -592,6 +608,8 @@ impl Llama {
             lm_head,
             rope,
             lora: false,
+            dropout: None,
+            dropout_round: 0,
         })
     }
 
@@ -728,6 +746,20 @@ impl Llama {
         self.lora
     }
 
+    /// The LoRA dropout probability of training forwards (`0`: none).
+    pub fn lora_dropout(&self) -> f64 {
+        self.dropout.map_or(0.0, |(p, _)| p)
+    }
+
+    /// Set which training forward comes next, for the LoRA dropout masks
+    /// (each [`Llama::forward`] draws those of its round, then counts one
+    /// up). A trainer sets it to the micro-step's index from the run's start
+    /// (`step * grad_accum + micro`), so a resumed run draws the masks the
+    /// uninterrupted one would.
+    pub fn set_dropout_round(&mut self, round: u64) {
+        self.dropout_round = round;
+    }
+
     /// Turn every block matrix into a frozen base stored as `spec.base`, with
     /// an adapter on the targeted ones; the embedding, norms and LM head
     /// freeze. Each dense weight is converted and dropped in turn, so at most
@@ -754,6 +786,7 @@ impl Llama {
         if spec.targets.is_empty() {
             return Err(Error::Config("LoRA needs at least one target".into()));
         }
+        crate::lora::check_dropout(spec.dropout)?;
         let mut seed = spec.seed;
         for (i, b) in self.blocks.iter_mut().enumerate() {
             for (p, (short, module)) in b.projs_mut().into_iter().zip(PROJ_NAMES) {
@@ -780,6 +813,7 @@ impl Llama {
         }
         self.lm_head.trainable = false;
         self.lora = true;
+        self.dropout = (spec.dropout > 0.0).then_some((spec.dropout, spec.seed));
         Ok(self)
     }
 
@@ -948,9 +982,17 @@ impl Llama {
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
         let rope = &self.rope;
+        let round = self.dropout_round;
+        self.dropout_round = round.wrapping_add(1);
         for (i, blk) in self.blocks.iter_mut().enumerate() {
+            let drop = self.dropout.map(|(p, seed)| BlockDropout {
+                p,
+                seed,
+                round,
+                block: i,
+            });
             // Name the block where a NaN/inf (or any failure) first shows up.
-            let (y, s) = block_forward(blk, rope, &x, b, t, &self.cfg)
+            let (y, s) = block_forward(blk, rope, &x, (b, t), &self.cfg, drop)
                 .map_err(|e| Error::InLayer(format!("model.layers.{i}"), Box::new(e)))?;
             x = y;
             saved_blocks.push(s);
@@ -988,7 +1030,7 @@ impl Llama {
         let mut x = self.embed.forward(tokens)?;
         let rope = &self.rope;
         for blk in &mut self.blocks {
-            x = block_forward(blk, rope, &x, b, t, &self.cfg)?.0;
+            x = block_forward(blk, rope, &x, (b, t), &self.cfg, None)?.0;
         }
         let (h, _) = self.norm.forward(&x)?;
         Ok(self.lm_head.forward(&h, false)?.0)
@@ -1061,34 +1103,55 @@ fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
 }
 
 /// `x (B*T, C) -> (B*T, C)` through one block.
+/// The LoRA dropout of one block in one training forward.
+#[derive(Clone, Copy)]
+struct BlockDropout {
+    p: f64,
+    seed: u64,
+    round: u64,
+    block: usize,
+}
+
+impl BlockDropout {
+    /// The mask of projection `proj`'s input (index into [`PROJ_NAMES`]).
+    fn of(this: Option<BlockDropout>, proj: usize) -> Result<Option<Dropout>> {
+        this.map(|d| {
+            let key = dropout_key(d.seed, d.round, d.block, DROPOUT_SITE[proj]);
+            Dropout::new(d.p, key)
+        })
+        .transpose()
+    }
+}
+
 fn block_forward(
     blk: &mut Block,
     rope: &Rope,
     x: &Tensor,
-    b: usize,
-    t: usize,
+    (b, t): (usize, usize),
     cfg: &LlamaConfig,
+    drop: Option<BlockDropout>,
 ) -> Result<(Tensor, BlockSaved)> {
+    let dr = |proj: usize| BlockDropout::of(drop, proj);
     let (hq, hkv, d) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.head_dim(),
     );
     let (h, attn_norm) = blk.attn_norm.forward(x)?; // (B*T, C)
-    let (q, sq) = blk.q.forward(&h, true)?; // (B*T, Hq*D)
-    let (k, sk) = blk.k.forward(&h, true)?; // (B*T, Hkv*D)
-    let (v, sv) = blk.v.forward(&h, true)?; // (B*T, Hkv*D)
+    let (q, sq) = blk.q.forward(&h, true, dr(0)?)?; // (B*T, Hq*D)
+    let (k, sk) = blk.k.forward(&h, true, dr(1)?)?; // (B*T, Hkv*D)
+    let (v, sv) = blk.v.forward(&h, true, dr(2)?)?; // (B*T, Hkv*D)
     let q = rope.forward(&q.reshape(&[b, t, hq, d])?)?; // (B, T, Hq, D)
     let k = rope.forward(&k.reshape(&[b, t, hkv, d])?)?; // (B, T, Hkv, D)
     let v = v.reshape(&[b, t, hkv, d])?;
     let (a, attn) = attention_forward(&q, &k, &v)?; // (B, T, Hq, D)
-    let (o, so) = blk.o.forward(&a.reshape(&[b * t, hq * d])?, true)?; // (B*T, C)
+    let (o, so) = blk.o.forward(&a.reshape(&[b * t, hq * d])?, true, dr(3)?)?; // (B*T, C)
     let x1 = cpu::add(x, &o)?;
     let (h2, mlp_norm) = blk.mlp_norm.forward(&x1)?;
-    let (g, sg) = blk.gate.forward(&h2, true)?; // (B*T, F)
-    let (u, su) = blk.up.forward(&h2, true)?; // (B*T, F)
+    let (g, sg) = blk.gate.forward(&h2, true, dr(4)?)?; // (B*T, F)
+    let (u, su) = blk.up.forward(&h2, true, dr(5)?)?; // (B*T, F)
     let (act, swiglu) = swiglu_forward(&g, &u)?; // (B*T, F)
-    let (dn, sd) = blk.down.forward(&act, true)?; // (B*T, C)
+    let (dn, sd) = blk.down.forward(&act, true, dr(6)?)?; // (B*T, C)
     let x2 = cpu::add(&x1, &dn)?;
     let attn_shape = [b, t, hq, d];
     let saved = BlockSaved {

@@ -21,6 +21,18 @@
 //! input `x` once (FP8 row-wise copy in the `dequantized` backward, the
 //! original tensor otherwise; under `Compute::Fp8` with `dequantized` it is
 //! the very FP8 copy the base GEMM used) and `h = x A^T (M, r)`.
+//!
+//! LoRA dropout (PEFT's `lora_dropout`, [`Dropout`]) zeroes elements of the
+//! adapter's input only (the base reads `x` whole). The mask is a counter
+//! hash of a key and the element's index, so backward draws it again instead
+//! of keeping it, and the CPU and GPU draw the same one. The kept elements
+//! are not rescaled in the input: `1 / (1 - p)` joins the adapter's scale,
+//! `s' = (alpha / r) / (1 - p)`, so `m * x` is exact in any dtype and
+//!
+//! ```text
+//! h = (m*x) A^T    y += s' h B^T    dB = s' dy^T h    dh = s' dy B
+//! dA = dh^T (m*x)  d_input += m * (dh A)
+//! ```
 
 use crate::{Error, Result};
 use octet_fp8::{
@@ -160,6 +172,96 @@ impl Base {
     }
 }
 
+/// LoRA dropout on an adapter's input: element `i` of the row-major `(M, K)`
+/// input is kept when [`sr_bits`](octet_fp8::format::sr_bits)`(key, i)` is
+/// at least [`Dropout::threshold`], so with probability `1 - p` up to 2^-32.
+///
+/// The adapters that read one input (q, k, v; gate, up) share its mask: the
+/// GPU computes their products over the masked input once. (PEFT draws a mask
+/// per module; a shared one drops the same features for q, k and v. The
+/// expectation and the per-adapter drop rate are the same.)
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Dropout {
+    /// Drop probability, in `[0, 1)`.
+    pub p: f64,
+    /// Key of the mask ([`dropout_key`]).
+    pub key: u64,
+}
+
+impl Dropout {
+    /// A mask of drop probability `p` (`0 <= p < 1`) and `key`.
+    pub fn new(p: f64, key: u64) -> Result<Dropout> {
+        check_dropout(p)?;
+        Ok(Dropout { p, key })
+    }
+
+    /// Elements whose hash is below this are dropped: `floor(p 2^32)`.
+    pub fn threshold(&self) -> u32 {
+        (self.p * 4294967296.0).floor().clamp(0.0, u32::MAX as f64) as u32
+    }
+
+    /// `1 / P(kept)` with the probability the threshold gives exactly,
+    /// `2^32 / (2^32 - threshold)`: what the kept elements are scaled by.
+    pub fn keep_scale(&self) -> f64 {
+        4294967296.0 / (4294967296.0 - self.threshold() as f64)
+    }
+
+    /// Whether element `i` is kept.
+    #[inline]
+    pub fn keeps(&self, i: u64) -> bool {
+        octet_fp8::format::sr_bits(self.key, i) >= self.threshold()
+    }
+
+    /// `x` with the dropped elements zeroed (not rescaled), in `x`'s dtype.
+    pub fn mask(&self, x: &Tensor) -> Result<Tensor> {
+        let thr = self.threshold();
+        let v: Vec<f32> = x
+            .to_f32_vec()
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                if octet_fp8::format::sr_bits(self.key, i as u64) >= thr {
+                    a
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        Ok(Tensor::from_f32(x.shape(), v)?.to_dtype(x.dtype()))
+    }
+}
+
+/// Check a LoRA dropout probability: finite, in `[0, 1)`.
+pub fn check_dropout(p: f64) -> Result<()> {
+    if !(0.0..1.0).contains(&p) {
+        return Err(Error::Config(format!(
+            "LoRA dropout {p}: expected a probability in [0, 1)"
+        )));
+    }
+    Ok(())
+}
+
+/// Where in a block an adapter's input comes from, so the adapters that read
+/// one tensor share its dropout mask: `0` the attention norm (q, k, v), `1`
+/// the attention output (o), `2` the MLP norm (gate, up), `3` SwiGLU (down);
+/// indexed like [`crate::llama::PROJ_NAMES`].
+pub const DROPOUT_SITE: [u64; 7] = [0, 0, 0, 1, 2, 2, 3];
+
+/// The dropout key of block `block`'s input `site` (see [`DROPOUT_SITE`]) in
+/// training forward number `round` of a run seeded `seed`: SplitMix64 over
+/// the four, so every (round, block, site) draws an unrelated mask.
+pub fn dropout_key(seed: u64, round: u64, block: usize, site: u64) -> u64 {
+    fn mix(z: u64) -> u64 {
+        let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    let z = mix(seed ^ 0x6c6f_7261_6472_6f70); // "loradrop"
+    let z = mix(z ^ round.wrapping_mul(GOLDEN));
+    mix(z ^ ((block as u64) << 2 | site).wrapping_mul(GOLDEN))
+}
+
 /// The largest adapter rank accepted (`r`, 65536).
 ///
 /// PEFT allows a rank above the layer's dimensions, so the rank is not bound
@@ -248,8 +350,10 @@ pub struct LoraSaved {
     /// The adapter's input, original (`x`) or FP8 (`x_q`).
     x: Option<Tensor>,
     x_q: Option<QuantData>,
-    /// `h = x A^T (M, r)`.
+    /// `h = (m*x) A^T (M, r)`.
     h: Option<Tensor>,
+    /// The forward's dropout mask, drawn again in backward.
+    dropout: Option<Dropout>,
 }
 
 impl LoraSaved {
@@ -336,11 +440,22 @@ impl LoraLinear {
         Ok(self.recipe.spec(role, Layout::Rowwise, None, self.calls)?)
     }
 
-    /// Forward `y (M, N)` in `x`'s dtype.
+    /// Forward `y (M, N)` in `x`'s dtype (no dropout).
     pub fn forward(
         &mut self,
         x: &Tensor,
         input_requires_grad: bool,
+    ) -> Result<(Tensor, LoraSaved)> {
+        self.forward_with(x, input_requires_grad, None)
+    }
+
+    /// Forward `y (M, N)` in `x`'s dtype, the adapter's input masked by
+    /// `dropout` (a training step; `None` or `p = 0`: no dropout).
+    pub fn forward_with(
+        &mut self,
+        x: &Tensor,
+        input_requires_grad: bool,
+        dropout: Option<Dropout>,
     ) -> Result<(Tensor, LoraSaved)> {
         let (m, k) = x.dims2()?;
         let (n, wk) = self.dims();
@@ -360,6 +475,7 @@ impl LoraLinear {
             x: None,
             x_q: None,
             h: None,
+            dropout: dropout.filter(|d| d.threshold() > 0 && self.adapter.is_some()),
         };
         let keep_fp8 = self.adapter.is_some() && self.backward == BackwardMode::Dequantized;
         // The base product.
@@ -386,9 +502,12 @@ impl LoraLinear {
         let y = match &self.adapter {
             None => y,
             Some(ad) => {
-                let h = cpu::matmul(x, false, &ad.a, true, DType::F32)?; // (M, r)
+                let h = match &saved.dropout {
+                    Some(d) => cpu::matmul(&d.mask(x)?, false, &ad.a, true, DType::F32)?,
+                    None => cpu::matmul(x, false, &ad.a, true, DType::F32)?,
+                }; // (M, r)
                 let z = cpu::matmul(&h, false, &ad.b, true, DType::F32)?; // (M, N)
-                let s = ad.scale() as f32;
+                let s = adapter_scale(ad, saved.dropout);
                 let mut yv = y.to_f32_vec();
                 yv.iter_mut()
                     .zip(z.to_f32_vec())
@@ -431,7 +550,7 @@ impl LoraLinear {
         };
         let mut dx_adapter: Option<Tensor> = None;
         if let Some(ad) = &self.adapter {
-            let s = ad.scale() as f32;
+            let s = adapter_scale(ad, saved.dropout);
             let h = saved
                 .h
                 .as_ref()
@@ -440,6 +559,10 @@ impl LoraLinear {
                 (Some(x), _) => x.clone(),
                 (None, Some(q)) => Tensor::from_f32(&[m, k], q.dequantize())?,
                 (None, None) => return Err(Error::Shape("backward: x was not saved".into())),
+            };
+            let x = match &saved.dropout {
+                Some(d) => d.mask(&x)?,
+                None => x,
             };
             let scaled = |t: Tensor| -> Result<Tensor> {
                 let v: Vec<f32> = t.to_f32_vec().iter().map(|&a| a * s).collect();
@@ -450,7 +573,11 @@ impl LoraLinear {
             let dh = scaled(cpu::matmul(dy, false, &ad.b, false, DType::F32)?)?;
             out.d_a = Some(cpu::matmul(&dh, true, &x, false, DType::F32)?);
             if saved.input_requires_grad {
-                dx_adapter = Some(cpu::matmul(&dh, false, &ad.a, false, DType::F32)?);
+                let t = cpu::matmul(&dh, false, &ad.a, false, DType::F32)?;
+                dx_adapter = Some(match &saved.dropout {
+                    Some(d) => d.mask(&t)?,
+                    None => t,
+                });
             }
         }
         if saved.input_requires_grad {
@@ -491,6 +618,11 @@ impl LoraLinear {
             }
         }
     }
+}
+
+/// The adapter's scale `alpha / r`, over `P(kept)` under dropout.
+fn adapter_scale(ad: &Adapter, dropout: Option<Dropout>) -> f32 {
+    (ad.scale() * dropout.map_or(1.0, |d| d.keep_scale())) as f32
 }
 
 fn take_row(q: QuantizedTensor) -> Result<QuantData> {

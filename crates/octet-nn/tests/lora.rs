@@ -2,7 +2,7 @@
 
 use octet_fp8::tolerance::sqnr_db;
 use octet_fp8::{BackwardMode, Recipe};
-use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, LoraLinear};
+use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear};
 use octet_tensor::mixed::WeightScaling;
 use octet_tensor::{cpu, DType, Tensor};
 use rand::{Rng, SeedableRng};
@@ -314,6 +314,7 @@ fn model_adapter_gradients_follow_the_chain_rule_of_the_merged_model() {
         compute: Compute::Bf16,
         recipe: recipe(BackwardMode::HighPrecision),
         seed: 3,
+        dropout: 0.0,
     };
     let mut lora = base.clone().into_lora(&spec).unwrap();
     let mut seed = 100;
@@ -371,4 +372,188 @@ fn model_adapter_gradients_follow_the_chain_rule_of_the_merged_model() {
     }
     // Frozen: the base holds no trainable tensor, the model reports bf16 matrix bytes.
     assert_eq!(lora.matrix_bytes() * 2, full.matrix_bytes());
+}
+
+/// f64 reference of a layer with LoRA dropout, written with the usual
+/// inverted dropout (the adapter reads `x_d = m * x / P(kept)`), not with the
+/// layer's folded scale: `y, dx, dA, dB`.
+fn reference_dropout(c: &Case, wd: &[f32], d: &Dropout) -> [Vec<f64>; 4] {
+    let (m, k, n, r) = (c.m, c.k, c.n, c.r);
+    let (a, b) = (c.adapter.a.to_f64_vec(), c.adapter.b.to_f64_vec());
+    let s = c.adapter.scale();
+    let keep = |i: usize| d.keeps(i as u64);
+    let ks = d.keep_scale();
+    let x = c.x.to_f64_vec();
+    let xd: Vec<f64> = (0..m * k)
+        .map(|i| if keep(i) { x[i] * ks } else { 0.0 })
+        .collect();
+    let dy = c.dy.to_f64_vec();
+    let h: Vec<f64> = (0..m * r)
+        .map(|o| (0..k).map(|p| xd[o / r * k + p] * a[o % r * k + p]).sum())
+        .collect();
+    let y: Vec<f64> = (0..m * n)
+        .map(|o| {
+            let (i, j) = (o / n, o % n);
+            let base: f64 = (0..k).map(|p| x[i * k + p] * wd[j * k + p] as f64).sum();
+            base + s * (0..r).map(|q| h[i * r + q] * b[j * r + q]).sum::<f64>()
+        })
+        .collect();
+    let dh: Vec<f64> = (0..m * r)
+        .map(|o| {
+            s * (0..n)
+                .map(|j| dy[o / r * n + j] * b[j * r + o % r])
+                .sum::<f64>()
+        })
+        .collect();
+    let db: Vec<f64> = (0..n * r)
+        .map(|o| {
+            s * (0..m)
+                .map(|i| dy[i * n + o / r] * h[i * r + o % r])
+                .sum::<f64>()
+        })
+        .collect();
+    let da: Vec<f64> = (0..r * k)
+        .map(|o| (0..m).map(|i| dh[i * r + o / k] * xd[i * k + o % k]).sum())
+        .collect();
+    let dx: Vec<f64> = (0..m * k)
+        .map(|o| {
+            let (i, p) = (o / k, o % k);
+            let base: f64 = (0..n).map(|j| dy[i * n + j] * wd[j * k + p] as f64).sum();
+            let ad: f64 = (0..r).map(|q| dh[i * r + q] * a[q * k + p]).sum();
+            base + if keep(o) { ks * ad } else { 0.0 }
+        })
+        .collect();
+    [y, dx, da, db]
+}
+
+#[test]
+fn dropout_gradients_match_the_inverted_dropout_reference() {
+    let c = case(24, 160, 96, 8, 31);
+    let d = Dropout::new(0.3, 0xfeed).unwrap();
+    for (format, compute, mode, min_db) in [
+        // bf16 compute, original input: f32 sums only.
+        (
+            BaseFormat::Bf16,
+            Compute::Bf16,
+            BackwardMode::HighPrecision,
+            90.0,
+        ),
+        // FP8 input and E5M2 gradients (E4M3: ~30 dB; E5M2 in dx: ~20 dB).
+        (
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Quantized,
+            18.0,
+        ),
+        (
+            BaseFormat::Fp8(WeightScaling::Tensor),
+            Compute::Fp8,
+            BackwardMode::Dequantized,
+            25.0,
+        ),
+    ] {
+        let base = Base::new(&c.w, format).unwrap();
+        let wd = base.dequantize().unwrap().to_f32_vec();
+        let mut l = LoraLinear::new(base, Some(c.adapter.clone()), compute, recipe(mode)).unwrap();
+        let (y, saved) = l.forward_with(&c.x, true, Some(d)).unwrap();
+        let g = l.backward(saved, &c.dy).unwrap();
+        let want = reference_dropout(&c, &wd, &d);
+        let got = [
+            f64s(&y),
+            f64s(g.d_input.as_ref().unwrap()),
+            f64s(g.d_a.as_ref().unwrap()),
+            f64s(g.d_b.as_ref().unwrap()),
+        ];
+        for (name, (gv, wv)) in ["y", "dx", "dA", "dB"].iter().zip(got.iter().zip(&want)) {
+            let db = sqnr_db(gv, wv);
+            assert!(db > min_db, "{mode:?} {name}: {db:.1} dB");
+        }
+        // Without dropout the same layer computes something else (the mask matters).
+        let (y0, _) = l.forward(&c.x, true).unwrap();
+        assert!(sqnr_db(&f64s(&y0), &want[0]) < sqnr_db(&got[0], &want[0]));
+    }
+    // The chain rule itself: the reference's dA and dx against finite
+    // differences of L = <dy, y> (linear in A and in x, so a step of 1 is
+    // exact up to f64 rounding).
+    let wd = c.w.to_f32_vec();
+    let loss = |c: &Case| -> f64 {
+        let y = reference_dropout(c, &wd, &d)[0].clone();
+        y.iter().zip(c.dy.to_f64_vec()).map(|(a, b)| a * b).sum()
+    };
+    let [_, rdx, rda, _] = reference_dropout(&c, &wd, &d);
+    let l0 = loss(&c);
+    for &(q, p) in &[(0usize, 0usize), (3, 17), (7, 159)] {
+        let mut c2 = case(24, 160, 96, 8, 31);
+        let mut av = c2.adapter.a.to_f32_vec();
+        let before = av[q * 160 + p];
+        av[q * 160 + p] += 1.0;
+        // The step as stored in f32 (exactly representable, so exact in f64).
+        let step = f64::from(av[q * 160 + p]) - f64::from(before);
+        c2.adapter.a = Tensor::from_f32(&[8, 160], av).unwrap();
+        let fd = (loss(&c2) - l0) / step;
+        assert!(
+            (fd - rda[q * 160 + p]).abs() <= 1e-9 * fd.abs().max(1e-3),
+            "dA {fd} vs {}",
+            rda[q * 160 + p]
+        );
+    }
+    for o in [0usize, 5, 161, 24 * 160 - 1] {
+        let mut c2 = case(24, 160, 96, 8, 31);
+        let mut xv = c2.x.to_f32_vec();
+        let before = xv[o];
+        xv[o] += 1.0;
+        let step = f64::from(xv[o]) - f64::from(before);
+        c2.x = Tensor::from_f32(&[24, 160], xv).unwrap();
+        let fd = (loss(&c2) - l0) / step;
+        assert!(
+            (fd - rdx[o]).abs() <= 1e-9 * fd.abs().max(1e-3),
+            "dx {fd} vs {}",
+            rdx[o]
+        );
+    }
+}
+
+#[test]
+fn dropout_masks_drop_at_rate_p_and_differ_by_round_block_and_site() {
+    use octet_nn::lora::{dropout_key, DROPOUT_SITE};
+    let n = 200_000u64;
+    for p in [0.05, 0.3, 0.5] {
+        let d = Dropout::new(p, dropout_key(9, 0, 0, 0)).unwrap();
+        let dropped = (0..n).filter(|&i| !d.keeps(i)).count() as f64 / n as f64;
+        // Binomial: 5 standard deviations (at most 0.0056 here).
+        let sd = (p * (1.0 - p) / n as f64).sqrt();
+        assert!((dropped - p).abs() < 5.0 * sd, "p {p}: dropped {dropped}");
+        // keep_scale is 1 / P(kept) of the threshold the mask uses.
+        let kept = 1.0 - d.threshold() as f64 / 4294967296.0;
+        assert!((d.keep_scale() * kept - 1.0).abs() < 1e-15);
+        assert!((kept - (1.0 - p)).abs() < 1e-9);
+    }
+    // q, k, v share their input's key; o, gate/up and down have their own.
+    assert_eq!(DROPOUT_SITE, [0, 0, 0, 1, 2, 2, 3]);
+    let keys = [
+        dropout_key(9, 0, 0, 0),
+        dropout_key(9, 1, 0, 0),
+        dropout_key(9, 0, 1, 0),
+        dropout_key(9, 0, 0, 1),
+        dropout_key(10, 0, 0, 0),
+    ];
+    for (i, &a) in keys.iter().enumerate() {
+        for &b in &keys[i + 1..] {
+            // Two unrelated masks of p = 0.5 agree on about half the elements.
+            let (da, db) = (Dropout::new(0.5, a).unwrap(), Dropout::new(0.5, b).unwrap());
+            let same = (0..n).filter(|&i| da.keeps(i) == db.keeps(i)).count() as f64 / n as f64;
+            assert!((same - 0.5).abs() < 0.01, "keys {a:x} {b:x}: {same}");
+        }
+    }
+    // The mask zeroes exactly the dropped elements and keeps the others' bits.
+    let x = Tensor::from_f32(&[1000], gaussian(1000, 5, 1.0)).unwrap();
+    let d = Dropout::new(0.25, 77).unwrap();
+    let mx = d.mask(&x).unwrap().to_f32_vec();
+    for (i, (a, b)) in x.to_f32_vec().into_iter().zip(mx).enumerate() {
+        assert_eq!(b, if d.keeps(i as u64) { a } else { 0.0 });
+    }
+    for bad in [-0.1, 1.0, f64::NAN] {
+        let e = Dropout::new(bad, 1).unwrap_err().to_string();
+        assert!(e.contains("[0, 1)"), "{e}");
+    }
 }

@@ -377,15 +377,20 @@ pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&Path>) -> Result<()
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
-    write_adapter(dir, &tensors, (r, alpha, &targets), base)
+    write_adapter(
+        dir,
+        &tensors,
+        (r, alpha, &targets, model.lora_dropout()),
+        base,
+    )
 }
 
 /// Write adapter tensors (PEFT names) in PEFT's layout, with their rank,
-/// alpha and target module names (`q_proj`, ...).
+/// alpha, target module names (`q_proj`, ...) and the dropout they trained with.
 pub fn write_adapter(
     dir: &Path,
     tensors: &[(String, Tensor)],
-    (r, alpha, targets): (usize, f64, &[String]),
+    (r, alpha, targets, dropout): (usize, f64, &[String], f64),
     base: Option<&Path>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir)
@@ -404,7 +409,7 @@ pub fn write_adapter(
         "r": r,
         "lora_alpha": alpha,
         "target_modules": targets,
-        "lora_dropout": 0.0,
+        "lora_dropout": dropout,
         "bias": "none",
         "fan_in_fan_out": false,
         "inference_mode": true,

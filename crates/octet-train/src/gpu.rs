@@ -212,7 +212,12 @@ fn save_lora(
         &dir.join("checkpoints"),
         &format!("step_{:06}", model.step),
         |tmp| {
-            checkpoint::write_adapter(tmp, &tensors, (r, alpha, &targets), l.base.as_deref())?;
+            checkpoint::write_adapter(
+                tmp,
+                &tensors,
+                (r, alpha, &targets, l.dropout),
+                l.base.as_deref(),
+            )?;
             checkpoint::write_config(tmp, &model.cfg, DType::F32)?;
             checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")
         },
@@ -372,6 +377,7 @@ pub fn train_gpu_ranked(
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
             let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
+            model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = match model.forward(&x, &y, (local_b, cfg.seq), grad_scale, true) {
                 Err(octet_cuda::Error::NonFinite) => {
                     // Run the batch again checking every block's output, to name

@@ -124,6 +124,8 @@ pub struct LoraSettings {
     pub base_format: String,
     /// `fp8` (FP8 GEMMs) or `bf16` (weight-only products).
     pub compute: String,
+    /// LoRA dropout on the adapters' inputs (PEFT's `lora_dropout`), in `[0, 1)`.
+    pub dropout: f64,
 }
 
 impl Default for LoraSettings {
@@ -137,6 +139,7 @@ impl Default for LoraSettings {
                 .to_vec(),
             base_format: "fp8-tensorwise".into(),
             compute: "fp8".into(),
+            dropout: 0.0,
         }
     }
 }
@@ -158,6 +161,12 @@ impl LoraSettings {
                 self.rank
             )));
         }
+        if !(0.0..1.0).contains(&self.dropout) {
+            return Err(Error::Train(format!(
+                "--lora-dropout {}: expected a probability in [0, 1)",
+                self.dropout
+            )));
+        }
         Ok(LoraSpec {
             rank: self.rank,
             alpha: self.alpha,
@@ -170,6 +179,7 @@ impl LoraSettings {
             compute: Compute::from_name(&self.compute)?,
             recipe,
             seed,
+            dropout: self.dropout,
         })
     }
 
@@ -216,6 +226,7 @@ pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<M
         targets,
         base_format: base_format.to_string(),
         compute: "bf16".into(),
+        dropout: 0.0,
     };
     let spec = settings.spec("tensorwise", "dequantized", 0)?;
     let mut model = Llama::from_weights(&cfg, weights, None)?.into_lora_with(&spec, &mut stored)?;
@@ -751,6 +762,7 @@ pub fn train(
                 cfg.seed,
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
+            model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
                 // The step and (inside `e`) the block; checkpoints already written stay as they are.
                 Error::Train(format!(

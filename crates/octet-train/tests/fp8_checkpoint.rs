@@ -194,6 +194,7 @@ fn lora_on_an_fp8_checkpoint_keeps_its_codes() {
             .with_backward(octet_fp8::BackwardMode::Dequantized)
             .unwrap(),
         seed: 1,
+        dropout: 0.0,
     };
     let (w, mut stored) = checkpoint::load_weights_fp8(&dir, DType::F32).unwrap();
     let mcfg = checkpoint::load_config(&dir).unwrap();

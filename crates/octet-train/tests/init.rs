@@ -77,6 +77,7 @@ fn merged_adapters_match_an_f64_reference() {
             .with_backward(octet_fp8::BackwardMode::HighPrecision)
             .unwrap(),
         seed: 1,
+        dropout: 0.0,
     };
     let mut lora = model.clone().into_lora(&spec).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(17);

@@ -1,5 +1,6 @@
-//! LoRA runs: bit-exact resume from a PEFT-layout adapter checkpoint, the
-//! adapter round trip, and the base checkpoint it trains on.
+//! LoRA runs: bit-exact resume from a PEFT-layout adapter checkpoint (with
+//! LoRA dropout too), the adapter round trip, and the base checkpoint it
+//! trains on.
 
 use octet_nn::llama::Llama;
 use octet_train::checkpoint;
@@ -16,7 +17,7 @@ fn run(
     out: &std::path::Path,
     base: Option<&std::path::Path>,
     format: &str,
-    compute: &str,
+    (compute, dropout): (&str, f64),
 ) -> TrainConfig {
     TrainConfig {
         name: name.into(),
@@ -39,6 +40,7 @@ fn run(
             targets: vec!["q".into(), "v".into(), "up".into()],
             base_format: format.into(),
             compute: compute.into(),
+            dropout,
         }),
         ..Default::default()
     }
@@ -63,18 +65,34 @@ fn lora_runs_resume_bit_for_bit_and_the_adapter_round_trips() {
     };
     train(&base_cfg, None, &mut Quiet).unwrap();
     let base = out.join("base/checkpoints/step_000002");
-    for (format, compute) in [
-        ("fp8-tensorwise", "fp8"),
-        ("fp8-rowwise", "bf16"),
-        ("bf16", "bf16"),
+    let mut no_dropout = Vec::new();
+    for (format, compute, dropout) in [
+        ("fp8-tensorwise", "fp8", 0.0),
+        ("fp8-rowwise", "bf16", 0.0),
+        ("bf16", "bf16", 0.0),
+        ("fp8-tensorwise", "fp8", 0.2),
     ] {
-        let tag = format!("{format}-{compute}");
+        let tag = format!("{format}-{compute}-{dropout}");
+        let setting = (compute, dropout);
         let full = train(
-            &run(&format!("full-{tag}"), &out, Some(&base), format, compute),
+            &run(&format!("full-{tag}"), &out, Some(&base), format, setting),
             None,
             &mut Quiet,
         )
         .unwrap();
+        if dropout == 0.0 && format == "fp8-tensorwise" {
+            no_dropout = full.losses.clone();
+        }
+        if dropout > 0.0 {
+            // B starts at zero, so the first step's loss is the base's either
+            // way; after it, the masks change the adapters' updates.
+            assert_eq!(full.losses[0].to_bits(), no_dropout[0].to_bits());
+            assert_ne!(
+                full.losses[1..],
+                no_dropout[1..],
+                "{tag}: dropout changed nothing"
+            );
+        }
         assert_eq!(full.losses.len(), 6);
         assert!(full.losses.iter().all(|l| l.is_finite()));
         // Fine-tuning changes the loss (B starts at zero, so step 1 is the base's loss).
@@ -101,7 +119,7 @@ fn lora_runs_resume_bit_for_bit_and_the_adapter_round_trips() {
                 &out,
                 Some(&base),
                 format,
-                compute,
+                setting,
             ),
             Some(&ck),
             &mut Quiet,
@@ -111,12 +129,15 @@ fn lora_runs_resume_bit_for_bit_and_the_adapter_round_trips() {
             assert_eq!(a.to_bits(), b.to_bits(), "{tag}: {a} vs {b}");
         }
         // The saved adapter, loaded onto a fresh base, gives identical logits.
-        let cfg = run("x", &out, Some(&base), format, compute);
+        let cfg = run("x", &out, Some(&base), format, setting);
         let l = cfg.lora.as_ref().unwrap();
         let mut m1 = l.build(&cfg).unwrap();
         let (adapter, r, alpha, targets) = checkpoint::load_adapter(&ck).unwrap();
         assert_eq!((r, alpha), (4, 8.0));
         assert_eq!(targets, ["q_proj", "v_proj", "up_proj"]);
+        let config = std::fs::read_to_string(ck.join("adapter_config.json")).unwrap();
+        let config: serde_json::Value = serde_json::from_str(&config).unwrap();
+        assert_eq!(config["lora_dropout"].as_f64(), Some(dropout));
         m1.load_params(adapter.clone()).unwrap();
         let mut m2 = l.build(&cfg).unwrap();
         m2.load_params(adapter).unwrap();
@@ -146,7 +167,7 @@ fn lora_runs_resume_bit_for_bit_and_the_adapter_round_trips() {
         }
     }
     // A corrupt adapter is an error naming the file.
-    let ck = out.join("full-bf16-bf16/checkpoints/step_000006");
+    let ck = out.join("full-bf16-bf16-0/checkpoints/step_000006");
     std::fs::write(ck.join("adapter_model.safetensors"), b"not safetensors").unwrap();
     let e = checkpoint::load_adapter(&ck).unwrap_err().to_string();
     assert!(e.contains("adapter_model.safetensors"), "{e}");
