@@ -6,16 +6,6 @@
 // `KERNEL_SOURCES` in lib.rs), not #included, so every kernel is one
 // self-contained string whose hash keys the cache.
 
-// The 32 counter-hash bits of element `index` under `seed`: octet_fp8's
-// sr_bits (SplitMix64's finaliser), bit for bit (stochastic rounding, LoRA
-// dropout masks).
-__device__ __forceinline__ unsigned int sr_bits(unsigned long long seed, unsigned long long index) {
-    unsigned long long z = seed ^ (index * 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return (unsigned int)(z ^ (z >> 31));
-}
-
 // bf16 bits -> f32: exact (bf16 is the upper half of an f32).
 __device__ __forceinline__ float bf16_lo(unsigned int w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(unsigned int w) { return __uint_as_float(w & 0xffff0000u); }

@@ -169,41 +169,58 @@ extern "C" __global__ void transpose_b16(const unsigned short* __restrict__ in, 
 }
 
 // LoRA dropout (octet_nn::lora::Dropout): element i of an adapter's (M, K)
-// input is kept when sr_bits(key, i) >= thr. The kept elements are not
-// rescaled (1 / P(kept) is folded into the adapter's scale), so the masked
-// input is exact in bf16. Each thread takes 8 consecutive elements (one
-// 16-byte load and store where the whole group is in range), grid-stride.
+// input is kept when its 16 random bits, lane i % 4 of splitmix64(key ^
+// (i / 4) * golden), are >= thr. The kept elements are not rescaled
+// (1 / P(kept) is folded into the adapter's scale), so the masked input is
+// exact in bf16. Vector paths where the length allows (n % 8 or n % 4 == 0:
+// the buffers are whole allocations, 256-byte aligned), grid-stride.
+
+__device__ __forceinline__ unsigned long long dropout_hash(unsigned long long key, unsigned long long group) {
+    unsigned long long z = key ^ (group * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ bool dropout_keeps(unsigned long long key, unsigned int thr, long long i) {
+    return ((dropout_hash(key, (unsigned long long)i >> 2) >> (16 * (i & 3))) & 0xffffu) >= thr;
+}
+
+// The keep mask of the 4 elements of group g as 16-bit lanes of two words
+// (0xffff: kept), for masking bf16 pairs.
+__device__ __forceinline__ uint2 dropout_lanes(unsigned long long key, unsigned int thr, unsigned long long g) {
+    const unsigned long long h = dropout_hash(key, g);
+    unsigned int w[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        const unsigned int lo = ((h >> (32 * j)) & 0xffffu) >= thr ? 0xffffu : 0u;
+        const unsigned int hi = ((h >> (32 * j + 16)) & 0xffffu) >= thr ? 0xffff0000u : 0u;
+        w[j] = lo | hi;
+    }
+    return make_uint2(w[0], w[1]);
+}
 
 // out = keep ? x : 0 (bf16 bits).
 extern "C" __global__ void dropout_mask_b16(const unsigned short* __restrict__ x, long long n,
                                             unsigned long long key, unsigned int thr,
                                             unsigned short* __restrict__ out) {
-    const long long stride = (long long)gridDim.x * blockDim.x * 8;
-    for (long long i0 = (blockIdx.x * (long long)blockDim.x + threadIdx.x) * 8; i0 < n; i0 += stride) {
-        if (i0 + 8 <= n && (n & 7) == 0) {
-            uint4 v = *reinterpret_cast<const uint4*>(x + i0);
-            unsigned int w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const unsigned int lo = sr_bits(key, i0 + 2 * j) >= thr ? 0xffffu : 0u;
-                const unsigned int hi = sr_bits(key, i0 + 2 * j + 1) >= thr ? 0xffff0000u : 0u;
-                w[j] &= lo | hi;
-            }
-            *reinterpret_cast<uint4*>(out + i0) = make_uint4(w[0], w[1], w[2], w[3]);
-        } else {
-            for (long long i = i0; i < n && i < i0 + 8; ++i) out[i] = sr_bits(key, i) >= thr ? x[i] : 0;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if ((n & 7) == 0) {
+        for (long long v = t0; v < n / 8; v += stride) {
+            const uint4 a = reinterpret_cast<const uint4*>(x)[v];
+            const uint2 m0 = dropout_lanes(key, thr, 2 * v), m1 = dropout_lanes(key, thr, 2 * v + 1);
+            reinterpret_cast<uint4*>(out)[v] = make_uint4(a.x & m0.x, a.y & m0.y, a.z & m1.x, a.w & m1.y);
         }
+    } else {
+        for (long long i = t0; i < n; i += stride) out[i] = dropout_keeps(key, thr, i) ? x[i] : 0;
     }
 }
 
-// d = (fresh ? 0 : d) + (keep ? t : 0), d in f32 or bf16 bits (rounded to
-// nearest even once), t in f32: the adapter's masked input gradient.
-template <typename D>
-__device__ __forceinline__ float dropout_load(const D* d, long long i);
-template <>
-__device__ __forceinline__ float dropout_load<float>(const float* d, long long i) { return d[i]; }
-template <>
-__device__ __forceinline__ float dropout_load<unsigned short>(const unsigned short* d, long long i) {
+// d = (fresh ? 0 : d) + (keep ? t : 0), t f32, d f32 or bf16 bits (rounded to
+// nearest even once): the adapter's masked input gradient.
+__device__ __forceinline__ float dropout_load(const float* d, long long i) { return d[i]; }
+__device__ __forceinline__ float dropout_load(const unsigned short* d, long long i) {
     return __uint_as_float((unsigned int)d[i] << 16);
 }
 __device__ __forceinline__ void dropout_store(float* d, long long i, float v) { d[i] = v; }
@@ -215,9 +232,24 @@ template <typename D>
 __device__ __forceinline__ void dropout_add(const float* __restrict__ t, long long n, unsigned long long key,
                                             unsigned int thr, D* __restrict__ d, int fresh) {
     const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += stride) {
-        const float add = sr_bits(key, i) >= thr ? t[i] : 0.f;
-        dropout_store(d, i, fresh ? add : dropout_load<D>(d, i) + add);
+    const long long t0 = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+    if ((n & 3) == 0) {
+        for (long long g = t0; g < n / 4; g += stride) {
+            const float4 tv = reinterpret_cast<const float4*>(t)[g];
+            const unsigned long long h = dropout_hash(key, g);
+            const float tt[4] = {tv.x, tv.y, tv.z, tv.w};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const long long i = 4 * g + j;
+                const float add = ((h >> (16 * j)) & 0xffffu) >= thr ? tt[j] : 0.f;
+                dropout_store(d, i, fresh ? add : dropout_load(d, i) + add);
+            }
+        }
+    } else {
+        for (long long i = t0; i < n; i += stride) {
+            const float add = dropout_keeps(key, thr, i) ? t[i] : 0.f;
+            dropout_store(d, i, fresh ? add : dropout_load(d, i) + add);
+        }
     }
 }
 

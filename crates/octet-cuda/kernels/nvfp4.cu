@@ -7,6 +7,13 @@
 // operations in the same order. Written for clarity over speed: one thread per
 // block for the scales, one per output byte for the codes.
 
+__device__ __forceinline__ unsigned int sr_bits(unsigned long long seed, unsigned long long index) {
+    unsigned long long z = seed ^ (index * 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (unsigned int)(z ^ (z >> 31));
+}
+
 // E2M1: 1 mantissa bit, bias 1, max code 7 (6.0), no NaN/inf (saturates to 7).
 __device__ __forceinline__ unsigned int e2m1_encode(float x, int stochastic, unsigned int r) {
     const unsigned int bits = __float_as_uint(x);

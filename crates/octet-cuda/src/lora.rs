@@ -540,7 +540,7 @@ impl Gpu {
         let n = x.len();
         // SAFETY: the kernel writes every element.
         let mut out = unsafe { self.alloc_uninit::<u16>(n, "dropout-masked input")? };
-        let (nl, key, thr) = (n as i64, dropout.key, dropout.threshold());
+        let (nl, key, thr) = (n as i64, dropout.key, u32::from(dropout.threshold()));
         // SAFETY: n elements in and out; fresh allocations are 256-byte
         // aligned for the kernel's 16-byte accesses.
         unsafe {
@@ -578,7 +578,8 @@ impl Gpu {
             crate::gemm::OutType::Bf16 => &k.dropout_add_b16,
         };
         let n = t.len();
-        let (nl, key, thr, fr) = (n as i64, dropout.key, dropout.threshold(), i32::from(fresh));
+        let (nl, key) = (n as i64, dropout.key);
+        let (thr, fr) = (u32::from(dropout.threshold()), i32::from(fresh));
         // SAFETY: both buffers hold n elements of the kernel's types (D is
         // f32 or bf16 bits, as OUT says).
         unsafe {
@@ -590,7 +591,7 @@ impl Gpu {
                 .arg(&thr)
                 .arg(d)
                 .arg(&fr)
-                .launch(elementwise_grid(n))?;
+                .launch(elementwise_grid(n.div_ceil(4)))?;
         }
         Ok(())
     }

@@ -371,14 +371,28 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let (m, k, r, alpha) = (96usize, 256usize, 16usize, 32.0f64);
     let ns = [192usize, 64, 128];
     let t = BaseFormat::Fp8(WeightScaling::Tensor);
-    for (ci, (name, format, compute, mode)) in [
-        ("fp8-tensorwise", t, Compute::Fp8, BackwardMode::Quantized),
-        ("fp8-tensorwise", t, Compute::Fp8, BackwardMode::Dequantized),
+    // (base, compute, backward, fused cast + du, d_input given to add to)
+    let q = BackwardMode::Quantized;
+    for (ci, (name, format, compute, mode, fuse, prefilled)) in [
+        ("fp8-tensorwise", t, Compute::Fp8, q, true, false),
+        ("fp8-tensorwise", t, Compute::Fp8, q, false, false),
+        ("fp8-tensorwise", t, Compute::Fp8, q, true, true),
+        ("fp8-tensorwise", t, Compute::Fp8, q, false, true),
+        (
+            "fp8-tensorwise",
+            t,
+            Compute::Fp8,
+            BackwardMode::Dequantized,
+            false,
+            false,
+        ),
         (
             "bf16",
             BaseFormat::Bf16,
             Compute::Bf16,
             BackwardMode::HighPrecision,
+            false,
+            true,
         ),
     ]
     .into_iter()
@@ -412,10 +426,25 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let ad = Adapter { a, b, alpha };
             cpus.push(LoraLinear::new(base, Some(ad), compute, recipe).map_err(nn)?);
         }
+        for l in &mut gpus {
+            l.fuse_cast_du = fuse;
+        }
         let xg = Rc::new(gpu.upload(&bits(&x))?);
         let outs = crate::lora::forward_group(&gpus, gpu, (xg, None, m), Some(drop))?;
         let (mut worst_y, mut worst_g) = (0f64, 0f64);
-        let mut dx_ref = vec![0f32; m * k];
+        let mut dx_ref: Vec<f32> = if prefilled {
+            random_bf16(m * k, seed + 99, 0.01)
+                .into_iter()
+                .map(|v| v.to_f32())
+                .collect()
+        } else {
+            vec![0f32; m * k]
+        };
+        let mut dx: Option<cudarc::driver::CudaSlice<f32>> = if prefilled {
+            Some(gpu.upload(&dx_ref)?)
+        } else {
+            None
+        };
         let mut saved = Vec::new();
         let mut grads_ref = Vec::new();
         for ((cpu, (y, s)), dy) in cpus.iter_mut().zip(outs).zip(&dys) {
@@ -435,7 +464,6 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             .iter()
             .map(|d| gpu.upload(&bits(d)))
             .collect::<Result<Vec<_>>>()?;
-        let mut dx: Option<cudarc::driver::CudaSlice<f32>> = None;
         let grads = crate::lora::backward_group(
             &gpus,
             gpu,
@@ -454,7 +482,9 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         }
         out.push(CaseResult {
             name: format!(
-                "LoRA dropout 0.25, q/k/v-like group sharing the mask: {name} base, compute {compute:?}, {mode:?} backward vs CPU LoraLinear with the same mask"
+                "LoRA dropout 0.25, q/k/v-like group sharing the mask: {name} base, compute {compute:?}, {mode:?} backward{}{} vs CPU LoRA layers with the same mask",
+                if fuse { ", fused cast + du" } else { "" },
+                if prefilled { ", adding to a given d_input" } else { "" },
             ),
             pass: worst_y <= BF16_OUT_TOL && ex.max(worst_g) <= GRAD_TOL,
             worst: format!("y {worst_y:.2e}, d_input {ex:.2e}, worst dA/dB {worst_g:.2e}"),
@@ -656,8 +686,16 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             });
             // The output gradients' codes and the adapters' du in one read of
             // each gradient (`lora_cast_du`, the default) against the cast and
-            // a cuBLASLt GEMM: the same codes, du within a bf16 rounding, so
-            // the adapter gradients agree within the bf16 allowance.
+            // a cuBLASLt GEMM: the same codes for the same gradient, du within
+            // a bf16 rounding (checked tightly per layer: `fused_cases`,
+            // `dropout_cases`). Through the model the two paths round the
+            // adapters' share of each input gradient differently; where that
+            // moves a later gradient's largest element by one bf16 step, its
+            // E5M2 scale moves and codes flip all over the tensor. So the
+            // whole-model bound is the quantized backward's own noise: the
+            // CPU model's distance from the exact one with the same settings
+            // (the dropout case hits this: 7.5e-2 here, 9.6e-2 the CPU's),
+            // and the bf16 allowance where that is smaller.
             let mut sep = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
             sep.set_lora_fuse_cast_du(false);
             sep.zero_grad()?;
@@ -671,14 +709,32 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     worst = (r, gn.clone());
                 }
             }
+            // The top block's down projection runs first, on the same
+            // gradient in both: its adapter's gradients agree within the
+            // bf16 allowance whatever happens downstream.
+            let worst_of = |part: &str| {
+                grads
+                    .iter()
+                    .zip(&sgrads)
+                    .filter(|((gn, _), _)| gn.contains(part))
+                    .map(|((_, g), (_, h))| rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec()))
+                    .fold(0f64, f64::max)
+            };
+            let top = cfg.num_hidden_layers - 1;
+            let worst_top = worst_of(&format!("layers.{top}."));
+            let worst_down = worst_of(&format!("layers.{top}.mlp.down_proj"));
             out.push(CaseResult {
                 name: format!(
                     "Llama LoRA ({name}): fused cast + du against the cast and a GEMM (same loss, adapter grads)"
                 ),
                 pass: sloss.to_bits() == loss.to_bits()
-                    && worst.0 <= GRAD_TOL
+                    && worst.0 <= GRAD_TOL.max(ecg)
+                    && worst_down <= GRAD_TOL
                     && grads.len() == sgrads.len(),
-                worst: format!("loss {loss} / {sloss}; worst grad {:.2e} ({})", worst.0, worst.1),
+                worst: format!(
+                    "loss {loss} / {sloss}; worst grad {:.2e} ({}); top block's worst {worst_top:.2e}, its down_proj's {worst_down:.2e}; CPU model's noise {ecg:.2e}",
+                    worst.0, worst.1
+                ),
             });
         }
         if mode != BackwardMode::Dequantized {

@@ -173,8 +173,11 @@ impl Base {
 }
 
 /// LoRA dropout on an adapter's input: element `i` of the row-major `(M, K)`
-/// input is kept when [`sr_bits`](octet_fp8::format::sr_bits)`(key, i)` is
-/// at least [`Dropout::threshold`], so with probability `1 - p` up to 2^-32.
+/// input is kept when its 16 random bits ([`Dropout::bits`]) are at least
+/// [`Dropout::threshold`], so with probability `1 - p` up to 2^-17 (`p` is
+/// resolved in steps of 2^-16; the kept elements' scale uses the exact
+/// probability). One 64-bit hash serves four elements: the mask is cheap
+/// to draw again, on the GPU too.
 ///
 /// The adapters that read one input (q, k, v; gate, up) share its mask: the
 /// GPU computes their products over the masked input once. (PEFT draws a mask
@@ -195,40 +198,52 @@ impl Dropout {
         Ok(Dropout { p, key })
     }
 
-    /// Elements whose hash is below this are dropped: `floor(p 2^32)`.
-    pub fn threshold(&self) -> u32 {
-        (self.p * 4294967296.0).floor().clamp(0.0, u32::MAX as f64) as u32
+    /// Elements whose bits are below this are dropped: `p 2^16` rounded to
+    /// nearest (at most 65535, so some element is always kept).
+    pub fn threshold(&self) -> u16 {
+        (self.p * 65536.0).round().clamp(0.0, 65535.0) as u16
     }
 
     /// `1 / P(kept)` with the probability the threshold gives exactly,
-    /// `2^32 / (2^32 - threshold)`: what the kept elements are scaled by.
+    /// `2^16 / (2^16 - threshold)`: what the kept elements are scaled by.
     pub fn keep_scale(&self) -> f64 {
-        4294967296.0 / (4294967296.0 - self.threshold() as f64)
+        65536.0 / (65536.0 - f64::from(self.threshold()))
+    }
+
+    /// The 16 random bits of element `i`: 16-bit lane `i % 4` (lowest first)
+    /// of SplitMix64's finaliser over `key ^ (i / 4) * golden`.
+    #[inline]
+    pub fn bits(&self, i: u64) -> u16 {
+        (splitmix64(self.key ^ (i / 4).wrapping_mul(GOLDEN)) >> (16 * (i % 4))) as u16
     }
 
     /// Whether element `i` is kept.
     #[inline]
     pub fn keeps(&self, i: u64) -> bool {
-        octet_fp8::format::sr_bits(self.key, i) >= self.threshold()
+        self.bits(i) >= self.threshold()
     }
 
     /// `x` with the dropped elements zeroed (not rescaled), in `x`'s dtype.
     pub fn mask(&self, x: &Tensor) -> Result<Tensor> {
-        let thr = self.threshold();
         let v: Vec<f32> = x
             .to_f32_vec()
             .into_iter()
             .enumerate()
-            .map(|(i, a)| {
-                if octet_fp8::format::sr_bits(self.key, i as u64) >= thr {
-                    a
-                } else {
-                    0.0
-                }
-            })
+            .map(|(i, a)| if self.keeps(i as u64) { a } else { 0.0 })
             .collect();
         Ok(Tensor::from_f32(x.shape(), v)?.to_dtype(x.dtype()))
     }
+}
+
+/// The golden-ratio increment of SplitMix64.
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's output finaliser.
+#[inline]
+fn splitmix64(z: u64) -> u64 {
+    let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// Check a LoRA dropout probability: finite, in `[0, 1)`.
@@ -251,15 +266,9 @@ pub const DROPOUT_SITE: [u64; 7] = [0, 0, 0, 1, 2, 2, 3];
 /// training forward number `round` of a run seeded `seed`: SplitMix64 over
 /// the four, so every (round, block, site) draws an unrelated mask.
 pub fn dropout_key(seed: u64, round: u64, block: usize, site: u64) -> u64 {
-    fn mix(z: u64) -> u64 {
-        let z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        let z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-    let z = mix(seed ^ 0x6c6f_7261_6472_6f70); // "loradrop"
-    let z = mix(z ^ round.wrapping_mul(GOLDEN));
-    mix(z ^ ((block as u64) << 2 | site).wrapping_mul(GOLDEN))
+    let z = splitmix64(seed ^ 0x6c6f_7261_6472_6f70); // "loradrop"
+    let z = splitmix64(z ^ round.wrapping_mul(GOLDEN));
+    splitmix64(z ^ ((block as u64) << 2 | site).wrapping_mul(GOLDEN))
 }
 
 /// The largest adapter rank accepted (`r`, 65536).
