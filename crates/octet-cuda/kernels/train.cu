@@ -116,6 +116,18 @@ template <int V> __device__ __forceinline__ Vf<V> ldv(const float* p) {
     }
     return r;
 }
+// V consecutive bf16 as floats (V = 4: one 8-byte access).
+template <int V> __device__ __forceinline__ Vf<V> ldv(const unsigned short* p) {
+    Vf<V> r;
+    if (V == 4) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        r.v[0] = bf16_lo(w.x), r.v[1] = bf16_hi(w.x), r.v[2] = bf16_lo(w.y), r.v[3] = bf16_hi(w.y);
+    } else {
+#pragma unroll
+        for (int j = 0; j < V; j++) r.v[j] = bf2f(p[j]);
+    }
+    return r;
+}
 template <int V> __device__ __forceinline__ void stv(float* p, const Vf<V>& r) {
     if (V == 4)
         *reinterpret_cast<float4*>(p) = make_float4(r.v[0], r.v[1], r.v[2], r.v[3]);
@@ -271,18 +283,19 @@ __device__ __forceinline__ Vf<V> ld_x(const float* x, const unsigned char* xq, f
     return r;
 }
 
-// dy0 + dy1 + dy2 at `at` (null terms skipped), added in that order.
-template <int V>
-__device__ __forceinline__ Vf<V> ld_dy(const float* dy0, const float* dy1, const float* dy2, size_t at) {
+// dy0 + dy1 + dy2 at `at` (null terms skipped), added in that order (f32,
+// or bf16 widened exactly).
+template <int V, typename T>
+__device__ __forceinline__ Vf<V> ld_dy(const T* dy0, const T* dy1, const T* dy2, size_t at) {
     Vf<V> d = ldv<V>(dy0 + at);
     if (dy1) d = vadd<V>(d, ldv<V>(dy1 + at));
     if (dy2) d = vadd<V>(d, ldv<V>(dy2 + at));
     return d;
 }
 
-template <int V>
-__device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const float* dy0,
-                                 const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,
+template <int V, typename T>
+__device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rstd, const T* dy0,
+                                 const T* dy1, const T* dy2, float* dres, unsigned short* dres_bf,
                                  float* partial, int M, int C, int rows, int accumulate, unsigned* amax,
                                  unsigned* nonfinite, const unsigned char* xq, const float* xs) {
     float m = 0.f;
@@ -297,7 +310,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
         const float xf = xq ? xs[row] : 1.f;
         float dot = 0.f;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-            const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
+            const Vf<V> d = ld_dy<V, T>(dy0, dy1, dy2, off + i);
             const Vf<V> xv = ld_x<V>(x, xq, xf, off + i), gv = ldv<V>(g + i);
 #pragma unroll
             for (int j = 0; j < V; j++) dot += gv.v[j] * d.v[j] * xv.v[j];
@@ -306,7 +319,7 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
         const float r = rstd[row];
         const float k = r * r * r * dot / (float)C;
         for (int i = threadIdx.x * V; i < C; i += blockDim.x * V) {
-            const Vf<V> d = ld_dy<V>(dy0, dy1, dy2, off + i);
+            const Vf<V> d = ld_dy<V, T>(dy0, dy1, dy2, off + i);
             const Vf<V> xv = ld_x<V>(x, xq, xf, off + i), gv = ldv<V>(g + i);
             Vf<V> o = accumulate ? ldv<V>(dres + off + i) : Vf<V>{};
 #pragma unroll
@@ -331,16 +344,20 @@ __device__ void rmsnorm_bwd_impl(const float* x, const float* g, const float* rs
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
 
-#define NORM_BWD(NAME, V)                                                                                      \
-    extern "C" __global__ void NAME(const float* x, const float* g, const float* rstd, const float* dy0,        \
-                                    const float* dy1, const float* dy2, float* dres, unsigned short* dres_bf,   \
+// The gradients `dy` come in f32 (the LM head's) or bf16 (the projections'
+// input gradients, summed in bf16 by their GEMMs).
+#define NORM_BWD(NAME, V, T)                                                                                   \
+    extern "C" __global__ void NAME(const float* x, const float* g, const float* rstd, const T* dy0,            \
+                                    const T* dy1, const T* dy2, float* dres, unsigned short* dres_bf,           \
                                     float* partial, int M, int C, int rows, int accumulate, unsigned* amax,     \
                                     unsigned* nonfinite, const unsigned char* xq, const float* xs) {            \
-        rmsnorm_bwd_impl<V>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, rows, accumulate, amax,    \
-                            nonfinite, xq, xs);                                                                 \
+        rmsnorm_bwd_impl<V, T>(x, g, rstd, dy0, dy1, dy2, dres, dres_bf, partial, M, C, rows, accumulate, amax, \
+                               nonfinite, xq, xs);                                                              \
     }
-NORM_BWD(rmsnorm_bwd, 1)
-NORM_BWD(rmsnorm_bwd_v4, 4)
+NORM_BWD(rmsnorm_bwd, 1, float)
+NORM_BWD(rmsnorm_bwd_v4, 4, float)
+NORM_BWD(rmsnorm_bwd_b16, 1, unsigned short)
+NORM_BWD(rmsnorm_bwd_b16_v4, 4, unsigned short)
 
 // out[c] += sum over y of partial[y][c], y in order within each of 8 row
 // strides, then the 8 strides in order (deterministic). Block (32, 8), grid C / 32.

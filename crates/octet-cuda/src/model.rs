@@ -7,7 +7,10 @@
 //! in [`octet_nn::llama::Llama::param_shapes`] order); the block matrices and
 //! the LM head also have bf16 compute copies, rewritten by the AdamW kernel.
 //! The residual stream and the gradients flowing through it are f32; the
-//! inputs of matrix products are bf16; the logits are f32. The embedding and
+//! inputs of matrix products are bf16, and so are their input gradients
+//! (those of the projections reading one input summed by their GEMMs, each
+//! adding in f32 and rounding once, as autocast PyTorch sums them); the
+//! logits are f32. The embedding and
 //! the LM head stay in high precision (bf16 products), as on the CPU.
 //!
 //! Kernels: `kernels/train.cu` (attention is flash-style: the forward keeps
@@ -54,6 +57,8 @@ struct Fns {
     norm_fwd_v4: CudaFunction,
     norm_bwd: CudaFunction,
     norm_bwd_v4: CudaFunction,
+    norm_bwd_b16: CudaFunction,
+    norm_bwd_b16_v4: CudaFunction,
     sum_partials: CudaFunction,
     rope_fwd: CudaFunction,
     rope_bwd: CudaFunction,
@@ -609,6 +614,8 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         norm_fwd_v4: l("rmsnorm_fwd_v4")?,
         norm_bwd: l("rmsnorm_bwd")?,
         norm_bwd_v4: l("rmsnorm_bwd_v4")?,
+        norm_bwd_b16: l("rmsnorm_bwd_b16")?,
+        norm_bwd_b16_v4: l("rmsnorm_bwd_b16_v4")?,
         sum_partials: l("sum_partials")?,
         rope_fwd: l(if (d / 2).is_multiple_of(4) {
             "rope_fwd_v4"
@@ -1680,16 +1687,17 @@ impl<'g> GpuLlama<'g> {
 
     /// RMSNorm backward from `dy` = the sum of `dys` (one to three input
     /// gradients of the projections that read the norm's output, added in
-    /// order): `dres (+)= dx`; the gain's gradient added to its slot (not in
+    /// order; f32 from the LM head, bf16 from a block's projections, whose
+    /// GEMMs add them into one buffer): `dres (+)= dx`; the gain's gradient added to its slot (not in
     /// LoRA mode, where the gains are frozen); with `bf16_for = (block,
     /// projection)` also the updated `dres` in bf16, that projection's
     /// grad_output, with its amax when the projection's quantizer reads one.
     #[allow(clippy::too_many_arguments)]
-    fn norm_bwd(
+    fn norm_bwd<D: GemmOut>(
         &mut self,
         x: &NormIn,
         rstd: &CudaSlice<f32>,
-        dys: &[&CudaSlice<f32>],
+        dys: &[&CudaSlice<D>],
         dres: &mut CudaSlice<f32>,
         slot: usize,
         accumulate: bool,
@@ -1729,10 +1737,11 @@ impl<'g> GpuLlama<'g> {
                 let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(&g, s);
                 ptr % 16 == 0
             };
-            let kern = if c % 4 == 0 && g_aligned {
-                &self.f.norm_bwd_v4
-            } else {
-                &self.f.norm_bwd
+            let kern = match (D::OUT, c % 4 == 0 && g_aligned) {
+                (crate::gemm::OutType::F32, true) => &self.f.norm_bwd_v4,
+                (crate::gemm::OutType::F32, false) => &self.f.norm_bwd,
+                (crate::gemm::OutType::Bf16, true) => &self.f.norm_bwd_b16_v4,
+                (crate::gemm::OutType::Bf16, false) => &self.f.norm_bwd_b16,
             };
             // The gain's column sums take 4 C bytes of dynamic shared memory;
             // past the default 48 KB (less the kernel's 256 static bytes) the
@@ -2018,8 +2027,8 @@ impl<'g> GpuLlama<'g> {
             }
             drop((dact, swiglu));
             self.mark("elementwise")?;
-            // gate's and up's input gradients added into one buffer.
-            let mut dh2 = None;
+            // gate's and up's input gradients added into one bf16 buffer.
+            let mut dh2: Option<CudaSlice<u16>> = None;
             self.proj_backward_group(
                 (bi, 4),
                 vec![(sg, &dg, g_amax), (su, &du, u_amax)],
@@ -2062,8 +2071,9 @@ impl<'g> GpuLlama<'g> {
             })??;
             drop((q, k, vv, a, lse, da));
             self.mark("attention bwd (+rope)")?;
-            // q's, k's and v's input gradients added into one buffer, in that order.
-            let mut dh = None;
+            // q's, k's and v's input gradients added into one bf16 buffer, in
+            // that order (each GEMM adds in f32 and rounds once).
+            let mut dh: Option<CudaSlice<u16>> = None;
             self.proj_backward_group(
                 (bi, 0),
                 vec![
@@ -2817,7 +2827,7 @@ impl<'g> GpuLlama<'g> {
     /// Backward of block `bi`'s projection `li` from `dy`: its weight's (or
     /// adapters') gradients into their slots, and its input gradient into
     /// `dx`: written there when `dx` is empty, added to it otherwise (the
-    /// projections that read one input add theirs into one f32 buffer, in
+    /// projections that read one input add theirs into one buffer, in
     /// order, which the norm's backward then reads once).
     fn proj_backward<D: GemmOut>(
         &mut self,
