@@ -52,6 +52,34 @@ fn gpu_base(gpu: &Gpu, b: &Base) -> Result<GpuBase> {
     })
 }
 
+/// The same layer on both sides: the CPU `LoraLinear` and the GPU layer over
+/// `base` (`(N, K)`) with adapter `A (r, K)`, `B (N, r)` (bf16 values) and
+/// `alpha`, under `recipe` (whose backward mode the GPU layer takes too).
+fn layer_pair(
+    gpu: &Gpu,
+    base: Base,
+    (a, b, alpha): (Tensor, Tensor, f64),
+    compute: Compute,
+    recipe: Recipe,
+) -> Result<(LoraLinear, GpuLoraLinear)> {
+    let (r, dims) = (a.shape()[0], base.dims());
+    let gpu_layer = GpuLoraLinear::new(
+        gpu_base(gpu, &base)?,
+        dims,
+        Some(GpuAdapter::new(
+            gpu,
+            gpu.upload(&bits(&a))?,
+            gpu.upload(&bits(&b))?,
+            r,
+            (alpha / r as f64) as f32,
+        )?),
+        compute,
+        recipe.backward(),
+    )?;
+    let cpu = LoraLinear::new(base, Some(Adapter { a, b, alpha }), compute, recipe).map_err(nn)?;
+    Ok((cpu, gpu_layer))
+}
+
 /// All GPU LoRA cases.
 pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     fused_cases(gpu, out)?;
@@ -198,33 +226,9 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let b = bf16_tensor(&[n, r], seed + 4, 0.02)?;
         let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
         let base = Base::new(&w, format).map_err(nn)?;
-        let gbase = gpu_base(gpu, &base)?;
-        let mut cpu = LoraLinear::new(
-            base,
-            Some(Adapter {
-                a: a.clone(),
-                b: b.clone(),
-                alpha,
-            }),
-            compute,
-            recipe,
-        )
-        .map_err(nn)?;
+        let (mut cpu, layer) = layer_pair(gpu, base, (a, b, alpha), compute, recipe)?;
         let (y_ref, saved) = cpu.forward(&x, true).map_err(nn)?;
         let g_ref = cpu.backward(saved, &dy).map_err(nn)?;
-        let layer = GpuLoraLinear::new(
-            gbase,
-            (n, k),
-            Some(GpuAdapter::new(
-                gpu,
-                gpu.upload(&bits(&a))?,
-                gpu.upload(&bits(&b))?,
-                r,
-                (alpha / r as f64) as f32,
-            )?),
-            compute,
-            mode,
-        )?;
         let xg = Rc::new(gpu.upload(&bits(&x))?);
         let mut outs =
             crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
@@ -410,21 +414,9 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let b = bf16_tensor(&[n, r], s + 2, 0.02)?;
             dys.push(bf16_tensor(&[m, n], s + 3, 0.1)?);
             let base = Base::new(&w, format).map_err(nn)?;
-            gpus.push(GpuLoraLinear::new(
-                gpu_base(gpu, &base)?,
-                (n, k),
-                Some(GpuAdapter::new(
-                    gpu,
-                    gpu.upload(&bits(&a))?,
-                    gpu.upload(&bits(&b))?,
-                    r,
-                    (alpha / r as f64) as f32,
-                )?),
-                compute,
-                mode,
-            )?);
-            let ad = Adapter { a, b, alpha };
-            cpus.push(LoraLinear::new(base, Some(ad), compute, recipe).map_err(nn)?);
+            let (cpu, layer) = layer_pair(gpu, base, (a, b, alpha), compute, recipe)?;
+            cpus.push(cpu);
+            gpus.push(layer);
         }
         for l in &mut gpus {
             l.fuse_cast_du = fuse;
