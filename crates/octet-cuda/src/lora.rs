@@ -42,10 +42,13 @@
 //!
 //! LoRA dropout ([`Dropout`], training forwards only): one mask per input,
 //! shared by the group's adapters. The forward's `u` product reads the
-//! masked copy of `x` ([`Gpu::dropout_mask`], a transient: the mask is drawn
-//! again in backward, not kept); the backward masks the saved input again for
-//! `d_A`, and adds the adapters' `du A` to `d_input` through the mask
-//! ([`Gpu::dropout_add`]). `1 / P(kept)` is folded into the scale `s`.
+//! masked copy of `x` ([`Gpu::dropout_mask`]). Where the adapters keep the
+//! bf16 input and nothing else holds it (the norms' and SwiGLU's outputs
+//! in the model), they keep the masked copy in its place, same bytes;
+//! otherwise (an input the caller keeps too, such as the attention output,
+//! or the FP8 copy of the `dequantized` backward) the backward draws the
+//! mask again for `d_A`. The adapters' `du A` is added to `d_input` through
+//! the mask ([`Gpu::dropout_add`]). `1 / P(kept)` is folded into the scale `s`.
 //!
 //! Rounding against the CPU layer (which keeps `u`, `s dy B` and the
 //! dequantized input in f32): here `u` and `du = s dy B` are bf16 operands of
@@ -165,8 +168,11 @@ pub struct GpuLoraSaved {
     /// `u^T = A x^T`: the group's stacked `(sum r, M)` bf16 buffer, this
     /// layer's first row in it and its rank.
     u: Option<(Rc<CudaSlice<u16>>, usize, usize)>,
-    /// The forward's dropout mask (drawn again in backward).
+    /// The forward's dropout mask (drawn again in backward where `x` is not
+    /// masked already).
     dropout: Option<Dropout>,
+    /// `x` is the masked input already (see the module doc).
+    x_masked: bool,
 }
 
 impl GpuLoraSaved {
@@ -402,6 +408,7 @@ impl GpuLoraLinear {
             xq: None,
             u: None,
             dropout: None,
+            x_masked: false,
         };
         if self.adapter.is_some() {
             if self.backward == BackwardMode::Dequantized {
@@ -832,6 +839,21 @@ fn forward_layers(
             }
         }
     }
+    if let Some(xm) = masked {
+        // Keep the masked copy instead of x where only these saved states
+        // would keep x alive (besides `input`).
+        let holders = saved
+            .iter()
+            .filter(|s| s.x.as_ref().is_some_and(|x| Rc::ptr_eq(x, &input.x)))
+            .count();
+        if holders > 0 && Rc::strong_count(&input.x) == 1 + holders {
+            let xm = Rc::new(xm);
+            for s in saved.iter_mut().filter(|s| s.x.is_some()) {
+                s.x = Some(xm.clone());
+                s.x_masked = true;
+            }
+        }
+    }
     let mut ys = layers
         .iter()
         .zip(first)
@@ -887,7 +909,8 @@ fn saved_input(gpu: &Gpu, saved: &GpuLoraSaved, k: usize) -> Result<Rc<CudaSlice
 /// layer, then one `d_A = du^T x` and one `d_input (+)= du A` over the
 /// stacked `du^T` and `A` (one read of `x` and one pass over `d_input` for
 /// q, k and v together). The adapters' term goes into `d_input` first, the
-/// bases' products add to it.
+/// bases' products add to it. Under dropout `x` is the masked input and
+/// `du A` goes to an f32 temporary, added to `d_input` through the mask.
 pub fn backward_group<D: GemmOut>(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
@@ -940,8 +963,11 @@ pub fn backward_group<D: GemmOut>(
     let mut based = vec![false; layers.len()];
     for group in adapter_groups(layers, m) {
         let (ads, rows) = stacked(layers, &group)?;
-        let dropout = saved[ads[0].0].dropout;
-        if ads.iter().any(|&(i, _, _)| saved[i].dropout != dropout) {
+        let (dropout, x_masked) = (saved[ads[0].0].dropout, saved[ads[0].0].x_masked);
+        if ads
+            .iter()
+            .any(|&(i, _, _)| saved[i].dropout != dropout || saved[i].x_masked != x_masked)
+        {
             return Err(Error::Shape(
                 "LoRA backward: adapters sharing an input saved different dropout masks".into(),
             ));
@@ -980,7 +1006,10 @@ pub fn backward_group<D: GemmOut>(
             dbs.push(db);
         }
         let x = saved_input(gpu, &saved[ads[0].0], k)?;
-        let masked = dropout.map(|d| gpu.dropout_mask(&x, &d)).transpose()?;
+        let masked = match dropout {
+            Some(d) if !x_masked => Some(gpu.dropout_mask(&x, &d)?),
+            _ => None,
+        };
         let x = masked.as_ref().unwrap_or(x.as_ref());
         // SAFETY: the GEMM writes every element.
         let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };

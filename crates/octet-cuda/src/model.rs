@@ -7,11 +7,11 @@
 //! in [`octet_nn::llama::Llama::param_shapes`] order); the block matrices and
 //! the LM head also have bf16 compute copies, rewritten by the AdamW kernel.
 //! The residual stream and the gradients flowing through it are f32; the
-//! inputs of matrix products are bf16, and so are their input gradients
-//! (those of the projections reading one input summed by their GEMMs, each
-//! adding in f32 and rounding once, as autocast PyTorch sums them); the
-//! logits are f32. The embedding and
-//! the LM head stay in high precision (bf16 products), as on the CPU.
+//! inputs of matrix products are bf16, and so are the blocks' input
+//! gradients (those of the projections reading one input summed by their
+//! GEMMs, each adding in f32 and rounding once, as autocast PyTorch sums
+//! them; the LM head's is f32); the logits are f32. The embedding and the
+//! LM head stay in high precision (bf16 products), as on the CPU.
 //!
 //! Kernels: `kernels/train.cu` (attention is flash-style: the forward keeps
 //! the per-row log-sum-exp, the backward recomputes probabilities tile by
@@ -252,6 +252,8 @@ pub struct GpuLlama<'g> {
     /// Check every block's output for NaN/inf in the forward (one reduction
     /// and a host read per block): set by the trainer to locate a non-finite
     /// loss, which then fails with [`Error::NonFiniteIn`] naming the block.
+    /// A checking forward draws LoRA dropout masks as a training one does
+    /// (set the round of the forward it repeats first).
     pub check_layers: bool,
     /// Kernels that write a projection's input or grad_output also compute
     /// its amax when the projection's quantizer reads one (current
@@ -1356,9 +1358,11 @@ impl<'g> GpuLlama<'g> {
             )));
         }
         if let Some(mode) = &mut self.lora {
-            // A training forward draws its round's dropout masks.
-            mode.dropout_now = keep.then_some(mode.dropout_round);
-            if keep {
+            // A training forward draws its round's dropout masks, and so does
+            // the forward that checks every block (it repeats a training one).
+            let train = keep || self.check_layers;
+            mode.dropout_now = train.then_some(mode.dropout_round);
+            if train {
                 mode.dropout_round = mode.dropout_round.wrapping_add(1);
             }
         }

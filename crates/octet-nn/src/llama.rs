@@ -1102,7 +1102,6 @@ fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
     t.ok_or_else(|| Error::Shape(format!("missing gradient: {what}")))
 }
 
-/// `x (B*T, C) -> (B*T, C)` through one block.
 /// The LoRA dropout of one block in one training forward.
 #[derive(Clone, Copy)]
 struct BlockDropout {
@@ -1123,6 +1122,8 @@ impl BlockDropout {
     }
 }
 
+/// `x (B*T, C) -> (B*T, C)` through one block (`drop`: its LoRA dropout,
+/// in training forwards).
 fn block_forward(
     blk: &mut Block,
     rope: &Rope,

@@ -541,7 +541,9 @@ impl LoraLinear {
     }
 
     /// Backward from `dy (M, N)`: the adapter's gradients and, if the input
-    /// asked for it, `d_input = dy @ W + (alpha/r) (dy B) A`.
+    /// asked for it, `d_input = dy @ W + (alpha/r) (dy B) A`; under the
+    /// forward's dropout `dy @ W + m * (s' (dy B) A)` with `s' = (alpha/r) /
+    /// P(kept)` (the module doc's formulas).
     pub fn backward(&mut self, saved: LoraSaved, dy: &Tensor) -> Result<LoraGrads> {
         let (n, k) = self.dims();
         let m = saved.m;

@@ -382,7 +382,10 @@ pub fn train_gpu_ranked(
                 Err(octet_cuda::Error::NonFinite) => {
                     // Run the batch again checking every block's output, to name
                     // where the NaN/inf first appears.
+                    // The same dropout masks as the failed forward (a checking
+                    // forward draws them although it keeps nothing).
                     model.check_layers = true;
+                    model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
                     let at = match model.forward(&x, &y, (local_b, cfg.seq), 0.0, false) {
                         Err(octet_cuda::Error::NonFiniteIn(at)) => at,
                         _ => "a place the block checks did not find".into(),
