@@ -6,6 +6,7 @@ fused AdamW under bf16 autocast, eager and torch.compile. The same batch
 (4 x 2048 tokens) as octet's run.
 
 Usage: python3 bench/peers_lora.py OUT.json [steps]
+`PEERS_LORA_DROPOUTS=0,0.1` runs each variant at each LoRA dropout (default: 0).
 Prints and writes tokens/s (steps after 3 warm-up steps) and the peak memory
 PyTorch's allocator reports (allocated and reserved; octet reports the
 driver's used memory, which also counts the CUDA context and cuBLAS workspace).
@@ -23,13 +24,13 @@ from peers_train import B, T, V, Llama  # noqa: E402
 TARGETS = ["q", "k", "v", "o", "gate", "up", "down"]
 
 
-def run(name, compile_, steps):
+def run(name, compile_, steps, dropout=0.0):
     from peft import LoraConfig, inject_adapter_in_model
 
     torch.manual_seed(0)
     model = Llama().to(device="cuda", dtype=torch.bfloat16)
     model.requires_grad_(False)
-    cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules=TARGETS, bias="none")
+    cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=dropout, target_modules=TARGETS, bias="none")
     model = inject_adapter_in_model(cfg, model)
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
@@ -59,6 +60,7 @@ def run(name, compile_, steps):
     reserved = torch.cuda.max_memory_reserved()
     row = {
         "name": name,
+        "lora_dropout": dropout,
         "tokens_per_s": tps,
         "step_ms": 1e3 * sum(steady) / len(steady),
         "peak_allocated_bytes": peak,
@@ -78,11 +80,14 @@ def run(name, compile_, steps):
 
 def main(out, steps):
     rows = []
+    dropouts = [float(p) for p in os.environ.get("PEERS_LORA_DROPOUTS", "0").split(",")]
     for name, c in [("torch+peft bf16 LoRA eager", False), ("torch+peft bf16 LoRA compile", True)]:
-        try:
-            rows.append(run(name, c, steps))
-        except Exception as e:  # noqa: BLE001
-            print(f"{name}: failed: {type(e).__name__}: {e}", flush=True)
+        for p in dropouts:
+            label = f"{name} dropout {p:g}" if len(dropouts) > 1 else name
+            try:
+                rows.append(run(label, c, steps, p))
+            except Exception as e:  # noqa: BLE001
+                print(f"{label}: failed: {type(e).__name__}: {e}", flush=True)
     import peft
 
     with open(out, "w") as f:
