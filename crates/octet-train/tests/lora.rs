@@ -173,3 +173,17 @@ fn lora_runs_resume_bit_for_bit_and_the_adapter_round_trips() {
     assert!(e.contains("adapter_model.safetensors"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn a_lora_dropout_outside_zero_to_one_is_an_error_naming_the_flag() {
+    let out = tmpdir("bad-dropout");
+    for p in [-0.1, 1.0, 2.0, f64::NAN] {
+        let cfg = run("bad", &out, None, "fp8-tensorwise", ("fp8", p));
+        let e = train(&cfg, None, &mut Quiet).unwrap_err().to_string();
+        assert!(
+            e.contains("--lora-dropout") && e.contains("[0, 1)"),
+            "{p}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
