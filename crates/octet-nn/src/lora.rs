@@ -225,12 +225,17 @@ impl Dropout {
 
     /// `x` with the dropped elements zeroed (not rescaled), in `x`'s dtype.
     pub fn mask(&self, x: &Tensor) -> Result<Tensor> {
-        let v: Vec<f32> = x
-            .to_f32_vec()
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| if self.keeps(i as u64) { a } else { 0.0 })
-            .collect();
+        let thr = self.threshold();
+        let mut v = x.to_f32_vec();
+        // One hash per group of 4 elements, as `bits` draws them.
+        for (g, chunk) in v.chunks_mut(4).enumerate() {
+            let h = splitmix64(self.key ^ (g as u64).wrapping_mul(GOLDEN));
+            for (lane, a) in chunk.iter_mut().enumerate() {
+                if ((h >> (16 * lane)) as u16) < thr {
+                    *a = 0.0;
+                }
+            }
+        }
         Ok(Tensor::from_f32(x.shape(), v)?.to_dtype(x.dtype()))
     }
 }
