@@ -17,8 +17,7 @@ B=dev-bin/octet
 R=$OUT/r
 mkdir -p $R
 nvidia-smi --query-gpu=name,clocks.max.sm,power.limit --format=csv > $R/gpu.txt
-$B selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s)"; grep -E "cases pass|FAIL" $R/selftest.txt | head -8
+run_selftest $B $R/selftest.txt
 grep -iE "dropout" $R/selftest.txt | cut -c1-260
 common="--steps 20 --eval-every 10 --sample-tokens 0 --out-dir /tmp/runs"
 for dev in cuda cpu; do

@@ -11,8 +11,7 @@ t0=$SECONDS
 B=dev-bin/octet
 R=$OUT/r
 mkdir -p $R
-$B selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s)"; grep -E "cases pass|FAIL" $R/selftest.txt | head -8
+run_selftest $B $R/selftest.txt
 grep -iE "dropout|fused cast \+ du against" $R/selftest.txt | sed 's/   */ /g' | cut -c1-330
 fp8="--base-format fp8-tensorwise --compute fp8 --backward quantized --saved-activations fp8"
 for rep in 1 2; do

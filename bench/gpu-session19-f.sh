@@ -10,8 +10,7 @@ t0=$SECONDS
 . bench/session12_runs.sh
 R=$OUT/r
 mkdir -p $R
-dev-bin/octet selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s)"; grep -E "cases pass|FAIL" $R/selftest.txt | head -8
+run_selftest dev-bin/octet $R/selftest.txt
 fp8="--base-format fp8-tensorwise --compute fp8 --backward quantized --saved-activations fp8"
 for rep in 1 2; do
   for bin in octet-old octet; do

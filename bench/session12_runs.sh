@@ -11,3 +11,11 @@ run1b() {
     --no-save --out-dir /tmp/runs --name "$name" "$@" > /tmp/run1b.txt 2>&1 || tail -5 /tmp/run1b.txt
   python3 bench/metrics_summary.py "/tmp/runs/$name/metrics.jsonl" $((batch * 2048)) "$first"
 }
+
+# run_selftest BIN OUT_FILE: `BIN selftest --device cuda` into OUT_FILE, then
+# its exit code, the time since the script began ($t0) and the summary and
+# failing lines.
+run_selftest() {
+  "$1" selftest --device cuda > "$2" 2>&1
+  echo "selftest rc=$? ($((SECONDS-t0)) s)"; grep -E "cases pass|FAIL" "$2" | head -8
+}

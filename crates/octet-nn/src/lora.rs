@@ -214,7 +214,13 @@ impl Dropout {
     /// of SplitMix64's finaliser over `key ^ (i / 4) * golden`.
     #[inline]
     pub fn bits(&self, i: u64) -> u16 {
-        (splitmix64(self.key ^ (i / 4).wrapping_mul(GOLDEN)) >> (16 * (i % 4))) as u16
+        (self.group_bits(i / 4) >> (16 * (i % 4))) as u16
+    }
+
+    /// The 64 bits of elements `4 g .. 4 g + 4` (16 each, lowest first).
+    #[inline]
+    fn group_bits(&self, g: u64) -> u64 {
+        splitmix64(self.key ^ g.wrapping_mul(GOLDEN))
     }
 
     /// Whether element `i` is kept.
@@ -227,9 +233,9 @@ impl Dropout {
     pub fn mask(&self, x: &Tensor) -> Result<Tensor> {
         let thr = self.threshold();
         let mut v = x.to_f32_vec();
-        // One hash per group of 4 elements, as `bits` draws them.
+        // One hash per group of 4 elements.
         for (g, chunk) in v.chunks_mut(4).enumerate() {
-            let h = splitmix64(self.key ^ (g as u64).wrapping_mul(GOLDEN));
+            let h = self.group_bits(g as u64);
             for (lane, a) in chunk.iter_mut().enumerate() {
                 if ((h >> (16 * lane)) as u16) < thr {
                     *a = 0.0;
