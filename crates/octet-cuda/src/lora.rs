@@ -96,6 +96,12 @@ pub struct GpuAdapter {
 }
 
 impl GpuAdapter {
+    /// The scale of the adapter's term: `alpha / r`, over `P(kept)` under
+    /// `dropout` (as `octet_nn::lora`'s layer).
+    fn scale_with(&self, dropout: Option<Dropout>) -> f32 {
+        (f64::from(self.scale) * dropout.map_or(1.0, |d| d.keep_scale())) as f32
+    }
+
     /// An adapter from its bf16 compute copies `A (r, K)` and `B (N, r)`
     /// (`B^T` is made here); `scale = alpha / r`.
     pub fn new(
@@ -796,13 +802,13 @@ fn forward_layers(
         .collect::<Result<Vec<_>>>()?;
     let dropout = dropout.filter(|d| d.threshold() > 0);
     let groups = adapter_groups(layers, m);
-    // The adapters' masked input (a transient, drawn again in backward).
+    // The adapters' masked input (kept in place of x below where nothing
+    // else holds x; otherwise a transient, the mask drawn again in backward).
     let masked = match dropout {
         Some(d) if !groups.is_empty() => Some(gpu.dropout_mask(&input.x, &d)?),
         _ => None,
     };
     let x_adapter = masked.as_ref().unwrap_or(input.x.as_ref());
-    let keep_scale = dropout.map_or(1.0, |d| d.keep_scale());
     let mut first: Vec<Option<CudaSlice<u16>>> = layers.iter().map(|_| None).collect();
     // Adapters whose term is added after the base's product: (layer, u^T, row).
     let mut after = Vec::new();
@@ -820,7 +826,7 @@ fn forward_layers(
         for &(i, ad, off) in &ads {
             saved[i].u = Some((ut.clone(), off, ad.rank));
             saved[i].dropout = dropout;
-            let s = (f64::from(ad.scale) * keep_scale) as f32;
+            let s = ad.scale_with(dropout);
             if layers[i].base_adds() {
                 let u = ut.slice(off * m..(off + ad.rank) * m);
                 // SAFETY: the GEMM writes every element (beta = 0).
@@ -972,14 +978,13 @@ pub fn backward_group<D: GemmOut>(
                 "LoRA backward: adapters sharing an input saved different dropout masks".into(),
             ));
         }
-        let keep_scale = dropout.map_or(1.0, |d| d.keep_scale());
         // SAFETY: each layer's rows are written below (by its GEMM, beta = 0,
         // or by the fused cast).
         let mut dut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA du")? };
         let mut dbs = Vec::with_capacity(ads.len());
         for &(i, ad, off) in &ads {
             let (dy, n, r) = (dys[i].0, layers[i].n, ad.rank);
-            let s = (f64::from(ad.scale) * keep_scale) as f32;
+            let s = ad.scale_with(dropout);
             let (ut, uoff, _) = saved[i]
                 .u
                 .as_ref()

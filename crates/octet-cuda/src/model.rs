@@ -28,7 +28,7 @@ use cudarc::driver::{
 };
 use octet_fp8::Recipe;
 use octet_nn::llama::{Llama, LlamaConfig, LoraSpec, PROJ_NAMES};
-use octet_nn::lora::{dropout_key, Dropout};
+use octet_nn::lora::Dropout;
 use octet_tensor::Tensor;
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -2809,11 +2809,10 @@ impl<'g> GpuLlama<'g> {
         let blk = &mut self.blocks[bi];
         Ok(if let Some(mode) = &self.lora {
             let dropout = match (mode.dropout, mode.dropout_now) {
-                (Some((p, seed)), Some(round)) => {
-                    let site = octet_nn::lora::DROPOUT_SITE[range.start];
-                    let key = dropout_key(seed, round, bi, site);
-                    Some(Dropout::new(p, key).map_err(|e| Error::Shape(e.to_string()))?)
-                }
+                (Some((p, seed)), Some(round)) => Some(
+                    Dropout::for_projection(p, (seed, round), bi, range.start)
+                        .map_err(|e| Error::Shape(e.to_string()))?,
+                ),
                 _ => None,
             };
             forward_group(&blk.lora[range], gpu, (x, x_amax, n), dropout)?

@@ -10,9 +10,7 @@
 use crate::attention::{attention_backward, attention_forward, AttentionSaved};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, LinearSaved};
-use crate::lora::{
-    dropout_key, Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear, LoraSaved, DROPOUT_SITE,
-};
+use crate::lora::{Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear, LoraSaved};
 use crate::loss::cross_entropy;
 use crate::norm::{RmsNorm, RmsNormSaved};
 use crate::rope::Rope;
@@ -1114,11 +1112,8 @@ struct BlockDropout {
 impl BlockDropout {
     /// The mask of projection `proj`'s input (index into [`PROJ_NAMES`]).
     fn of(this: Option<BlockDropout>, proj: usize) -> Result<Option<Dropout>> {
-        this.map(|d| {
-            let key = dropout_key(d.seed, d.round, d.block, DROPOUT_SITE[proj]);
-            Dropout::new(d.p, key)
-        })
-        .transpose()
+        this.map(|d| Dropout::for_projection(d.p, (d.seed, d.round), d.block, proj))
+            .transpose()
     }
 }
 

@@ -198,6 +198,23 @@ impl Dropout {
         Ok(Dropout { p, key })
     }
 
+    /// The mask of projection `proj`'s input (index into
+    /// [`crate::llama::PROJ_NAMES`]) in block `block` of training forward
+    /// `round` of a run seeded `seed`: the key of its input's site
+    /// ([`DROPOUT_SITE`], [`dropout_key`]), so the projections reading one
+    /// input share it. What the CPU and GPU models both draw.
+    pub fn for_projection(
+        p: f64,
+        (seed, round): (u64, u64),
+        block: usize,
+        proj: usize,
+    ) -> Result<Dropout> {
+        let site = *DROPOUT_SITE
+            .get(proj)
+            .ok_or_else(|| Error::Config(format!("no projection {proj} in a block")))?;
+        Dropout::new(p, dropout_key(seed, round, block, site))
+    }
+
     /// Elements whose bits are below this are dropped: `p 2^16` rounded to
     /// nearest (at most 65535, so some element is always kept).
     pub fn threshold(&self) -> u16 {
