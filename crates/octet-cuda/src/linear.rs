@@ -136,8 +136,10 @@ pub struct GpuLinear {
     /// Delayed scaling: the states of input, weight and grad_output.
     states: Vec<crate::delayed::DeviceDelayed>,
     recipe: Option<Recipe>,
-    /// Quantizations so far: the salt of stochastic rounding, counted as the CPU `Linear` counts.
-    calls: u64,
+    /// Gradient quantizations so far: the salt of stochastic rounding, counted
+    /// as the CPU `Linear` counts (forwards do not count, so a recomputed
+    /// forward leaves the salts of the backward as they were).
+    grad_calls: u64,
     /// Record numerics telemetry of each quantization (see [`GpuLinear::telemetry`]).
     pub telemetry_on: bool,
     /// Counters of the last recorded quantization per role: `[amax bits,
@@ -268,7 +270,7 @@ impl GpuLinear {
             backward,
             states,
             recipe,
-            calls: 0,
+            grad_calls: 0,
             telemetry_on: false,
             tele: [None, None, None],
             external: false,
@@ -382,16 +384,21 @@ impl GpuLinear {
         Ok(())
     }
 
-    /// Count one quantization in `role` and return its rounding: the recipe's
-    /// (stochastic for NVFP4 gradients, salted by the count as the CPU `Linear`
-    /// salts it), nearest-even for every other recipe.
+    /// The rounding of one quantization in `role` (counting it when it is a
+    /// gradient's): the recipe's (stochastic for NVFP4 gradients, salted by
+    /// the count as the CPU `Linear` salts it), nearest-even for every other
+    /// recipe.
     fn rounding(&mut self, role: usize) -> Result<octet_fp8::Rounding> {
-        self.calls += 1;
+        if role >= 2 {
+            self.grad_calls += 1;
+        }
         match (self.kind, self.recipe) {
             (Kind::Nvfp4, Some(r)) => {
                 let role = octet_fp8::Role::ALL[role.min(2)];
-                Ok(r.spec(role, octet_fp8::Layout::Rowwise, None, self.calls)?
-                    .rounding)
+                Ok(
+                    r.spec(role, octet_fp8::Layout::Rowwise, None, self.grad_calls)?
+                        .rounding,
+                )
             }
             _ => Ok(octet_fp8::Rounding::NearestEven),
         }

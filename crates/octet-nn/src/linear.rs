@@ -56,7 +56,10 @@ pub struct Linear {
     pub trainable: bool,
     recipe: Option<Recipe>,
     states: ScaleStates,
-    calls: u64,
+    /// Gradient quantizations so far: the salt of stochastic rounding
+    /// (forwards do not count, so a recomputed forward leaves the salts of
+    /// the backward as they were).
+    grad_calls: u64,
     /// A weight quantized elsewhere (an FP8 all-gather, a frozen FP8 store),
     /// used by forward instead of quantizing `weight`.
     quantized_weight: Option<Arc<QuantizedTensor>>,
@@ -134,7 +137,7 @@ impl Linear {
             trainable,
             recipe,
             states,
-            calls: 0,
+            grad_calls: 0,
             quantized_weight: None,
         })
     }
@@ -278,7 +281,7 @@ impl Linear {
                     rowwise: true,
                     colwise: quantized && input_requires_grad,
                 };
-                let (states, calls) = (&mut self.states, &mut self.calls);
+                let (states, calls) = (&mut self.states, &mut self.grad_calls);
                 let qx = quantize_role(states, calls, recipe, Role::Input, x, x_usage)?;
                 let (qw, external) = match &self.quantized_weight {
                     Some(q) => {
@@ -287,7 +290,6 @@ impl Linear {
                                 "the quantized weight lacks the column-wise copy the quantized backward needs".into(),
                             ));
                         }
-                        *calls += 1;
                         if let Some(s) = states.get(Role::Weight) {
                             s.record(q.amax);
                         }
@@ -367,7 +369,7 @@ impl Linear {
                     rowwise: want_dx,
                     colwise: want_dw,
                 };
-                let (states, calls) = (&mut self.states, &mut self.calls);
+                let (states, calls) = (&mut self.states, &mut self.grad_calls);
                 let qdy = quantize_role(states, calls, recipe, Role::GradOutput, dy, usage)?;
                 // grad_input = grad_output @ weight; grad_weight = grad_output_t @ input.
                 let dx = match &saved.weight_q {
@@ -431,7 +433,7 @@ impl Linear {
 }
 
 /// Quantize `x` in `role` into the copies `usage` asks for, recording its amax for delayed scaling.
-/// `calls` counts quantizations so that stochastic rounding differs between calls.
+/// `calls` counts gradient quantizations so that stochastic rounding differs between calls.
 fn quantize_role(
     states: &mut ScaleStates,
     calls: &mut u64,
@@ -440,7 +442,9 @@ fn quantize_role(
     x: &Tensor,
     usage: Usage,
 ) -> Result<QuantizedTensor> {
-    *calls += 1;
+    if role == Role::GradOutput {
+        *calls += 1;
+    }
     let scale = states.get(role).as_ref().map(DelayedState::scale);
     let row = recipe.spec(role, Layout::Rowwise, scale, *calls)?;
     let col = recipe.spec(role, Layout::Colwise, scale, *calls)?;

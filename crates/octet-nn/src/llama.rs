@@ -430,25 +430,44 @@ pub struct Llama {
     /// The training forward the next dropout masks belong to (see
     /// [`Llama::set_dropout_round`]).
     dropout_round: u64,
+    /// Activation recomputation (see [`Llama::set_recompute`]).
+    recompute: bool,
 }
 
 /// What the model's backward reads.
 #[derive(Clone, Debug)]
 pub struct LlamaSaved {
     tokens: Vec<u32>,
-    blocks: Vec<BlockSaved>,
+    blocks: BlocksSaved,
     norm: RmsNormSaved,
     head: LinearSaved,
     d_logits: Tensor,
 }
 
+/// What the blocks' backward reads: every block's saved tensors, or under
+/// activation recomputation only each block's input, from which backward
+/// runs the block's forward again.
+#[derive(Clone, Debug)]
+enum BlocksSaved {
+    Kept(Vec<BlockSaved>),
+    Inputs {
+        /// The residual entering each block, `(B*T, C)`.
+        xs: Vec<Tensor>,
+        /// Batch and sequence of the forward.
+        bt: (usize, usize),
+        /// The forward's dropout round.
+        round: u64,
+    },
+}
+
 impl LlamaSaved {
     /// Bytes kept for backward (activations, FP8 copies, the logits gradient).
     pub fn bytes(&self) -> usize {
-        self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
-            + self.norm.bytes()
-            + self.head.bytes()
-            + self.d_logits.bytes()
+        let blocks = match &self.blocks {
+            BlocksSaved::Kept(v) => v.iter().map(BlockSaved::bytes).sum::<usize>(),
+            BlocksSaved::Inputs { xs, .. } => xs.iter().map(Tensor::bytes).sum(),
+        };
+        blocks + self.norm.bytes() + self.head.bytes() + self.d_logits.bytes()
     }
 }
 
@@ -608,6 +627,7 @@ impl Llama {
             lora: false,
             dropout: None,
             dropout_round: 0,
+            recompute: false,
         })
     }
 
@@ -756,6 +776,24 @@ impl Llama {
     /// uninterrupted one would.
     pub fn set_dropout_round(&mut self, round: u64) {
         self.dropout_round = round;
+    }
+
+    /// Activation recomputation: a training forward keeps only the residual
+    /// entering each block, and backward runs each block's forward again
+    /// (with the same dropout masks) just before that block's backward. The
+    /// gradients are bit-identical to those without it (the recomputed
+    /// forward repeats the same arithmetic, delayed scaling's amax records
+    /// take a maximum, and stochastic rounding is salted by gradient
+    /// quantizations only); the activations held at the peak drop from every
+    /// block's to one block's plus the inputs, for about one more forward of
+    /// the blocks.
+    pub fn set_recompute(&mut self, on: bool) {
+        self.recompute = on;
+    }
+
+    /// Whether activation recomputation is on.
+    pub fn recompute(&self) -> bool {
+        self.recompute
     }
 
     /// Turn every block matrix into a frozen base stored as `spec.base`, with
@@ -979,22 +1017,31 @@ impl Llama {
         self.sync_tied_head();
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
+        let mut inputs = Vec::new();
         let rope = &self.rope;
         let round = self.dropout_round;
         self.dropout_round = round.wrapping_add(1);
         for (i, blk) in self.blocks.iter_mut().enumerate() {
-            let drop = self.dropout.map(|(p, seed)| BlockDropout {
-                p,
-                seed,
-                round,
-                block: i,
-            });
+            let drop = BlockDropout::new(self.dropout, round, i);
             // Name the block where a NaN/inf (or any failure) first shows up.
             let (y, s) = block_forward(blk, rope, &x, (b, t), &self.cfg, drop)
                 .map_err(|e| Error::InLayer(format!("model.layers.{i}"), Box::new(e)))?;
-            x = y;
-            saved_blocks.push(s);
+            match self.recompute {
+                true => inputs.push(std::mem::replace(&mut x, y)),
+                false => {
+                    x = y;
+                    saved_blocks.push(s);
+                }
+            }
         }
+        let blocks = match self.recompute {
+            true => BlocksSaved::Inputs {
+                xs: inputs,
+                bt: (b, t),
+                round,
+            },
+            false => BlocksSaved::Kept(saved_blocks),
+        };
         let (h, norm) = self.norm.forward(&x)?; // (B*T, C)
         let (logits, head) = self.lm_head.forward(&h, true)?; // (B*T, V)
         let (loss, d_logits) = cross_entropy(&logits, targets)?;
@@ -1005,7 +1052,7 @@ impl Llama {
             loss,
             LlamaSaved {
                 tokens: tokens.to_vec(),
-                blocks: saved_blocks,
+                blocks,
                 norm,
                 head,
                 d_logits,
@@ -1049,7 +1096,19 @@ impl Llama {
             .ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
         let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
         let mut block_grads = Vec::with_capacity(self.blocks.len());
-        for (blk, s) in self.blocks.iter_mut().zip(blocks).rev() {
+        let mut blocks = blocks;
+        for (i, blk) in self.blocks.iter_mut().enumerate().rev() {
+            let s = match &mut blocks {
+                BlocksSaved::Kept(v) => v.pop(),
+                BlocksSaved::Inputs { xs, bt, round } => match xs.pop() {
+                    Some(x) => {
+                        let drop = BlockDropout::new(self.dropout, *round, i);
+                        Some(block_forward(blk, &self.rope, &x, *bt, &self.cfg, drop)?.1)
+                    }
+                    None => None,
+                },
+            };
+            let s = s.ok_or_else(|| Error::Shape(format!("no saved state of block {i}")))?;
             let (dprev, g) = block_backward(blk, &self.rope, s, &dx, self.lora)?;
             dx = dprev;
             block_grads.push(g);
@@ -1110,6 +1169,17 @@ struct BlockDropout {
 }
 
 impl BlockDropout {
+    /// Block `block`'s dropout in training forward `round`, where the model
+    /// has dropout `(p, seed)`.
+    fn new(dropout: Option<(f64, u64)>, round: u64, block: usize) -> Option<BlockDropout> {
+        dropout.map(|(p, seed)| BlockDropout {
+            p,
+            seed,
+            round,
+            block,
+        })
+    }
+
     /// The mask of projection `proj`'s input (index into [`PROJ_NAMES`]).
     fn of(this: Option<BlockDropout>, proj: usize) -> Result<Option<Dropout>> {
         this.map(|d| Dropout::for_projection(d.p, (d.seed, d.round), d.block, proj))

@@ -375,6 +375,8 @@ pub struct LoraLinear {
     backward: BackwardMode,
     /// Quantization of inputs and gradients under `Compute::Fp8`.
     recipe: Recipe,
+    /// Backward calls so far: the salt of stochastic rounding (forwards do
+    /// not count, so a recomputed forward leaves the salts as they were).
     calls: u64,
 }
 
@@ -504,7 +506,6 @@ impl LoraLinear {
         if m == 0 {
             return Err(Error::Shape("empty input: M = 0".into()));
         }
-        self.calls += 1;
         let mut saved = LoraSaved {
             m,
             dtype: x.dtype(),

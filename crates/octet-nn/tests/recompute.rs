@@ -1,0 +1,121 @@
+//! Activation recomputation (`Llama::set_recompute`): backward runs each
+//! block's forward again from the block's input, and the gradients are the
+//! same bits as those of the model that kept every block's activations.
+
+use octet_fp8::{BackwardMode, Recipe};
+use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};
+use octet_nn::lora::{BaseFormat, Compute};
+use octet_tensor::{DType, Tensor};
+use rand::{Rng, SeedableRng};
+
+fn tokens(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.random_range(0..vocab as u32)).collect()
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_f64_vec().into_iter().map(f64::to_bits).collect()
+}
+
+/// Two training steps' losses and gradients (delayed scaling's histories
+/// roll between them, LoRA dropout draws a new round), with and without
+/// recomputation, must agree bit for bit; the recomputing model keeps fewer
+/// bytes for backward.
+fn same_gradients(mut kept: Llama, what: &str) {
+    let cfg = kept.cfg.clone();
+    let mut again = kept.clone();
+    again.set_recompute(true);
+    assert!(again.recompute() && !kept.recompute());
+    let (b, t) = (2, 16);
+    for step in 0..2u64 {
+        let toks = tokens(b * t, cfg.vocab_size, 40 + step);
+        let tgts = tokens(b * t, cfg.vocab_size, 80 + step);
+        let (loss_k, saved_k) = kept.forward(&toks, &tgts, b, t).unwrap();
+        let (loss_r, saved_r) = again.forward(&toks, &tgts, b, t).unwrap();
+        assert_eq!(
+            loss_k.to_bits(),
+            loss_r.to_bits(),
+            "{what}: loss, step {step}"
+        );
+        assert!(
+            saved_r.bytes() < saved_k.bytes(),
+            "{what}: {} bytes saved with recomputation against {}",
+            saved_r.bytes(),
+            saved_k.bytes()
+        );
+        let gk = kept.backward(saved_k).unwrap();
+        let gr = again.backward(saved_r).unwrap();
+        assert_eq!(gk.len(), gr.len());
+        for ((nk, tk), (nr, tr)) in gk.iter().zip(&gr) {
+            assert_eq!(nk, nr);
+            assert!(
+                tk.to_f64_vec().iter().any(|&v| v != 0.0) || nk.contains("lora_B"),
+                "{what}: {nk} has an all-zero gradient"
+            );
+            let (bk, br) = (bits(tk), bits(tr));
+            let differ = bk.iter().zip(&br).filter(|(x, y)| x != y).count();
+            assert!(
+                bk.len() == br.len() && differ == 0,
+                "{what}: {nk}, step {step}: {differ} of {} elements differ",
+                bk.len()
+            );
+        }
+        kept.update_scales();
+        again.update_scales();
+    }
+}
+
+#[test]
+fn recomputed_blocks_give_the_same_gradients_under_every_recipe() {
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let plain = Llama::new_random(&cfg, DType::F32, None, 5).unwrap();
+    same_gradients(plain, "f32");
+    for name in [
+        "tensorwise",
+        "delayed",
+        "rowwise",
+        "blockwise",
+        "mxfp8",
+        "nvfp4",
+    ] {
+        for mode in [BackwardMode::Quantized, BackwardMode::Dequantized] {
+            // Delayed scaling takes the quantized backward only.
+            let Ok(recipe) = Recipe::from_name(name).unwrap().with_backward(mode) else {
+                assert_eq!((name, mode), ("delayed", BackwardMode::Dequantized));
+                continue;
+            };
+            let m = Llama::new_random(&cfg, DType::F32, Some(recipe), 5).unwrap();
+            same_gradients(m, &format!("{name}, {mode:?}"));
+        }
+    }
+}
+
+#[test]
+fn recomputed_blocks_draw_the_same_lora_dropout_masks() {
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let base = Llama::new_random(&cfg, DType::F32, None, 9).unwrap();
+    let spec = LoraSpec {
+        rank: 4,
+        alpha: 8.0,
+        targets: ["q", "k", "v", "o", "gate", "up", "down"]
+            .map(String::from)
+            .to_vec(),
+        base: BaseFormat::from_name("fp8-tensorwise").unwrap(),
+        compute: Compute::Fp8,
+        recipe: Recipe::from_name("tensorwise").unwrap(),
+        seed: 3,
+        dropout: 0.25,
+    };
+    let mut lora = base.into_lora(&spec).unwrap();
+    // A trained-looking B, so that A's gradient (through B) is not zero.
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    for (name, t) in lora.params_mut() {
+        if name.ends_with("lora_B.weight") {
+            let v: Vec<f32> = (0..t.numel())
+                .map(|_| rng.random_range(-0.05f32..0.05))
+                .collect();
+            *t = Tensor::from_f32(t.shape(), v).unwrap();
+        }
+    }
+    same_gradients(lora, "LoRA, FP8 base, dropout 0.25");
+}
