@@ -79,15 +79,17 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     opt.write_back(model.params_mut())?;
                     Ok((model, opt))
                 };
-                let (model, opt) = load().map_err(|e| dist_err(e.to_string()))?;
+                let (mut model, opt) = load().map_err(|e| dist_err(e.to_string()))?;
+                model.set_recompute(cfg.recompute);
                 FsdpRank::from_optimizer(comm, model, &opt, fcfg)?
             }
             None => {
-                let model = match &init {
+                let mut model = match &init {
                     Some((c, w)) => Llama::from_weights(c, w.clone(), recipe),
                     None => Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed),
                 }
                 .map_err(|e| dist_err(e.to_string()))?;
+                model.set_recompute(cfg.recompute);
                 FsdpRank::new(comm, model, fcfg)?
             }
         };

@@ -94,6 +94,12 @@ pub struct TrainArgs {
     /// (the default). The forward and loss are unchanged.
     #[arg(long)]
     saved_activations: Option<String>,
+    /// Activation recomputation: keep only each block's input residual for
+    /// backward and run the block's forward again there. The same losses and
+    /// gradients, bit for bit; the activations held at the peak drop to one
+    /// block's plus the inputs, for one more forward of the blocks.
+    #[arg(long)]
+    recompute: bool,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -214,6 +220,9 @@ impl TrainArgs {
         }
         if self.reshard_after_forward {
             c.reshard_after_forward = true;
+        }
+        if self.recompute {
+            c.recompute = true;
         }
         if let Some(w) = self.weight_decay {
             c.adamw.weight_decay = w;

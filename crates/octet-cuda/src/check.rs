@@ -194,6 +194,13 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
             worst: e.to_string(),
         });
     }
+    if let Err(e) = recompute_cases(gpu, &mut out) {
+        out.push(CaseResult {
+            name: "activation recomputation cases".into(),
+            pass: false,
+            worst: e.to_string(),
+        });
+    }
     if let Err(e) = sharded_cases(gpu, &mut out) {
         out.push(CaseResult {
             name: "sharded model cases (NCCL, one rank)".into(),
@@ -2026,6 +2033,148 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 
 /// A byte-vocabulary Llama config of the given width `c`, MLP width `f`,
 /// layers `l`, heads `hq` / `hkv` and context `t`, for the GPU model checks.
+/// Activation recomputation (`GpuLlama::set_recompute`): two AdamW steps,
+/// each followed by an evaluation forward, of a model that runs each block's
+/// forward again in backward equal those of the model that kept every
+/// block's activations, bit for bit (losses, then the masters: weights, or
+/// adapters in LoRA mode), for every recipe, with FP8 saved activations and
+/// with LoRA dropout; and the recomputing model keeps fewer bytes between
+/// forward and backward (the block inputs, `4 B T C` a block, plus what the
+/// head and final norm keep). Delayed scaling checks that the recomputed
+/// amaxes leave the histories as they were; NVFP4 that the stochastic
+/// rounding of the gradients keeps its salts; dropout that the masks are
+/// drawn again. Sharded with recomputation: `sharded_cases`.
+fn recompute_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::model::{AdamParams, GpuLlama, SavedActivations};
+    use octet_fp8::{BackwardMode, Recipe};
+    use octet_nn::llama::{Llama, LoraSpec};
+    use octet_nn::lora::{BaseFormat, Compute};
+    use octet_tensor::{mixed::WeightScaling, DType, Tensor};
+    use std::collections::HashMap;
+    let (b, t) = (4, 64);
+    let toks: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2301, i as u64) % 256) as u32)
+        .collect();
+    let tgts: Vec<u32> = (0..b * t)
+        .map(|i| (octet_fp8::format::sr_bits(2302, i as u64) % 256) as u32)
+        .collect();
+    let p = AdamParams {
+        lr: 3e-3,
+        beta1: 0.9,
+        beta2: 0.95,
+        eps: 1e-8,
+        weight_decay: 0.1,
+        grad_clip: 1.0,
+    };
+    let cfg = test_config(256, 512, 2, 4, 2, 64);
+    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 78)
+        .map_err(|e| Error::Shape(e.to_string()))?
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let lora = LoraSpec {
+        rank: 8,
+        alpha: 16.0,
+        targets: ["q", "k", "v", "o", "gate", "up", "down"]
+            .map(String::from)
+            .to_vec(),
+        base: BaseFormat::Fp8(WeightScaling::Tensor),
+        compute: Compute::Fp8,
+        recipe: Recipe::from_name("tensorwise")?,
+        seed: 5,
+        dropout: 0.1,
+    };
+    let recipe = |name: &str, mode: BackwardMode| -> Result<Option<Recipe>> {
+        Ok(Some(Recipe::from_name(name)?.with_backward(mode)?))
+    };
+    let (full, fp8) = (SavedActivations::Full, SavedActivations::Fp8);
+    let cases = [
+        ("bf16", None, full),
+        ("bf16, FP8 saved", None, fp8),
+        (
+            "tensorwise quantized, FP8 saved",
+            recipe("tensorwise", BackwardMode::Quantized)?,
+            fp8,
+        ),
+        (
+            "tensorwise dequantized, FP8 saved",
+            recipe("tensorwise", BackwardMode::Dequantized)?,
+            fp8,
+        ),
+        ("delayed", recipe("delayed", BackwardMode::Quantized)?, full),
+        ("rowwise", recipe("rowwise", BackwardMode::Quantized)?, full),
+        (
+            "blockwise",
+            recipe("blockwise", BackwardMode::Quantized)?,
+            full,
+        ),
+        ("mxfp8", recipe("mxfp8", BackwardMode::Quantized)?, full),
+        ("nvfp4", recipe("nvfp4", BackwardMode::Quantized)?, full),
+        ("LoRA, fp8 base, dropout 0.1, FP8 saved", None, fp8),
+    ];
+    for (name, r, saved) in cases {
+        // Losses, bytes kept for backward, masters.
+        type Run = (Vec<f64>, Vec<usize>, Vec<(String, Tensor)>);
+        let run = |recompute: bool| -> Result<Run> {
+            let mut model = match name.starts_with("LoRA") {
+                true => {
+                    // Adapters with a non-zero B, so that every adapter gradient carries signal.
+                    let mut adapters = HashMap::new();
+                    for (i, (pname, shape)) in GpuLlama::adapter_params(&cfg, &lora)
+                        .into_iter()
+                        .enumerate()
+                    {
+                        let n: usize = shape.iter().product();
+                        let v = random_f32(n, 2400 + i as u64, 0.03);
+                        adapters.insert(pname, Tensor::from_f32(&shape, v)?);
+                    }
+                    GpuLlama::new_lora(gpu, &cfg, &w, &lora, Some(&adapters))?
+                }
+                false => GpuLlama::new(gpu, &cfg, &w, r)?,
+            };
+            model.saved_activations = saved;
+            model.set_recompute(recompute);
+            let (mut losses, mut bytes) = (Vec::new(), Vec::new());
+            for _ in 0..2 {
+                model.zero_grad()?;
+                let (loss, kept) =
+                    model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+                let kept = kept.ok_or_else(|| Error::Shape("forward kept nothing".into()))?;
+                bytes.push(kept.bytes());
+                model.backward(kept)?;
+                model.adamw_step(p)?;
+                losses.push(loss);
+                losses.push(model.forward(&toks, &tgts, (b, t), 1.0, false)?.0);
+            }
+            Ok((losses, bytes, model.weights()?))
+        };
+        let (want, kept_bytes, want_w) = run(false)?;
+        let (got, again_bytes, got_w) = run(true)?;
+        let same_l = want.len() == got.len()
+            && want
+                .iter()
+                .zip(&got)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        let same_w = want_w.len() == got_w.len()
+            && want_w
+                .iter()
+                .zip(&got_w)
+                .all(|((_, a), (_, b))| f32_bits_equal(&a.to_f32_vec(), &b.to_f32_vec()));
+        let fewer = kept_bytes.iter().zip(&again_bytes).all(|(k, a)| a < k);
+        out.push(CaseResult {
+            name: format!(
+                "recomputation ({name}): 2 AdamW steps and evaluations equal those keeping every block, fewer bytes kept"
+            ),
+            pass: same_l && same_w && fewer,
+            worst: format!(
+                "losses {got:?} vs {want:?}; masters equal: {same_w}; kept {kept_bytes:?} -> {again_bytes:?} B"
+            ),
+        });
+    }
+    Ok(())
+}
+
 pub(crate) fn test_config(
     c: usize,
     f: usize,
@@ -2058,7 +2207,8 @@ pub(crate) fn test_config(
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
 /// locally transposed column-wise copy), with and without resharding after
 /// forward (the weights gathered again for backward must be the same bytes),
-/// with an evaluation forward after each step. The collectives run on the
+/// and with each block's forward recomputed in backward (the weights gathered
+/// again for it), with an evaluation forward after each step. The collectives run on the
 /// communicator's own stream, ordered with the compute stream by events, so
 /// these cases also check that ordering (a missing wait reads stale or
 /// half-written weights or gradients). Several ranks: `bench/gpu-dist.sh`.
@@ -2119,9 +2269,10 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let want = run(&mut plain)?;
         let want_w = plain.weights()?;
         drop(plain);
-        for reshard in [false, true] {
+        for (reshard, recompute) in [(false, false), (true, false), (false, true)] {
             let mut sharded = GpuLlama::new_sharded(gpu, &cfg, &w, recipe, &comm)?;
             sharded.set_reshard_after_forward(reshard)?;
+            sharded.set_recompute(recompute);
             let fp8 = sharded.fp8_gather();
             let got = run(&mut sharded)?;
             let got_w = sharded.weights()?;
@@ -2138,7 +2289,11 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             name: format!(
                 "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps and evaluations equal the plain model's",
                 if fp8 { "FP8" } else { "bf16" },
-                if reshard { ", resharded after forward" } else { "" }
+                match (reshard, recompute) {
+                    (true, _) => ", resharded after forward",
+                    (_, true) => ", recomputing each block in backward",
+                    _ => "",
+                }
             ),
             pass: same_w && same_l && (recipe.is_none() || fp8) && gathered > 0,
             worst: format!(

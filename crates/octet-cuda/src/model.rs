@@ -189,6 +189,8 @@ pub struct AdamParams {
 /// is synchronized at each phase boundary (which costs a little speed).
 struct Prof {
     on: bool,
+    /// Backward is running a block's forward again: its phases count as one.
+    recomputing: bool,
     last: std::time::Instant,
     acc: Vec<(&'static str, f64)>,
 }
@@ -198,6 +200,7 @@ impl Prof {
     fn from_env() -> Prof {
         Prof {
             on: std::env::var_os("OCTET_PROFILE").is_some(),
+            recomputing: false,
             last: std::time::Instant::now(),
             acc: Vec::new(),
         }
@@ -211,6 +214,10 @@ impl Prof {
         let now = std::time::Instant::now();
         let dt = now.duration_since(self.last).as_secs_f64() * 1e3;
         self.last = now;
+        let what = match self.recomputing {
+            true => "recompute (forward again)",
+            false => what,
+        };
         match self.acc.iter_mut().find(|(n, _)| *n == what) {
             Some((_, t)) => *t += dt,
             None => self.acc.push((what, dt)),
@@ -263,6 +270,8 @@ pub struct GpuLlama<'g> {
     /// How the tensors that only a norm's, SwiGLU's or the attention's
     /// backward reads are kept (see [`SavedActivations`]); `Full` by default.
     pub saved_activations: SavedActivations,
+    /// Activation recomputation (see [`GpuLlama::set_recompute`]).
+    recompute: bool,
     prof: Prof,
     /// Sharded data parallel: how the parameters are split over the ranks.
     shard: Option<Sharding<'g>>,
@@ -463,6 +472,23 @@ impl BlockSaved {
     }
 }
 
+/// What [`GpuLlama::block_forward`] gives: what the block's backward reads
+/// but its input's, and the down projection's output.
+struct BlockOut {
+    lin: Vec<ProjSaved>,
+    q: CudaSlice<u16>,
+    k: CudaSlice<u16>,
+    v: CudaSlice<u16>,
+    a: AttnOut,
+    lse: CudaSlice<f32>,
+    /// The residual after attention (f32), and its FP8 copy when asked for.
+    x1: CudaSlice<f32>,
+    xq2: Option<(CudaSlice<u8>, CudaSlice<f32>)>,
+    rstd2: CudaSlice<f32>,
+    swiglu: SwigluIn,
+    dn: CudaSlice<u16>,
+}
+
 /// What [`GpuLlama::backward`] reads.
 pub struct GpuLlamaSaved {
     b: usize,
@@ -470,6 +496,8 @@ pub struct GpuLlamaSaved {
     starts: CudaSlice<i32>,
     rows: CudaSlice<i32>,
     blocks: Vec<BlockSaved>,
+    /// Under recomputation (`blocks` empty): the residual entering each block.
+    inputs: Vec<CudaSlice<f32>>,
     xf: NormIn,
     rstd_f: CudaSlice<f32>,
     hf: CudaSlice<u16>,
@@ -480,6 +508,7 @@ impl GpuLlamaSaved {
     /// Device bytes kept for backward (activations, FP8 copies, the logits gradient).
     pub fn bytes(&self) -> usize {
         self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
+            + 4 * self.inputs.iter().map(CudaSlice::len).sum::<usize>()
             + self.xf.bytes()
             + 4 * self.rstd_f.len()
             + 2 * (self.hf.len() + self.dlogits.len())
@@ -876,6 +905,7 @@ impl<'g> GpuLlama<'g> {
             check_layers: false,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
+            recompute: false,
             prof: Prof::from_env(),
             shard,
             lora: None,
@@ -919,6 +949,26 @@ impl<'g> GpuLlama<'g> {
     /// Whether attention runs on tensor cores (head dim 16, 32, 64 or 128).
     pub fn attention_on_tensor_cores(&self) -> bool {
         self.f.attn.tensor_cores
+    }
+
+    /// Activation recomputation (full blocks): a training forward keeps only
+    /// the residual entering each block (f32, `4 B T C` bytes a block), and
+    /// backward runs each block's forward again just before its backward.
+    /// The step's results are the same bits as without it: the recomputed
+    /// forward runs the same kernels on the same inputs, delayed scaling's
+    /// amax records take a maximum, LoRA dropout draws the forward's masks,
+    /// and stochastic rounding is salted by gradient quantizations only.
+    /// The activations held at the peak drop from every block's to one
+    /// block's plus the inputs, for one more forward of the blocks. Sharded,
+    /// each block's weights are gathered again for its backward. Set between
+    /// steps.
+    pub fn set_recompute(&mut self, on: bool) {
+        self.recompute = on;
+    }
+
+    /// Whether activation recomputation is on.
+    pub fn recompute(&self) -> bool {
+        self.recompute
     }
 
     /// Record numerics telemetry (amax, saturated and underflowed shares) of
@@ -1326,12 +1376,7 @@ impl<'g> GpuLlama<'g> {
         keep: bool,
     ) -> Result<(f64, Option<GpuLlamaSaved>)> {
         let cfg = self.cfg.clone();
-        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim(),
-        );
+        let (c, v) = (cfg.hidden_size, cfg.vocab_size);
         let n = b * t;
         if b == 0 || t == 0 || tokens.len() != n || targets.len() != n {
             return Err(Error::Shape(format!(
@@ -1368,12 +1413,11 @@ impl<'g> GpuLlama<'g> {
         }
         let gpu = self.gpu;
         let s = &gpu.stream;
-        let null: u64 = 0;
         let toks: Vec<i32> = tokens.iter().map(|&x| x as i32).collect();
         let tgts: Vec<i32> = targets.iter().map(|&x| x as i32).collect();
         let d_tok = gpu.upload(&toks)?;
         let d_tgt = gpu.upload(&tgts)?;
-        let (ci, ni, ti) = (c as i32, n as i32, t as i32);
+        let ci = c as i32;
         let eps = cfg.rms_norm_eps as f32;
         // Embedding.
         let mut x: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "residual")? };
@@ -1399,17 +1443,30 @@ impl<'g> GpuLlama<'g> {
             return Err(Error::NonFiniteIn("model.embed_tokens".into()));
         }
         let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        // Under recomputation a training forward keeps each block's input
+        // residual only (see `GpuLlama::set_recompute`).
+        let save_blocks = keep && !self.recompute;
+        let mut inputs = Vec::new();
         // Each residual add runs in the kernel of the norm that reads its
         // result: the next norm's input `h` comes out of the previous block.
         let first_norm = match self.blocks.first() {
             Some(b) => b.attn_norm,
             None => self.norm_slot,
         };
-        // The norms' and SwiGLU's inputs (and maybe the attention output) in FP8 for backward.
-        let fp8_saved = keep && self.saved_activations == SavedActivations::Fp8;
+        // The norms' and SwiGLU's inputs (and maybe the attention output) in
+        // FP8 for backward; the final norm's also under recomputation.
+        let fp8_final = keep && self.saved_activations == SavedActivations::Fp8;
+        let fp8_saved = fp8_final && save_blocks;
+        let nblocks = self.blocks.len();
         let mut h_amax = self.amax_for(0, 0, false)?;
-        let (_, mut h, mut rstd1, mut xq1) =
-            self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax, fp8_saved)?;
+        let (_, mut h, mut rstd1, mut xq1) = self.add_norm(
+            &x,
+            None,
+            first_norm,
+            (n, eps),
+            &mut h_amax,
+            fp8_saved || (fp8_final && nblocks == 0),
+        )?;
         self.mark("rmsnorm")?;
         // Sharded: block i + 1's weights are gathered while block i computes.
         let mut gathering = match self.blocks.is_empty() {
@@ -1417,7 +1474,6 @@ impl<'g> GpuLlama<'g> {
             false => self.start_forward_gather(0)?,
         };
         for bi in 0..self.blocks.len() {
-            let mn = self.blocks[bi].mlp_norm;
             let next_norm = match self.blocks.get(bi + 1) {
                 Some(b) => b.attn_norm,
                 None => self.norm_slot,
@@ -1430,109 +1486,24 @@ impl<'g> GpuLlama<'g> {
             if bi + 1 < self.blocks.len() {
                 gathering = self.start_forward_gather(bi + 1)?;
             }
-            let mut lin_saved = Vec::with_capacity(7);
-            // q, k and v read one quantization of h.
-            let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax.take(), n)?;
             let rstd_in = rstd1;
-            let (vv, sv) = next_out(&mut qkv)?;
-            let (mut k, sk) = next_out(&mut qkv)?;
-            let (mut q, sq) = next_out(&mut qkv)?;
-            self.mark("linear fwd")?;
-            lin_saved.extend([sq, sk, sv]);
-            for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
-                let (hi, di) = (heads as i32, d as i32);
-                unsafe {
-                    s.launch_builder(&self.f.rope_fwd)
-                        .arg(buf)
-                        .arg(&self.cos)
-                        .arg(&self.sin)
-                        .arg(&ni)
-                        .arg(&ti)
-                        .arg(&hi)
-                        .arg(&di)
-                        .launch(rows_cfg(n))?;
-                }
-            }
-            let mut a_amax = self.amax_for(bi, 3, false)?;
-            let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d), &mut a_amax)?;
-            self.mark("attention fwd (+rope)")?;
-            // The attention output: o's input, and read again by the attention
-            // backward (one buffer, shared with o's saved input when o keeps it).
-            let a = Rc::new(a);
-            let mut outs = self.proj_forward(bi, 3..4, a.clone(), a_amax, n)?;
-            let (o, so) = next_out(&mut outs)?;
-            self.mark("linear fwd")?;
-            // FP8 saved activations: the attention backward reads o's E4M3 input where o keeps one.
-            let a = match so.attn_out().filter(|_| fp8_saved) {
-                Some(q) => {
-                    drop(a);
-                    q
-                }
-                None => AttnOut::Bf16(a),
-            };
-            lin_saved.push(so);
-            let mut h2_amax = self.amax_for(bi, 4, false)?;
-            let (x1, h2, rstd2, xq2) =
-                self.add_norm(&x, Some(&o), mn, (n, eps), &mut h2_amax, fp8_saved)?;
-            let x1 = x1.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
-            drop(o);
-            self.mark("rmsnorm")?;
-            let mut gu = self.proj_forward(bi, 4..6, Rc::new(h2), h2_amax, n)?;
-            let (up, su) = next_out(&mut gu)?;
-            let (gate, sg) = next_out(&mut gu)?;
-            self.mark("linear fwd")?;
-            lin_saved.extend([sg, su]);
-            let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
-            let nf = n * ff;
-            let mut act_amax = self.amax_for(bi, 6, false)?;
-            let swiglu = if fp8_saved {
-                // SAFETY: one block a row writes every code and factor.
-                let (mut gq, mut uq): (CudaSlice<u8>, CudaSlice<u8>) = unsafe {
-                    (
-                        gpu.alloc_uninit(nf, "saved gate fp8")?,
-                        gpu.alloc_uninit(nf, "saved up fp8")?,
-                    )
-                };
-                let (mut gs, mut us): (CudaSlice<f32>, CudaSlice<f32>) = unsafe {
-                    (
-                        gpu.alloc_uninit(n, "saved gate factors")?,
-                        gpu.alloc_uninit(n, "saved up factors")?,
-                    )
-                };
-                let ffi = ff as i32;
-                unsafe {
-                    let mut lb = s.launch_builder(&self.f.swiglu_fwd_q[(ff % 8 == 0) as usize]);
-                    lb.arg(&gate).arg(&up).arg(&mut act);
-                    lb.arg(&mut gq)
-                        .arg(&mut gs)
-                        .arg(&mut uq)
-                        .arg(&mut us)
-                        .arg(&ffi);
-                    push_amax(&mut lb, &mut act_amax, &null);
-                    lb.launch(rows_cfg(n))?;
-                }
-                drop((gate, up));
-                SwigluIn::Fp8 {
-                    gate: (gq, gs),
-                    up: (uq, us),
-                }
-            } else {
-                unsafe {
-                    let mut lb = s.launch_builder(&self.f.swiglu_fwd);
-                    lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
-                    push_amax(&mut lb, &mut act_amax, &null);
-                    lb.launch(grid_stride(nf.div_ceil(8)))?;
-                }
-                SwigluIn::Bf16 { gate, up }
-            };
-            self.mark("elementwise")?;
-            let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
-            let (dn, sd) = next_out(&mut outs)?;
-            self.mark("linear fwd")?;
-            lin_saved.push(sd);
+            let BlockOut {
+                mut lin,
+                q,
+                k,
+                v: vv,
+                a,
+                lse,
+                x1,
+                xq2,
+                rstd2,
+                swiglu,
+                dn,
+            } = self.block_forward(bi, &x, (h, h_amax.take()), (b, t), fp8_saved)?;
             h_amax = self.amax_for(bi + 1, 0, false)?;
+            let fp8_next = fp8_saved || (fp8_final && bi + 1 == nblocks);
             let (x2, hn, rn, xqn) =
-                self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax, fp8_saved)?;
+                self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax, fp8_next)?;
             let x2 = x2.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(dn);
             (h, rstd1) = (hn, rn);
@@ -1546,21 +1517,22 @@ impl<'g> GpuLlama<'g> {
                 return Err(Error::NonFiniteIn(format!("model.layers.{bi}: {what}")));
             }
             let prev = std::mem::replace(&mut x, x2);
-            // With FP8 copies the f32 residuals are freed here.
-            let x_in = match std::mem::replace(&mut xq1, xqn) {
-                Some((c, f)) => NormIn::Fp8(c, f),
-                None => NormIn::F32(prev),
-            };
-            let x1_in = match xq2 {
-                Some((c, f)) => NormIn::Fp8(c, f),
-                None => NormIn::F32(x1),
-            };
-            self.after_block_forward(bi, &mut lin_saved, keep)?;
-            if keep {
+            let xq_prev = std::mem::replace(&mut xq1, xqn);
+            self.after_block_forward(bi, &mut lin, save_blocks)?;
+            if save_blocks {
+                // With FP8 copies the f32 residuals are freed here.
+                let x_in = match xq_prev {
+                    Some((c, f)) => NormIn::Fp8(c, f),
+                    None => NormIn::F32(prev),
+                };
+                let x1_in = match xq2 {
+                    Some((c, f)) => NormIn::Fp8(c, f),
+                    None => NormIn::F32(x1),
+                };
                 saved_blocks.push(BlockSaved {
                     x: x_in,
                     rstd1: rstd_in,
-                    lin: lin_saved,
+                    lin,
                     q,
                     k,
                     v: vv,
@@ -1570,6 +1542,9 @@ impl<'g> GpuLlama<'g> {
                     rstd2,
                     swiglu,
                 });
+            } else if keep {
+                // Recomputation: backward runs the block again from its input.
+                inputs.push(prev);
             }
         }
         let (hf, rstd_f) = (h, rstd1);
@@ -1612,6 +1587,7 @@ impl<'g> GpuLlama<'g> {
                 starts: gpu.upload(&counts)?,
                 rows: gpu.upload(&rows)?,
                 blocks: saved_blocks,
+                inputs,
                 xf: match xq1 {
                     Some((c, f)) => NormIn::Fp8(c, f),
                     None => NormIn::F32(x),
@@ -1621,6 +1597,191 @@ impl<'g> GpuLlama<'g> {
                 dlogits,
             }),
         ))
+    }
+
+    /// Block `bi`'s forward from the residual `x` entering it and its input
+    /// norm's output `h` (with `h`'s amax where q/k/v's quantizer reads one),
+    /// up to the down projection's output; the caller adds that to the
+    /// residual. `fp8_saved`: keep the norms' and SwiGLU's inputs in FP8 (see
+    /// [`SavedActivations::Fp8`]).
+    fn block_forward(
+        &mut self,
+        bi: usize,
+        x: &CudaSlice<f32>,
+        (h, h_amax): (CudaSlice<u16>, Option<TensorAmax>),
+        (b, t): (usize, usize),
+        fp8_saved: bool,
+    ) -> Result<BlockOut> {
+        let gpu = self.gpu;
+        let s = &gpu.stream;
+        let null: u64 = 0;
+        let cfg = &self.cfg;
+        let (ff, eps) = (cfg.intermediate_size, cfg.rms_norm_eps as f32);
+        let (hq, hkv, d) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim(),
+        );
+        let n = b * t;
+        let (ni, ti) = (n as i32, t as i32);
+        let mn = self.blocks[bi].mlp_norm;
+        let mut lin_saved = Vec::with_capacity(7);
+        // q, k and v read one quantization of h.
+        let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax, n)?;
+        let (vv, sv) = next_out(&mut qkv)?;
+        let (mut k, sk) = next_out(&mut qkv)?;
+        let (mut q, sq) = next_out(&mut qkv)?;
+        self.mark("linear fwd")?;
+        lin_saved.extend([sq, sk, sv]);
+        for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
+            let (hi, di) = (heads as i32, d as i32);
+            unsafe {
+                s.launch_builder(&self.f.rope_fwd)
+                    .arg(buf)
+                    .arg(&self.cos)
+                    .arg(&self.sin)
+                    .arg(&ni)
+                    .arg(&ti)
+                    .arg(&hi)
+                    .arg(&di)
+                    .launch(rows_cfg(n))?;
+            }
+        }
+        let mut a_amax = self.amax_for(bi, 3, false)?;
+        let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d), &mut a_amax)?;
+        self.mark("attention fwd (+rope)")?;
+        // The attention output: o's input, and read again by the attention
+        // backward (one buffer, shared with o's saved input when o keeps it).
+        let a = Rc::new(a);
+        let mut outs = self.proj_forward(bi, 3..4, a.clone(), a_amax, n)?;
+        let (o, so) = next_out(&mut outs)?;
+        self.mark("linear fwd")?;
+        // FP8 saved activations: the attention backward reads o's E4M3 input where o keeps one.
+        let a = match so.attn_out().filter(|_| fp8_saved) {
+            Some(q) => {
+                drop(a);
+                q
+            }
+            None => AttnOut::Bf16(a),
+        };
+        lin_saved.push(so);
+        let mut h2_amax = self.amax_for(bi, 4, false)?;
+        let (x1, h2, rstd2, xq2) =
+            self.add_norm(x, Some(&o), mn, (n, eps), &mut h2_amax, fp8_saved)?;
+        let x1 = x1.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
+        drop(o);
+        self.mark("rmsnorm")?;
+        let mut gu = self.proj_forward(bi, 4..6, Rc::new(h2), h2_amax, n)?;
+        let (up, su) = next_out(&mut gu)?;
+        let (gate, sg) = next_out(&mut gu)?;
+        self.mark("linear fwd")?;
+        lin_saved.extend([sg, su]);
+        let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
+        let nf = n * ff;
+        let mut act_amax = self.amax_for(bi, 6, false)?;
+        let swiglu = if fp8_saved {
+            // SAFETY: one block a row writes every code and factor.
+            let (mut gq, mut uq): (CudaSlice<u8>, CudaSlice<u8>) = unsafe {
+                (
+                    gpu.alloc_uninit(nf, "saved gate fp8")?,
+                    gpu.alloc_uninit(nf, "saved up fp8")?,
+                )
+            };
+            let (mut gs, mut us): (CudaSlice<f32>, CudaSlice<f32>) = unsafe {
+                (
+                    gpu.alloc_uninit(n, "saved gate factors")?,
+                    gpu.alloc_uninit(n, "saved up factors")?,
+                )
+            };
+            let ffi = ff as i32;
+            unsafe {
+                let mut lb = s.launch_builder(&self.f.swiglu_fwd_q[(ff % 8 == 0) as usize]);
+                lb.arg(&gate).arg(&up).arg(&mut act);
+                lb.arg(&mut gq)
+                    .arg(&mut gs)
+                    .arg(&mut uq)
+                    .arg(&mut us)
+                    .arg(&ffi);
+                push_amax(&mut lb, &mut act_amax, &null);
+                lb.launch(rows_cfg(n))?;
+            }
+            drop((gate, up));
+            SwigluIn::Fp8 {
+                gate: (gq, gs),
+                up: (uq, us),
+            }
+        } else {
+            unsafe {
+                let mut lb = s.launch_builder(&self.f.swiglu_fwd);
+                lb.arg(&gate).arg(&up).arg(&mut act).arg(&nf);
+                push_amax(&mut lb, &mut act_amax, &null);
+                lb.launch(grid_stride(nf.div_ceil(8)))?;
+            }
+            SwigluIn::Bf16 { gate, up }
+        };
+        self.mark("elementwise")?;
+        let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
+        let (dn, sd) = next_out(&mut outs)?;
+        self.mark("linear fwd")?;
+        lin_saved.push(sd);
+        Ok(BlockOut {
+            lin: lin_saved,
+            q,
+            k,
+            v: vv,
+            a,
+            lse,
+            x1,
+            xq2,
+            rstd2,
+            swiglu,
+            dn,
+        })
+    }
+
+    /// Recomputation: block `bi`'s forward again from the residual `x` that
+    /// entered it, keeping what its backward reads, as the training forward
+    /// would have kept it (the same kernels on the same inputs, hence the
+    /// same bytes; delayed scaling's amax records take a maximum, LoRA
+    /// dropout draws the forward's masks again).
+    fn recompute_block(
+        &mut self,
+        bi: usize,
+        x: CudaSlice<f32>,
+        (b, t): (usize, usize),
+    ) -> Result<BlockSaved> {
+        let n = b * t;
+        let eps = self.cfg.rms_norm_eps as f32;
+        let fp8_saved = self.saved_activations == SavedActivations::Fp8;
+        self.mark("other")?;
+        self.prof.recomputing = true;
+        let mut h_amax = self.amax_for(bi, 0, false)?;
+        let attn_norm = self.blocks[bi].attn_norm;
+        let (_, h, rstd1, xq1) =
+            self.add_norm(&x, None, attn_norm, (n, eps), &mut h_amax, fp8_saved)?;
+        let out = self.block_forward(bi, &x, (h, h_amax), (b, t), fp8_saved);
+        self.prof.recomputing = false;
+        let o = out?;
+        self.mark("recompute (forward again)")?;
+        Ok(BlockSaved {
+            x: match xq1 {
+                Some((c, f)) => NormIn::Fp8(c, f),
+                None => NormIn::F32(x),
+            },
+            rstd1,
+            lin: o.lin,
+            q: o.q,
+            k: o.k,
+            v: o.v,
+            a: o.a,
+            lse: o.lse,
+            x1: match o.xq2 {
+                Some((c, f)) => NormIn::Fp8(c, f),
+                None => NormIn::F32(o.x1),
+            },
+            rstd2: o.rstd2,
+            swiglu: o.swiglu,
+        })
     }
 
     /// The residual add and the RMSNorm that reads it, in one kernel:
@@ -1903,7 +2064,8 @@ impl<'g> GpuLlama<'g> {
             t,
             starts,
             rows,
-            blocks,
+            mut blocks,
+            mut inputs,
             xf,
             rstd_f,
             hf,
@@ -1923,7 +2085,14 @@ impl<'g> GpuLlama<'g> {
         }
         drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
-        let nblocks = blocks.len();
+        let nblocks = self.blocks.len();
+        if blocks.len() + inputs.len() != nblocks {
+            return Err(Error::Shape(format!(
+                "saved state of {} blocks and inputs of {} for a model of {nblocks} blocks",
+                blocks.len(),
+                inputs.len()
+            )));
+        }
         let mut dres_bf = self.norm_bwd(
             &xf,
             &rstd_f,
@@ -1941,14 +2110,22 @@ impl<'g> GpuLlama<'g> {
             None => None,
         };
         let mut flushing = std::collections::VecDeque::new();
-        for (bi, mut sb) in blocks.into_iter().enumerate().rev() {
+        for bi in (0..nblocks).rev() {
+            // Kept, or (under recomputation) run again from the block's input
+            // once its weights are here.
+            let mut kept = blocks.pop();
             if let Some(g) = gathering.take() {
-                self.finish_gather(bi, g, Some(&mut sb.lin))?;
+                self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.lin[..]))?;
                 self.mark("all-gather wait")?;
             }
             if bi > 0 {
                 gathering = self.start_backward_gather(bi - 1)?;
             }
+            let sb = match (kept, inputs.pop()) {
+                (Some(sb), None) => sb,
+                (None, Some(x)) => self.recompute_block(bi, x, (b, t))?,
+                _ => return Err(Error::Shape(format!("saved state of block {bi}"))),
+            };
             // This block writes the gradient region of the block after next.
             if flushing.len() >= 2 {
                 if let Some(f) = flushing.pop_front() {
@@ -2636,6 +2813,7 @@ impl<'g> GpuLlama<'g> {
             check_layers: false,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
+            recompute: false,
             prof: Prof::from_env(),
             shard: None,
             lora: Some(LoraMode {

@@ -106,6 +106,10 @@ pub struct TrainConfig {
     /// backward read are kept: `full` (f32 / bf16) or `fp8` (E4M3 with a
     /// factor per row; GPU only, see `octet_cuda::model::SavedActivations`).
     pub saved_activations: String,
+    /// Activation recomputation: keep only each block's input for backward
+    /// and run the block's forward again there (same results, less memory,
+    /// one more forward of the blocks).
+    pub recompute: bool,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -288,6 +292,7 @@ impl Default for TrainConfig {
             grad_reduce: "f32".into(),
             reshard_after_forward: false,
             saved_activations: "full".into(),
+            recompute: false,
         }
     }
 }
@@ -738,6 +743,7 @@ pub fn train(
             (model, opt)
         }
     };
+    model.set_recompute(cfg.recompute);
     let params = model.cfg.num_params();
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
     let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;

@@ -473,11 +473,13 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Start gathering block `bi`'s weights again for its backward, where
-    /// they were resharded after forward (bf16 ones are never held across
-    /// an optimizer step either way).
+    /// they were freed after forward: resharding, or recomputing (which runs
+    /// the block's forward again first). bf16 ones are never held across an
+    /// optimizer step either way.
     pub(super) fn start_backward_gather(&mut self, bi: usize) -> Result<Option<Gathering>> {
+        let again = self.recompute;
         match &self.shard {
-            Some(sh) if sh.fp8 && sh.reshard => self.start_gather_fp8(bi).map(Some),
+            Some(sh) if sh.fp8 && (sh.reshard || again) => self.start_gather_fp8(bi).map(Some),
             Some(sh) if !sh.fp8 && !sh.held[bi] => self.start_gather_bf16(bi).map(Some),
             _ => Ok(None),
         }
@@ -558,9 +560,9 @@ impl<'g> GpuLlama<'g> {
         Ok(())
     }
 
-    /// After block `bi`'s forward: resharding (or with no backward to
-    /// follow), the FP8 weights its saved layers keep dropped, or its bf16
-    /// weights freed.
+    /// After block `bi`'s forward: resharding (or with no saved layers to
+    /// backward through: an evaluation forward, or recomputation), the FP8
+    /// weights its saved layers keep dropped, or its bf16 weights freed.
     pub(super) fn after_block_forward(
         &mut self,
         bi: usize,
