@@ -171,13 +171,16 @@ fn n_ranks_match_gradient_accumulation_bit_for_bit() {
         (Some("mxfp8"), BackwardMode::Quantized),
     ];
     for (recipe, bwd) in cases {
-        for n in [1, 2, 4] {
-            let ctx = format!("{recipe:?} {bwd:?} n={n}");
+        // Two ranks also with activation recomputation: the same bits again.
+        for (n, recompute) in [(1, false), (2, false), (4, false), (2, true)] {
+            let ctx = format!("{recipe:?} {bwd:?} n={n} recompute={recompute}");
             let (want, _) = reference(model("tiny", recipe, bwd, 5), n, 3, None, 0);
             let out = spawn_ranks(n, |c| {
+                let mut m = model("tiny", recipe, bwd, 5);
+                m.set_recompute(recompute);
                 let mut r = FsdpRank::new(
                     c,
-                    model("tiny", recipe, bwd, 5),
+                    m,
                     FsdpConfig {
                         adamw: adamw(),
                         ..FsdpConfig::default()
