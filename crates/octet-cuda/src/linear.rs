@@ -880,6 +880,20 @@ impl GpuLinear {
         gpu: &Gpu,
         input: &LinearInput,
     ) -> Result<(CudaSlice<u16>, GpuLinearSaved)> {
+        let (y, saved) = self.forward_input_with(gpu, input, true)?;
+        let y = y.ok_or_else(|| Error::Shape("forward gave no output".into()))?;
+        Ok((y, saved))
+    }
+
+    /// [`GpuLinear::forward_input`], or with `output` false only what its
+    /// backward reads (the weight quantized and kept as the forward keeps
+    /// it, no product): a recomputed forward whose output nothing reads.
+    pub fn forward_input_with(
+        &mut self,
+        gpu: &Gpu,
+        input: &LinearInput,
+        output: bool,
+    ) -> Result<(Option<CudaSlice<u16>>, GpuLinearSaved)> {
         let (n, k, m) = (self.n, self.k, input.m);
         if input.k != k || input.finished {
             return Err(Error::Shape(format!(
@@ -895,13 +909,18 @@ impl GpuLinear {
             dequantized: false,
         };
         // SAFETY: the GEMM writes every element of y.
-        let mut y: CudaSlice<u16> = unsafe { gpu.alloc_uninit(m * n, "linear output")? };
+        let mut y: Option<CudaSlice<u16>> = match output {
+            true => Some(unsafe { gpu.alloc_uninit(m * n, "linear output")? }),
+            false => None,
+        };
         if self.kind == Kind::Bf16 {
             let x = input
                 .x
                 .as_ref()
                 .ok_or_else(|| Error::Shape("bf16 input missing".into()))?;
-            gpu.gemm_bf16(x.as_ref(), &self.weight, &mut y, (m, n, k))?;
+            if let Some(y) = y.as_mut() {
+                gpu.gemm_bf16(x.as_ref(), &self.weight, y, (m, n, k))?;
+            }
             saved.x = Some(x.clone());
             return Ok((y, saved));
         }
@@ -936,7 +955,9 @@ impl GpuLinear {
                 self.tele[1] = Some(self.record(gpu, 1, &self.weight, &wq, Format::E4M3)?);
             }
         }
-        Self::gemm(gpu, &xq.borrow(), false, &wq, false, &mut y, (m, n, k))?;
+        if let Some(y) = y.as_mut() {
+            Self::gemm(gpu, &xq.borrow(), false, &wq, false, y, (m, n, k))?;
+        }
         match self.backward {
             BackwardMode::Quantized | BackwardMode::Dequantized => {
                 let deq = self.backward == BackwardMode::Dequantized;
@@ -1057,6 +1078,24 @@ pub fn forward_shared(
     x_amax: Option<TensorAmax>,
     m: usize,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLinearSaved)>> {
+    forward_shared_with(layers, gpu, (x, x_amax, m), true)?
+        .into_iter()
+        .map(|(y, s)| match y {
+            Some(y) => Ok((y, s)),
+            None => Err(Error::Shape("forward gave no output".into())),
+        })
+        .collect()
+}
+
+/// [`forward_shared`], or with `output` false only what the layers'
+/// backward reads (see [`GpuLinear::forward_input_with`]).
+#[allow(clippy::type_complexity)]
+pub fn forward_shared_with(
+    layers: &mut [GpuLinear],
+    gpu: &Gpu,
+    (x, x_amax, m): (std::rc::Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
+    output: bool,
+) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLinearSaved)>> {
     let (first, rest) = layers
         .split_first_mut()
         .ok_or_else(|| Error::Shape("forward_shared of no layers".into()))?;
@@ -1071,9 +1110,9 @@ pub fn forward_shared(
     }
     let mut input = first.prepare(gpu, x, x_amax, m)?;
     let mut out = Vec::with_capacity(rest.len() + 1);
-    out.push(first.forward_input(gpu, &input)?);
+    out.push(first.forward_input_with(gpu, &input, output)?);
     for l in rest.iter_mut() {
-        out.push(l.forward_input(gpu, &input)?);
+        out.push(l.forward_input_with(gpu, &input, output)?);
     }
     first.finish_input(gpu, &mut input)?;
     Ok(out)

@@ -18,7 +18,7 @@
 //! tile; nothing of size T x T is stored). Every reduction runs in a fixed
 //! order, so a step is deterministic on a given GPU.
 
-use crate::linear::{forward_shared, GpuLinear, GpuLinearSaved};
+use crate::linear::{forward_shared, forward_shared_with, GpuLinear, GpuLinearSaved};
 use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
 use crate::nccl::{NcclComm, Reduce};
 use crate::tma::TmaMap;
@@ -486,7 +486,8 @@ struct BlockOut {
     xq2: Option<(CudaSlice<u8>, CudaSlice<f32>)>,
     rstd2: CudaSlice<f32>,
     swiglu: SwigluIn,
-    dn: CudaSlice<u16>,
+    /// The down projection's output (none when recomputing).
+    dn: Option<CudaSlice<u16>>,
 }
 
 /// What [`GpuLlama::backward`] reads.
@@ -1499,7 +1500,8 @@ impl<'g> GpuLlama<'g> {
                 rstd2,
                 swiglu,
                 dn,
-            } = self.block_forward(bi, &x, (h, h_amax.take()), (b, t), fp8_saved)?;
+            } = self.block_forward(bi, &x, (h, h_amax.take()), (b, t), (fp8_saved, false))?;
+            let dn = dn.ok_or_else(|| Error::Shape("block forward gave no output".into()))?;
             h_amax = self.amax_for(bi + 1, 0, false)?;
             let fp8_next = fp8_saved || (fp8_final && bi + 1 == nblocks);
             let (x2, hn, rn, xqn) =
@@ -1603,14 +1605,15 @@ impl<'g> GpuLlama<'g> {
     /// norm's output `h` (with `h`'s amax where q/k/v's quantizer reads one),
     /// up to the down projection's output; the caller adds that to the
     /// residual. `fp8_saved`: keep the norms' and SwiGLU's inputs in FP8 (see
-    /// [`SavedActivations::Fp8`]).
+    /// [`SavedActivations::Fp8`]). `recomputing`: backward runs the block
+    /// again, which needs no down projection output (`dn` is `None`).
     fn block_forward(
         &mut self,
         bi: usize,
         x: &CudaSlice<f32>,
         (h, h_amax): (CudaSlice<u16>, Option<TensorAmax>),
         (b, t): (usize, usize),
-        fp8_saved: bool,
+        (fp8_saved, recomputing): (bool, bool),
     ) -> Result<BlockOut> {
         let gpu = self.gpu;
         let s = &gpu.stream;
@@ -1720,8 +1723,18 @@ impl<'g> GpuLlama<'g> {
             SwigluIn::Bf16 { gate, up }
         };
         self.mark("elementwise")?;
-        let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
-        let (dn, sd) = next_out(&mut outs)?;
+        let (dn, sd) = match recomputing {
+            // Only the down projection's saved state: its output is not read.
+            true => (
+                None,
+                self.proj_saved_only(bi, 6, Rc::new(act), act_amax, n)?,
+            ),
+            false => {
+                let mut outs = self.proj_forward(bi, 6..7, Rc::new(act), act_amax, n)?;
+                let (dn, sd) = next_out(&mut outs)?;
+                (Some(dn), sd)
+            }
+        };
         self.mark("linear fwd")?;
         lin_saved.push(sd);
         Ok(BlockOut {
@@ -1759,7 +1772,7 @@ impl<'g> GpuLlama<'g> {
         let attn_norm = self.blocks[bi].attn_norm;
         let (_, h, rstd1, xq1) =
             self.add_norm(&x, None, attn_norm, (n, eps), &mut h_amax, fp8_saved)?;
-        let out = self.block_forward(bi, &x, (h, h_amax), (b, t), fp8_saved);
+        let out = self.block_forward(bi, &x, (h, h_amax), (b, t), (fp8_saved, true));
         self.prof.recomputing = false;
         let o = out?;
         self.mark("recompute (forward again)")?;
@@ -3003,6 +3016,33 @@ impl<'g> GpuLlama<'g> {
                 .map(|(y, s)| (y, ProjSaved::Full(Box::new(s))))
                 .collect()
         })
+    }
+
+    /// What projection `li` of block `bi` keeps for backward from input `x`,
+    /// without its output where the layer can skip the product (a full
+    /// layer; a LoRA layer computes its output and drops it).
+    fn proj_saved_only(
+        &mut self,
+        bi: usize,
+        li: usize,
+        x: Rc<CudaSlice<u16>>,
+        x_amax: Option<TensorAmax>,
+        n: usize,
+    ) -> Result<ProjSaved> {
+        let gpu = self.gpu;
+        let saved = match self.lora.is_some() {
+            true => self
+                .proj_forward(bi, li..li + 1, x, x_amax, n)?
+                .pop()
+                .map(|o| o.1),
+            false => {
+                let lin = &mut self.blocks[bi].lin[li..li + 1];
+                forward_shared_with(lin, gpu, (x, x_amax, n), false)?
+                    .pop()
+                    .map(|(_, s)| ProjSaved::Full(Box::new(s)))
+            }
+        };
+        saved.ok_or_else(|| Error::Shape("a forward returned no saved state".into()))
     }
 
     /// Backward of block `bi`'s projection `li` from `dy`: its weight's (or
