@@ -15,11 +15,15 @@ import time
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint
 import torch.nn.functional as F
 
 C, L, H, FF, V, T = 2048, 16, 16, 5632, 256, 2048
 # Sequences a step: PEERS_BATCH (default 4, the batch of the BENCHMARKS tables).
 B = int(os.environ.get("PEERS_BATCH", "4"))
+# PEERS_CHECKPOINT=1: activation checkpointing of every block
+# (torch.utils.checkpoint, non-reentrant), as octet's --recompute.
+CKPT = os.environ.get("PEERS_CHECKPOINT") == "1"
 
 
 class RMSNorm(nn.Module):
@@ -75,7 +79,10 @@ class Llama(nn.Module):
     def forward(self, tok, tgt):
         x = self.embed(tok)
         for blk in self.blocks:
-            x = blk(x, self.cos, self.sin)
+            if CKPT:
+                x = torch.utils.checkpoint.checkpoint(blk, x, self.cos, self.sin, use_reentrant=False)
+            else:
+                x = blk(x, self.cos, self.sin)
         logits = self.head(self.norm(x)).float()
         return F.cross_entropy(logits.view(-1, V), tgt.view(-1))
 
@@ -110,6 +117,8 @@ def profile_step(name, one_step):
 
 
 def run(name, compile_, fp8, steps):
+    if CKPT:
+        name += " + checkpoint"
     torch.manual_seed(0)
     model = Llama().cuda()
     if fp8:
