@@ -1688,12 +1688,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
-    let toks: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(1401, i as u64) % 256) as u32)
-        .collect();
-    let tgts: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(1402, i as u64) % 256) as u32)
-        .collect();
+    let (toks, tgts) = (test_tokens(1401, b * t), test_tokens(1402, b * t));
     let w64: HashMap<String, Tensor> = w
         .iter()
         .map(|(n, t)| (n.clone(), t.to_dtype(DType::F64)))
@@ -2045,27 +2040,15 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// rounding of the gradients keeps its salts; dropout that the masks are
 /// drawn again. Sharded with recomputation: `sharded_cases`.
 fn recompute_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    use crate::model::{AdamParams, GpuLlama, SavedActivations};
+    use crate::model::{GpuLlama, SavedActivations};
     use octet_fp8::{BackwardMode, Recipe};
     use octet_nn::llama::{Llama, LoraSpec};
     use octet_nn::lora::{BaseFormat, Compute};
     use octet_tensor::{mixed::WeightScaling, DType, Tensor};
     use std::collections::HashMap;
     let (b, t) = (4, 64);
-    let toks: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2301, i as u64) % 256) as u32)
-        .collect();
-    let tgts: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2302, i as u64) % 256) as u32)
-        .collect();
-    let p = AdamParams {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        grad_clip: 1.0,
-    };
+    let (toks, tgts) = (test_tokens(2301, b * t), test_tokens(2302, b * t));
+    let p = TEST_ADAM;
     let cfg = test_config(256, 512, 2, 4, 2, 64);
     let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 78)
         .map_err(|e| Error::Shape(e.to_string()))?
@@ -2175,6 +2158,23 @@ fn recompute_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
+/// `n` token ids below 256, a fixed function of `seed` and the position.
+pub(crate) fn test_tokens(seed: u64, n: usize) -> Vec<u32> {
+    (0..n)
+        .map(|i| (octet_fp8::format::sr_bits(seed, i as u64) % 256) as u32)
+        .collect()
+}
+
+/// The AdamW settings of the whole-model cases that take optimizer steps.
+const TEST_ADAM: crate::model::AdamParams = crate::model::AdamParams {
+    lr: 3e-3,
+    beta1: 0.9,
+    beta2: 0.95,
+    eps: 1e-8,
+    weight_decay: 0.1,
+    grad_clip: 1.0,
+};
+
 pub(crate) fn test_config(
     c: usize,
     f: usize,
@@ -2213,26 +2213,14 @@ pub(crate) fn test_config(
 /// these cases also check that ordering (a missing wait reads stale or
 /// half-written weights or gradients). Several ranks: `bench/gpu-dist.sh`.
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    use crate::model::{AdamParams, GpuLlama};
+    use crate::model::GpuLlama;
     use crate::nccl::NcclComm;
     use octet_nn::llama::Llama;
     use octet_tensor::{DType, Tensor};
     use std::collections::HashMap;
     let (b, t) = (4, 64);
-    let toks: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2201, i as u64) % 256) as u32)
-        .collect();
-    let tgts: Vec<u32> = (0..b * t)
-        .map(|i| (octet_fp8::format::sr_bits(2202, i as u64) % 256) as u32)
-        .collect();
-    let p = AdamParams {
-        lr: 3e-3,
-        beta1: 0.9,
-        beta2: 0.95,
-        eps: 1e-8,
-        weight_decay: 0.1,
-        grad_clip: 1.0,
-    };
+    let (toks, tgts) = (test_tokens(2201, b * t), test_tokens(2202, b * t));
+    let p = TEST_ADAM;
     let comm = NcclComm::new(gpu, 0, 1, &NcclComm::unique_id()?)?;
     for recipe_name in ["bf16", "tensorwise", "delayed", "blockwise"] {
         let recipe = match recipe_name {

@@ -510,11 +510,7 @@ fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
-    let tokens = |s: u64| -> Vec<u32> {
-        (0..b * t)
-            .map(|i| (octet_fp8::format::sr_bits(s, i as u64) % 256) as u32)
-            .collect()
-    };
+    let tokens = |s: u64| crate::check::test_tokens(s, b * t);
     let targets = ["q", "k", "v", "o", "gate", "up", "down"]
         .map(String::from)
         .to_vec();

@@ -304,6 +304,14 @@ enum NormIn {
 }
 
 impl NormIn {
+    /// The FP8 codes and row factors where there are some, else the f32 input.
+    fn of(x: CudaSlice<f32>, xq: Option<(CudaSlice<u8>, CudaSlice<f32>)>) -> NormIn {
+        match xq {
+            Some((c, f)) => NormIn::Fp8(c, f),
+            None => NormIn::F32(x),
+        }
+    }
+
     fn bytes(&self) -> usize {
         match self {
             NormIn::F32(x) => 4 * x.len(),
@@ -488,6 +496,25 @@ struct BlockOut {
     swiglu: SwigluIn,
     /// The down projection's output (none when recomputing).
     dn: Option<CudaSlice<u16>>,
+}
+
+impl BlockOut {
+    /// What the block's backward reads, given its input norm's input `x` and `rstd1`.
+    fn into_saved(self, x: NormIn, rstd1: CudaSlice<f32>) -> BlockSaved {
+        BlockSaved {
+            x,
+            rstd1,
+            lin: self.lin,
+            q: self.q,
+            k: self.k,
+            v: self.v,
+            a: self.a,
+            lse: self.lse,
+            x1: NormIn::of(self.x1, self.xq2),
+            rstd2: self.rstd2,
+            swiglu: self.swiglu,
+        }
+    }
 }
 
 /// What [`GpuLlama::backward`] reads.
@@ -1488,30 +1515,28 @@ impl<'g> GpuLlama<'g> {
                 gathering = self.start_forward_gather(bi + 1)?;
             }
             let rstd_in = rstd1;
-            let BlockOut {
-                mut lin,
-                q,
-                k,
-                v: vv,
-                a,
-                lse,
-                x1,
-                xq2,
-                rstd2,
-                swiglu,
-                dn,
-            } = self.block_forward(bi, &x, (h, h_amax.take()), (b, t), (fp8_saved, false))?;
-            let dn = dn.ok_or_else(|| Error::Shape("block forward gave no output".into()))?;
+            let mut out =
+                self.block_forward(bi, &x, (h, h_amax.take()), (b, t), (fp8_saved, false))?;
+            let dn = out
+                .dn
+                .take()
+                .ok_or_else(|| Error::Shape("block forward gave no output".into()))?;
             h_amax = self.amax_for(bi + 1, 0, false)?;
             let fp8_next = fp8_saved || (fp8_final && bi + 1 == nblocks);
-            let (x2, hn, rn, xqn) =
-                self.add_norm(&x1, Some(&dn), next_norm, (n, eps), &mut h_amax, fp8_next)?;
+            let (x2, hn, rn, xqn) = self.add_norm(
+                &out.x1,
+                Some(&dn),
+                next_norm,
+                (n, eps),
+                &mut h_amax,
+                fp8_next,
+            )?;
             let x2 = x2.ok_or_else(|| Error::Shape("add_norm returned no residual".into()))?;
             drop(dn);
             (h, rstd1) = (hn, rn);
             self.mark("rmsnorm")?;
             if self.check_layers && !self.all_finite(&x2)? {
-                let what = if self.all_finite(&x1)? {
+                let what = if self.all_finite(&out.x1)? {
                     "its MLP (post_attention_layernorm, gate/up/down)"
                 } else {
                     "its attention (input_layernorm, q/k/v, attention, o)"
@@ -1520,30 +1545,10 @@ impl<'g> GpuLlama<'g> {
             }
             let prev = std::mem::replace(&mut x, x2);
             let xq_prev = std::mem::replace(&mut xq1, xqn);
-            self.after_block_forward(bi, &mut lin, save_blocks)?;
+            self.after_block_forward(bi, &mut out.lin, save_blocks)?;
             if save_blocks {
                 // With FP8 copies the f32 residuals are freed here.
-                let x_in = match xq_prev {
-                    Some((c, f)) => NormIn::Fp8(c, f),
-                    None => NormIn::F32(prev),
-                };
-                let x1_in = match xq2 {
-                    Some((c, f)) => NormIn::Fp8(c, f),
-                    None => NormIn::F32(x1),
-                };
-                saved_blocks.push(BlockSaved {
-                    x: x_in,
-                    rstd1: rstd_in,
-                    lin,
-                    q,
-                    k,
-                    v: vv,
-                    a,
-                    lse,
-                    x1: x1_in,
-                    rstd2,
-                    swiglu,
-                });
+                saved_blocks.push(out.into_saved(NormIn::of(prev, xq_prev), rstd_in));
             } else if keep {
                 // Recomputation: backward runs the block again from its input.
                 inputs.push(prev);
@@ -1774,27 +1779,9 @@ impl<'g> GpuLlama<'g> {
             self.add_norm(&x, None, attn_norm, (n, eps), &mut h_amax, fp8_saved)?;
         let out = self.block_forward(bi, &x, (h, h_amax), (b, t), (fp8_saved, true));
         self.prof.recomputing = false;
-        let o = out?;
+        let out = out?;
         self.mark("recompute (forward again)")?;
-        Ok(BlockSaved {
-            x: match xq1 {
-                Some((c, f)) => NormIn::Fp8(c, f),
-                None => NormIn::F32(x),
-            },
-            rstd1,
-            lin: o.lin,
-            q: o.q,
-            k: o.k,
-            v: o.v,
-            a: o.a,
-            lse: o.lse,
-            x1: match o.xq2 {
-                Some((c, f)) => NormIn::Fp8(c, f),
-                None => NormIn::F32(o.x1),
-            },
-            rstd2: o.rstd2,
-            swiglu: o.swiglu,
-        })
+        Ok(out.into_saved(NormIn::of(x, xq1), rstd1))
     }
 
     /// The residual add and the RMSNorm that reads it, in one kernel:
