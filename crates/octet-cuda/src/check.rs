@@ -2026,8 +2026,6 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
-/// A byte-vocabulary Llama config of the given width `c`, MLP width `f`,
-/// layers `l`, heads `hq` / `hkv` and context `t`, for the GPU model checks.
 /// Activation recomputation (`GpuLlama::set_recompute`): two AdamW steps,
 /// each followed by an evaluation forward, of a model that runs each block's
 /// forward again in backward equal those of the model that kept every
@@ -2175,6 +2173,8 @@ const TEST_ADAM: crate::model::AdamParams = crate::model::AdamParams {
     grad_clip: 1.0,
 };
 
+/// A byte-vocabulary Llama config of the given width `c`, MLP width `f`,
+/// layers `l`, heads `hq` / `hkv` and context `t`, for the GPU model checks.
 pub(crate) fn test_config(
     c: usize,
     f: usize,
@@ -2257,7 +2257,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let want = run(&mut plain)?;
         let want_w = plain.weights()?;
         drop(plain);
-        for (reshard, recompute) in [(false, false), (true, false), (false, true)] {
+        for (reshard, recompute) in [(false, false), (true, false), (false, true), (true, true)] {
             let mut sharded = GpuLlama::new_sharded(gpu, &cfg, &w, recipe, &comm)?;
             sharded.set_reshard_after_forward(reshard)?;
             sharded.set_recompute(recompute);
@@ -2278,9 +2278,10 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps and evaluations equal the plain model's",
                 if fp8 { "FP8" } else { "bf16" },
                 match (reshard, recompute) {
-                    (true, _) => ", resharded after forward",
-                    (_, true) => ", recomputing each block in backward",
-                    _ => "",
+                    (true, true) => ", resharded after forward, recomputing each block in backward",
+                    (true, false) => ", resharded after forward",
+                    (false, true) => ", recomputing each block in backward",
+                    (false, false) => "",
                 }
             ),
             pass: same_w && same_l && (recipe.is_none() || fp8) && gathered > 0,

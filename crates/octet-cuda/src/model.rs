@@ -526,6 +526,8 @@ pub struct GpuLlamaSaved {
     blocks: Vec<BlockSaved>,
     /// Under recomputation (`blocks` empty): the residual entering each block.
     inputs: Vec<CudaSlice<f32>>,
+    /// LoRA: the dropout round of the forward, which its recomputation draws again.
+    dropout_round: Option<u64>,
     xf: NormIn,
     rstd_f: CudaSlice<f32>,
     hf: CudaSlice<u16>,
@@ -1482,7 +1484,8 @@ impl<'g> GpuLlama<'g> {
             None => self.norm_slot,
         };
         // The norms' and SwiGLU's inputs (and maybe the attention output) in
-        // FP8 for backward; the final norm's also under recomputation.
+        // FP8 for backward. Under recomputation only the final norm's input
+        // here; `recompute_block` writes each block's FP8 copies in backward.
         let fp8_final = keep && self.saved_activations == SavedActivations::Fp8;
         let fp8_saved = fp8_final && save_blocks;
         let nblocks = self.blocks.len();
@@ -1595,6 +1598,7 @@ impl<'g> GpuLlama<'g> {
                 rows: gpu.upload(&rows)?,
                 blocks: saved_blocks,
                 inputs,
+                dropout_round: self.lora.as_ref().and_then(|m| m.dropout_now),
                 xf: match xq1 {
                     Some((c, f)) => NormIn::Fp8(c, f),
                     None => NormIn::F32(x),
@@ -2066,6 +2070,7 @@ impl<'g> GpuLlama<'g> {
             rows,
             mut blocks,
             mut inputs,
+            dropout_round,
             xf,
             rstd_f,
             hf,
@@ -2086,6 +2091,11 @@ impl<'g> GpuLlama<'g> {
         drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
         let nblocks = self.blocks.len();
+        let recomputing = !inputs.is_empty();
+        if let Some(mode) = self.lora.as_mut().filter(|_| recomputing) {
+            // The recomputed forwards draw the masks of the forward they repeat.
+            mode.dropout_now = dropout_round;
+        }
         if blocks.len() + inputs.len() != nblocks {
             return Err(Error::Shape(format!(
                 "saved state of {} blocks and inputs of {} for a model of {nblocks} blocks",
@@ -2106,7 +2116,7 @@ impl<'g> GpuLlama<'g> {
         // Sharded: block i - 1's weights are gathered (when resharding) and
         // block i + 1's gradients reduce-scattered while block i runs backward.
         let mut gathering = match nblocks.checked_sub(1) {
-            Some(last) => self.start_backward_gather(last)?,
+            Some(last) => self.start_backward_gather(last, recomputing)?,
             None => None,
         };
         let mut flushing = std::collections::VecDeque::new();
@@ -2119,7 +2129,7 @@ impl<'g> GpuLlama<'g> {
                 self.mark("all-gather wait")?;
             }
             if bi > 0 {
-                gathering = self.start_backward_gather(bi - 1)?;
+                gathering = self.start_backward_gather(bi - 1, recomputing)?;
             }
             let sb = match (kept, inputs.pop()) {
                 (Some(sb), None) => sb,

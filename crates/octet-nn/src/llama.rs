@@ -1103,7 +1103,14 @@ impl Llama {
                 BlocksSaved::Inputs { xs, bt, round } => match xs.pop() {
                     Some(x) => {
                         let drop = BlockDropout::new(self.dropout, *round, i);
-                        Some(block_forward(blk, &self.rope, &x, *bt, &self.cfg, drop)?.1)
+                        let (_, s) = block_forward(blk, &self.rope, &x, *bt, &self.cfg, drop)
+                            .map_err(|e| {
+                                Error::InLayer(
+                                    format!("model.layers.{i} (recomputed)"),
+                                    Box::new(e),
+                                )
+                            })?;
+                        Some(s)
                     }
                     None => None,
                 },

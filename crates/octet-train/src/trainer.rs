@@ -538,7 +538,9 @@ pub struct RunSummary {
     pub final_val_loss: f64,
     /// Mean tokens per second over the run (excluding evaluation).
     pub tokens_per_s: f64,
-    /// Largest saved-for-backward bytes of a step.
+    /// Largest saved-for-backward bytes of a step: what the forward keeps
+    /// until backward (under recomputation the block inputs, not the one
+    /// block backward rebuilds at a time).
     pub peak_saved_bytes: usize,
     /// Every step's training loss (for resume checks and plots).
     pub losses: Vec<f64>,

@@ -473,13 +473,19 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Start gathering block `bi`'s weights again for its backward, where
-    /// they were freed after forward: resharding, or recomputing (which runs
-    /// the block's forward again first). bf16 ones are never held across an
-    /// optimizer step either way.
-    pub(super) fn start_backward_gather(&mut self, bi: usize) -> Result<Option<Gathering>> {
-        let again = self.recompute;
+    /// they were freed after forward: resharding, or `recomputing` (the
+    /// forward kept block inputs only, and backward runs the block's forward
+    /// again first). bf16 ones are never held across an optimizer step
+    /// either way.
+    pub(super) fn start_backward_gather(
+        &mut self,
+        bi: usize,
+        recomputing: bool,
+    ) -> Result<Option<Gathering>> {
         match &self.shard {
-            Some(sh) if sh.fp8 && (sh.reshard || again) => self.start_gather_fp8(bi).map(Some),
+            Some(sh) if sh.fp8 && (sh.reshard || recomputing) => {
+                self.start_gather_fp8(bi).map(Some)
+            }
             Some(sh) if !sh.fp8 && !sh.held[bi] => self.start_gather_bf16(bi).map(Some),
             _ => Ok(None),
         }
@@ -560,19 +566,20 @@ impl<'g> GpuLlama<'g> {
         Ok(())
     }
 
-    /// After block `bi`'s forward: resharding (or with no saved layers to
-    /// backward through: an evaluation forward, or recomputation), the FP8
-    /// weights its saved layers keep dropped, or its bf16 weights freed.
+    /// After block `bi`'s forward: resharding, or where the block's saved
+    /// layers are not kept for a backward (`blocks_saved` false: an
+    /// evaluation forward, or recomputation), the FP8 weights its saved
+    /// layers keep dropped, or its bf16 weights freed.
     pub(super) fn after_block_forward(
         &mut self,
         bi: usize,
         saved: &mut [ProjSaved],
-        keep: bool,
+        blocks_saved: bool,
     ) -> Result<()> {
         let Some(sh) = self.shard.as_ref() else {
             return Ok(());
         };
-        if keep && !sh.reshard {
+        if blocks_saved && !sh.reshard {
             return Ok(());
         }
         if sh.fp8 {
