@@ -795,6 +795,27 @@ fn forward_layers(
     input: &LoraInput,
     dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
+    forward_layers_with(layers, gpu, input, dropout, true)?
+        .into_iter()
+        .map(|(y, s)| match y {
+            Some(y) => Ok((y, s)),
+            None => Err(Error::Shape("LoRA forward gave no output".into())),
+        })
+        .collect()
+}
+
+/// [`forward_layers`], or with `output` false only what the layers'
+/// backward reads (the adapters' `u` and inputs, the base's saved copies),
+/// without the base's and `B`'s products: a recomputed forward whose output
+/// nothing reads.
+#[allow(clippy::type_complexity)]
+fn forward_layers_with(
+    layers: &[GpuLoraLinear],
+    gpu: &Gpu,
+    input: &LoraInput,
+    dropout: Option<Dropout>,
+    output: bool,
+) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
     let (m, k) = (input.m, input.k);
     let mut saved = layers
         .iter()
@@ -827,6 +848,9 @@ fn forward_layers(
             saved[i].u = Some((ut.clone(), off, ad.rank));
             saved[i].dropout = dropout;
             let s = ad.scale_with(dropout);
+            if !output {
+                continue;
+            }
             if layers[i].base_adds() {
                 let u = ut.slice(off * m..(off + ad.rank) * m);
                 // SAFETY: the GEMM writes every element (beta = 0).
@@ -860,6 +884,9 @@ fn forward_layers(
             }
         }
     }
+    if !output {
+        return Ok(saved.into_iter().map(|s| (None, s)).collect());
+    }
     let mut ys = layers
         .iter()
         .zip(first)
@@ -879,7 +906,7 @@ fn forward_layers(
             (s, 1.0),
         )?;
     }
-    Ok(ys.into_iter().zip(saved).collect())
+    Ok(ys.into_iter().map(Some).zip(saved).collect())
 }
 
 /// The bf16 input an adapter saved: its own copy, or the group's FP8 copy
@@ -1085,4 +1112,18 @@ pub fn forward_group(
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
     let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
     forward_layers(layers, gpu, &input, dropout)
+}
+
+/// [`forward_group`], or with `output` false only what the layers' backward
+/// reads, without the products that make the output (see `forward_layers_with`).
+#[allow(clippy::type_complexity)]
+pub fn forward_group_with(
+    layers: &[GpuLoraLinear],
+    gpu: &Gpu,
+    (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
+    dropout: Option<Dropout>,
+    output: bool,
+) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
+    let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
+    forward_layers_with(layers, gpu, &input, dropout, output)
 }

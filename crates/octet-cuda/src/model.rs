@@ -19,7 +19,9 @@
 //! order, so a step is deterministic on a given GPU.
 
 use crate::linear::{forward_shared, forward_shared_with, GpuLinear, GpuLinearSaved};
-use crate::lora::{forward_group, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved};
+use crate::lora::{
+    forward_group, forward_group_with, GpuAdapter, GpuBase, GpuLoraLinear, GpuLoraSaved,
+};
 use crate::nccl::{NcclComm, Reduce};
 use crate::tma::TmaMap;
 use crate::{nvrtc, AddTo, DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
@@ -2994,15 +2996,9 @@ impl<'g> GpuLlama<'g> {
         n: usize,
     ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
         let gpu = self.gpu;
+        let dropout = self.lora_dropout_mask(bi, range.start)?;
         let blk = &mut self.blocks[bi];
-        Ok(if let Some(mode) = &self.lora {
-            let dropout = match (mode.dropout, mode.dropout_now) {
-                (Some((p, seed)), Some(round)) => Some(
-                    Dropout::for_projection(p, (seed, round), bi, range.start)
-                        .map_err(|e| Error::Shape(e.to_string()))?,
-                ),
-                _ => None,
-            };
+        Ok(if self.lora.is_some() {
             forward_group(&blk.lora[range], gpu, (x, x_amax, n), dropout)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
@@ -3016,8 +3012,7 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// What projection `li` of block `bi` keeps for backward from input `x`,
-    /// without its output where the layer can skip the product (a full
-    /// layer; a LoRA layer computes its output and drops it).
+    /// without computing its output.
     fn proj_saved_only(
         &mut self,
         bi: usize,
@@ -3027,11 +3022,14 @@ impl<'g> GpuLlama<'g> {
         n: usize,
     ) -> Result<ProjSaved> {
         let gpu = self.gpu;
+        let dropout = self.lora_dropout_mask(bi, li)?;
         let saved = match self.lora.is_some() {
-            true => self
-                .proj_forward(bi, li..li + 1, x, x_amax, n)?
-                .pop()
-                .map(|o| o.1),
+            true => {
+                let lora = &self.blocks[bi].lora[li..li + 1];
+                forward_group_with(lora, gpu, (x, x_amax, n), dropout, false)?
+                    .pop()
+                    .map(|(_, s)| ProjSaved::Lora(s))
+            }
             false => {
                 let lin = &mut self.blocks[bi].lin[li..li + 1];
                 forward_shared_with(lin, gpu, (x, x_amax, n), false)?
@@ -3040,6 +3038,20 @@ impl<'g> GpuLlama<'g> {
             }
         };
         saved.ok_or_else(|| Error::Shape("a forward returned no saved state".into()))
+    }
+
+    /// LoRA: the dropout mask of the input of block `bi`'s projection `li`
+    /// (shared by the projections that read that input) in the current
+    /// training forward; `None` outside LoRA, without dropout, or in an
+    /// evaluation forward.
+    fn lora_dropout_mask(&self, bi: usize, li: usize) -> Result<Option<Dropout>> {
+        match self.lora.as_ref().map(|m| (m.dropout, m.dropout_now)) {
+            Some((Some((p, seed)), Some(round))) => Ok(Some(
+                Dropout::for_projection(p, (seed, round), bi, li)
+                    .map_err(|e| Error::Shape(e.to_string()))?,
+            )),
+            _ => Ok(None),
+        }
     }
 
     /// Backward of block `bi`'s projection `li` from `dy`: its weight's (or
