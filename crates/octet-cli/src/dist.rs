@@ -80,7 +80,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     Ok((model, opt))
                 };
                 let (mut model, opt) = load().map_err(|e| dist_err(e.to_string()))?;
-                model.set_recompute(cfg.recompute);
+                model.set_recompute(cfg.recomputed_blocks());
                 FsdpRank::from_optimizer(comm, model, &opt, fcfg)?
             }
             None => {
@@ -89,7 +89,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     None => Llama::new_random(&mcfg, DType::F32, recipe, cfg.seed),
                 }
                 .map_err(|e| dist_err(e.to_string()))?;
-                model.set_recompute(cfg.recompute);
+                model.set_recompute(cfg.recomputed_blocks());
                 FsdpRank::new(comm, model, fcfg)?
             }
         };

@@ -100,6 +100,10 @@ pub struct TrainArgs {
     /// block's plus the inputs, for one more forward of the blocks.
     #[arg(long)]
     recompute: bool,
+    /// Activation recomputation of the first N blocks only: memory and time
+    /// in between keeping every block and `--recompute`.
+    #[arg(long, value_name = "N")]
+    recompute_blocks: Option<usize>,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -223,6 +227,9 @@ impl TrainArgs {
         }
         if self.recompute {
             c.recompute = true;
+        }
+        if let Some(n) = self.recompute_blocks {
+            c.recompute_blocks = n;
         }
         if let Some(w) = self.weight_decay {
             c.adamw.weight_decay = w;

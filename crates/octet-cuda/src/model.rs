@@ -272,8 +272,8 @@ pub struct GpuLlama<'g> {
     /// How the tensors that only a norm's, SwiGLU's or the attention's
     /// backward reads are kept (see [`SavedActivations`]); `Full` by default.
     pub saved_activations: SavedActivations,
-    /// Activation recomputation (see [`GpuLlama::set_recompute`]).
-    recompute: bool,
+    /// Blocks whose activations are recomputed, from the first (see [`GpuLlama::set_recompute`]).
+    recompute: usize,
     prof: Prof,
     /// Sharded data parallel: how the parameters are split over the ranks.
     shard: Option<Sharding<'g>>,
@@ -937,7 +937,7 @@ impl<'g> GpuLlama<'g> {
             check_layers: false,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
-            recompute: false,
+            recompute: 0,
             prof: Prof::from_env(),
             shard,
             lora: None,
@@ -983,24 +983,25 @@ impl<'g> GpuLlama<'g> {
         self.f.attn.tensor_cores
     }
 
-    /// Activation recomputation (full blocks): a training forward keeps only
-    /// the residual entering each block (f32, `4 B T C` bytes a block), and
-    /// backward runs each block's forward again just before its backward.
+    /// Activation recomputation of the first `blocks` blocks (all of them at
+    /// or above the model's depth; 0: none): a training forward keeps only
+    /// the residual entering each of them (f32, `4 B T C` bytes a block), and
+    /// backward runs that block's forward again just before its backward.
     /// The step's results are the same bits as without it: the recomputed
     /// forward runs the same kernels on the same inputs, delayed scaling's
     /// amax records take a maximum, LoRA dropout draws the forward's masks,
     /// and stochastic rounding is salted by gradient quantizations only.
-    /// The activations held at the peak drop from every block's to one
-    /// block's plus the inputs, for one more forward of the blocks. Sharded,
-    /// each block's weights are gathered again for its backward. Set between
-    /// steps.
-    pub fn set_recompute(&mut self, on: bool) {
-        self.recompute = on;
+    /// Each recomputed block's activations give way to its input, for one
+    /// more forward of the block (less its last product, whose output
+    /// nothing reads). Sharded, a recomputed block's weights are gathered
+    /// again for its backward. Set between steps.
+    pub fn set_recompute(&mut self, blocks: usize) {
+        self.recompute = blocks;
     }
 
-    /// Whether activation recomputation is on.
-    pub fn recompute(&self) -> bool {
-        self.recompute
+    /// How many blocks (from the first) are recomputed.
+    pub fn recompute(&self) -> usize {
+        self.recompute.min(self.blocks.len())
     }
 
     /// Record numerics telemetry (amax, saturated and underflowed shares) of
@@ -1475,9 +1476,10 @@ impl<'g> GpuLlama<'g> {
             return Err(Error::NonFiniteIn("model.embed_tokens".into()));
         }
         let mut saved_blocks = Vec::with_capacity(cfg.num_hidden_layers);
-        // Under recomputation a training forward keeps each block's input
-        // residual only (see `GpuLlama::set_recompute`).
-        let save_blocks = keep && !self.recompute;
+        // A training forward keeps a recomputed block's input residual only
+        // (see `GpuLlama::set_recompute`), and the other blocks' saved state.
+        let recomputed = self.recompute;
+        let saves = |bi: usize| keep && bi >= recomputed;
         let mut inputs = Vec::new();
         // Each residual add runs in the kernel of the norm that reads its
         // result: the next norm's input `h` comes out of the previous block.
@@ -1486,20 +1488,14 @@ impl<'g> GpuLlama<'g> {
             None => self.norm_slot,
         };
         // The norms' and SwiGLU's inputs (and maybe the attention output) in
-        // FP8 for backward. Under recomputation only the final norm's input
-        // here; `recompute_block` writes each block's FP8 copies in backward.
-        let fp8_final = keep && self.saved_activations == SavedActivations::Fp8;
-        let fp8_saved = fp8_final && save_blocks;
+        // FP8 for backward, for the blocks that keep their state and the
+        // final norm; `recompute_block` writes a recomputed block's in backward.
+        let fp8 = keep && self.saved_activations == SavedActivations::Fp8;
         let nblocks = self.blocks.len();
+        let fp8_for = |bi: usize| fp8 && (bi == nblocks || saves(bi));
         let mut h_amax = self.amax_for(0, 0, false)?;
-        let (_, mut h, mut rstd1, mut xq1) = self.add_norm(
-            &x,
-            None,
-            first_norm,
-            (n, eps),
-            &mut h_amax,
-            fp8_saved || (fp8_final && nblocks == 0),
-        )?;
+        let (_, mut h, mut rstd1, mut xq1) =
+            self.add_norm(&x, None, first_norm, (n, eps), &mut h_amax, fp8_for(0))?;
         self.mark("rmsnorm")?;
         // Sharded: block i + 1's weights are gathered while block i computes.
         let mut gathering = match self.blocks.is_empty() {
@@ -1521,13 +1517,13 @@ impl<'g> GpuLlama<'g> {
             }
             let rstd_in = rstd1;
             let mut out =
-                self.block_forward(bi, &x, (h, h_amax.take()), (b, t), (fp8_saved, false))?;
+                self.block_forward(bi, &x, (h, h_amax.take()), (b, t), (fp8_for(bi), false))?;
             let dn = out
                 .dn
                 .take()
                 .ok_or_else(|| Error::Shape("block forward gave no output".into()))?;
             h_amax = self.amax_for(bi + 1, 0, false)?;
-            let fp8_next = fp8_saved || (fp8_final && bi + 1 == nblocks);
+            let fp8_next = fp8_for(bi + 1);
             let (x2, hn, rn, xqn) = self.add_norm(
                 &out.x1,
                 Some(&dn),
@@ -1550,8 +1546,8 @@ impl<'g> GpuLlama<'g> {
             }
             let prev = std::mem::replace(&mut x, x2);
             let xq_prev = std::mem::replace(&mut xq1, xqn);
-            self.after_block_forward(bi, &mut out.lin, save_blocks)?;
-            if save_blocks {
+            self.after_block_forward(bi, &mut out.lin, saves(bi))?;
+            if saves(bi) {
                 // With FP8 copies the f32 residuals are freed here.
                 saved_blocks.push(out.into_saved(NormIn::of(prev, xq_prev), rstd_in));
             } else if keep {
@@ -2093,8 +2089,9 @@ impl<'g> GpuLlama<'g> {
         drop((dlogits, hf));
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
         let nblocks = self.blocks.len();
-        let recomputing = !inputs.is_empty();
-        if let Some(mode) = self.lora.as_mut().filter(|_| recomputing) {
+        // Blocks 0..recomputed run their forward again; `blocks` holds the rest.
+        let recomputed = inputs.len();
+        if let Some(mode) = self.lora.as_mut().filter(|_| recomputed > 0) {
             // The recomputed forwards draw the masks of the forward they repeat.
             mode.dropout_now = dropout_round;
         }
@@ -2118,25 +2115,31 @@ impl<'g> GpuLlama<'g> {
         // Sharded: block i - 1's weights are gathered (when resharding) and
         // block i + 1's gradients reduce-scattered while block i runs backward.
         let mut gathering = match nblocks.checked_sub(1) {
-            Some(last) => self.start_backward_gather(last, recomputing)?,
+            Some(last) => self.start_backward_gather(last, last < recomputed)?,
             None => None,
         };
         let mut flushing = std::collections::VecDeque::new();
         for bi in (0..nblocks).rev() {
-            // Kept, or (under recomputation) run again from the block's input
-            // once its weights are here.
-            let mut kept = blocks.pop();
+            // Kept, or (recomputed) run again from the block's input once its
+            // weights are here.
+            let mut kept = match bi < recomputed {
+                true => None,
+                false => blocks.pop(),
+            };
             if let Some(g) = gathering.take() {
                 self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.lin[..]))?;
                 self.mark("all-gather wait")?;
             }
             if bi > 0 {
-                gathering = self.start_backward_gather(bi - 1, recomputing)?;
+                gathering = self.start_backward_gather(bi - 1, bi - 1 < recomputed)?;
             }
-            let sb = match (kept, inputs.pop()) {
-                (Some(sb), None) => sb,
-                (None, Some(x)) => self.recompute_block(bi, x, (b, t))?,
-                _ => return Err(Error::Shape(format!("saved state of block {bi}"))),
+            let sb = match (kept, bi < recomputed) {
+                (Some(sb), false) => sb,
+                (None, true) => match inputs.pop() {
+                    Some(x) => self.recompute_block(bi, x, (b, t))?,
+                    None => return Err(Error::Shape(format!("no input of block {bi}"))),
+                },
+                _ => return Err(Error::Shape(format!("no saved state of block {bi}"))),
             };
             // This block writes the gradient region of the block after next.
             if flushing.len() >= 2 {
@@ -2825,7 +2828,7 @@ impl<'g> GpuLlama<'g> {
             check_layers: false,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
-            recompute: false,
+            recompute: 0,
             prof: Prof::from_env(),
             shard: None,
             lora: Some(LoraMode {

@@ -430,8 +430,8 @@ pub struct Llama {
     /// The training forward the next dropout masks belong to (see
     /// [`Llama::set_dropout_round`]).
     dropout_round: u64,
-    /// Activation recomputation (see [`Llama::set_recompute`]).
-    recompute: bool,
+    /// Blocks whose activations are recomputed, from the first (see [`Llama::set_recompute`]).
+    recompute: usize,
 }
 
 /// What the model's backward reads.
@@ -444,29 +444,30 @@ pub struct LlamaSaved {
     d_logits: Tensor,
 }
 
-/// What the blocks' backward reads: every block's saved tensors, or under
-/// activation recomputation only each block's input, from which backward
-/// runs the block's forward again.
+/// What the blocks' backward reads: the saved tensors of the blocks that
+/// keep them, and (activation recomputation) the input of each block whose
+/// forward backward runs again: `inputs` for blocks `0..inputs.len()`,
+/// `kept` for the rest.
 #[derive(Clone, Debug)]
-enum BlocksSaved {
-    Kept(Vec<BlockSaved>),
-    Inputs {
-        /// The residual entering each block, `(B*T, C)`.
-        xs: Vec<Tensor>,
-        /// Batch and sequence of the forward.
-        bt: (usize, usize),
-        /// The forward's dropout round.
-        round: u64,
-    },
+struct BlocksSaved {
+    inputs: Vec<Tensor>,
+    kept: Vec<BlockSaved>,
+    /// Batch and sequence of the forward.
+    bt: (usize, usize),
+    /// The forward's dropout round.
+    round: u64,
 }
 
 impl LlamaSaved {
     /// Bytes kept for backward (activations, FP8 copies, the logits gradient).
     pub fn bytes(&self) -> usize {
-        let blocks = match &self.blocks {
-            BlocksSaved::Kept(v) => v.iter().map(BlockSaved::bytes).sum::<usize>(),
-            BlocksSaved::Inputs { xs, .. } => xs.iter().map(Tensor::bytes).sum(),
-        };
+        let blocks = self
+            .blocks
+            .kept
+            .iter()
+            .map(BlockSaved::bytes)
+            .sum::<usize>()
+            + self.blocks.inputs.iter().map(Tensor::bytes).sum::<usize>();
         blocks + self.norm.bytes() + self.head.bytes() + self.d_logits.bytes()
     }
 }
@@ -627,7 +628,7 @@ impl Llama {
             lora: false,
             dropout: None,
             dropout_round: 0,
-            recompute: false,
+            recompute: 0,
         })
     }
 
@@ -778,22 +779,22 @@ impl Llama {
         self.dropout_round = round;
     }
 
-    /// Activation recomputation: a training forward keeps only the residual
-    /// entering each block, and backward runs each block's forward again
-    /// (with the same dropout masks) just before that block's backward. The
-    /// gradients are bit-identical to those without it (the recomputed
+    /// Activation recomputation of the first `blocks` blocks (all of them
+    /// at or above the model's depth; 0: none): a training forward keeps only
+    /// the residual entering each of them, and backward runs that block's
+    /// forward again (with the same dropout masks) just before its backward.
+    /// The gradients are bit-identical to those without it (the recomputed
     /// forward repeats the same arithmetic, delayed scaling's amax records
     /// take a maximum, and stochastic rounding is salted by gradient
-    /// quantizations only); the activations held at the peak drop from every
-    /// block's to one block's plus the inputs, for about one more forward of
-    /// the blocks.
-    pub fn set_recompute(&mut self, on: bool) {
-        self.recompute = on;
+    /// quantizations only); each recomputed block's activations give way to
+    /// its input, for one more forward of the block.
+    pub fn set_recompute(&mut self, blocks: usize) {
+        self.recompute = blocks;
     }
 
-    /// Whether activation recomputation is on.
-    pub fn recompute(&self) -> bool {
-        self.recompute
+    /// How many blocks (from the first) are recomputed.
+    pub fn recompute(&self) -> usize {
+        self.recompute.min(self.blocks.len())
     }
 
     /// Turn every block matrix into a frozen base stored as `spec.base`, with
@@ -1026,7 +1027,7 @@ impl Llama {
             // Name the block where a NaN/inf (or any failure) first shows up.
             let (y, s) = block_forward(blk, rope, &x, (b, t), &self.cfg, drop)
                 .map_err(|e| Error::InLayer(format!("model.layers.{i}"), Box::new(e)))?;
-            match self.recompute {
+            match i < self.recompute {
                 true => inputs.push(std::mem::replace(&mut x, y)),
                 false => {
                     x = y;
@@ -1034,13 +1035,11 @@ impl Llama {
                 }
             }
         }
-        let blocks = match self.recompute {
-            true => BlocksSaved::Inputs {
-                xs: inputs,
-                bt: (b, t),
-                round,
-            },
-            false => BlocksSaved::Kept(saved_blocks),
+        let blocks = BlocksSaved {
+            inputs,
+            kept: saved_blocks,
+            bt: (b, t),
+            round,
         };
         let (h, norm) = self.norm.forward(&x)?; // (B*T, C)
         let (logits, head) = self.lm_head.forward(&h, true)?; // (B*T, V)
@@ -1096,26 +1095,34 @@ impl Llama {
             .ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
         let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
         let mut block_grads = Vec::with_capacity(self.blocks.len());
-        let mut blocks = blocks;
+        let BlocksSaved {
+            mut inputs,
+            mut kept,
+            bt,
+            round,
+        } = blocks;
+        if inputs.len() + kept.len() != self.blocks.len() {
+            return Err(Error::Shape(format!(
+                "saved state of {} blocks and inputs of {} for a model of {} blocks",
+                kept.len(),
+                inputs.len(),
+                self.blocks.len()
+            )));
+        }
+        let recomputed = inputs.len();
         for (i, blk) in self.blocks.iter_mut().enumerate().rev() {
-            let s = match &mut blocks {
-                BlocksSaved::Kept(v) => v.pop(),
-                BlocksSaved::Inputs { xs, bt, round } => match xs.pop() {
-                    Some(x) => {
-                        let drop = BlockDropout::new(self.dropout, *round, i);
-                        let (_, s) = block_forward(blk, &self.rope, &x, *bt, &self.cfg, drop)
-                            .map_err(|e| {
-                                Error::InLayer(
-                                    format!("model.layers.{i} (recomputed)"),
-                                    Box::new(e),
-                                )
-                            })?;
-                        Some(s)
-                    }
-                    None => None,
-                },
+            let missing = || Error::Shape(format!("no saved state of block {i}"));
+            let s = if i < recomputed {
+                let x = inputs.pop().ok_or_else(missing)?;
+                let drop = BlockDropout::new(self.dropout, round, i);
+                block_forward(blk, &self.rope, &x, bt, &self.cfg, drop)
+                    .map_err(|e| {
+                        Error::InLayer(format!("model.layers.{i} (recomputed)"), Box::new(e))
+                    })?
+                    .1
+            } else {
+                kept.pop().ok_or_else(missing)?
             };
-            let s = s.ok_or_else(|| Error::Shape(format!("no saved state of block {i}")))?;
             let (dprev, g) = block_backward(blk, &self.rope, s, &dx, self.lora)?;
             dx = dprev;
             block_grads.push(g);

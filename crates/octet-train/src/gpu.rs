@@ -331,7 +331,7 @@ pub fn train_gpu_ranked(
     if cfg.reshard_after_forward {
         model.set_reshard_after_forward(true)?;
     }
-    model.set_recompute(cfg.recompute);
+    model.set_recompute(cfg.recomputed_blocks());
     let params = model.cfg.num_params();
     let mut metrics = if lead {
         Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)

@@ -106,10 +106,13 @@ pub struct TrainConfig {
     /// backward read are kept: `full` (f32 / bf16) or `fp8` (E4M3 with a
     /// factor per row; GPU only, see `octet_cuda::model::SavedActivations`).
     pub saved_activations: String,
-    /// Activation recomputation: keep only each block's input for backward
-    /// and run the block's forward again there (same results, less memory,
-    /// one more forward of the blocks).
+    /// Activation recomputation of every block: keep only each block's input
+    /// for backward and run the block's forward again there (same results,
+    /// less memory, one more forward of the blocks).
     pub recompute: bool,
+    /// Activation recomputation of the first this many blocks only (0: as
+    /// `recompute` says), a dial between memory and speed.
+    pub recompute_blocks: usize,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -293,11 +296,22 @@ impl Default for TrainConfig {
             reshard_after_forward: false,
             saved_activations: "full".into(),
             recompute: false,
+            recompute_blocks: 0,
         }
     }
 }
 
 impl TrainConfig {
+    /// How many blocks (from the first) recompute their activations in
+    /// backward: every one under `recompute` (`usize::MAX`, which the models
+    /// read as all), else `recompute_blocks`.
+    pub fn recomputed_blocks(&self) -> usize {
+        match self.recompute {
+            true => usize::MAX,
+            false => self.recompute_blocks,
+        }
+    }
+
     /// Use the learning-rate schedule of model preset `model` (see
     /// [`preset_schedule`]) where it has one of its own.
     pub fn use_preset_schedule(&mut self, model: &str) {
@@ -488,6 +502,12 @@ impl TrainConfig {
             return Err(Error::Train(format!(
                 "--saved-activations {}: expected full or fp8",
                 self.saved_activations
+            )));
+        }
+        if self.recompute && self.recompute_blocks > 0 {
+            return Err(Error::Train(format!(
+                "--recompute recomputes every block and --recompute-blocks {} the first ones: give one",
+                self.recompute_blocks
             )));
         }
         if !matches!(self.grad_reduce.as_str(), "f32" | "bf16") {
@@ -745,7 +765,7 @@ pub fn train(
             (model, opt)
         }
     };
-    model.set_recompute(cfg.recompute);
+    model.set_recompute(cfg.recomputed_blocks());
     let params = model.cfg.num_params();
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
     let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;

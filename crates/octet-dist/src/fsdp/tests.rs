@@ -171,8 +171,9 @@ fn n_ranks_match_gradient_accumulation_bit_for_bit() {
         (Some("mxfp8"), BackwardMode::Quantized),
     ];
     for (recipe, bwd) in cases {
-        // Two ranks also with activation recomputation: the same bits again.
-        for (n, recompute) in [(1, false), (2, false), (4, false), (2, true)] {
+        // Two ranks also with activation recomputation (of both blocks, and
+        // of the first only): the same bits again.
+        for (n, recompute) in [(1, 0), (2, 0), (4, 0), (2, usize::MAX), (2, 1)] {
             let ctx = format!("{recipe:?} {bwd:?} n={n} recompute={recompute}");
             let (want, _) = reference(model("tiny", recipe, bwd, 5), n, 3, None, 0);
             let out = spawn_ranks(n, |c| {
