@@ -131,15 +131,12 @@ __device__ __forceinline__ void grid_trigger() {
 #endif
 }
 
-// BLOCK: 128x128 block scales, each 128-column block's sum scaled before it
-// is added to the total; else the products accumulate straight into the
-// total (no per-block sum to zero and add: fewer instructions for the
-// 16-token kernel, which is partly issue-bound).
-template <int FMT, int NT, typename OUT, bool BLOCK>
+template <int FMT, int NT, typename OUT>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y,
-                                              int M, int N, int K, int mode, float (*red)[NT * 4][32]) {
+                                              int M, int N, int K, int mode) {
+    __shared__ float red[8][NT * 4][32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // blockIdx.x: group of 16 tokens (consecutive blocks share a row tile, so
@@ -178,12 +175,10 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         load_w(w, kb + 8, K, N, ra, rb, t, nwa, nwb);
         load_x<NT>(x, kb + 8, K, M, t, g, nxv);
         float acc[NT][4];
-        if (BLOCK) {
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
-        }
+            for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
 #pragma unroll
@@ -198,17 +193,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
                     const uint4& xs = xv[j][h][s >> 1];
                     const unsigned int b0 = word(xs, (s & 1) * 2);      // x cols 4s+0,1
                     const unsigned int b1 = word(xs, (s & 1) * 2 + 1);  // x cols 4s+2,3
-                    mma_bf16(BLOCK ? acc[j] : tot[j], a0, a1, a2, a3, b0, b1);
+                    mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
                 }
             }
         }
-        if (BLOCK) {
-            const float f = factors[(row0 / 128) * kblocks + kb];
+        const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + kb] : 1.f;
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+        for (int j = 0; j < NT; j++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) tot[j][i] = fmaf(acc[j][i], f, tot[j][i]);
-        }
+            for (int i = 0; i < 4; i++) tot[j][i] = fmaf(acc[j][i], f, tot[j][i]);
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             wa[h] = nwa[h];
@@ -243,11 +236,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     extern "C" __global__ void __launch_bounds__(256) NAME(const unsigned char* w, const unsigned short* x, \
                                                            const float* factors, OUT* y, int M, int N,  \
                                                            int K, int mode) {                           \
-        __shared__ float red[8][NT * 4][32];                                                             \
-        if (mode == SCALE_BLOCK)                                                                         \
-            mixed_small_m<FMT, NT, OUT, true>(w, x, factors, y, M, N, K, mode, red);                     \
-        else                                                                                             \
-            mixed_small_m<FMT, NT, OUT, false>(w, x, factors, y, M, N, K, mode, red);                    \
+        mixed_small_m<FMT, NT, OUT>(w, x, factors, y, M, N, K, mode);                                    \
     }
 MIXED_SMALL(mixed_e4m3_n8_f32, FMT_E4M3, 1, float)
 MIXED_SMALL(mixed_e4m3_n16_f32, FMT_E4M3, 2, float)
