@@ -101,7 +101,8 @@ pub struct TrainArgs {
     #[arg(long)]
     recompute: bool,
     /// Activation recomputation of the first N blocks only: memory and time
-    /// in between keeping every block and `--recompute`.
+    /// in between keeping every block and `--recompute` (N at or above the
+    /// model's depth recomputes every block; 0 none).
     #[arg(long, value_name = "N")]
     recompute_blocks: Option<usize>,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).

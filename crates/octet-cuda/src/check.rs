@@ -2054,65 +2054,83 @@ fn recompute_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         .into_iter()
         .map(|(n, t)| (n, t.clone()))
         .collect();
-    let lora = LoraSpec {
-        rank: 8,
-        alpha: 16.0,
-        targets: ["q", "k", "v", "o", "gate", "up", "down"]
-            .map(String::from)
-            .to_vec(),
-        base: BaseFormat::Fp8(WeightScaling::Tensor),
-        compute: Compute::Fp8,
-        recipe: Recipe::from_name("tensorwise")?,
-        seed: 5,
-        dropout: 0.1,
+    let lora = |compute: Compute, mode: BackwardMode| -> Result<Option<LoraSpec>> {
+        Ok(Some(LoraSpec {
+            rank: 8,
+            alpha: 16.0,
+            targets: ["q", "k", "v", "o", "gate", "up", "down"]
+                .map(String::from)
+                .to_vec(),
+            base: BaseFormat::Fp8(WeightScaling::Tensor),
+            compute,
+            recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
+            seed: 5,
+            dropout: 0.1,
+        }))
     };
     let recipe = |name: &str, mode: BackwardMode| -> Result<Option<Recipe>> {
         Ok(Some(Recipe::from_name(name)?.with_backward(mode)?))
     };
     let (full, fp8) = (SavedActivations::Full, SavedActivations::Fp8);
+    let (quantized, dequantized) = (BackwardMode::Quantized, BackwardMode::Dequantized);
+    // (name, recipe of a full model, saved activations, LoRA spec of a LoRA model)
     let cases = [
-        ("bf16", None, full),
-        ("bf16, FP8 saved", None, fp8),
+        ("bf16", None, full, None),
+        ("bf16, FP8 saved", None, fp8, None),
         (
             "tensorwise quantized, FP8 saved",
-            recipe("tensorwise", BackwardMode::Quantized)?,
+            recipe("tensorwise", quantized)?,
             fp8,
+            None,
         ),
         (
             "tensorwise dequantized, FP8 saved",
-            recipe("tensorwise", BackwardMode::Dequantized)?,
+            recipe("tensorwise", dequantized)?,
             fp8,
+            None,
         ),
-        ("delayed", recipe("delayed", BackwardMode::Quantized)?, full),
-        ("rowwise", recipe("rowwise", BackwardMode::Quantized)?, full),
+        ("delayed", recipe("delayed", quantized)?, full, None),
+        ("rowwise", recipe("rowwise", quantized)?, full, None),
+        ("blockwise", recipe("blockwise", quantized)?, full, None),
+        ("mxfp8", recipe("mxfp8", quantized)?, full, None),
+        ("nvfp4", recipe("nvfp4", quantized)?, full, None),
         (
-            "blockwise",
-            recipe("blockwise", BackwardMode::Quantized)?,
-            full,
+            "LoRA, fp8 base, compute fp8, quantized, dropout 0.1, FP8 saved",
+            None,
+            fp8,
+            lora(Compute::Fp8, quantized)?,
         ),
-        ("mxfp8", recipe("mxfp8", BackwardMode::Quantized)?, full),
-        ("nvfp4", recipe("nvfp4", BackwardMode::Quantized)?, full),
-        ("LoRA, fp8 base, dropout 0.1, FP8 saved", None, fp8),
+        (
+            "LoRA, fp8 base, compute fp8, dequantized, dropout 0.1",
+            None,
+            full,
+            lora(Compute::Fp8, dequantized)?,
+        ),
+        (
+            "LoRA, fp8 base, compute bf16 (weight-only), high precision, dropout 0.1",
+            None,
+            full,
+            lora(Compute::Bf16, BackwardMode::HighPrecision)?,
+        ),
     ];
-    for (name, r, saved) in cases {
+    for (name, r, saved, lora) in cases {
         // Losses, bytes kept for backward, masters.
         type Run = (Vec<f64>, Vec<usize>, Vec<(String, Tensor)>);
         let run = |recompute: usize| -> Result<Run> {
-            let mut model = match name.starts_with("LoRA") {
-                true => {
+            let mut model = match &lora {
+                Some(spec) => {
                     // Adapters with a non-zero B, so that every adapter gradient carries signal.
                     let mut adapters = HashMap::new();
-                    for (i, (pname, shape)) in GpuLlama::adapter_params(&cfg, &lora)
-                        .into_iter()
-                        .enumerate()
+                    for (i, (pname, shape)) in
+                        GpuLlama::adapter_params(&cfg, spec).into_iter().enumerate()
                     {
                         let n: usize = shape.iter().product();
                         let v = random_f32(n, 2400 + i as u64, 0.03);
                         adapters.insert(pname, Tensor::from_f32(&shape, v)?);
                     }
-                    GpuLlama::new_lora(gpu, &cfg, &w, &lora, Some(&adapters))?
+                    GpuLlama::new_lora(gpu, &cfg, &w, spec, Some(&adapters))?
                 }
-                false => GpuLlama::new(gpu, &cfg, &w, r)?,
+                None => GpuLlama::new(gpu, &cfg, &w, r)?,
             };
             model.saved_activations = saved;
             model.set_recompute(recompute);
@@ -2211,8 +2229,9 @@ pub(crate) fn test_config(
 /// bookkeeping (offsets, padding, the gathered FP8 bytes and scale, the
 /// locally transposed column-wise copy), with and without resharding after
 /// forward (the weights gathered again for backward must be the same bytes),
-/// and with each block's forward recomputed in backward (the weights gathered
-/// again for it), with an evaluation forward after each step. The collectives run on the
+/// and with the forward of every block, or of the first only, recomputed in
+/// backward (the weights gathered again for it), with an evaluation forward
+/// after each step. The collectives run on the
 /// communicator's own stream, ordered with the compute stream by events, so
 /// these cases also check that ordering (a missing wait reads stale or
 /// half-written weights or gradients). Several ranks: `bench/gpu-dist.sh`.
@@ -2268,6 +2287,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             (false, usize::MAX),
             (true, usize::MAX),
             (false, 1),
+            (true, 1),
         ] {
             let mut sharded = GpuLlama::new_sharded(gpu, &cfg, &w, recipe, &comm)?;
             sharded.set_reshard_after_forward(reshard)?;
@@ -2290,6 +2310,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 if fp8 { "FP8" } else { "bf16" },
                 match (reshard, recompute) {
                     (true, 0) => ", resharded after forward",
+                    (true, 1) => ", resharded after forward, recomputing the first block in backward",
                     (true, _) => ", resharded after forward, recomputing each block in backward",
                     (false, 0) => "",
                     (false, 1) => ", recomputing the first block in backward",

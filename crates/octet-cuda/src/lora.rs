@@ -805,7 +805,8 @@ fn forward_layers(
 }
 
 /// [`forward_layers`], or with `output` false only what the layers'
-/// backward reads (the adapters' `u` and inputs, the base's saved copies),
+/// backward reads (the adapters' `u` and saved inputs: bf16, masked, or the
+/// group's FP8 copy; the frozen base keeps nothing),
 /// without the base's and `B`'s products: a recomputed forward whose output
 /// nothing reads.
 #[allow(clippy::type_complexity)]

@@ -525,8 +525,9 @@ pub struct GpuLlamaSaved {
     t: usize,
     starts: CudaSlice<i32>,
     rows: CudaSlice<i32>,
+    /// What the blocks `inputs.len()..` that keep their state keep, in order.
     blocks: Vec<BlockSaved>,
-    /// Under recomputation (`blocks` empty): the residual entering each block.
+    /// The residual entering each recomputed block, `0..inputs.len()`.
     inputs: Vec<CudaSlice<f32>>,
     /// LoRA: the dropout round of the forward, which its recomputation draws again.
     dropout_round: Option<u64>,

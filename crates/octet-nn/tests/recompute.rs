@@ -1,6 +1,7 @@
-//! Activation recomputation (`Llama::set_recompute`): backward runs each
-//! block's forward again from the block's input, and the gradients are the
-//! same bits as those of the model that kept every block's activations.
+//! Activation recomputation (`Llama::set_recompute`): backward runs the
+//! forward of each recomputed block (every block, or the first ones) again
+//! from the block's input, and the gradients are the same bits as those of
+//! the model that kept every block's activations.
 
 use octet_fp8::{BackwardMode, Recipe};
 use octet_nn::llama::{Llama, LlamaConfig, LoraSpec};

@@ -474,7 +474,7 @@ impl<'g> GpuLlama<'g> {
 
     /// Start gathering block `bi`'s weights again for its backward, where
     /// they were freed after forward: resharding, or `recomputing` (the
-    /// forward kept block inputs only, and backward runs the block's forward
+    /// forward kept this block's input only, and backward runs its forward
     /// again first). bf16 ones are never held across an optimizer step
     /// either way.
     pub(super) fn start_backward_gather(
