@@ -443,17 +443,24 @@ impl ProjSaved {
     }
 }
 
-/// What one block's backward reads.
+/// What one block's backward reads: its two norms' inputs (and `rstd`s) and
+/// the rest ([`BlockCore`]).
 struct BlockSaved {
     x: NormIn,
     rstd1: CudaSlice<f32>,
+    x1: NormIn,
+    core: BlockCore,
+}
+
+/// What a block's backward reads from its forward but the norms' inputs.
+struct BlockCore {
+    /// q, k, v, o, gate, up, down.
     lin: Vec<ProjSaved>,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
     a: AttnOut,
     lse: CudaSlice<f32>,
-    x1: NormIn,
     rstd2: CudaSlice<f32>,
     swiglu: SwigluIn,
 }
@@ -461,8 +468,9 @@ struct BlockSaved {
 impl BlockSaved {
     /// Bytes kept, each buffer counted once however many layers share it.
     fn bytes(&self) -> usize {
+        let c = &self.core;
         let mut seen = std::collections::HashSet::new();
-        let a = match &self.a {
+        let a = match &c.a {
             AttnOut::Bf16(a) => {
                 seen.insert(Rc::as_ptr(a) as usize);
                 2 * a.len()
@@ -471,11 +479,10 @@ impl BlockSaved {
         };
         a + self.x.bytes()
             + self.x1.bytes()
-            + self.swiglu.bytes()
-            + 4 * (self.rstd1.len() + self.lse.len() + self.rstd2.len())
-            + 2 * (self.q.len() + self.k.len() + self.v.len())
-            + self
-                .lin
+            + c.swiglu.bytes()
+            + 4 * (self.rstd1.len() + c.lse.len() + c.rstd2.len())
+            + 2 * (c.q.len() + c.k.len() + c.v.len())
+            + c.lin
                 .iter()
                 .map(|l| l.bytes_unique(&mut seen))
                 .sum::<usize>()
@@ -485,17 +492,10 @@ impl BlockSaved {
 /// What [`GpuLlama::block_forward`] gives: what the block's backward reads
 /// but its input's, and the down projection's output.
 struct BlockOut {
-    lin: Vec<ProjSaved>,
-    q: CudaSlice<u16>,
-    k: CudaSlice<u16>,
-    v: CudaSlice<u16>,
-    a: AttnOut,
-    lse: CudaSlice<f32>,
+    core: BlockCore,
     /// The residual after attention (f32), and its FP8 copy when asked for.
     x1: CudaSlice<f32>,
     xq2: Option<(CudaSlice<u8>, CudaSlice<f32>)>,
-    rstd2: CudaSlice<f32>,
-    swiglu: SwigluIn,
     /// The down projection's output (none when recomputing).
     dn: Option<CudaSlice<u16>>,
 }
@@ -506,15 +506,8 @@ impl BlockOut {
         BlockSaved {
             x,
             rstd1,
-            lin: self.lin,
-            q: self.q,
-            k: self.k,
-            v: self.v,
-            a: self.a,
-            lse: self.lse,
             x1: NormIn::of(self.x1, self.xq2),
-            rstd2: self.rstd2,
-            swiglu: self.swiglu,
+            core: self.core,
         }
     }
 }
@@ -1547,7 +1540,7 @@ impl<'g> GpuLlama<'g> {
             }
             let prev = std::mem::replace(&mut x, x2);
             let xq_prev = std::mem::replace(&mut xq1, xqn);
-            self.after_block_forward(bi, &mut out.lin, saves(bi))?;
+            self.after_block_forward(bi, &mut out.core.lin, saves(bi))?;
             if saves(bi) {
                 // With FP8 copies the f32 residuals are freed here.
                 saved_blocks.push(out.into_saved(NormIn::of(prev, xq_prev), rstd_in));
@@ -1746,16 +1739,18 @@ impl<'g> GpuLlama<'g> {
         self.mark("linear fwd")?;
         lin_saved.push(sd);
         Ok(BlockOut {
-            lin: lin_saved,
-            q,
-            k,
-            v: vv,
-            a,
-            lse,
+            core: BlockCore {
+                lin: lin_saved,
+                q,
+                k,
+                v: vv,
+                a,
+                lse,
+                rstd2,
+                swiglu,
+            },
             x1,
             xq2,
-            rstd2,
-            swiglu,
             dn,
         })
     }
@@ -2128,7 +2123,7 @@ impl<'g> GpuLlama<'g> {
                 false => blocks.pop(),
             };
             if let Some(g) = gathering.take() {
-                self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.lin[..]))?;
+                self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.core.lin[..]))?;
                 self.mark("all-gather wait")?;
             }
             if bi > 0 {
@@ -2152,15 +2147,18 @@ impl<'g> GpuLlama<'g> {
             let BlockSaved {
                 x,
                 rstd1,
-                lin,
-                q,
-                k,
-                v: vv,
-                a,
-                lse,
                 x1,
-                rstd2,
-                swiglu,
+                core:
+                    BlockCore {
+                        lin,
+                        q,
+                        k,
+                        v: vv,
+                        a,
+                        lse,
+                        rstd2,
+                        swiglu,
+                    },
             } = sb;
             let mut lin = lin.into_iter();
             let mut next = || {
