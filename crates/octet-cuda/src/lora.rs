@@ -289,13 +289,15 @@ impl GpuLoraLinear {
         if grad {
             matches!(self.base, GpuBase::Fp8(_)) && self.backward == BackwardMode::Quantized
         } else {
-            self.wants_fp8_input()
+            self.wants_fp8_input(true)
         }
     }
 
-    /// Whether a prepared input needs its FP8 copy for this layer.
-    fn wants_fp8_input(&self) -> bool {
-        (self.compute == Compute::Fp8 && matches!(self.base, GpuBase::Fp8(_)))
+    /// Whether a prepared input needs its FP8 copy for this layer: for the
+    /// base's FP8 product (when the forward makes its output, `output`), or
+    /// for the adapter's saved input under the dequantized backward.
+    fn wants_fp8_input(&self, output: bool) -> bool {
+        (output && self.compute == Compute::Fp8 && matches!(self.base, GpuBase::Fp8(_)))
             || (self.adapter.is_some() && self.backward == BackwardMode::Dequantized)
     }
 
@@ -309,6 +311,18 @@ impl GpuLoraLinear {
         x: Rc<CudaSlice<u16>>,
         x_amax: Option<TensorAmax>,
         m: usize,
+    ) -> Result<LoraInput> {
+        Self::prepare_with(layers, gpu, (x, x_amax, m), true)
+    }
+
+    /// [`GpuLoraLinear::prepare`] for a forward that makes its output
+    /// (`output`) or only what backward reads (no FP8 copy for the base's
+    /// product then).
+    fn prepare_with(
+        layers: &[GpuLoraLinear],
+        gpu: &Gpu,
+        (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
+        output: bool,
     ) -> Result<LoraInput> {
         let first = layers
             .first()
@@ -329,7 +343,7 @@ impl GpuLoraLinear {
                 x.len()
             )));
         }
-        let xq = if layers.iter().any(GpuLoraLinear::wants_fp8_input) {
+        let xq = if layers.iter().any(|l| l.wants_fp8_input(output)) {
             // Only the row-wise copy is read (forward GEMM, dequantized backward).
             Some(Rc::new(Fp8Input {
                 q: gpu.quantize_tensorwise_rowwise_known(x.as_ref(), m, k, Format::E4M3, x_amax)?,
@@ -1125,6 +1139,6 @@ pub fn forward_group_with(
     dropout: Option<Dropout>,
     output: bool,
 ) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
-    let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
+    let input = GpuLoraLinear::prepare_with(layers, gpu, (x, x_amax, m), output)?;
     forward_layers_with(layers, gpu, &input, dropout, output)
 }
