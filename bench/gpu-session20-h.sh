@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Twentieth session, final check ($OUT set; carry dev-bin): the selftest of
-# the binary after the last refactor (BlockCore), and one ~1B tensorwise run
+# the binary after the last refactor (BlockCore; in a second run also the
+# LoRA recomputation without the base input's FP8 copy), and one ~1B tensorwise run
 # recomputing every block.
 set -uo pipefail
 t0=$SECONDS
