@@ -79,14 +79,7 @@ fn recomputed_blocks_give_the_same_gradients_under_every_recipe() {
     let cfg = LlamaConfig::preset("tiny").unwrap();
     let plain = Llama::new_random(&cfg, DType::F32, None, 5).unwrap();
     same_gradients(plain, "f32");
-    for name in [
-        "tensorwise",
-        "delayed",
-        "rowwise",
-        "blockwise",
-        "mxfp8",
-        "nvfp4",
-    ] {
+    for name in Recipe::NAMES {
         for mode in [BackwardMode::Quantized, BackwardMode::Dequantized] {
             // Delayed scaling takes the quantized backward only.
             let Ok(recipe) = Recipe::from_name(name).unwrap().with_backward(mode) else {
