@@ -105,6 +105,11 @@ pub struct TrainArgs {
     /// model's depth recomputes every block; 0 none).
     #[arg(long, value_name = "N")]
     recompute_blocks: Option<usize>,
+    /// GPU: the per-tensor FP8 forward products accumulate in f32 like the
+    /// gradients' products, instead of cuBLASLt's fast accumulation (the
+    /// default, as in Transformer Engine and torchao): slower, closer to the CPU.
+    #[arg(long)]
+    no_fast_accum: bool,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
@@ -231,6 +236,9 @@ impl TrainArgs {
         }
         if let Some(n) = self.recompute_blocks {
             c.recompute_blocks = n;
+        }
+        if self.no_fast_accum {
+            c.fp8_fast_accum = false;
         }
         if let Some(w) = self.weight_decay {
             c.adamw.weight_decay = w;
@@ -474,6 +482,20 @@ mod tests {
             (c.model.as_str(), c.lr, c.warmup, c.steps),
             ("small", d.lr, d.warmup, d.steps)
         );
+    }
+
+    #[test]
+    fn fast_accumulation_is_on_unless_the_flag_turns_it_off() {
+        use clap::{Args, FromArgMatches};
+        let parse = |argv: &[&str]| -> TrainConfig {
+            let m = TrainArgs::augment_args(clap::Command::new("train"))
+                .try_get_matches_from(argv)
+                .expect("arguments");
+            let a = TrainArgs::from_arg_matches(&m).expect("arguments");
+            a.config().expect("config")
+        };
+        assert!(parse(&["train"]).fp8_fast_accum);
+        assert!(!parse(&["train", "--no-fast-accum"]).fp8_fast_accum);
     }
 
     #[test]

@@ -177,6 +177,7 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     delayed_cases(gpu, &mut out)?;
     block_gemm_cases(gpu, &mut out)?;
     linear_cases(gpu, &mut out)?;
+    fast_accum_cases(gpu, &mut out)?;
     mx_cases(gpu, &mut out)?;
     nvfp4_cases(gpu, &mut out)?;
     telemetry_cases(gpu, &mut out)?;
@@ -1207,6 +1208,56 @@ fn block_gemm_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             });
         }
     }
+    Ok(())
+}
+
+/// The forward's per-tensor FP8 product with and without fast accumulation
+/// ([`crate::GpuLinear::fast_accum`]) at k = 4096, where the fast one's error
+/// is largest among the model's widths, against the CPU `Linear` (f32 sums of
+/// the same codes): both within the bf16 output's tolerance, and not the same
+/// numbers (the setting reaches cuBLASLt).
+fn fast_accum_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::linear::GpuLinear;
+    use octet_fp8::Recipe;
+    use octet_nn::Linear;
+    use octet_tensor::Tensor;
+    let (m, k, n) = (256usize, 4096usize, 256usize);
+    let xb = random_bf16(m * k, 1301, 2.0);
+    let wb = random_bf16(n * k, 1302, 0.05);
+    let recipe = Some(Recipe::from_name("tensorwise")?);
+    let shape = |e: octet_tensor::Error| Error::Shape(e.to_string());
+    let mut cpu = Linear::new(
+        Tensor::from_bf16(&[n, k], wb.clone()).map_err(shape)?,
+        None,
+        recipe,
+        true,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let x = Tensor::from_bf16(&[m, k], xb.clone()).map_err(shape)?;
+    let want = cpu
+        .forward(&x, false)
+        .map_err(|e| Error::Shape(e.to_string()))?
+        .0
+        .to_f32_vec();
+    let mut ys = Vec::new();
+    for fast in [false, true] {
+        let mut layer = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, recipe)?;
+        layer.fast_accum = fast;
+        let (gy, _) = layer.forward(gpu, &gpu.upload(&bf16_bits(&xb))?, m)?;
+        ys.push(download_f32(gpu, &gy)?);
+    }
+    let (e0, e1) = (rel_frobenius(&ys[0], &want), rel_frobenius(&ys[1], &want));
+    let differ = ys[0].iter().zip(&ys[1]).filter(|(a, b)| a != b).count();
+    out.push(CaseResult {
+        name: format!(
+            "linear forward tensorwise {m}x{k}x{n}, f32 and fast accumulation, vs CPU Linear"
+        ),
+        pass: e0 <= BF16_OUT_TOL && e1 <= BF16_OUT_TOL && differ > 0,
+        worst: format!(
+            "y {e0:.2e} (f32 accumulation), {e1:.2e} (fast); {differ} of {} outputs differ",
+            m * n
+        ),
+    });
     Ok(())
 }
 

@@ -142,6 +142,11 @@ pub struct GpuLinear {
     grad_calls: u64,
     /// Record numerics telemetry of each quantization (see [`GpuLinear::telemetry`]).
     pub telemetry_on: bool,
+    /// The forward's per-tensor FP8 product accumulates in the tensor cores'
+    /// own precision (cuBLASLt's fast accumulation, the forward default of
+    /// Transformer Engine and torchao); the gradients' products always
+    /// promote to f32. True by default; other scalings ignore it.
+    pub fast_accum: bool,
     /// Counters of the last recorded quantization per role: `[amax bits,
     /// saturated, underflowed]` and the element count.
     tele: [Option<(std::rc::Rc<CudaSlice<u32>>, usize)>; 3],
@@ -272,6 +277,7 @@ impl GpuLinear {
             recipe,
             grad_calls: 0,
             telemetry_on: false,
+            fast_accum: true,
             tele: [None, None, None],
             external: false,
             weight_amax: None,
@@ -517,6 +523,9 @@ impl GpuLinear {
     /// One FP8 GEMM `d (m, n) = a (m, k) @ b (n, k)^T` from the row-wise
     /// (`false`) or column-wise (`true`) copies of two quantized operands.
     #[allow(clippy::too_many_arguments)]
+    /// The product of two quantized operands (each row-wise or, with
+    /// `*_col`, column-wise); `fast` asks per-tensor FP8 for fast accumulation.
+    #[allow(clippy::too_many_arguments)]
     fn gemm<D: GemmOut>(
         gpu: &Gpu,
         a: &Quant,
@@ -525,6 +534,7 @@ impl GpuLinear {
         b_col: bool,
         d: &mut impl GemmDst<D>,
         mnk: (usize, usize, usize),
+        fast: bool,
     ) -> Result<()> {
         match (a, b) {
             (Quant::Tensor(qa), Quant::Tensor(qb)) => {
@@ -538,7 +548,7 @@ impl GpuLinear {
                 } else {
                     qb.rowwise_operand()
                 };
-                gpu.gemm_fp8(oa, ob, d, mnk, false)
+                gpu.gemm_fp8(oa, ob, d, mnk, fast)
             }
             (Quant::Row(qa), Quant::Row(qb)) => {
                 let pa = if a_col {
@@ -956,7 +966,16 @@ impl GpuLinear {
             }
         }
         if let Some(y) = y.as_mut() {
-            Self::gemm(gpu, &xq.borrow(), false, &wq, false, y, (m, n, k))?;
+            Self::gemm(
+                gpu,
+                &xq.borrow(),
+                false,
+                &wq,
+                false,
+                y,
+                (m, n, k),
+                self.fast_accum,
+            )?;
         }
         match self.backward {
             BackwardMode::Quantized | BackwardMode::Dequantized => {
@@ -1051,8 +1070,8 @@ impl GpuLinear {
                     self.tele[2] = Some(self.record(gpu, 2, dy, &gq, Format::E5M2)?);
                 }
                 // grad_input = grad_output @ weight; grad_weight = grad_output^T @ input.
-                Self::gemm(gpu, &gq, false, &wq, true, dx, (m, k, n))?;
-                Self::gemm(gpu, &gq, true, &xq.borrow(), true, dw, (n, k, m))?;
+                Self::gemm(gpu, &gq, false, &wq, true, dx, (m, k, n), false)?;
+                Self::gemm(gpu, &gq, true, &xq.borrow(), true, dw, (n, k, m), false)?;
             }
             (Some(x), _, _) => {
                 gpu.gemm_bf16_op((dy, false), (&self.weight, false), dx, (m, k, n))?;

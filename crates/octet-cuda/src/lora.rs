@@ -144,6 +144,14 @@ pub struct GpuLoraLinear {
     /// adapter's `du` in one read of `dy` ([`Gpu::lora_cast_du`]) where the
     /// shapes allow (true by default; false: the cast and a cuBLASLt GEMM).
     pub fuse_cast_du: bool,
+    /// The base's FP8 forward product (`--compute fp8`) accumulates in the
+    /// tensor cores' own precision (cuBLASLt's fast accumulation, as
+    /// [`crate::GpuLinear::fast_accum`]); the input gradient's product always
+    /// promotes to f32. True by default.
+    pub fast_accum: bool,
+    /// The base's codes transposed ahead on the side stream for the next
+    /// `quantized` backward ([`GpuLoraLinear::transpose_ahead`]).
+    ahead: std::cell::RefCell<Option<crate::block2d::Ahead>>,
 }
 
 /// An input prepared once for the layers of a group that read it (q, k, v;
@@ -267,6 +275,8 @@ impl GpuLoraLinear {
             compute,
             backward,
             fuse_cast_du: true,
+            fast_accum: true,
+            ahead: std::cell::RefCell::new(None),
         })
     }
 
@@ -280,6 +290,17 @@ impl GpuLoraLinear {
                 .adapter
                 .as_ref()
                 .is_some_and(|a| Gpu::lora_cast_du_fits(m, self.n, a.rank))
+    }
+
+    /// Start the transpose of the base's codes that the next `quantized`
+    /// backward reads, on the side stream, so that it overlaps the work
+    /// enqueued until then (nothing for other layers). The frozen codes are
+    /// constant, so the copy made ahead is the one the backward would make.
+    pub fn transpose_ahead(&self, gpu: &Gpu) -> Result<()> {
+        if let (GpuBase::Fp8(w), BackwardMode::Quantized) = (&self.base, self.backward) {
+            *self.ahead.borrow_mut() = Some(gpu.transpose_u8_ahead(&w.codes, self.n, self.k)?);
+        }
+        Ok(())
     }
 
     /// Whether this layer quantizes its input with current per-tensor scaling
@@ -408,10 +429,11 @@ impl GpuLoraLinear {
                     .as_ref()
                     .ok_or_else(|| Error::Shape("FP8 input missing".into()))?;
                 let (a, b) = (xq.q.rowwise_operand(), operand(w, &w.codes));
+                let fast = self.fast_accum;
                 if fresh {
-                    gpu.gemm_fp8(a, b, &mut y, (m, n, k), false)?;
+                    gpu.gemm_fp8(a, b, &mut y, (m, n, k), fast)?;
                 } else {
-                    gpu.gemm_fp8(a, b, &mut AddTo(y.slice_mut(..)), (m, n, k), false)?;
+                    gpu.gemm_fp8(a, b, &mut AddTo(y.slice_mut(..)), (m, n, k), fast)?;
                 }
             }
             (GpuBase::Fp8(w), Compute::Bf16) => gpu.mixed_matmul(x, m, w, &mut y)?,
@@ -513,7 +535,11 @@ impl GpuLoraLinear {
                 "an FP8 input gradient over a bf16 base".into(),
             ));
         };
-        let wt = gpu.transpose_u8(&w.codes, n, k)?;
+        let ahead = self.ahead.borrow_mut().take();
+        let wt = match ahead {
+            Some(a) => a.take()?,
+            None => gpu.transpose_u8(&w.codes, n, k)?,
+        };
         gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
     }
 }
@@ -957,8 +983,13 @@ fn saved_input(gpu: &Gpu, saved: &GpuLoraSaved, k: usize) -> Result<Rc<CudaSlice
 /// layer, then one `d_A = du^T x` and one `d_input (+)= du A` over the
 /// stacked `du^T` and `A` (one read of `x` and one pass over `d_input` for
 /// q, k and v together). The adapters' term goes into `d_input` first, the
-/// bases' products add to it. Under dropout `x` is the masked input and
-/// `du A` goes to an f32 temporary, added to `d_input` through the mask.
+/// bases' products add to it: the memory-bound `du A` (a reduction over the
+/// rank) writes `d_input` without reading it, and the compute-bound base
+/// GEMMs read it under their arithmetic. Under the fused cast + `du`
+/// ([`Gpu::lora_cast_du`]) the group's E5M2 codes of `dy` are therefore held
+/// until `du A` is in (one `(m, n)` byte buffer a layer of the group). Under
+/// dropout `x` is the masked input and `du A` goes to an f32 temporary,
+/// added to `d_input` through the mask.
 pub fn backward_group<D: GemmOut>(
     layers: &[GpuLoraLinear],
     gpu: &Gpu,
@@ -1024,6 +1055,8 @@ pub fn backward_group<D: GemmOut>(
         // or by the fused cast).
         let mut dut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA du")? };
         let mut dbs = Vec::with_capacity(ads.len());
+        // E5M2 codes of the group's dy, for the base products after `du A`.
+        let mut codes = Vec::new();
         for &(i, ad, off) in &ads {
             let (dy, n, r) = (dys[i].0, layers[i].n, ad.rank);
             let s = ad.scale_with(dropout);
@@ -1038,14 +1071,9 @@ pub fn backward_group<D: GemmOut>(
             let mut du = dut.slice_mut(off * m..(off + r) * m);
             if layers[i].fuses_cast_du(m) {
                 // dy's codes and du from one read of dy; the base's input
-                // gradient from the codes right away (one layer's codes
-                // alive at a time, as with the separate cast).
+                // gradient from the codes once `du A` is in `d_input`.
                 let gq = gpu.lora_cast_du(dy, (m, n), dys[i].1.take(), (&ad.bt, r, s), &mut du)?;
-                if std::mem::take(&mut fresh) {
-                    layers[i].base_backward_codes(gpu, m, &gq, d)?;
-                } else {
-                    layers[i].base_backward_codes(gpu, m, &gq, &mut AddTo(d.slice_mut(..)))?;
-                }
+                codes.push((i, gq));
                 based[i] = true;
             } else {
                 gpu.gemm_bf16_acc((&ad.b, true), (dy, true), &mut du, (r, m, n), (s, 0.0))?;
@@ -1084,6 +1112,9 @@ pub fn backward_group<D: GemmOut>(
                 du_a.2,
                 (1.0, 1.0),
             )?;
+        }
+        for (i, gq) in codes {
+            layers[i].base_backward_codes(gpu, m, &gq, &mut AddTo(d.slice_mut(..)))?;
         }
         // Each layer's rows of d_A (the whole buffer for a group of one).
         let mut das = Vec::with_capacity(ads.len());

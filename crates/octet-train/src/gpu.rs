@@ -332,6 +332,7 @@ pub fn train_gpu_ranked(
         model.set_reshard_after_forward(true)?;
     }
     model.set_recompute(cfg.recomputed_blocks());
+    model.set_fast_accum(cfg.fp8_fast_accum);
     let params = model.cfg.num_params();
     let mut metrics = if lead {
         Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)

@@ -113,6 +113,12 @@ pub struct TrainConfig {
     /// Activation recomputation of the first this many blocks only (0: as
     /// `recompute` says), a dial between memory and speed.
     pub recompute_blocks: usize,
+    /// GPU: the per-tensor FP8 forward products (tensorwise and delayed
+    /// recipes, LoRA's `--compute fp8` base) use cuBLASLt's fast
+    /// accumulation, as Transformer Engine and torchao do by default; the
+    /// gradients' products always promote to f32. The CPU accumulates in f32
+    /// either way.
+    pub fp8_fast_accum: bool,
 }
 
 /// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
@@ -297,6 +303,7 @@ impl Default for TrainConfig {
             saved_activations: "full".into(),
             recompute: false,
             recompute_blocks: 0,
+            fp8_fast_accum: true,
         }
     }
 }
