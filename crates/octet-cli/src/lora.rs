@@ -152,6 +152,9 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
             l.base_format = "bf16".into();
             l.compute = "bf16".into();
         }
+        // A bf16 base has no FP8 operand: its backward is the high-precision
+        // one whatever the FP8 run's (`quantized` needs an FP8 base).
+        c2.backward = "high_precision".into();
         let mut obs = bar("lora bf16 base");
         let s2 = run(&c2, None, &mut obs)?;
         obs.bar.finish();

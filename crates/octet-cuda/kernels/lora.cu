@@ -157,6 +157,9 @@ __device__ __forceinline__ void cast_du(const unsigned short* __restrict__ dy, i
     CAST_DU(FMT, FNAME, FMAX, 56)                                                                           \
     CAST_DU(FMT, FNAME, FMAX, 64)
 CAST_DU_RANKS(FMT_E5M2, e5m2, 57344.f)
+// The forward's twin, `lora_cast_du_e4m3_r<R>`: x's E4M3 codes for the base's
+// product and the adapters' u^T = A x^T (bt = the stacked A, (R, K); s = 1).
+CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 
 // out (cols, rows) = in (rows, cols)^T for 16-bit elements: one thread per
 // output element (coalesced stores; the small input is read from cache).

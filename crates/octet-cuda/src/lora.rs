@@ -149,6 +149,11 @@ pub struct GpuLoraLinear {
     /// [`crate::GpuLinear::fast_accum`]); the input gradient's product always
     /// promotes to f32. True by default.
     pub fast_accum: bool,
+    /// In forward, make the group's E4M3 input codes and its adapters' `u`
+    /// together ([`Gpu::lora_cast_u`]) where the shapes allow and no dropout
+    /// masks the adapters' input (true by default; false: the cast and a
+    /// cuBLASLt GEMM). A recomputed forward decides as the first one did.
+    pub fuse_cast_u: bool,
     /// The base's codes transposed ahead on the side stream for the next
     /// `quantized` backward ([`GpuLoraLinear::transpose_ahead`]).
     ahead: std::cell::RefCell<Option<crate::block2d::Ahead>>,
@@ -276,6 +281,7 @@ impl GpuLoraLinear {
             backward,
             fuse_cast_du: true,
             fast_accum: true,
+            fuse_cast_u: true,
             ahead: std::cell::RefCell::new(None),
         })
     }
@@ -345,6 +351,22 @@ impl GpuLoraLinear {
         (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
         output: bool,
     ) -> Result<LoraInput> {
+        let k = Self::group_width(layers, &x, m)?;
+        let xq = if layers.iter().any(|l| l.wants_fp8_input(output)) {
+            // Only the row-wise copy is read (forward GEMM, dequantized backward).
+            Some(Rc::new(Fp8Input {
+                q: gpu.quantize_tensorwise_rowwise_known(x.as_ref(), m, k, Format::E4M3, x_amax)?,
+                deq: std::cell::RefCell::new(None),
+            }))
+        } else {
+            None
+        };
+        Ok(LoraInput { m, k, x, xq })
+    }
+
+    /// The common `K` of layers that read one input `x (m, K)`; an error when
+    /// they differ in `K`, compute or backward mode, or `x` is not `(m, K)`.
+    fn group_width(layers: &[GpuLoraLinear], x: &CudaSlice<u16>, m: usize) -> Result<usize> {
         let first = layers
             .first()
             .ok_or_else(|| Error::Shape("a LoRA group of no layers".into()))?;
@@ -364,16 +386,47 @@ impl GpuLoraLinear {
                 x.len()
             )));
         }
-        let xq = if layers.iter().any(|l| l.wants_fp8_input(output)) {
-            // Only the row-wise copy is read (forward GEMM, dequantized backward).
-            Some(Rc::new(Fp8Input {
-                q: gpu.quantize_tensorwise_rowwise_known(x.as_ref(), m, k, Format::E4M3, x_amax)?,
-                deq: std::cell::RefCell::new(None),
-            }))
-        } else {
-            None
-        };
-        Ok(LoraInput { m, k, x, xq })
+        Ok(k)
+    }
+
+    /// [`GpuLoraLinear::prepare_with`], with the adapters' `u^T` made in the
+    /// same read of `x` as the E4M3 copy ([`Gpu::lora_cast_u`]) where the
+    /// base's product reads that copy, the layers' adapters form one group
+    /// ([`adapter_groups`]), no dropout masks their input and the kernel takes
+    /// the shapes. The choice does not depend on `output`, so that a
+    /// recomputed forward makes the same `u` (its codes are dropped unless
+    /// backward reads them).
+    fn prepare_group(
+        layers: &[GpuLoraLinear],
+        gpu: &Gpu,
+        (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
+        dropout: Option<Dropout>,
+        output: bool,
+    ) -> Result<(LoraInput, Option<CudaSlice<u16>>)> {
+        let k = Self::group_width(layers, &x, m)?;
+        let fused = dropout.is_none_or(|d| d.threshold() == 0)
+            && layers.iter().all(|l| l.fuse_cast_u)
+            && layers.iter().any(|l| l.wants_fp8_input(true));
+        let groups = adapter_groups(layers, m);
+        if let (true, [group]) = (fused, groups.as_slice()) {
+            let (ads, rows) = stacked(layers, group)?;
+            if Gpu::lora_cast_du_fits(m, k, rows) {
+                let a_stacked = stacked_a(gpu, &ads, rows, k)?;
+                let a = a_stacked.as_ref().unwrap_or(&ads[0].1.a);
+                // SAFETY: the kernel writes every element.
+                let mut ut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA u")? };
+                let q = gpu.lora_cast_u(&x, (m, k), x_amax, (a, rows), &mut ut.slice_mut(..))?;
+                let xq = layers.iter().any(|l| l.wants_fp8_input(output)).then(|| {
+                    Rc::new(Fp8Input {
+                        q,
+                        deq: std::cell::RefCell::new(None),
+                    })
+                });
+                return Ok((LoraInput { m, k, x, xq }, Some(ut)));
+            }
+        }
+        let input = Self::prepare_with(layers, gpu, (x, x_amax, m), output)?;
+        Ok((input, None))
     }
 
     /// Forward `y (m, N)` (bf16 bits) from a prepared input.
@@ -548,6 +601,8 @@ impl GpuLoraLinear {
 pub(crate) struct LoraKernels {
     /// `lora_cast_du_e5m2_r{8, 16, ..., 64}`.
     cast_du: Vec<CudaFunction>,
+    /// `lora_cast_du_e4m3_r{8, 16, ..., 64}` (the forward's cast + `u`).
+    cast_u: Vec<CudaFunction>,
     transpose_b16: CudaFunction,
     dropout_mask: CudaFunction,
     dropout_add_f32: CudaFunction,
@@ -577,6 +632,9 @@ impl Gpu {
         let k = LoraKernels {
             cast_du: (1..=8)
                 .map(|i| m.load_function(&format!("lora_cast_du_e5m2_r{}", 8 * i)))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+            cast_u: (1..=8)
+                .map(|i| m.load_function(&format!("lora_cast_du_e4m3_r{}", 8 * i)))
                 .collect::<std::result::Result<Vec<_>, _>>()?,
             transpose_b16: m.load_function("transpose_b16")?,
             dropout_mask: m.load_function("dropout_mask_b16")?,
@@ -710,6 +768,37 @@ impl Gpu {
         (bt, r, s): (&CudaSlice<u16>, usize, f32),
         dut: &mut CudaViewMut<'_, u16>,
     ) -> Result<DeviceFp8> {
+        self.lora_cast_product(Format::E5M2, dy, (m, n), amax, (bt, r, s), dut)
+    }
+
+    /// The forward's [`Gpu::lora_cast_du`]: one read of a LoRA group's input
+    /// `x (m, k)` (bf16 bits) for its row-wise E4M3 codes with current
+    /// per-tensor scaling (the bytes of
+    /// [`Gpu::quantize_tensorwise_rowwise_known`]) and the adapters'
+    /// `u^T = A x^T` (`(r, m)`, bf16, f32 sums) into `ut`, given the stacked
+    /// `A (r, k)`. Same shape rules as [`Gpu::lora_cast_du_fits`] (with `k`
+    /// for `n`).
+    pub fn lora_cast_u(
+        &self,
+        x: &CudaSlice<u16>,
+        (m, k): (usize, usize),
+        amax: Option<TensorAmax>,
+        (a, r): (&CudaSlice<u16>, usize),
+        ut: &mut CudaViewMut<'_, u16>,
+    ) -> Result<DeviceFp8> {
+        self.lora_cast_product(Format::E4M3, x, (m, k), amax, (a, r, 1.0), ut)
+    }
+
+    /// `lora_cast_du` in `format`: codes of `dy` and `s bt dy^T`.
+    fn lora_cast_product(
+        &self,
+        format: Format,
+        dy: &CudaSlice<u16>,
+        (m, n): (usize, usize),
+        amax: Option<TensorAmax>,
+        (bt, r, s): (&CudaSlice<u16>, usize, f32),
+        dut: &mut CudaViewMut<'_, u16>,
+    ) -> Result<DeviceFp8> {
         if !Self::lora_cast_du_fits(m, n, r)
             || dy.len() != m * n
             || bt.len() != r * n
@@ -722,8 +811,17 @@ impl Gpu {
                 dut.len()
             )));
         }
-        let kernel = &self.lora_kernels()?.cast_du[r / 8 - 1];
-        let mut out = self.rowwise_fp8_shell(dy, (m, n), Format::E5M2, amax)?;
+        let kernels = self.lora_kernels()?;
+        let kernel = match format {
+            Format::E5M2 => &kernels.cast_du[r / 8 - 1],
+            Format::E4M3 => &kernels.cast_u[r / 8 - 1],
+            _ => {
+                return Err(Error::Shape(format!(
+                    "LoRA cast + product in {format}: E4M3 or E5M2 only"
+                )))
+            }
+        };
+        let mut out = self.rowwise_fp8_shell(dy, (m, n), format, amax)?;
         // SAFETY: the kernel writes every code.
         out.rowwise = unsafe { self.alloc_uninit::<u8>(m * n, "row-wise FP8")? };
         let (mi, ni) = (m as i32, n as i32);
@@ -835,7 +933,7 @@ fn forward_layers(
     input: &LoraInput,
     dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    forward_layers_with(layers, gpu, input, dropout, true)?
+    forward_layers_with(layers, gpu, input, dropout, true, None)?
         .into_iter()
         .map(|(y, s)| match y {
             Some(y) => Ok((y, s)),
@@ -848,7 +946,8 @@ fn forward_layers(
 /// backward reads (the adapters' `u` and saved inputs: bf16, masked, or the
 /// group's FP8 copy; the frozen base keeps nothing),
 /// without the base's and `B`'s products: a recomputed forward whose output
-/// nothing reads.
+/// nothing reads. `made_ut`: the one adapter group's `u^T`, already made with
+/// the input's FP8 copy ([`GpuLoraLinear::prepare_group`]).
 #[allow(clippy::type_complexity)]
 fn forward_layers_with(
     layers: &[GpuLoraLinear],
@@ -856,6 +955,7 @@ fn forward_layers_with(
     input: &LoraInput,
     dropout: Option<Dropout>,
     output: bool,
+    made_ut: Option<CudaSlice<u16>>,
 ) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
     let (m, k) = (input.m, input.k);
     let mut saved = layers
@@ -864,6 +964,12 @@ fn forward_layers_with(
         .collect::<Result<Vec<_>>>()?;
     let dropout = dropout.filter(|d| d.threshold() > 0);
     let groups = adapter_groups(layers, m);
+    if made_ut.is_some() && (groups.len() != 1 || dropout.is_some()) {
+        return Err(Error::Shape(
+            "LoRA forward: a premade u for other than one adapter group without dropout".into(),
+        ));
+    }
+    let mut made_ut = made_ut;
     // The adapters' masked input (kept in place of x below where nothing
     // else holds x; otherwise a transient, the mask drawn again in backward).
     let masked = match dropout {
@@ -876,14 +982,23 @@ fn forward_layers_with(
     let mut after = Vec::new();
     for group in groups {
         let (ads, rows) = stacked(layers, &group)?;
-        let a_stacked = stacked_a(gpu, &ads, rows, k)?;
-        let a = match &a_stacked {
-            Some(a) => a,
-            None => &ads[0].1.a,
+        let ut = match made_ut.take() {
+            Some(ut) if ut.len() == rows * m => ut,
+            Some(ut) => {
+                return Err(Error::Shape(format!(
+                    "LoRA forward: a premade u of {} elements for ({rows}, {m})",
+                    ut.len()
+                )))
+            }
+            None => {
+                let a_stacked = stacked_a(gpu, &ads, rows, k)?;
+                let a = a_stacked.as_ref().unwrap_or(&ads[0].1.a);
+                // SAFETY: the GEMM writes every element.
+                let mut ut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA u")? };
+                gpu.gemm_bf16(a, x_adapter, &mut ut, (rows, m, k))?;
+                ut
+            }
         };
-        // SAFETY: the GEMM writes every element.
-        let mut ut: CudaSlice<u16> = unsafe { gpu.alloc_uninit(rows * m, "LoRA u")? };
-        gpu.gemm_bf16(a, x_adapter, &mut ut, (rows, m, k))?;
         let ut = Rc::new(ut);
         for &(i, ad, off) in &ads {
             saved[i].u = Some((ut.clone(), off, ad.rank));
@@ -1156,8 +1271,13 @@ pub fn forward_group(
     (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
     dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    let input = GpuLoraLinear::prepare(layers, gpu, x, x_amax, m)?;
-    forward_layers(layers, gpu, &input, dropout)
+    forward_group_with(layers, gpu, (x, x_amax, m), dropout, true)?
+        .into_iter()
+        .map(|(y, s)| match y {
+            Some(y) => Ok((y, s)),
+            None => Err(Error::Shape("LoRA forward gave no output".into())),
+        })
+        .collect()
 }
 
 /// [`forward_group`], or with `output` false only what the layers' backward
@@ -1170,6 +1290,6 @@ pub fn forward_group_with(
     dropout: Option<Dropout>,
     output: bool,
 ) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
-    let input = GpuLoraLinear::prepare_with(layers, gpu, (x, x_amax, m), output)?;
-    forward_layers_with(layers, gpu, &input, dropout, output)
+    let (input, ut) = GpuLoraLinear::prepare_group(layers, gpu, (x, x_amax, m), dropout, output)?;
+    forward_layers_with(layers, gpu, &input, dropout, output, ut)
 }

@@ -89,37 +89,48 @@ pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     stored_cases(gpu, out)
 }
 
-/// [`Gpu::lora_cast_du`] against its two separate products: the codes and
-/// `scale_inv` of the per-tensor cast, bit for bit (the same scale, multiply
-/// and conversion), and `du^T = s B^T dy^T` against an f64 product of the
-/// same bf16 values within [`BF16_OUT_TOL`] (one bf16 rounding of an f32 sum,
+/// [`Gpu::lora_cast_du`] (E5M2) and [`Gpu::lora_cast_u`] (E4M3) against
+/// their two separate products: the codes and `scale_inv` of the per-tensor
+/// cast, bit for bit (the same scale, multiply and conversion), and
+/// `du^T = s B^T dy^T` (`u^T = A x^T`) against an f64 product of the same
+/// bf16 values within [`BF16_OUT_TOL`] (one bf16 rounding of an f32 sum,
 /// relative 2^-9 per element). Shapes with fewer 64-column chunks than the
-/// block has warps, and ranks 8, 16, 24, 32 and 64 (of the 8 to 64 it takes).
+/// block has warps, and ranks 8, 16, 24, 32, 48 (q, k and v stacked) and 64
+/// (of the 8 to 64 it takes).
 fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    for (i, (m, n, r)) in [
+    for ((i, (m, n, r)), format) in [
         (64usize, 192usize, 8usize),
         (48, 128, 16),
         (32, 320, 32),
         (32, 256, 24),
         (16, 64, 64),
         (256, 5632, 16),
+        (64, 2048, 48),
     ]
     .into_iter()
     .enumerate()
+    .flat_map(|c| [(c, Format::E5M2), (c, Format::E4M3)])
     {
+        // E5M2: the backward's dy and du^T = s B^T dy^T; E4M3: the
+        // forward's x and u^T = A x^T, with B^T standing for A (s = 1).
         let seed = 2600 + 10 * i as u64;
         let dy_h = random_bf16(m * n, seed, 0.3);
         let b_h = random_bf16(n * r, seed + 1, 0.05);
-        let s = 2.0f32;
+        let s = if format == Format::E5M2 { 2.0f32 } else { 1.0 };
         let dy = gpu.upload_bf16(&dy_h)?;
         let b = gpu.upload_bf16(&b_h)?;
-        let plain = gpu.quantize_tensorwise_rowwise_known(&dy, m, n, Format::E5M2, None)?;
+        let plain = gpu.quantize_tensorwise_rowwise_known(&dy, m, n, format, None)?;
         let bt = gpu.transpose_bf16(&b, n, r)?;
         let bt_h = gpu.download(&bt)?;
         let bt_exact = (0..n * r).all(|o| bt_h[o] == b_h[(o % n) * r + o / n].to_bits());
         // SAFETY: the kernel writes every element.
         let mut dut = unsafe { gpu.alloc_uninit::<u16>(r * m, "du^T")? };
-        let fused = gpu.lora_cast_du(&dy, (m, n), None, (&bt, r, s), &mut dut.slice_mut(..))?;
+        let fused = match format {
+            Format::E5M2 => {
+                gpu.lora_cast_du(&dy, (m, n), None, (&bt, r, s), &mut dut.slice_mut(..))?
+            }
+            _ => gpu.lora_cast_u(&dy, (m, n), None, (&bt, r), &mut dut.slice_mut(..))?,
+        };
         let codes_equal = gpu.download(&fused.rowwise)? == gpu.download(&plain.rowwise)?;
         let scale_equal = gpu.download(&fused.scale_inv)?[0].to_bits()
             == gpu.download(&plain.scale_inv)?[0].to_bits();
@@ -140,8 +151,12 @@ fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             }
         }
         let e = rel_frobenius(&got, &want);
+        let what = match format {
+            Format::E5M2 => "E5M2 cast + du",
+            _ => "E4M3 cast + u (forward)",
+        };
         out.push(CaseResult {
-            name: format!("LoRA fused E5M2 cast + du (m={m}, n={n}, r={r}) vs cast and f64 product"),
+            name: format!("LoRA fused {what} (m={m}, n={n}, r={r}) vs cast and f64 product"),
             pass: codes_equal && scale_equal && bt_exact && e <= BF16_OUT_TOL,
             worst: format!(
                 "codes equal: {codes_equal}, scale_inv equal: {scale_equal}, B^T exact: {bt_exact}, du {e:.2e}"
@@ -721,6 +736,37 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     && grads.len() == sgrads.len(),
                 worst: format!(
                     "loss {loss} / {sloss}; worst grad {:.2e} ({}); top block's worst {worst_top:.2e}, its down_proj's {worst_down:.2e}; CPU model's noise {ecg:.2e}",
+                    worst.0, worst.1
+                ),
+            });
+        }
+        if compute == Compute::Fp8 && dropout == 0.0 {
+            // The forward's inputs' codes and the adapters' u in one read of
+            // each input (`lora_cast_u`, the default) against the cast and a
+            // cuBLASLt GEMM: the same codes, u within a bf16 rounding
+            // (`fused_cases`), so the loss within the bf16 allowance and the
+            // gradients within the model's own noise, as the fused du above.
+            let mut unf = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            unf.set_lora_fuse_cast_u(false);
+            unf.zero_grad()?;
+            let (uloss, usaved) = unf.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            unf.backward(usaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            let ugrads = unf.grads()?;
+            let mut worst = (0f64, String::new());
+            for ((gn, g), (_, h)) in grads.iter().zip(&ugrads) {
+                let r = rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec());
+                if r > worst.0 || r.is_nan() {
+                    worst = (r, gn.clone());
+                }
+            }
+            let el = (loss - uloss).abs() / uloss.abs();
+            out.push(CaseResult {
+                name: format!(
+                    "Llama LoRA ({name}): fused cast + u against the cast and a GEMM (loss, adapter grads)"
+                ),
+                pass: el <= 2e-3 && worst.0 <= GRAD_TOL.max(ecg) && grads.len() == ugrads.len(),
+                worst: format!(
+                    "loss {loss} / {uloss} ({el:.2e}); worst grad {:.2e} ({}); CPU model's noise {ecg:.2e}",
                     worst.0, worst.1
                 ),
             });

@@ -2924,6 +2924,16 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
+    /// LoRA mode: whether the forward makes each input's E4M3 codes and its
+    /// adapters' `u` in one read ([`GpuLoraLinear::fuse_cast_u`]; on by default).
+    pub fn set_lora_fuse_cast_u(&mut self, on: bool) {
+        for b in &mut self.blocks {
+            for l in &mut b.lora {
+                l.fuse_cast_u = on;
+            }
+        }
+    }
+
     /// LoRA mode: whether every adapter's `B^T` copy is the transpose of its
     /// `B` (the copies AdamW writes; for the conformance suite).
     pub fn lora_transposes_match(&self) -> Result<bool> {
