@@ -933,8 +933,17 @@ fn forward_layers(
     input: &LoraInput,
     dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    forward_layers_with(layers, gpu, input, dropout, true, None)?
-        .into_iter()
+    with_outputs(forward_layers_with(
+        layers, gpu, input, dropout, true, None,
+    )?)
+}
+
+/// The layers' outputs and saved states of a forward that makes its outputs.
+#[allow(clippy::type_complexity)]
+fn with_outputs(
+    outs: Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>,
+) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
+    outs.into_iter()
         .map(|(y, s)| match y {
             Some(y) => Ok((y, s)),
             None => Err(Error::Shape("LoRA forward gave no output".into())),
@@ -1271,13 +1280,13 @@ pub fn forward_group(
     (x, x_amax, m): (Rc<CudaSlice<u16>>, Option<TensorAmax>, usize),
     dropout: Option<Dropout>,
 ) -> Result<Vec<(CudaSlice<u16>, GpuLoraSaved)>> {
-    forward_group_with(layers, gpu, (x, x_amax, m), dropout, true)?
-        .into_iter()
-        .map(|(y, s)| match y {
-            Some(y) => Ok((y, s)),
-            None => Err(Error::Shape("LoRA forward gave no output".into())),
-        })
-        .collect()
+    with_outputs(forward_group_with(
+        layers,
+        gpu,
+        (x, x_amax, m),
+        dropout,
+        true,
+    )?)
 }
 
 /// [`forward_group`], or with `output` false only what the layers' backward

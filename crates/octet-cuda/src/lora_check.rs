@@ -515,6 +515,23 @@ type ModelSetup = (
     Vec<String>,
 );
 
+/// The largest relative distance between two models' gradients, in order,
+/// and its name (a NaN, or names that differ, count as the largest).
+fn worst_apart(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> (f64, String) {
+    let mut worst = (0f64, String::new());
+    for ((gn, g), (hn, h)) in a.iter().zip(b) {
+        let r = if gn == hn {
+            rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec())
+        } else {
+            f64::INFINITY
+        };
+        if r > worst.0 || r.is_nan() {
+            worst = (r, gn.clone());
+        }
+    }
+    worst
+}
+
 /// [`ModelSetup`] with weights from `seed`, tokens from `seed + 2200` and
 /// targets from `seed + 2201`.
 fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
@@ -623,20 +640,7 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             .map_err(nn)?;
         let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
         let egrads = exact.backward(es).map_err(nn)?;
-        let worst_vs = |got: &[(String, Tensor)]| -> (f64, String) {
-            let mut worst = (0f64, String::new());
-            for ((gn, g), (en, e)) in got.iter().zip(&egrads) {
-                let r = if gn == en {
-                    rel_frobenius(&g.to_f32_vec(), &e.to_f32_vec())
-                } else {
-                    f64::INFINITY
-                };
-                if r > worst.0 || r.is_nan() {
-                    worst = (r, gn.clone());
-                }
-            }
-            worst
-        };
+        let worst_vs = |got: &[(String, Tensor)]| worst_apart(got, &egrads);
         let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
         model.zero_grad()?;
         let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
@@ -644,6 +648,16 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let full_bytes = saved.bytes();
         model.backward(saved)?;
         let grads = model.grads()?;
+        // The same model with one setting changed: its loss and gradients.
+        #[allow(clippy::type_complexity)]
+        let variant = |set: &dyn Fn(&mut GpuLlama)| -> Result<(f64, Vec<(String, Tensor)>)> {
+            let mut v = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            set(&mut v);
+            v.zero_grad()?;
+            let (vloss, vsaved) = v.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            v.backward(vsaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            Ok((vloss, v.grads()?))
+        };
         let (eg, gname) = worst_vs(&grads);
         let (ecg, _) = worst_vs(&cgrads);
         let el = (loss - eloss).abs() / eloss;
@@ -667,13 +681,7 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             // The norm, attention, SwiGLU, RoPE and cast kernels compute the
             // amaxes of the FP8 base's inputs and output gradients: the same
             // scales as the amax passes, so the same loss and gradients, bit for bit.
-            let mut plain = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
-            plain.fuse_amax = false;
-            plain.zero_grad()?;
-            let (ploss, psaved) =
-                plain.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
-            plain.backward(psaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
-            let pgrads = plain.grads()?;
+            let (ploss, pgrads) = variant(&|m| m.fuse_amax = false)?;
             let differ = crate::check::differing(&grads, &pgrads);
             out.push(CaseResult {
                 name: format!(
@@ -699,19 +707,8 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             // CPU model's distance from the exact one with the same settings
             // (the dropout case hits this: 7.5e-2 here, 9.6e-2 the CPU's),
             // and the bf16 allowance where that is smaller.
-            let mut sep = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
-            sep.set_lora_fuse_cast_du(false);
-            sep.zero_grad()?;
-            let (sloss, ssaved) = sep.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
-            sep.backward(ssaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
-            let sgrads = sep.grads()?;
-            let mut worst = (0f64, String::new());
-            for ((gn, g), (_, h)) in grads.iter().zip(&sgrads) {
-                let r = rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec());
-                if r > worst.0 || r.is_nan() {
-                    worst = (r, gn.clone());
-                }
-            }
+            let (sloss, sgrads) = variant(&|m| m.set_lora_fuse_cast_du(false))?;
+            let worst = worst_apart(&grads, &sgrads);
             // The top block's down projection runs first, on the same
             // gradient in both: its adapter's gradients agree within the
             // bf16 allowance whatever happens downstream.
@@ -746,19 +743,8 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             // cuBLASLt GEMM: the same codes, u within a bf16 rounding
             // (`fused_cases`), so the loss within the bf16 allowance and the
             // gradients within the model's own noise, as the fused du above.
-            let mut unf = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
-            unf.set_lora_fuse_cast_u(false);
-            unf.zero_grad()?;
-            let (uloss, usaved) = unf.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
-            unf.backward(usaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
-            let ugrads = unf.grads()?;
-            let mut worst = (0f64, String::new());
-            for ((gn, g), (_, h)) in grads.iter().zip(&ugrads) {
-                let r = rel_frobenius(&g.to_f32_vec(), &h.to_f32_vec());
-                if r > worst.0 || r.is_nan() {
-                    worst = (r, gn.clone());
-                }
-            }
+            let (uloss, ugrads) = variant(&|m| m.set_lora_fuse_cast_u(false))?;
+            let worst = worst_apart(&grads, &ugrads);
             let el = (loss - uloss).abs() / uloss.abs();
             out.push(CaseResult {
                 name: format!(
