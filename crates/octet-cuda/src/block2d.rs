@@ -9,11 +9,8 @@
 //! grid); 128x128 scales as the CPU's row-major `(rows / 128, k / 128)` grid.
 
 use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
-use cudarc::driver::{
-    CudaEvent, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-};
+use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
-use std::sync::Arc;
 
 /// The compiled kernels.
 pub(crate) struct Block2dKernels {
@@ -193,60 +190,16 @@ impl Gpu {
         rows: usize,
         cols: usize,
     ) -> Result<CudaSlice<u8>> {
-        check_transpose_u8(input, rows, cols)?;
+        if input.len() != rows * cols || rows * cols > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "transpose of ({rows}, {cols}) from {} bytes",
+                input.len()
+            )));
+        }
+        let k = self.block2d_kernels()?;
         // SAFETY: every element is written by the kernel below.
         let mut out = unsafe { self.stream.alloc::<u8>(rows * cols) }
             .map_err(|e| oom(e, rows * cols, "transposed FP8 codes"))?;
-        self.transpose_u8_on(&self.stream, input, &mut out, (rows, cols))?;
-        Ok(out)
-    }
-
-    /// [`Gpu::transpose_u8`] of codes that no kernel writes (a frozen base's),
-    /// on the side stream, so that it overlaps the main stream's work until
-    /// [`Ahead::take`]. The buffer is allocated on the main stream (the side
-    /// stream starts after that) and freed there after the main stream waited
-    /// for the transpose, taken or not.
-    pub fn transpose_u8_ahead(
-        &self,
-        input: &CudaSlice<u8>,
-        rows: usize,
-        cols: usize,
-    ) -> Result<Ahead> {
-        check_transpose_u8(input, rows, cols)?;
-        let side = match self.side.get() {
-            Some(s) => s,
-            None => {
-                let s = self.ctx.new_stream()?;
-                self.side.get_or_init(|| s)
-            }
-        };
-        // SAFETY: every element is written by the kernel below, which the
-        // main stream waits for before any use or free.
-        let mut out = unsafe { self.stream.alloc::<u8>(rows * cols) }
-            .map_err(|e| oom(e, rows * cols, "transposed FP8 codes"))?;
-        side.wait(&self.stream.record_event(None)?)?;
-        let mut ahead = Ahead {
-            out: None,
-            done: None,
-            main: self.stream.clone(),
-        };
-        let launched = self.transpose_u8_on(side, input, &mut out, (rows, cols));
-        // Recorded even when the launch failed: the buffer's free then still
-        // follows whatever the side stream was given.
-        ahead.done = Some(side.record_event(None)?);
-        ahead.out = Some(out);
-        launched?;
-        Ok(ahead)
-    }
-
-    fn transpose_u8_on(
-        &self,
-        stream: &Arc<CudaStream>,
-        input: &CudaSlice<u8>,
-        out: &mut CudaSlice<u8>,
-        (rows, cols): (usize, usize),
-    ) -> Result<()> {
-        let k = self.block2d_kernels()?;
         let (r, c) = (rows as i32, cols as i32);
         // 4-byte accesses need both dims multiples of 4 and a 4-byte aligned
         // input (the output is a fresh allocation).
@@ -261,13 +214,12 @@ impl Gpu {
             let grid = (cols.div_ceil(32) as u32, rows.div_ceil(32) as u32, 1);
             (&k.transpose_u8, (grid, (32, 8, 1)))
         };
-        // SAFETY: lengths checked by the callers (`check_transpose_u8`, and
-        // `out` made for them); the kernels guard rows and columns.
+        // SAFETY: lengths checked above; the kernels guard rows and columns.
         unsafe {
-            stream
+            self.stream
                 .launch_builder(kern)
                 .arg(input)
-                .arg(out)
+                .arg(&mut out)
                 .arg(&r)
                 .arg(&c)
                 .launch(LaunchConfig {
@@ -276,7 +228,7 @@ impl Gpu {
                     shared_mem_bytes: 0,
                 })?;
         }
-        Ok(())
+        Ok(out)
     }
 
     /// Dequantize one FP8 copy `(rows, cols)` with f32 `scale_inv` per
@@ -454,46 +406,5 @@ impl Gpu {
                 .launch(LaunchConfig::for_num_elems((rows * stride) as u32))?;
         }
         Ok(out)
-    }
-}
-
-fn check_transpose_u8(input: &CudaSlice<u8>, rows: usize, cols: usize) -> Result<()> {
-    if input.len() != rows * cols || rows * cols > i32::MAX as usize {
-        return Err(Error::Shape(format!(
-            "transpose of ({rows}, {cols}) from {} bytes",
-            input.len()
-        )));
-    }
-    Ok(())
-}
-
-/// FP8 codes being transposed on the side stream ([`Gpu::transpose_u8_ahead`]).
-/// Dropped untaken, it still makes the main stream wait for the transpose
-/// before the buffer is freed.
-pub struct Ahead {
-    out: Option<CudaSlice<u8>>,
-    done: Option<CudaEvent>,
-    main: Arc<CudaStream>,
-}
-
-impl Ahead {
-    /// The transposed codes, once the main stream waits for them.
-    pub fn take(mut self) -> Result<CudaSlice<u8>> {
-        if let Some(done) = self.done.take() {
-            self.main.wait(&done)?;
-        }
-        self.out
-            .take()
-            .ok_or_else(|| Error::Shape("transposed codes taken twice".into()))
-    }
-}
-
-impl Drop for Ahead {
-    fn drop(&mut self) {
-        if let Some(done) = self.done.take() {
-            // Nothing to report to from a drop; a failed wait leaves a
-            // failed stream, which the next call on it reports.
-            let _ = self.main.wait(&done);
-        }
     }
 }

@@ -245,10 +245,6 @@ pub struct Gpu {
     pub(crate) nv: std::sync::OnceLock<nvfp4::NvKernels>,
     /// LoRA kernels, compiled on first use.
     pub(crate) lora_k: std::sync::OnceLock<lora::LoraKernels>,
-    /// A second stream for work on constant data that overlaps the main
-    /// stream's (transposes of frozen FP8 codes, [`block2d::Ahead`]); made on
-    /// first use.
-    pub(crate) side: std::sync::OnceLock<Arc<CudaStream>>,
     blas: Mutex<gemm::Blas>,
 }
 
@@ -288,9 +284,8 @@ impl Gpu {
         }
         let ctx = CudaContext::new(ordinal)?;
         // SAFETY: all of octet's kernels and copies go to the one stream below,
-        // in order. The two other streams, NCCL's (`nccl`) and the side stream
-        // of transposes ahead (`block2d::Ahead`), are ordered with it by
-        // explicit events, and every buffer they write is allocated on this
+        // in order. The one other stream, NCCL's (`nccl`), is ordered with it
+        // by explicit events, and every buffer it touches is allocated on this
         // stream and dropped only after this stream waited for it, so cudarc's
         // cross-stream event tracking has nothing left to order.
         unsafe { ctx.disable_event_tracking() };
@@ -374,7 +369,6 @@ impl Gpu {
             mx: std::sync::OnceLock::new(),
             nv: std::sync::OnceLock::new(),
             lora_k: std::sync::OnceLock::new(),
-            side: std::sync::OnceLock::new(),
             blas,
         })
     }

@@ -154,9 +154,6 @@ pub struct GpuLoraLinear {
     /// masks the adapters' input (true by default; false: the cast and a
     /// cuBLASLt GEMM). A recomputed forward decides as the first one did.
     pub fuse_cast_u: bool,
-    /// The base's codes transposed ahead on the side stream for the next
-    /// `quantized` backward ([`GpuLoraLinear::transpose_ahead`]).
-    ahead: std::cell::RefCell<Option<crate::block2d::Ahead>>,
 }
 
 /// An input prepared once for the layers of a group that read it (q, k, v;
@@ -282,7 +279,6 @@ impl GpuLoraLinear {
             fuse_cast_du: true,
             fast_accum: true,
             fuse_cast_u: true,
-            ahead: std::cell::RefCell::new(None),
         })
     }
 
@@ -296,17 +292,6 @@ impl GpuLoraLinear {
                 .adapter
                 .as_ref()
                 .is_some_and(|a| Gpu::lora_cast_du_fits(m, self.n, a.rank))
-    }
-
-    /// Start the transpose of the base's codes that the next `quantized`
-    /// backward reads, on the side stream, so that it overlaps the work
-    /// enqueued until then (nothing for other layers). The frozen codes are
-    /// constant, so the copy made ahead is the one the backward would make.
-    pub fn transpose_ahead(&self, gpu: &Gpu) -> Result<()> {
-        if let (GpuBase::Fp8(w), BackwardMode::Quantized) = (&self.base, self.backward) {
-            *self.ahead.borrow_mut() = Some(gpu.transpose_u8_ahead(&w.codes, self.n, self.k)?);
-        }
-        Ok(())
     }
 
     /// Whether this layer quantizes its input with current per-tensor scaling
@@ -588,11 +573,7 @@ impl GpuLoraLinear {
                 "an FP8 input gradient over a bf16 base".into(),
             ));
         };
-        let ahead = self.ahead.borrow_mut().take();
-        let wt = match ahead {
-            Some(a) => a.take()?,
-            None => gpu.transpose_u8(&w.codes, n, k)?,
-        };
+        let wt = gpu.transpose_u8(&w.codes, n, k)?;
         gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
     }
 }

@@ -2087,12 +2087,6 @@ impl<'g> GpuLlama<'g> {
         let n = b * t;
         let null: u64 = 0;
         let s = &gpu.stream;
-        // LoRA over a frozen FP8 base: each block's transposed codes are made
-        // on the side stream while the work before its backward runs (the
-        // head and the block above).
-        if let Some(last) = self.blocks.len().checked_sub(1) {
-            self.transpose_ahead(last)?;
-        }
         // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
         let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
         gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
@@ -2136,9 +2130,6 @@ impl<'g> GpuLlama<'g> {
         };
         let mut flushing = std::collections::VecDeque::new();
         for bi in (0..nblocks).rev() {
-            if bi > 0 {
-                self.transpose_ahead(bi - 1)?;
-            }
             // Kept, or (recomputed) run again from the block's input once its
             // weights are here.
             let mut kept = match bi < recomputed {
@@ -3103,18 +3094,6 @@ impl<'g> GpuLlama<'g> {
         dx: &mut Option<CudaSlice<D>>,
     ) -> Result<()> {
         self.proj_backward_group((bi, li), vec![(saved, dy, dy_amax)], dx)
-    }
-
-    /// Start the transposes of block `bi`'s frozen FP8 codes for its
-    /// `quantized` backward ([`GpuLoraLinear::transpose_ahead`]; nothing
-    /// outside LoRA, where the weights are quantized with both copies).
-    fn transpose_ahead(&self, bi: usize) -> Result<()> {
-        if self.lora.is_some() {
-            for l in &self.blocks[bi].lora {
-                l.transpose_ahead(self.gpu)?;
-            }
-        }
-        Ok(())
     }
 
     /// [`GpuLlama::proj_backward`] of block `bi`'s projections `li..`, which
