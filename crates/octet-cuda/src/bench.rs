@@ -747,18 +747,10 @@ pub fn bench_attention(
     shapes: &[(usize, usize, usize, usize)],
 ) -> Result<Vec<BenchRow>> {
     use crate::model::GpuLlama;
-    use octet_nn::llama::Llama;
-    use octet_tensor::{DType, Tensor};
-    use std::collections::HashMap;
     let mut rows = Vec::new();
     for &(b, t, h, d) in shapes {
         let cfg = crate::check::test_config(h * d, 64, 1, h, h, t);
-        let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 5)
-            .map_err(|e| Error::Shape(e.to_string()))?
-            .params()
-            .into_iter()
-            .map(|(n, t)| (n, t.clone()))
-            .collect();
+        let w = crate::check::test_weights(&cfg, 5)?;
         let model = GpuLlama::new(gpu, &cfg, &w, None)?;
         let n = b * t * h * d;
         let q = gpu.upload(&bf16_bits(&random_bf16(n, 71, 2.0)))?;

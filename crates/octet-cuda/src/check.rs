@@ -1648,12 +1648,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         (1, 64, 8, 4, 8),
     ] {
         let cfg = config(hq * d, 32, 1, hq, hkv, t);
-        let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 5)
-            .map_err(nn)?
-            .params()
-            .into_iter()
-            .map(|(n, t)| (n, t.clone()))
-            .collect();
+        let w = test_weights(&cfg, 5)?;
         let model = GpuLlama::new(gpu, &cfg, &w, None)?;
         let n = b * t;
         let qb = random_bf16(n * hq * d, 1301, 2.0);
@@ -1733,12 +1728,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let cfg = config(512, 1024, 2, 4, 4, 96);
     // B T = 384, a multiple of 128: the block-scaled weight-gradient GEMM reduces over tokens.
     let (b, t) = (4usize, 96usize);
-    let base = Llama::new_random(&cfg, DType::F32, None, 11).map_err(nn)?;
-    let w: HashMap<String, Tensor> = base
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
+    let w = test_weights(&cfg, 11)?;
     let (toks, tgts) = (test_tokens(1401, b * t), test_tokens(1402, b * t));
     let w64: HashMap<String, Tensor> = w
         .iter()
@@ -2091,20 +2081,15 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 fn recompute_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::{GpuLlama, SavedActivations};
     use octet_fp8::{BackwardMode, Recipe};
-    use octet_nn::llama::{Llama, LoraSpec};
+    use octet_nn::llama::LoraSpec;
     use octet_nn::lora::{BaseFormat, Compute};
-    use octet_tensor::{mixed::WeightScaling, DType, Tensor};
+    use octet_tensor::{mixed::WeightScaling, Tensor};
     use std::collections::HashMap;
     let (b, t) = (4, 64);
     let (toks, tgts) = (test_tokens(2301, b * t), test_tokens(2302, b * t));
     let p = TEST_ADAM;
     let cfg = test_config(256, 512, 2, 4, 2, 64);
-    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 78)
-        .map_err(|e| Error::Shape(e.to_string()))?
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
+    let w = test_weights(&cfg, 78)?;
     let lora = |compute: Compute, mode: BackwardMode| -> Result<Option<LoraSpec>> {
         Ok(Some(LoraSpec {
             rank: 8,
@@ -2246,6 +2231,21 @@ const TEST_ADAM: crate::model::AdamParams = crate::model::AdamParams {
     grad_clip: 1.0,
 };
 
+/// The f32 weights of a random Llama of `cfg` (seed `seed`), by name.
+pub(crate) fn test_weights(
+    cfg: &octet_nn::llama::LlamaConfig,
+    seed: u64,
+) -> Result<std::collections::HashMap<String, octet_tensor::Tensor>> {
+    Ok(
+        octet_nn::llama::Llama::new_random(cfg, octet_tensor::DType::F32, None, seed)
+            .map_err(|e| Error::Shape(e.to_string()))?
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect(),
+    )
+}
+
 /// A byte-vocabulary Llama config of the given width `c`, MLP width `f`,
 /// layers `l`, heads `hq` / `hkv` and context `t`, for the GPU model checks.
 pub(crate) fn test_config(
@@ -2289,9 +2289,6 @@ pub(crate) fn test_config(
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::GpuLlama;
     use crate::nccl::NcclComm;
-    use octet_nn::llama::Llama;
-    use octet_tensor::{DType, Tensor};
-    use std::collections::HashMap;
     let (b, t) = (4, 64);
     let (toks, tgts) = (test_tokens(2201, b * t), test_tokens(2202, b * t));
     let p = TEST_ADAM;
@@ -2306,12 +2303,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             "blockwise" => test_config(512, 1024, 2, 4, 4, 64),
             _ => test_config(256, 512, 2, 4, 2, 64),
         };
-        let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, 77)
-            .map_err(|e| Error::Shape(e.to_string()))?
-            .params()
-            .into_iter()
-            .map(|(n, t)| (n, t.clone()))
-            .collect();
+        let w = test_weights(&cfg, 77)?;
         let run = |model: &mut GpuLlama<'_>| -> Result<Vec<f64>> {
             let mut losses = Vec::new();
             for _ in 0..3 {

@@ -536,12 +536,7 @@ fn worst_apart(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> (f64, String) 
 /// targets from `seed + 2201`.
 fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
     let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
-    let w: HashMap<String, Tensor> = Llama::new_random(&cfg, DType::F32, None, seed)
-        .map_err(nn)?
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
+    let w = crate::check::test_weights(&cfg, seed)?;
     let tokens = |s: u64| crate::check::test_tokens(s, b * t);
     let targets = ["q", "k", "v", "o", "gate", "up", "down"]
         .map(String::from)
