@@ -90,8 +90,10 @@ pub struct TrainArgs {
     /// GPU: keep the activations that only the norms', SwiGLU's and the
     /// attention's backward read in `fp8` (E4M3, a factor per row: norm
     /// inputs at 1/4 of f32, SwiGLU inputs at 1/2 of bf16; the attention
-    /// output not at all where the o projection keeps an FP8 copy) or `full`
-    /// (the default). The forward and loss are unchanged.
+    /// output not at all where the o projection keeps an FP8 copy; in `octet
+    /// lora` with the quantized backward, the adapters' inputs as the E4M3
+    /// codes the base's product read) or `full` (the default). The forward
+    /// and loss are unchanged.
     #[arg(long)]
     saved_activations: Option<String>,
     /// Activation recomputation: keep only each block's input residual for

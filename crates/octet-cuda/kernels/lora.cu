@@ -173,6 +173,213 @@ CAST_DU_RANKS(FMT_E5M2, e5m2, 57344.f)
 // product and the adapters' u^T = A x^T (bt = the stacked A, (R, K); s = 1).
 CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 
+// `lora_da_e4m3_mt<MT>` (MT = 1..4 tiles of 16 adapter rows, R <= 16 MT):
+// the adapters' weight gradient d_A = du^T x from the E4M3 codes of x that
+// the forward kept (the base's product read them), without a bf16 copy of x:
+// part[s] (R, K) = du^T[:, tokens of split s] . codes[tokens of s, :], with
+// the codes' exact values (every E4M3 value is a bf16) and f32 sums on the
+// tensor cores (mma.m16n8k16: rank rows as M, tokens as K, features as N).
+// `lora_da_reduce` then adds the splits in order and multiplies by x's one
+// dequantization factor, so the result does not depend on timing.
+//
+// Block: 8 warps over 256 features and one range of tokens (a split), 16
+// tokens a step. Each step's codes (16 rows of 256 bytes) and du^T columns
+// (16 MT rows of 16 tokens) are copied to shared memory by cp.async, up to
+// ST - 2 steps ahead, ST = 8, 7, 6 stages for MT <= 2, 3, 4 (what 48 KB of
+// static shared memory holds; 16 to 24 KB of loads in flight a block). The two groups
+// of 4 warps take alternate steps (group 0 the even ones) and add their
+// sums through shared memory at the end, group 1's into group 0's, in that
+// order. Warp w of a group takes features 64w .. 64w + 63; thread g = lane
+// / 4 reads 8 adjacent ones (8g .. 8g + 7) of token rows 2t, 2t + 1, 2t + 8,
+// 2t + 9 (t = lane % 4), so column g of n8 tile j is its feature 8g + j,
+// and C[.][2t], C[.][2t + 1] of tile j are features 16t + j and 16t + 8 + j:
+// the thread ends with 16 adjacent features of rows g and g + 8 of each row
+// tile, written as four 16-byte stores each. Shared rows are padded (272
+// and 48 bytes) so that these reads take one pass each.
+//
+// The codes become bf16 on the integer and FMA pipes (`e4m3x2_to_bf16x2_int`),
+// not the conversion unit, which limited the first version of this kernel.
+//
+// Requirements checked by the host: M % 16 == 0, T % 16 == 0, K % 16 == 0,
+// 1 <= R <= 16 MT, 16-byte aligned buffers.
+
+#define DA_GROUPS 2
+#define DA_WARPS (4 * DA_GROUPS)
+#define DA_F 256
+#define DA_XS (DA_F + 16)  // bytes a shared row of codes
+#define DA_US 24           // bf16 a shared row of du^T (16 tokens + padding)
+
+// Two E4M3 codes (bytes 0 and 1 of v) -> bf16x2 (byte 0 in the low half),
+// exactly: each code's sign, exponent and mantissa bits placed in a bf16,
+// which then holds the code's value times 2^-120 (E4M3 subnormals become
+// bf16 subnormals), and one exact multiply by 2^120. A NaN code (0x7f,
+// 0xff) reads as +-480 here; such codes come only from a NaN input, whose
+// forward product is NaN already.
+__device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_int(unsigned int v) {
+    const unsigned int w = __byte_perm(v, 0u, 0x1404);  // [0, code 0, 0, code 1]
+    const unsigned int bits = (w & 0x80008000u) | ((w >> 4) & 0x07F007F0u);
+    unsigned int r;
+    // fma with -0 (sm_80; mul.bf16x2 needs sm_90): +-0 and every product stay exact.
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(0x7B807B80u), "r"(0x80008000u));
+    return r;
+}
+
+template <int MT>
+__device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, int R,
+                                        const unsigned char* __restrict__ x, int M, int K, int T,
+                                        float* __restrict__ part) {
+    constexpr int DA_ST = MT <= 2 ? 8 : MT == 3 ? 7 : 6;
+    __shared__ __align__(16) unsigned char xs[DA_ST][16 * DA_XS];
+    __shared__ __align__(16) unsigned short us[DA_ST][16 * MT * DA_US];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = warp >> 2, wq = warp & 3;
+    const int g = lane >> 2, t = lane & 3;
+    const int f0 = blockIdx.x * DA_F;
+    const int t0 = blockIdx.y * T, t1 = min(M, t0 + T);
+    const int steps = t1 > t0 ? (t1 - t0) / 16 : 0;
+    // Stage `i % DA_ST` <- step `i`: 16 rows x 256 codes (one 16-byte chunk
+    // a thread; features past K are zero-filled) and 16 MT rows x 16 tokens
+    // of du^T (rows past R zero-filled). One commit group a step, empty past the end.
+    auto load = [&](int i) {
+        if (i < steps) {
+            const int tb = t0 + 16 * i, slot = i % DA_ST;
+            {
+                const int c = threadIdx.x;
+                const int row = c / (DA_F / 16), col = (c % (DA_F / 16)) * 16;
+                const bool ok = f0 + col < K;
+                const unsigned char* src = x + (size_t)(tb + row) * K + (ok ? f0 + col : 0);
+                cp_async16(smem_addr(&xs[slot][row * DA_XS + col]), src, ok ? 16 : 0);
+            }
+            if (threadIdx.x < 16 * MT * 2) {
+                const int c = threadIdx.x;
+                const int row = c >> 1, half = (c & 1) * 8;
+                const bool ok = row < R;
+                const unsigned short* src = dut + (size_t)(ok ? row : 0) * M + tb + half;
+                cp_async16(smem_addr(&us[slot][row * DA_US + half]), src, ok ? 16 : 0);
+            }
+        }
+        cp_commit();
+    };
+    float acc[MT][8][4];
+#pragma unroll
+    for (int i = 0; i < MT; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
+#pragma unroll
+    for (int i = 0; i < DA_ST - 2; i++) load(i);
+    for (int i = 0; i < steps; i += DA_GROUPS) {
+        // Steps i and i + 1 have landed (at most ST - 4 later ones pending).
+        cp_wait<DA_ST - 2 - DA_GROUPS>();
+        __syncthreads();
+        // The slots refilled here were read in the previous pair of steps,
+        // which every thread has left.
+#pragma unroll
+        for (int q = 0; q < DA_GROUPS; q++) load(i + DA_ST - 2 + q);
+        const int step = i + grp;
+        if (step >= steps) continue;
+        const int slot = step % DA_ST;
+        const unsigned char* xr = &xs[slot][64 * wq + 8 * g];
+        const uint2 r0 = *reinterpret_cast<const uint2*>(xr + (2 * t) * DA_XS);
+        const uint2 r1 = *reinterpret_cast<const uint2*>(xr + (2 * t + 1) * DA_XS);
+        const uint2 r8 = *reinterpret_cast<const uint2*>(xr + (2 * t + 8) * DA_XS);
+        const uint2 r9 = *reinterpret_cast<const uint2*>(xr + (2 * t + 9) * DA_XS);
+        unsigned int a[MT][4];
+#pragma unroll
+        for (int m = 0; m < MT; m++) {
+            const unsigned int* u0 = reinterpret_cast<const unsigned int*>(&us[slot][(16 * m + g) * DA_US]);
+            const unsigned int* u1 = u0 + 4 * DA_US;  // row g + 8
+            a[m][0] = u0[t];
+            a[m][1] = u1[t];
+            a[m][2] = u0[t + 4];
+            a[m][3] = u1[t + 4];
+        }
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            // Byte j of two token rows -> the pair (row 2t, row 2t + 1) of feature 8g + j.
+            const unsigned int sel = (j & 3) | ((4 + (j & 3)) << 4);
+            const unsigned int lo01 = j < 4 ? r0.x : r0.y, hi01 = j < 4 ? r1.x : r1.y;
+            const unsigned int lo89 = j < 4 ? r8.x : r8.y, hi89 = j < 4 ? r9.x : r9.y;
+            const unsigned int b0 = e4m3x2_to_bf16x2_int(__byte_perm(lo01, hi01, sel));
+            const unsigned int b1 = e4m3x2_to_bf16x2_int(__byte_perm(lo89, hi89, sel));
+#pragma unroll
+            for (int m = 0; m < MT; m++) mma_bf16(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
+        }
+    }
+    cp_wait<0>();
+    // Group 1's sums into group 0's, one row tile at a time through the
+    // codes' buffer (128 threads x 32 floats = 16 KB).
+    float* red = reinterpret_cast<float*>(&xs[0][0]);
+    const int tid = threadIdx.x & 127;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+        __syncthreads();
+        if (grp == 1) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) red[(j * 4 + e) * 128 + tid] = acc[m][j][e];
+        }
+        __syncthreads();
+        if (grp == 0) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) acc[m][j][e] += red[(j * 4 + e) * 128 + tid];
+        }
+    }
+    // Rows g and g + 8 of each row tile: features 16t .. 16t + 15 of the warp's 64.
+    const int f = f0 + 64 * wq + 16 * t;
+    if (grp != 0 || f >= K) return;
+    float* P = part + (size_t)blockIdx.y * R * K + f;
+#pragma unroll
+    for (int m = 0; m < MT; m++) {
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int row = 16 * m + g + 8 * h;
+            if (row >= R) continue;
+            float4* p = reinterpret_cast<float4*>(P + (size_t)row * K);
+            p[0] = make_float4(acc[m][0][2 * h], acc[m][1][2 * h], acc[m][2][2 * h], acc[m][3][2 * h]);
+            p[1] = make_float4(acc[m][4][2 * h], acc[m][5][2 * h], acc[m][6][2 * h], acc[m][7][2 * h]);
+            p[2] = make_float4(acc[m][0][2 * h + 1], acc[m][1][2 * h + 1], acc[m][2][2 * h + 1], acc[m][3][2 * h + 1]);
+            p[3] = make_float4(acc[m][4][2 * h + 1], acc[m][5][2 * h + 1], acc[m][6][2 * h + 1], acc[m][7][2 * h + 1]);
+        }
+    }
+}
+
+#define LORA_DA(MT)                                                                                      \
+    extern "C" __global__ void __launch_bounds__(DA_WARPS * 32)                                          \
+        lora_da_e4m3_mt##MT(const unsigned short* __restrict__ dut, int R,                               \
+                            const unsigned char* __restrict__ x, int M, int K, int T,                    \
+                            float* __restrict__ part) {                                                  \
+        lora_da<MT>(dut, R, x, M, K, T, part);                                                           \
+    }
+LORA_DA(1)
+LORA_DA(2)
+LORA_DA(3)
+LORA_DA(4)
+
+// out[i] = scale_inv * (part[0][i] + part[1][i] + ... + part[S-1][i]), in
+// that order; grid-stride over the n elements of one split, 4 a thread
+// (n % 4 == 0, 16-byte aligned buffers).
+extern "C" __global__ void lora_da_reduce(const float* __restrict__ part, int S, long long n,
+                                          const float* __restrict__ scale_inv, float* __restrict__ out) {
+    const float f = *scale_inv;
+    const float4* p = reinterpret_cast<const float4*>(part);
+    const long long n4 = n / 4;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
+         i += (long long)gridDim.x * blockDim.x) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < S; s++) {
+            const float4 q = __ldg(p + s * n4 + i);
+            v.x += q.x;
+            v.y += q.y;
+            v.z += q.z;
+            v.w += q.w;
+        }
+        reinterpret_cast<float4*>(out)[i] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
+    }
+}
+
 // out (cols, rows) = in (rows, cols)^T for 16-bit elements: one thread per
 // output element (coalesced stores; the small input is read from cache).
 extern "C" __global__ void transpose_b16(const unsigned short* __restrict__ in, int rows, int cols,

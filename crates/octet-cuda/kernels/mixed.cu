@@ -26,34 +26,6 @@
 #define SCALE_ROW 1
 #define SCALE_BLOCK 2
 
-// Two FP8 codes (low byte first) -> two f32, exactly: FP8 -> f16x2 by the
-// hardware conversion, then f16 -> f32.
-template <int FMT>
-__device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
-    unsigned short v = (unsigned short)two;
-    unsigned int h;
-    if (FMT == FMT_E4M3) {
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
-    } else {
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(v));
-    }
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h));
-}
-
-// Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: f32 ->
-// bf16 is exact for every FP8 value (E4M3 and E5M2 values fit bf16's
-// exponent and mantissa).
-template <int FMT>
-__device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
-    float lo, hi;
-    fp8x2_to_f32x2<FMT>(two, lo, hi);
-    unsigned int r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 // Output element: f32 or bf16 bits (round to nearest even).
 template <typename T> struct Out;
 template <> struct Out<float> {

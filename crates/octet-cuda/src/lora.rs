@@ -28,12 +28,15 @@
 //! call. Either transient is one matrix, freed before the next layer's
 //! backward, so no step holds a second persistent copy of the base. The
 //! adapter saves its input once per group (the FP8 row-wise copy under the
-//! `dequantized` backward, the very copy the base GEMM read under
+//! `dequantized` backward, and under the `quantized` one with
+//! [`GpuLoraLinear::fp8_saved_input`]: the very copy the base GEMM read under
 //! `Compute::Fp8`; the bf16 activation otherwise) and `u^T (r, M)` (rows of
-//! the group's stacked buffer). In backward the group's FP8 input is
-//! dequantized to bf16 once and shared. The adapters' backward is grouped
-//! too: per layer `d_B = s dy^T u` and `du^T = s B^T dy^T` into one stacked
-//! buffer, then one `d_A = du^T x` and one `d_input = du A` for the group.
+//! the group's stacked buffer). The adapters' backward is grouped too: per
+//! layer `d_B = s dy^T u` and `du^T = s B^T dy^T` into one stacked buffer,
+//! then one `d_A = du^T x` and one `d_input = du A` for the group. `d_A`
+//! reads the FP8 input's codes directly ([`Gpu::lora_da_e4m3`]); under
+//! dropout (whose mask it would need) the group's FP8 input is dequantized
+//! to bf16 once instead, and a GEMM reads that.
 //! In the `quantized` backward `du^T` and the E5M2 codes of `dy` come from
 //! one read of `dy` ([`Gpu::lora_cast_du`], which reads `B^T`, kept beside
 //! `B` by the model's AdamW), and that layer's base input gradient is added
@@ -154,6 +157,12 @@ pub struct GpuLoraLinear {
     /// masks the adapters' input (true by default; false: the cast and a
     /// cuBLASLt GEMM). A recomputed forward decides as the first one did.
     pub fuse_cast_u: bool,
+    /// Under the `quantized` backward, keep the adapter's input as the E4M3
+    /// row-wise codes the base's product read, not the bf16 activation (the
+    /// model sets it for [`crate::model::SavedActivations::Fp8`]); `d_A` is
+    /// then made from the codes ([`Gpu::lora_da_e4m3`]). The `dequantized`
+    /// backward always keeps the codes, `high_precision` never. False by default.
+    pub fp8_saved_input: bool,
 }
 
 /// An input prepared once for the layers of a group that read it (q, k, v;
@@ -279,6 +288,7 @@ impl GpuLoraLinear {
             fuse_cast_du: true,
             fast_accum: true,
             fuse_cast_u: true,
+            fp8_saved_input: false,
         })
     }
 
@@ -310,7 +320,18 @@ impl GpuLoraLinear {
     /// for the adapter's saved input under the dequantized backward.
     fn wants_fp8_input(&self, output: bool) -> bool {
         (output && self.compute == Compute::Fp8 && matches!(self.base, GpuBase::Fp8(_)))
-            || (self.adapter.is_some() && self.backward == BackwardMode::Dequantized)
+            || self.keeps_fp8_input()
+    }
+
+    /// Whether the adapter keeps its input as E4M3 codes (see
+    /// [`GpuLoraLinear::fp8_saved_input`]).
+    fn keeps_fp8_input(&self) -> bool {
+        self.adapter.is_some()
+            && match self.backward {
+                BackwardMode::Dequantized => true,
+                BackwardMode::Quantized => self.fp8_saved_input,
+                BackwardMode::HighPrecision => false,
+            }
     }
 
     /// Prepare `x (m, K)` (bf16 bits) for `layers`, which must share `K`,
@@ -491,7 +512,7 @@ impl GpuLoraLinear {
             x_masked: false,
         };
         if self.adapter.is_some() {
-            if self.backward == BackwardMode::Dequantized {
+            if self.keeps_fp8_input() {
                 saved.xq = Some(
                     input
                         .xq
@@ -584,6 +605,9 @@ pub(crate) struct LoraKernels {
     cast_du: Vec<CudaFunction>,
     /// `lora_cast_du_e4m3_r{8, 16, ..., 64}` (the forward's cast + `u`).
     cast_u: Vec<CudaFunction>,
+    /// `lora_da_e4m3_mt{1..4}` (d_A from the input's E4M3 codes, ranks up to 64).
+    da: Vec<CudaFunction>,
+    da_reduce: CudaFunction,
     transpose_b16: CudaFunction,
     dropout_mask: CudaFunction,
     dropout_add_f32: CudaFunction,
@@ -617,6 +641,10 @@ impl Gpu {
             cast_u: (1..=8)
                 .map(|i| m.load_function(&format!("lora_cast_du_e4m3_r{}", 8 * i)))
                 .collect::<std::result::Result<Vec<_>, _>>()?,
+            da: (1..=4)
+                .map(|i| m.load_function(&format!("lora_da_e4m3_mt{i}")))
+                .collect::<std::result::Result<Vec<_>, _>>()?,
+            da_reduce: m.load_function("lora_da_reduce")?,
             transpose_b16: m.load_function("transpose_b16")?,
             dropout_mask: m.load_function("dropout_mask_b16")?,
             dropout_add_f32: m.load_function("dropout_add_f32")?,
@@ -768,6 +796,89 @@ impl Gpu {
         ut: &mut CudaViewMut<'_, u16>,
     ) -> Result<DeviceFp8> {
         self.lora_cast_product(Format::E4M3, x, (m, k), amax, (a, r, 1.0), ut)
+    }
+
+    /// Whether [`Gpu::lora_da_e4m3`] takes `m` tokens of width `k` and `r`
+    /// adapter rows: `m` and `k` multiples of 16, `r` from 1 to 64.
+    pub fn lora_da_fits(m: usize, k: usize, r: usize) -> bool {
+        m.is_multiple_of(16)
+            && k.is_multiple_of(16)
+            && m > 0
+            && k > 0
+            && (1..=64).contains(&r)
+            && m.max(r) * k <= i32::MAX as usize
+    }
+
+    /// The adapters' weight gradient `d_A = du^T x` (`(r, k)`, f32) from the
+    /// row-wise E4M3 codes of `x (m, k)` that the forward kept (`xq`, per
+    /// tensor), without a bf16 copy of `x`: the codes' exact values times
+    /// the bf16 `du^T (r, m)` with f32 sums on the tensor cores, over
+    /// fixed ranges of tokens added in order, then times `xq`'s one
+    /// dequantization factor. Shapes as [`Gpu::lora_da_fits`].
+    pub fn lora_da_e4m3(
+        &self,
+        dut: &CudaSlice<u16>,
+        r: usize,
+        xq: &DeviceFp8,
+        (m, k): (usize, usize),
+    ) -> Result<CudaSlice<f32>> {
+        if !Self::lora_da_fits(m, k, r)
+            || dut.len() != r * m
+            || xq.format != Format::E4M3
+            || (xq.rows, xq.cols) != (m, k)
+            || xq.rowwise.len() != m * k
+        {
+            return Err(Error::Shape(format!(
+                "LoRA d_A from FP8: du^T of {} elements as ({r}, {m}), {} input of {} codes as ({m}, {k}); needs E4M3 row-wise codes, m % 16 == 0, k % 16 == 0, r in 1..=64",
+                dut.len(),
+                xq.format,
+                xq.rowwise.len()
+            )));
+        }
+        let kernels = self.lora_kernels()?;
+        // At most one block of 256 features an SM (each keeps 16-24 KB of
+        // loads in flight), all in one wave: few splits, so that their f32
+        // sums stay a small part of the traffic; each split a whole number of
+        // 16-token steps.
+        let cols = k.div_ceil(256);
+        let want = (self.sm_count.max(1) as usize / cols).max(1);
+        let splits = want.clamp(1, m / 16);
+        let per = (m.div_ceil(splits)).div_ceil(16) * 16;
+        let splits = m.div_ceil(per);
+        // SAFETY: every block writes all (r, k) entries of its split's
+        // part (its 256 features, every row), and the reduce every output.
+        let mut part: CudaSlice<f32> = unsafe { self.alloc_uninit(splits * r * k, "d_A parts")? };
+        let mut da: CudaSlice<f32> = unsafe { self.alloc_uninit(r * k, "d_lora_A")? };
+        let (ri, mi, ki, ti) = (r as i32, m as i32, k as i32, per as i32);
+        // SAFETY: shapes checked above (16-byte copies inside rows of k % 16
+        // == 0 codes and of du^T's m % 16 == 0 tokens, 16-byte stores inside
+        // rows of k; fresh allocations are 256-byte aligned).
+        unsafe {
+            self.stream
+                .launch_builder(&kernels.da[r.div_ceil(16) - 1])
+                .arg(dut)
+                .arg(&ri)
+                .arg(&xq.rowwise)
+                .arg(&mi)
+                .arg(&ki)
+                .arg(&ti)
+                .arg(&mut part)
+                .launch(LaunchConfig {
+                    grid_dim: (cols as u32, splits as u32, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+            let (si, n) = (splits as i32, (r * k) as i64);
+            self.stream
+                .launch_builder(&kernels.da_reduce)
+                .arg(&part)
+                .arg(&si)
+                .arg(&n)
+                .arg(&xq.scale_inv)
+                .arg(&mut da)
+                .launch(elementwise_grid((r * k).div_ceil(4)))?;
+        }
+        Ok(da)
     }
 
     /// `lora_cast_du` in `format`: codes of `dy` and `s bt dy^T`.
@@ -1185,16 +1296,24 @@ pub fn backward_group<D: GemmOut>(
             }
             dbs.push(db);
         }
-        let x = saved_input(gpu, &saved[ads[0].0], k)?;
-        let masked = match dropout {
-            Some(d) if !x_masked => Some(gpu.dropout_mask(&x, &d)?),
-            _ => None,
+        let da = match saved[ads[0].0].rowwise_e4m3() {
+            // Straight from the codes the forward kept (no dropout mask to apply).
+            Some(q) if dropout.is_none() && Gpu::lora_da_fits(m, k, rows) => {
+                gpu.lora_da_e4m3(&dut, rows, &q.q, (m, k))?
+            }
+            _ => {
+                let x = saved_input(gpu, &saved[ads[0].0], k)?;
+                let masked = match dropout {
+                    Some(d) if !x_masked => Some(gpu.dropout_mask(&x, &d)?),
+                    _ => None,
+                };
+                let x = masked.as_ref().unwrap_or(x.as_ref());
+                // SAFETY: the GEMM writes every element.
+                let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };
+                gpu.gemm_bf16_op((&dut, false), (x, false), &mut da, (rows, k, m))?;
+                da
+            }
         };
-        let x = masked.as_ref().unwrap_or(x.as_ref());
-        // SAFETY: the GEMM writes every element.
-        let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };
-        gpu.gemm_bf16_op((&dut, false), (x, false), &mut da, (rows, k, m))?;
-        drop(masked);
         let a_stacked = stacked_a(gpu, &ads, rows, k)?;
         let a = match &a_stacked {
             Some(a) => a,

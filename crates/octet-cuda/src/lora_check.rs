@@ -83,7 +83,9 @@ fn layer_pair(
 /// All GPU LoRA cases.
 pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     fused_cases(gpu, out)?;
+    da_cases(gpu, out)?;
     layer_cases(gpu, out)?;
+    fp8_saved_layer_cases(gpu, out)?;
     dropout_cases(gpu, out)?;
     model_cases(gpu, out)?;
     stored_cases(gpu, out)
@@ -161,6 +163,84 @@ fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             worst: format!(
                 "codes equal: {codes_equal}, scale_inv equal: {scale_equal}, B^T exact: {bt_exact}, du {e:.2e}"
             ),
+        });
+    }
+    Ok(())
+}
+
+/// [`Gpu::lora_da_e4m3`] against an f64 product of the same values: `d_A =
+/// f du^T c` for bf16 `du^T (r, m)`, the E4M3 codes `c (m, k)` of a random
+/// input (their exact values) and the codes' factor `f`. Every product of a
+/// bf16 and an E4M3 value is exact in f32; each of the at most `m` f32
+/// additions of a sum (the splits' sums and their sum in order) and the
+/// final multiply round by at most 2^-24 of a value bounded by the sum of
+/// the absolute terms `S`, so each element is within `(m + 1) 2^-24 S` of
+/// f64; the check allows twice that (for the tensor cores' internal
+/// accumulation order). Ranks 1 to 64 (partial row tiles: 8, 24, 40),
+/// widths that leave part of a 256-feature block (272, 80), and one split
+/// or many. The last case's input spans 2^-30 to 2^6 (log-uniform), so that
+/// its codes include E4M3 subnormals (checked), which the kernel decodes
+/// with integer operations.
+fn da_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let cases = [
+        (64usize, 256usize, 16usize),
+        (48, 272, 48),
+        (16, 80, 8),
+        (2048, 512, 24),
+        (256, 5632, 16),
+        (1024, 2048, 48),
+        (32, 1024, 64),
+        (96, 320, 40),
+        (16, 256, 1),
+        (512, 768, 32),
+    ];
+    for (i, &(m, k, r)) in cases.iter().enumerate() {
+        let seed = 2700 + 10 * i as u64;
+        let wide = i + 1 == cases.len();
+        let mut x_h = random_bf16(m * k, seed, 2.0);
+        if wide {
+            for v in &mut x_h {
+                let u = v.to_f32() / 2.0;
+                *v = half::bf16::from_f32(u.signum() * 2f32.powf(u.abs() * 36.0 - 30.0));
+            }
+        }
+        let du_h = random_bf16(r * m, seed + 1, 0.01);
+        let x = gpu.upload_bf16(&x_h)?;
+        let du = gpu.upload_bf16(&du_h)?;
+        let xq = gpu.quantize_tensorwise_rowwise_known(&x, m, k, Format::E4M3, None)?;
+        let got = gpu.download(&gpu.lora_da_e4m3(&du, r, &xq, (m, k))?)?;
+        let codes = gpu.download(&xq.rowwise)?;
+        let subnormals = codes
+            .iter()
+            .filter(|&&c| c & 0x78 == 0 && c & 7 != 0)
+            .count();
+        let f = f64::from(gpu.download(&xq.scale_inv)?[0]);
+        let vals: Vec<f64> = codes
+            .iter()
+            .map(|&c| f64::from(Format::E4M3.decode(c)))
+            .collect();
+        let (mut worst, mut ok) = (0f64, true);
+        for j in 0..r {
+            for c in 0..k {
+                let (mut sum, mut abs) = (0f64, 0f64);
+                for t in 0..m {
+                    let p = f64::from(du_h[j * m + t].to_f32()) * vals[t * k + c];
+                    sum += p;
+                    abs += p.abs();
+                }
+                let err = (f64::from(got[j * k + c]) - f * sum).abs();
+                let bound = 2.0 * (m as f64 + 1.0) * 2f64.powi(-24) * f * abs;
+                worst = worst.max(err / bound.max(f64::MIN_POSITIVE));
+                ok &= err <= bound;
+            }
+        }
+        out.push(CaseResult {
+            name: format!(
+                "LoRA d_A from E4M3 codes (m={m}, k={k}, r={r}{}) vs f64 of the same values",
+                if wide { ", input over 2^-30..2^6" } else { "" }
+            ),
+            pass: ok && (!wide || subnormals > 0),
+            worst: format!("worst error / bound {worst:.3}; {subnormals} subnormal codes"),
         });
     }
     Ok(())
@@ -336,6 +416,78 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             Ok(_) => "accepted".into(),
         },
     });
+    Ok(())
+}
+
+/// The `quantized` backward keeping the adapter's input as its E4M3 codes
+/// ([`GpuLoraLinear::fp8_saved_input`]): `y`, `d_input` and `d_B` against the
+/// CPU layer's `quantized` backward (the same math), `d_A` against its
+/// `dequantized` one (`d_A` from the dequantized input, as here), within the
+/// layer cases' tolerances; saved bytes exactly `2 M r` for `u` and `M K +
+/// 4` for the codes and their factor. Rank 16 reads the codes in
+/// [`Gpu::lora_da_e4m3`]; rank 80 (above its 64) dequantizes them for a GEMM.
+fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let alpha = 32.0f64;
+    for (ci, (m, k, n, r)) in [(96usize, 256usize, 192usize, 16usize), (64, 128, 80, 80)]
+        .into_iter()
+        .enumerate()
+    {
+        let seed = 4100 + 10 * ci as u64;
+        let w = bf16_tensor(&[n, k], seed, 0.05)?;
+        let x = bf16_tensor(&[m, k], seed + 1, 1.0)?;
+        let dy = bf16_tensor(&[m, n], seed + 2, 0.1)?;
+        let a = bf16_tensor(&[r, k], seed + 3, 1.0 / (k as f32).sqrt())?;
+        let b = bf16_tensor(&[n, r], seed + 4, 0.02)?;
+        let format = BaseFormat::Fp8(WeightScaling::Tensor);
+        let cpu_grads = |mode: BackwardMode| -> Result<(Tensor, octet_nn::lora::LoraGrads)> {
+            let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
+            let base = Base::new(&w, format).map_err(nn)?;
+            let ad = Adapter {
+                a: a.clone(),
+                b: b.clone(),
+                alpha,
+            };
+            let mut cpu = LoraLinear::new(base, Some(ad), Compute::Fp8, recipe).map_err(nn)?;
+            let (y, saved) = cpu.forward(&x, true).map_err(nn)?;
+            Ok((y, cpu.backward(saved, &dy).map_err(nn)?))
+        };
+        let (y_ref, g_q) = cpu_grads(BackwardMode::Quantized)?;
+        let (_, g_d) = cpu_grads(BackwardMode::Dequantized)?;
+        let recipe = Recipe::from_name("tensorwise")?.with_backward(BackwardMode::Quantized)?;
+        let base = Base::new(&w, format).map_err(nn)?;
+        let (_, mut layer) = layer_pair(
+            gpu,
+            base,
+            (a.clone(), b.clone(), alpha),
+            Compute::Fp8,
+            recipe,
+        )?;
+        layer.fp8_saved_input = true;
+        let xg = Rc::new(gpu.upload(&bits(&x))?);
+        let mut outs =
+            crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
+        let (y, saved) = outs
+            .pop()
+            .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
+        let saved_bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
+        let want_bytes = 2 * m * r + m * k + 4;
+        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?, None)?;
+        let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
+        let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
+        let ey = rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec());
+        let ex = rel_frobenius(&gpu.download(&dx)?, &want(&g_q.d_input));
+        let ea = rel_frobenius(&gpu.download(&da)?, &want(&g_d.d_a));
+        let eb = rel_frobenius(&gpu.download(&db)?, &want(&g_q.d_b));
+        out.push(CaseResult {
+            name: format!(
+                "LoRA layer, quantized backward keeping the input's E4M3 codes, M={m} K={k} N={n} r={r}: vs CPU (d_A vs its dequantized backward); saved bytes exact"
+            ),
+            pass: ey <= BF16_OUT_TOL && ex.max(ea).max(eb) <= GRAD_TOL && saved_bytes == want_bytes,
+            worst: format!(
+                "y {ey:.2e}, d_input {ex:.2e}, dA {ea:.2e}, dB {eb:.2e}; saved {saved_bytes} B (want {want_bytes})"
+            ),
+        });
+    }
     Ok(())
 }
 
@@ -752,15 +904,13 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 ),
             });
         }
-        if mode != BackwardMode::Dequantized {
-            continue;
-        }
-        {
+        if mode != BackwardMode::HighPrecision {
             // FP8 saved activations (the memory setting of the LoRA step):
             // the same forward; exactly the bytes that FP8 norm inputs,
             // SwiGLU inputs and the attention output read from o's adapter
-            // input save; adapter gradients within 2^-4 more of the
-            // reference (the bound of `check::saved_fp8_cases`).
+            // input save (and under the quantized backward the adapters'
+            // inputs kept as their E4M3 codes); adapter gradients within
+            // 2^-4 more of the reference (the bound of `check::saved_fp8_cases`).
             let mut fp8 = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
             fp8.saved_activations = crate::model::SavedActivations::Fp8;
             fp8.zero_grad()?;
@@ -775,7 +925,15 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 cfg.intermediate_size,
                 cfg.num_hidden_layers,
             );
-            let want = (2 * l + 1) * (3 * n * c - 4 * n) + l * (2 * n * ff - 8 * n + 2 * n * c);
+            let norms_swiglu = (2 * l + 1) * (3 * n * c - 4 * n) + l * (2 * n * ff - 8 * n);
+            let want = match mode {
+                // o's FP8 input was kept already; the bf16 attention output goes.
+                BackwardMode::Dequantized => norms_swiglu + l * 2 * n * c,
+                // bf16 -> E4M3 codes and a factor: the attention output (o's
+                // input, which the attention backward then reads), the two
+                // norms' outputs (q, k, v's and gate, up's) and down's input.
+                _ => norms_swiglu + l * (3 * (n * c - 4) + n * ff - 4),
+            };
             out.push(CaseResult {
                 name: format!("Llama LoRA ({name}): FP8 saved activations (same loss bits, exact saved bytes, adapter grads)"),
                 pass: floss.to_bits() == loss.to_bits()
@@ -785,6 +943,9 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     "loss {loss} / {floss}; saved {full_bytes} -> {fbytes} B (want -{want}); worst grad {eg:.2e} -> {fg:.2e} ({fname})"
                 ),
             });
+        }
+        if mode != BackwardMode::Dequantized {
+            continue;
         }
         // Training: only adapters move; the merged model computes the adapted loss.
         let before = model.weights()?;

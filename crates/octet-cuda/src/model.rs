@@ -293,7 +293,10 @@ pub enum SavedActivations {
     /// factor per row (1/4 and 1/2 of the bytes); the attention output not
     /// at all where the o projection keeps a per-tensor E4M3 row-wise copy of
     /// it (the `dequantized` backward of per-tensor recipes), which the
-    /// attention backward then reads. The forward is unchanged (same loss);
+    /// attention backward then reads. LoRA adapters under the `quantized`
+    /// backward keep their inputs as the E4M3 codes the base's product read
+    /// ([`crate::lora::GpuLoraLinear::fp8_saved_input`]), as they always do
+    /// under the `dequantized` one. The forward is unchanged (same loss);
     /// the backward reads values within a relative 2^-4 of the originals.
     Fp8,
 }
@@ -3023,9 +3026,12 @@ impl<'g> GpuLlama<'g> {
     ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
         let gpu = self.gpu;
         let dropout = self.lora_dropout_mask(bi, range.start)?;
+        let fp8_saved = self.saved_activations == SavedActivations::Fp8;
         let blk = &mut self.blocks[bi];
         Ok(if self.lora.is_some() {
-            forward_group(&blk.lora[range], gpu, (x, x_amax, n), dropout)?
+            let lora = &mut blk.lora[range];
+            lora.iter_mut().for_each(|l| l.fp8_saved_input = fp8_saved);
+            forward_group(lora, gpu, (x, x_amax, n), dropout)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
                 .collect()
@@ -3049,9 +3055,11 @@ impl<'g> GpuLlama<'g> {
     ) -> Result<ProjSaved> {
         let gpu = self.gpu;
         let dropout = self.lora_dropout_mask(bi, li)?;
+        let fp8_saved = self.saved_activations == SavedActivations::Fp8;
         let saved = match self.lora.is_some() {
             true => {
-                let lora = &self.blocks[bi].lora[li..li + 1];
+                let lora = &mut self.blocks[bi].lora[li..li + 1];
+                lora.iter_mut().for_each(|l| l.fp8_saved_input = fp8_saved);
                 forward_group_with(lora, gpu, (x, x_amax, n), dropout, false)?
                     .pop()
                     .map(|(_, s)| ProjSaved::Lora(s))
