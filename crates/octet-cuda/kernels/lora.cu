@@ -369,6 +369,7 @@ extern "C" __global__ void lora_da_reduce(const float* __restrict__ part, int S,
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
          i += (long long)gridDim.x * blockDim.x) {
         float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
         for (int s = 0; s < S; s++) {
             const float4 q = __ldg(p + s * n4 + i);
             v.x += q.x;

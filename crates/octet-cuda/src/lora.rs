@@ -876,7 +876,13 @@ impl Gpu {
                 .arg(&n)
                 .arg(&xq.scale_inv)
                 .arg(&mut da)
-                .launch(elementwise_grid((r * k).div_ceil(4)))?;
+                // 64 threads a block: the short (r, k) outputs still spread
+                // over most SMs (256 a block left 32 to 96 blocks busy).
+                .launch(LaunchConfig {
+                    grid_dim: ((r * k / 4).div_ceil(64) as u32, 1, 1),
+                    block_dim: (64, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
         }
         Ok(da)
     }
