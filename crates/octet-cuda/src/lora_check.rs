@@ -246,6 +246,41 @@ fn da_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
+/// One GPU layer's forward on `x` and backward from `dy`: the bytes it kept
+/// for backward, and the relative distances of `y`, `d_input`, `d_A`, `d_B`
+/// to the references (`d_A` from `ga`, the others from `g`).
+fn run_layer(
+    gpu: &Gpu,
+    layer: &GpuLoraLinear,
+    (x, dy): (&Tensor, &Tensor),
+    (y_ref, g, ga): (
+        &Tensor,
+        &octet_nn::lora::LoraGrads,
+        &octet_nn::lora::LoraGrads,
+    ),
+) -> Result<(usize, [f64; 4])> {
+    let m = x.shape()[0];
+    let xg = Rc::new(gpu.upload(&bits(x))?);
+    let mut outs =
+        crate::lora::forward_group(std::slice::from_ref(layer), gpu, (xg, None, m), None)?;
+    let (y, saved) = outs
+        .pop()
+        .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
+    let saved_bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
+    let (dx, grads) = layer.backward(gpu, saved, &gpu.upload(&bits(dy))?, None)?;
+    let (da, db) = grads.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
+    let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
+    Ok((
+        saved_bytes,
+        [
+            rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec()),
+            rel_frobenius(&gpu.download(&dx)?, &want(&g.d_input)),
+            rel_frobenius(&gpu.download(&da)?, &want(&ga.d_a)),
+            rel_frobenius(&gpu.download(&db)?, &want(&g.d_b)),
+        ],
+    ))
+}
+
 /// `(base name, base format, compute, backward, (M, K, N))`.
 type LayerCase = (
     &'static str,
@@ -324,26 +359,14 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let (mut cpu, layer) = layer_pair(gpu, base, (a, b, alpha), compute, recipe)?;
         let (y_ref, saved) = cpu.forward(&x, true).map_err(nn)?;
         let g_ref = cpu.backward(saved, &dy).map_err(nn)?;
-        let xg = Rc::new(gpu.upload(&bits(&x))?);
-        let mut outs =
-            crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
-        let (y, saved) = outs
-            .pop()
-            .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
-        let saved_bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
         let want_bytes = 2 * m * r
             + if mode == BackwardMode::Dequantized {
                 m * k + 4
             } else {
                 2 * m * k
             };
-        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?, None)?;
-        let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
-        let ey = rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec());
-        let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
-        let ex = rel_frobenius(&gpu.download(&dx)?, &want(&g_ref.d_input));
-        let ea = rel_frobenius(&gpu.download(&da)?, &want(&g_ref.d_a));
-        let eb = rel_frobenius(&gpu.download(&db)?, &want(&g_ref.d_b));
+        let (saved_bytes, [ey, ex, ea, eb]) =
+            run_layer(gpu, &layer, (&x, &dy), (&y_ref, &g_ref, &g_ref))?;
         out.push(CaseResult {
             name: format!(
                 "LoRA layer {name} base, compute {compute:?}, {mode:?} backward, M={m} K={k} N={n} r={r} vs CPU LoraLinear; saved bytes exact"
@@ -463,21 +486,9 @@ fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             recipe,
         )?;
         layer.fp8_saved_input = true;
-        let xg = Rc::new(gpu.upload(&bits(&x))?);
-        let mut outs =
-            crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
-        let (y, saved) = outs
-            .pop()
-            .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
-        let saved_bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
         let want_bytes = 2 * m * r + m * k + 4;
-        let (dx, g) = layer.backward(gpu, saved, &gpu.upload(&bits(&dy))?, None)?;
-        let (da, db) = g.ok_or_else(|| Error::Shape("no adapter gradients".into()))?;
-        let want = |t: &Option<Tensor>| t.as_ref().map(Tensor::to_f32_vec).unwrap_or_default();
-        let ey = rel_frobenius(&download_f32(gpu, &y)?, &y_ref.to_f32_vec());
-        let ex = rel_frobenius(&gpu.download(&dx)?, &want(&g_q.d_input));
-        let ea = rel_frobenius(&gpu.download(&da)?, &want(&g_d.d_a));
-        let eb = rel_frobenius(&gpu.download(&db)?, &want(&g_q.d_b));
+        let (saved_bytes, [ey, ex, ea, eb]) =
+            run_layer(gpu, &layer, (&x, &dy), (&y_ref, &g_q, &g_d))?;
         out.push(CaseResult {
             name: format!(
                 "LoRA layer, quantized backward keeping the input's E4M3 codes, M={m} K={k} N={n} r={r}: vs CPU (d_A vs its dequantized backward); saved bytes exact"
