@@ -186,8 +186,8 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 // tokens a step. Each step's codes (16 rows of 256 bytes) and du^T columns
 // (16 MT rows of 16 tokens) are copied to shared memory by cp.async, up to
 // ST - 2 steps ahead, ST = 8, 7, 6 stages for MT <= 2, 3, 4 (what 48 KB of
-// static shared memory holds; 16 to 24 KB of loads in flight a block). The two groups
-// of 4 warps take alternate steps (group 0 the even ones) and add their
+// static shared memory holds; 16 to 24 KB of loads in flight a block). The
+// two groups of 4 warps take alternate steps (group 0 the even ones) and add their
 // sums through shared memory at the end, group 1's into group 0's, in that
 // order. Warp w of a group takes features 64w .. 64w + 63; thread g = lane
 // / 4 reads 8 adjacent ones (8g .. 8g + 7) of token rows 2t, 2t + 1, 2t + 8,
@@ -197,8 +197,11 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 // tile, written as four 16-byte stores each. Shared rows are padded (272
 // and 48 bytes) so that these reads take one pass each.
 //
-// The codes become bf16 on the integer and FMA pipes (`e4m3x2_to_bf16x2_int`),
-// not the conversion unit, which limited the first version of this kernel.
+// The codes become bf16 on the integer and FMA pipes (`e4m3x2_to_bf16x2_int`)
+// rather than through the conversion unit (FP8 -> f16x2 -> f32 -> bf16x2).
+// What limits the kernel (ncu on the ~1B LoRA step): its instructions a byte
+// at two warps a scheduler, not memory; more stages or more warp groups did
+// not move it (crates/octet-cuda/NOTES.md, twenty-second session).
 //
 // Requirements checked by the host: M % 16 == 0, T % 16 == 0, K % 16 == 0,
 // 1 <= R <= 16 MT, 16-byte aligned buffers.
