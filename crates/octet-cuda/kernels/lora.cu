@@ -201,8 +201,9 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 // rather than through the conversion unit (FP8 -> f16x2 -> f32 -> bf16x2).
 // What limits the kernel is not settled (ncu on the ~1B LoRA step): memory
 // waits are 4% of its stall samples; more stages, more warp groups and 7%
-// fewer instructions each left its time as it was (crates/octet-cuda/NOTES.md,
-// twenty-second session).
+// fewer instructions (this version's one permute a pair and running
+// addresses, kept as the simpler code) each left its time as it was
+// (crates/octet-cuda/NOTES.md, twenty-second session).
 //
 // Requirements checked by the host: M % 16 == 0, T % 16 == 0, K % 16 == 0,
 // 1 <= R <= 16 MT, 16-byte aligned buffers.
@@ -213,14 +214,15 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 #define DA_XS (DA_F + 16)  // bytes a shared row of codes
 #define DA_US 24           // bf16 a shared row of du^T (16 tokens + padding)
 
-// Two E4M3 codes (bytes 0 and 1 of v) -> bf16x2 (byte 0 in the low half),
-// exactly: each code's sign, exponent and mantissa bits placed in a bf16,
-// which then holds the code's value times 2^-120 (E4M3 subnormals become
-// bf16 subnormals), and one exact multiply by 2^120. A NaN code (0x7f,
-// 0xff) reads as +-480 here; such codes come only from a NaN input, whose
-// forward product is NaN already.
-__device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_int(unsigned int v) {
-    const unsigned int w = __byte_perm(v, 0u, 0x1404);  // [0, code 0, 0, code 1]
+// Two E4M3 codes, one from `lo` and one from `hi`, -> bf16x2 (lo's in the
+// low half), exactly. `sel` permutes them into bytes 1 and 3 of one word
+// (bytes 0 and 2 are don't-cares, masked off); each code's sign, exponent
+// and mantissa bits are placed in a bf16, which then holds the code's value
+// times 2^-120 (E4M3 subnormals become bf16 subnormals), and one exact
+// multiply by 2^120. A NaN code (0x7f, 0xff) reads as +-480 here; such codes
+// come only from a NaN input, whose forward product is NaN already.
+__device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_int(unsigned int lo, unsigned int hi, unsigned int sel) {
+    const unsigned int w = __byte_perm(lo, hi, sel);  // [*, code 0, *, code 1]
     const unsigned int bits = (w & 0x80008000u) | ((w >> 4) & 0x07F007F0u);
     unsigned int r;
     // fma with -0 (sm_80; mul.bf16x2 needs sm_90): +-0 and every product stay exact.
@@ -241,28 +243,32 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
     const int f0 = blockIdx.x * DA_F;
     const int t0 = blockIdx.y * T, t1 = min(M, t0 + T);
     const int steps = t1 > t0 ? (t1 - t0) / 16 : 0;
-    // Stage `i % DA_ST` <- step `i`: 16 rows x 256 codes (one 16-byte chunk
-    // a thread; features past K are zero-filled) and 16 MT rows x 16 tokens
-    // of du^T (rows past R zero-filled). One commit group a step, empty past the end.
-    auto load = [&](int i) {
-        if (i < steps) {
-            const int tb = t0 + 16 * i, slot = i % DA_ST;
-            {
-                const int c = threadIdx.x;
-                const int row = c / (DA_F / 16), col = (c % (DA_F / 16)) * 16;
-                const bool ok = f0 + col < K;
-                const unsigned char* src = x + (size_t)(tb + row) * K + (ok ? f0 + col : 0);
-                cp_async16(smem_addr(&xs[slot][row * DA_XS + col]), src, ok ? 16 : 0);
-            }
-            if (threadIdx.x < 16 * MT * 2) {
-                const int c = threadIdx.x;
-                const int row = c >> 1, half = (c & 1) * 8;
-                const bool ok = row < R;
-                const unsigned short* src = dut + (size_t)(ok ? row : 0) * M + tb + half;
-                cp_async16(smem_addr(&us[slot][row * DA_US + half]), src, ok ? 16 : 0);
-            }
+    // Step i goes to stage i % DA_ST: 16 rows x 256 codes (thread c copies
+    // row c / 16, bytes 16 (c % 16); features past K are zero-filled) and 16
+    // MT rows x 16 tokens of du^T (thread c < 32 MT copies row c / 2, tokens
+    // 8 (c % 2); rows past R zero-filled). Sources, destinations and the
+    // stage are kept as running values (no address arithmetic a step). One
+    // commit group a step, empty past the end.
+    const int c = threadIdx.x;
+    const int xrow = c >> 4, xcol = (c & 15) * 16;
+    const bool xok = f0 + xcol < K;
+    const unsigned char* xsrc = x + (size_t)(t0 + xrow) * K + (xok ? f0 + xcol : 0);
+    const size_t xstep = 16 * (size_t)K;
+    const bool ucopy = c < 32 * MT, uok = ucopy && (c >> 1) < R;
+    const unsigned short* usrc = dut + (size_t)(uok ? c >> 1 : 0) * M + t0 + (c & 1) * 8;
+    const unsigned xdst = smem_addr(&xs[0][xrow * DA_XS + xcol]);
+    const unsigned udst = smem_addr(&us[0][(ucopy ? c >> 1 : 0) * DA_US + (c & 1) * 8]);
+    int loaded = 0, lslot = 0;
+    auto load = [&]() {
+        if (loaded < steps) {
+            cp_async16(xdst + lslot * (16 * DA_XS), xsrc, xok ? 16 : 0);
+            if (ucopy) cp_async16(udst + lslot * (16 * MT * DA_US * 2), usrc, uok ? 16 : 0);
+            xsrc += xstep;
+            usrc += 16;
         }
         cp_commit();
+        loaded++;
+        lslot = lslot + 1 == DA_ST ? 0 : lslot + 1;
     };
     float acc[MT][8][4];
 #pragma unroll
@@ -270,7 +276,8 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.f;
 #pragma unroll
-    for (int i = 0; i < DA_ST - 2; i++) load(i);
+    for (int i = 0; i < DA_ST - 2; i++) load();
+    int pslot = 0;  // the stage of step i
     for (int i = 0; i < steps; i += DA_GROUPS) {
         // Steps i and i + 1 have landed (at most ST - 4 later ones pending).
         cp_wait<DA_ST - 2 - DA_GROUPS>();
@@ -278,10 +285,11 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
         // The slots refilled here were read in the previous pair of steps,
         // which every thread has left.
 #pragma unroll
-        for (int q = 0; q < DA_GROUPS; q++) load(i + DA_ST - 2 + q);
+        for (int q = 0; q < DA_GROUPS; q++) load();
         const int step = i + grp;
+        const int slot = pslot + grp < DA_ST ? pslot + grp : pslot + grp - DA_ST;
+        pslot = pslot + DA_GROUPS < DA_ST ? pslot + DA_GROUPS : pslot + DA_GROUPS - DA_ST;
         if (step >= steps) continue;
-        const int slot = step % DA_ST;
         const unsigned char* xr = &xs[slot][64 * wq + 8 * g];
         const uint2 r0 = *reinterpret_cast<const uint2*>(xr + (2 * t) * DA_XS);
         const uint2 r1 = *reinterpret_cast<const uint2*>(xr + (2 * t + 1) * DA_XS);
@@ -299,12 +307,14 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
         }
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            // Byte j of two token rows -> the pair (row 2t, row 2t + 1) of feature 8g + j.
-            const unsigned int sel = (j & 3) | ((4 + (j & 3)) << 4);
+            // Byte j of two token rows -> the pair (row 2t, row 2t + 1) of
+            // feature 8g + j, in bytes 1 and 3.
+            const unsigned int jj = j & 3;
+            const unsigned int sel = jj | (jj << 4) | (jj << 8) | ((4 + jj) << 12);
             const unsigned int lo01 = j < 4 ? r0.x : r0.y, hi01 = j < 4 ? r1.x : r1.y;
             const unsigned int lo89 = j < 4 ? r8.x : r8.y, hi89 = j < 4 ? r9.x : r9.y;
-            const unsigned int b0 = e4m3x2_to_bf16x2_int(__byte_perm(lo01, hi01, sel));
-            const unsigned int b1 = e4m3x2_to_bf16x2_int(__byte_perm(lo89, hi89, sel));
+            const unsigned int b0 = e4m3x2_to_bf16x2_int(lo01, hi01, sel);
+            const unsigned int b1 = e4m3x2_to_bf16x2_int(lo89, hi89, sel);
 #pragma unroll
             for (int m = 0; m < MT; m++) mma_bf16(acc[m][j], a[m][0], a[m][1], a[m][2], a[m][3], b0, b1);
         }

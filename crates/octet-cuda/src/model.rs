@@ -3026,21 +3026,28 @@ impl<'g> GpuLlama<'g> {
     ) -> Result<Vec<(CudaSlice<u16>, ProjSaved)>> {
         let gpu = self.gpu;
         let dropout = self.lora_dropout_mask(bi, range.start)?;
-        let fp8_saved = self.saved_activations == SavedActivations::Fp8;
-        let blk = &mut self.blocks[bi];
         Ok(if self.lora.is_some() {
-            let lora = &mut blk.lora[range];
-            lora.iter_mut().for_each(|l| l.fp8_saved_input = fp8_saved);
-            forward_group(lora, gpu, (x, x_amax, n), dropout)?
+            forward_group(self.lora_layers(bi, range), gpu, (x, x_amax, n), dropout)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Lora(s)))
                 .collect()
         } else {
-            forward_shared(&mut blk.lin[range], gpu, x, x_amax, n)?
+            forward_shared(&mut self.blocks[bi].lin[range], gpu, x, x_amax, n)?
                 .into_iter()
                 .map(|(y, s)| (y, ProjSaved::Full(Box::new(s))))
                 .collect()
         })
+    }
+
+    /// Block `bi`'s LoRA layers `range`, keeping their inputs as the model's
+    /// [`SavedActivations`] says ([`GpuLoraLinear::fp8_saved_input`]).
+    fn lora_layers(&mut self, bi: usize, range: std::ops::Range<usize>) -> &mut [GpuLoraLinear] {
+        let fp8 = self.saved_activations == SavedActivations::Fp8;
+        let layers = &mut self.blocks[bi].lora[range];
+        for l in layers.iter_mut() {
+            l.fp8_saved_input = fp8;
+        }
+        layers
     }
 
     /// What projection `li` of block `bi` keeps for backward from input `x`,
@@ -3055,11 +3062,9 @@ impl<'g> GpuLlama<'g> {
     ) -> Result<ProjSaved> {
         let gpu = self.gpu;
         let dropout = self.lora_dropout_mask(bi, li)?;
-        let fp8_saved = self.saved_activations == SavedActivations::Fp8;
         let saved = match self.lora.is_some() {
             true => {
-                let lora = &mut self.blocks[bi].lora[li..li + 1];
-                lora.iter_mut().for_each(|l| l.fp8_saved_input = fp8_saved);
+                let lora = self.lora_layers(bi, li..li + 1);
                 forward_group_with(lora, gpu, (x, x_amax, n), dropout, false)?
                     .pop()
                     .map(|(_, s)| ProjSaved::Lora(s))
