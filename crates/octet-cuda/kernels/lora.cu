@@ -179,8 +179,15 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 // part[s] (R, K) = du^T[:, tokens of split s] . codes[tokens of s, :], with
 // the codes' exact values (every E4M3 value is a bf16) and f32 sums on the
 // tensor cores (mma.m16n8k16: rank rows as M, tokens as K, features as N).
-// `lora_da_reduce` then adds the splits in order and multiplies by x's one
-// dequantization factor, so the result does not depend on timing.
+// After a grid-wide barrier the same blocks add the splits in order and
+// multiply by x's one dequantization factor, so the result does not depend
+// on timing; each output row goes straight to its adapter's own d_A (`DaOut`:
+// up to 4 adapters stacked, q/k/v or gate/up). With one split there is no
+// barrier: the blocks write the result themselves. With more, the host
+// launches the kernel cooperatively (every block resident at once, which the
+// barrier needs; the grid is at most one block an SM). A separate reduce
+// kernel cost one more launch a group, 5-7 us each under ncu (64 a step on
+// the ~1B model), and the per-adapter rows were copied out after it.
 //
 // Block: 8 warps over 256 features and one range of tokens (a split), 16
 // tokens a step. Each step's codes (16 rows of 256 bytes) and du^T columns
@@ -214,6 +221,41 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 #define DA_XS (DA_F + 16)  // bytes a shared row of codes
 #define DA_US 24           // bf16 a shared row of du^T (16 tokens + padding)
 
+// Where the rows of d_A go: rows [end[i - 1], end[i]) (end[-1] = 0) to
+// out[i], a (rows, K) f32 matrix; unused entries have end = R.
+struct DaOut {
+    float* out[4];
+    int end[4];
+};
+
+__device__ __forceinline__ float* da_row(const DaOut& d, int row, int K) {
+    int i = 0;
+#pragma unroll
+    for (int j = 0; j < 3; j++) i += row >= d.end[j];
+    return d.out[i] + (size_t)(row - (i ? d.end[i - 1] : 0)) * K;
+}
+
+// A barrier over the whole grid (every block resident: a cooperative
+// launch). `bar` is a word whose low 31 bits are 0 between barriers (zeroed
+// once when allocated): block 0 adds 2^31 - (blocks - 1), every other block
+// 1, so the word's top bit flips exactly when the last block arrives and the
+// low bits are 0 again, whatever the grid's size.
+__device__ __forceinline__ void grid_barrier(unsigned int* bar) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int nb = gridDim.x * gridDim.y;
+        const unsigned int inc = blockIdx.x == 0 && blockIdx.y == 0 ? 0x80000000u - (nb - 1) : 1u;
+        __threadfence();
+        const unsigned int old = atomicAdd(bar, inc);
+        unsigned int now;
+        do {
+            asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(bar) : "memory");
+        } while (((old ^ now) & 0x80000000u) == 0);
+        __threadfence();
+    }
+    __syncthreads();
+}
+
 // Two E4M3 codes, one from `lo` and one from `hi`, -> bf16x2 (lo's in the
 // low half), exactly. `sel` permutes them into bytes 1 and 3 of one word
 // (bytes 0 and 2 are don't-cares, masked off); each code's sign, exponent
@@ -233,7 +275,8 @@ __device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_int(unsigned int lo, un
 template <int MT>
 __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, int R,
                                         const unsigned char* __restrict__ x, int M, int K, int T,
-                                        float* __restrict__ part) {
+                                        const float* __restrict__ scale_inv, float* part,
+                                        unsigned int* bar, const DaOut& dst) {
     constexpr int DA_ST = MT <= 2 ? 8 : MT == 3 ? 7 : 6;
     __shared__ __align__(16) unsigned char xs[DA_ST][16 * DA_XS];
     __shared__ __align__(16) unsigned short us[DA_ST][16 * MT * DA_US];
@@ -341,22 +384,52 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
                 for (int e = 0; e < 4; e++) acc[m][j][e] += red[(j * 4 + e) * 128 + tid];
         }
     }
-    // Rows g and g + 8 of each row tile: features 16t .. 16t + 15 of the warp's 64.
+    // Rows g and g + 8 of each row tile: features 16t .. 16t + 15 of the
+    // warp's 64. One split: the result, times the factor, to the adapters'
+    // rows; more: this split's sums to part[split].
+    const int S = gridDim.y;
+    const float fac = *scale_inv;
     const int f = f0 + 64 * wq + 16 * t;
-    if (grp != 0 || f >= K) return;
-    float* P = part + (size_t)blockIdx.y * R * K + f;
+    if (grp == 0 && f < K) {
 #pragma unroll
-    for (int m = 0; m < MT; m++) {
+        for (int m = 0; m < MT; m++) {
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int row = 16 * m + g + 8 * h;
-            if (row >= R) continue;
-            float4* p = reinterpret_cast<float4*>(P + (size_t)row * K);
-            p[0] = make_float4(acc[m][0][2 * h], acc[m][1][2 * h], acc[m][2][2 * h], acc[m][3][2 * h]);
-            p[1] = make_float4(acc[m][4][2 * h], acc[m][5][2 * h], acc[m][6][2 * h], acc[m][7][2 * h]);
-            p[2] = make_float4(acc[m][0][2 * h + 1], acc[m][1][2 * h + 1], acc[m][2][2 * h + 1], acc[m][3][2 * h + 1]);
-            p[3] = make_float4(acc[m][4][2 * h + 1], acc[m][5][2 * h + 1], acc[m][6][2 * h + 1], acc[m][7][2 * h + 1]);
+            for (int h = 0; h < 2; h++) {
+                const int row = 16 * m + g + 8 * h;
+                if (row >= R) continue;
+                const float w = S == 1 ? fac : 1.f;
+                float4* p = reinterpret_cast<float4*>(
+                    S == 1 ? da_row(dst, row, K) + f : part + ((size_t)blockIdx.y * R + row) * K + f);
+                p[0] = make_float4(acc[m][0][2 * h] * w, acc[m][1][2 * h] * w, acc[m][2][2 * h] * w, acc[m][3][2 * h] * w);
+                p[1] = make_float4(acc[m][4][2 * h] * w, acc[m][5][2 * h] * w, acc[m][6][2 * h] * w, acc[m][7][2 * h] * w);
+                p[2] = make_float4(acc[m][0][2 * h + 1] * w, acc[m][1][2 * h + 1] * w, acc[m][2][2 * h + 1] * w,
+                                   acc[m][3][2 * h + 1] * w);
+                p[3] = make_float4(acc[m][4][2 * h + 1] * w, acc[m][5][2 * h + 1] * w, acc[m][6][2 * h + 1] * w,
+                                   acc[m][7][2 * h + 1] * w);
+            }
         }
+    }
+    if (S == 1) return;
+    grid_barrier(bar);
+    // out = fac * (part[0] + part[1] + ... + part[S-1]), in that order, 4
+    // elements a thread over the whole grid (K % 16 == 0: a float4 stays in
+    // one row). The parts were written in this launch: read through L2.
+    const long long n4 = (long long)R * K / 4;
+    const long long nt = (long long)gridDim.x * gridDim.y * blockDim.x;
+    const float4* P = reinterpret_cast<const float4*>(part);
+    for (long long i = ((long long)blockIdx.y * gridDim.x + blockIdx.x) * blockDim.x + threadIdx.x; i < n4;
+         i += nt) {
+        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 4
+        for (int s = 0; s < S; s++) {
+            const float4 q = __ldcg(P + s * n4 + i);
+            v.x += q.x;
+            v.y += q.y;
+            v.z += q.z;
+            v.w += q.w;
+        }
+        const int row = (int)(4 * i / K), col = (int)(4 * i - (long long)row * K);
+        *reinterpret_cast<float4*>(da_row(dst, row, K) + col) = make_float4(v.x * fac, v.y * fac, v.z * fac, v.w * fac);
     }
 }
 
@@ -364,36 +437,14 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
     extern "C" __global__ void __launch_bounds__(DA_WARPS * 32)                                          \
         lora_da_e4m3_mt##MT(const unsigned short* __restrict__ dut, int R,                               \
                             const unsigned char* __restrict__ x, int M, int K, int T,                    \
-                            float* __restrict__ part) {                                                  \
-        lora_da<MT>(dut, R, x, M, K, T, part);                                                           \
+                            const float* __restrict__ scale_inv, float* part, unsigned int* bar,         \
+                            DaOut dst) {                                                                 \
+        lora_da<MT>(dut, R, x, M, K, T, scale_inv, part, bar, dst);                                      \
     }
 LORA_DA(1)
 LORA_DA(2)
 LORA_DA(3)
 LORA_DA(4)
-
-// out[i] = scale_inv * (part[0][i] + part[1][i] + ... + part[S-1][i]), in
-// that order; grid-stride over the n elements of one split, 4 a thread
-// (n % 4 == 0, 16-byte aligned buffers).
-extern "C" __global__ void lora_da_reduce(const float* __restrict__ part, int S, long long n,
-                                          const float* __restrict__ scale_inv, float* __restrict__ out) {
-    const float f = *scale_inv;
-    const float4* p = reinterpret_cast<const float4*>(part);
-    const long long n4 = n / 4;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n4;
-         i += (long long)gridDim.x * blockDim.x) {
-        float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 4
-        for (int s = 0; s < S; s++) {
-            const float4 q = __ldg(p + s * n4 + i);
-            v.x += q.x;
-            v.y += q.y;
-            v.z += q.z;
-            v.w += q.w;
-        }
-        reinterpret_cast<float4*>(out)[i] = make_float4(v.x * f, v.y * f, v.z * f, v.w * f);
-    }
-}
 
 // out (cols, rows) = in (rows, cols)^T for 16-bit elements: one thread per
 // output element (coalesced stores; the small input is read from cache).

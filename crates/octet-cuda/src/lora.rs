@@ -59,7 +59,9 @@
 
 use crate::mixed::DeviceFp8Weight;
 use crate::{AddTo, DeviceFp8, Error, Fp8Operand, GemmDst, GemmOut, Gpu, Result, TensorAmax};
-use cudarc::driver::{CudaFunction, CudaSlice, CudaViewMut, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaViewMut, DevicePtrMut, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use octet_fp8::{BackwardMode, Format};
 use octet_nn::lora::{Compute, Dropout};
 use octet_tensor::mixed::WeightScaling;
@@ -607,12 +609,30 @@ pub(crate) struct LoraKernels {
     cast_u: Vec<CudaFunction>,
     /// `lora_da_e4m3_mt{1..4}` (d_A from the input's E4M3 codes, ranks up to 64).
     da: Vec<CudaFunction>,
-    da_reduce: CudaFunction,
+    /// The grid barrier's word of `lora_da_e4m3_mt*` (zeroed once; its low
+    /// 31 bits are 0 again after every barrier). Its launches all go to the
+    /// one stream, so no two use it at once.
+    da_barrier: CudaSlice<u32>,
     transpose_b16: CudaFunction,
     dropout_mask: CudaFunction,
     dropout_add_f32: CudaFunction,
     dropout_add_b16: CudaFunction,
 }
+
+/// `lora_da_e4m3_mt*`'s destinations (the kernel's `DaOut`): adapter `i`'s
+/// rows of the stacked `d_A` are rows `end[i - 1] .. end[i]` (from 0), written
+/// to the `(rank, k)` f32 matrix at device address `out[i]`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct DaOut {
+    out: [u64; 4],
+    end: [i32; 4],
+}
+
+// SAFETY: `DaOut` is `#[repr(C)]` plain data laid out as the kernel's
+// `struct DaOut { float* out[4]; int end[4]; }` (four 8-byte pointers, four
+// 4-byte ints, 48 bytes, 8-byte aligned).
+unsafe impl DeviceRepr for DaOut {}
 
 /// A grid-stride launch over `work` items: 256 threads a block, at most
 /// 4096 blocks.
@@ -644,7 +664,7 @@ impl Gpu {
             da: (1..=4)
                 .map(|i| m.load_function(&format!("lora_da_e4m3_mt{i}")))
                 .collect::<std::result::Result<Vec<_>, _>>()?,
-            da_reduce: m.load_function("lora_da_reduce")?,
+            da_barrier: self.stream.alloc_zeros::<u32>(1)?,
             transpose_b16: m.load_function("transpose_b16")?,
             dropout_mask: m.load_function("dropout_mask_b16")?,
             dropout_add_f32: m.load_function("dropout_add_f32")?,
@@ -809,27 +829,33 @@ impl Gpu {
             && m.max(r) * k <= i32::MAX as usize
     }
 
-    /// The adapters' weight gradient `d_A = du^T x` (`(r, k)`, f32) from the
-    /// row-wise E4M3 codes of `x (m, k)` that the forward kept (`xq`, per
-    /// tensor), without a bf16 copy of `x`: the codes' exact values times
-    /// the bf16 `du^T (r, m)` with f32 sums on the tensor cores, over
-    /// fixed ranges of tokens added in order, then times `xq`'s one
-    /// dequantization factor. Shapes as [`Gpu::lora_da_fits`].
+    /// The adapters' weight gradients `d_A = du^T x` from the row-wise E4M3
+    /// codes of `x (m, k)` that the forward kept (`xq`, per tensor), without
+    /// a bf16 copy of `x`: `du^T` stacks the adapters' rows (`ranks`, at most
+    /// 4 adapters, `r = sum of ranks`, bf16 `(r, m)`), and each adapter gets
+    /// its own `(rank, k)` f32 result. The codes' exact values times `du^T`
+    /// with f32 sums on the tensor cores, over fixed ranges of tokens added
+    /// in order, then times `xq`'s one dequantization factor: the result does
+    /// not depend on timing. Shapes as [`Gpu::lora_da_fits`].
     pub fn lora_da_e4m3(
         &self,
         dut: &CudaSlice<u16>,
-        r: usize,
+        ranks: &[usize],
         xq: &DeviceFp8,
         (m, k): (usize, usize),
-    ) -> Result<CudaSlice<f32>> {
+    ) -> Result<Vec<CudaSlice<f32>>> {
+        let r: usize = ranks.iter().sum();
         if !Self::lora_da_fits(m, k, r)
+            || ranks.is_empty()
+            || ranks.len() > 4
+            || ranks.contains(&0)
             || dut.len() != r * m
             || xq.format != Format::E4M3
             || (xq.rows, xq.cols) != (m, k)
             || xq.rowwise.len() != m * k
         {
             return Err(Error::Shape(format!(
-                "LoRA d_A from FP8: du^T of {} elements as ({r}, {m}), {} input of {} codes as ({m}, {k}); needs E4M3 row-wise codes, m % 16 == 0, k % 16 == 0, r in 1..=64",
+                "LoRA d_A from FP8: du^T of {} elements as ({r}, {m}) for ranks {ranks:?}, {} input of {} codes as ({m}, {k}); needs E4M3 row-wise codes, m % 16 == 0, k % 16 == 0, 1 to 4 adapters of rank >= 1, r in 1..=64",
                 dut.len(),
                 xq.format,
                 xq.rowwise.len()
@@ -837,54 +863,75 @@ impl Gpu {
         }
         let kernels = self.lora_kernels()?;
         // At most one block of 256 features an SM (each keeps 16-24 KB of
-        // loads in flight), all in one wave: few splits, so that their f32
-        // sums stay a small part of the traffic; each split a whole number of
-        // 16-token steps.
+        // loads in flight), all in one wave, which the grid barrier of more
+        // than one split needs: few splits, so that their f32 sums stay a
+        // small part of the traffic; each split a whole number of 16-token
+        // steps.
         let cols = k.div_ceil(256);
         let want = (self.sm_count.max(1) as usize / cols).max(1);
         let splits = want.clamp(1, m / 16);
         let per = (m.div_ceil(splits)).div_ceil(16) * 16;
         let splits = m.div_ceil(per);
-        // SAFETY: every block writes all (r, k) entries of its split's
-        // part (its 256 features, every row), and the reduce every output.
-        let mut part: CudaSlice<f32> = unsafe { self.alloc_uninit(splits * r * k, "d_A parts")? };
-        let mut da: CudaSlice<f32> = unsafe { self.alloc_uninit(r * k, "d_lora_A")? };
+        // SAFETY: the kernel writes every element of every output (each
+        // block its split's part, then the reduction every output row).
+        let mut outs = ranks
+            .iter()
+            .map(|&ri| unsafe { self.alloc_uninit::<f32>(ri * k, "d_lora_A") })
+            .collect::<Result<Vec<CudaSlice<f32>>>>()?;
+        // One split writes the outputs directly; `part` is then not read.
+        let mut part: CudaSlice<f32> =
+            unsafe { self.alloc_uninit(if splits > 1 { splits * r * k } else { 4 }, "d_A parts")? };
+        let mut dst = DaOut {
+            out: [0; 4],
+            end: [r as i32; 4],
+        };
+        let mut guards = Vec::with_capacity(outs.len());
+        let mut end = 0;
+        for (i, (o, &ri)) in outs.iter_mut().zip(ranks).enumerate() {
+            let (ptr, guard) = o.device_ptr_mut(&self.stream);
+            guards.push(guard);
+            end += ri;
+            dst.out[i] = ptr;
+            dst.end[i] = end as i32;
+        }
+        for i in ranks.len()..4 {
+            dst.out[i] = dst.out[0];
+        }
         let (ri, mi, ki, ti) = (r as i32, m as i32, k as i32, per as i32);
+        let cfg = LaunchConfig {
+            grid_dim: (cols as u32, splits as u32, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: shapes checked above (16-byte copies inside rows of k % 16
         // == 0 codes and of du^T's m % 16 == 0 tokens, 16-byte stores inside
-        // rows of k; fresh allocations are 256-byte aligned).
+        // rows of k; fresh allocations are 256-byte aligned); `dst` holds the
+        // outputs' addresses, alive until after the launch, its unused
+        // entries never selected (their `end` is r). More than one split
+        // waits at a grid barrier: launched cooperatively, so that every
+        // block is resident (the grid is at most one block an SM).
         unsafe {
-            self.stream
-                .launch_builder(&kernels.da[r.div_ceil(16) - 1])
+            let mut launch = self.stream.launch_builder(&kernels.da[r.div_ceil(16) - 1]);
+            launch
                 .arg(dut)
                 .arg(&ri)
                 .arg(&xq.rowwise)
                 .arg(&mi)
                 .arg(&ki)
                 .arg(&ti)
-                .arg(&mut part)
-                .launch(LaunchConfig {
-                    grid_dim: (cols as u32, splits as u32, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                })?;
-            let (si, n) = (splits as i32, (r * k) as i64);
-            self.stream
-                .launch_builder(&kernels.da_reduce)
-                .arg(&part)
-                .arg(&si)
-                .arg(&n)
                 .arg(&xq.scale_inv)
-                .arg(&mut da)
-                // 64 threads a block: the short (r, k) outputs still spread
-                // over most SMs (256 a block left 32 to 96 blocks busy).
-                .launch(LaunchConfig {
-                    grid_dim: ((r * k / 4).div_ceil(64) as u32, 1, 1),
-                    block_dim: (64, 1, 1),
-                    shared_mem_bytes: 0,
-                })?;
+                .arg(&mut part)
+                // The kernel writes the word (atomics); it is never read here.
+                .arg(&kernels.da_barrier)
+                .arg(&dst);
+            if splits > 1 {
+                launch.launch_cooperative(cfg)?;
+            } else {
+                launch.launch(cfg)?;
+            }
         }
-        Ok(da)
+        drop(guards);
+        Ok(outs)
     }
 
     /// `lora_cast_du` in `format`: codes of `dy` and `s bt dy^T`.
@@ -987,6 +1034,28 @@ fn stacked<'a>(layers: &'a [GpuLoraLinear], group: &[usize]) -> Result<(Vec<Stac
         rows += ad.rank;
     }
     Ok((out, rows))
+}
+
+/// Each adapter's rows of the group's stacked `(sum r, k)` result `da` (the
+/// whole buffer for a group of one, copies otherwise).
+fn split_rows(
+    gpu: &Gpu,
+    da: CudaSlice<f32>,
+    ads: &[Stacked<'_>],
+    k: usize,
+) -> Result<Vec<CudaSlice<f32>>> {
+    if ads.len() == 1 {
+        return Ok(vec![da]);
+    }
+    ads.iter()
+        .map(|&(_, ad, off)| {
+            // SAFETY: the copy writes every element.
+            let mut own: CudaSlice<f32> = unsafe { gpu.alloc_uninit(ad.rank * k, "d_lora_A")? };
+            gpu.stream
+                .memcpy_dtod(&da.slice(off * k..(off + ad.rank) * k), &mut own)?;
+            Ok(own)
+        })
+        .collect()
 }
 
 /// `A` of the group's adapters stacked into one `(sum r, K)` bf16 matrix
@@ -1302,10 +1371,13 @@ pub fn backward_group<D: GemmOut>(
             }
             dbs.push(db);
         }
-        let da = match saved[ads[0].0].rowwise_e4m3() {
-            // Straight from the codes the forward kept (no dropout mask to apply).
-            Some(q) if dropout.is_none() && Gpu::lora_da_fits(m, k, rows) => {
-                gpu.lora_da_e4m3(&dut, rows, &q.q, (m, k))?
+        // Each layer's rows of d_A.
+        let das = match saved[ads[0].0].rowwise_e4m3() {
+            // Straight from the codes the forward kept (no dropout mask to
+            // apply), each adapter's rows to its own buffer.
+            Some(q) if dropout.is_none() && Gpu::lora_da_fits(m, k, rows) && ads.len() <= 4 => {
+                let ranks: Vec<usize> = ads.iter().map(|&(_, ad, _)| ad.rank).collect();
+                gpu.lora_da_e4m3(&dut, &ranks, &q.q, (m, k))?
             }
             _ => {
                 let x = saved_input(gpu, &saved[ads[0].0], k)?;
@@ -1317,7 +1389,7 @@ pub fn backward_group<D: GemmOut>(
                 // SAFETY: the GEMM writes every element.
                 let mut da: CudaSlice<f32> = unsafe { gpu.alloc_uninit(rows * k, "d_lora_A")? };
                 gpu.gemm_bf16_op((&dut, false), (x, false), &mut da, (rows, k, m))?;
-                da
+                split_rows(gpu, da, &ads, k)?
             }
         };
         let a_stacked = stacked_a(gpu, &ads, rows, k)?;
@@ -1345,19 +1417,6 @@ pub fn backward_group<D: GemmOut>(
         }
         for (i, gq) in codes {
             layers[i].base_backward_codes(gpu, m, &gq, &mut AddTo(d.slice_mut(..)))?;
-        }
-        // Each layer's rows of d_A (the whole buffer for a group of one).
-        let mut das = Vec::with_capacity(ads.len());
-        if ads.len() == 1 {
-            das.push(da);
-        } else {
-            for &(_, ad, off) in &ads {
-                // SAFETY: the copy writes every element.
-                let mut own: CudaSlice<f32> = unsafe { gpu.alloc_uninit(ad.rank * k, "d_lora_A")? };
-                gpu.stream
-                    .memcpy_dtod(&da.slice(off * k..(off + ad.rank) * k), &mut own)?;
-                das.push(own);
-            }
         }
         for ((&(i, _, _), da), db) in ads.iter().zip(das).zip(dbs) {
             grads[i] = Some((da, db));
