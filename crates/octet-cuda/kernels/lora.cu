@@ -438,7 +438,7 @@ __device__ __forceinline__ void lora_da(const unsigned short* __restrict__ dut, 
         lora_da_e4m3_mt##MT(const unsigned short* __restrict__ dut, int R,                               \
                             const unsigned char* __restrict__ x, int M, int K, int T,                    \
                             const float* __restrict__ scale_inv, float* part, unsigned int* bar,         \
-                            DaOut dst) {                                                                 \
+                            const __grid_constant__ DaOut dst) {                                         \
         lora_da<MT>(dut, R, x, M, K, T, scale_inv, part, bar, dst);                                      \
     }
 LORA_DA(1)

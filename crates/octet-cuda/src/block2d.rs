@@ -12,6 +12,21 @@ use crate::{nvrtc, oom, Error, GemmDst, GemmOut, Gpu, Result};
 use cudarc::driver::{CudaFunction, CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use octet_fp8::Format;
 
+/// `transpose_u8_v4_many`'s list (block2d.cu's `struct TransposeMany`):
+/// input and output addresses, rows and columns of up to 4 matrices.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct TransposeMany {
+    input: [u64; 4],
+    out: [u64; 4],
+    rows: [i32; 4],
+    cols: [i32; 4],
+}
+
+// SAFETY: `#[repr(C)]` plain data laid out as block2d.cu's twin (eight
+// 8-byte addresses, eight 4-byte ints; 96 bytes, no padding).
+unsafe impl DeviceRepr for TransposeMany {}
+
 /// The compiled kernels.
 pub(crate) struct Block2dKernels {
     quant: [CudaFunction; 2],
@@ -20,6 +35,7 @@ pub(crate) struct Block2dKernels {
     pad_cols_u8: CudaFunction,
     transpose_u8: CudaFunction,
     transpose_u8_v4: CudaFunction,
+    transpose_u8_v4_many: CudaFunction,
     /// 8 elements per thread (`cols % 8 == 0`, block width `% 8 == 0`).
     dequant8: [CudaFunction; 2],
     dequant: [CudaFunction; 2],
@@ -65,6 +81,7 @@ impl Gpu {
             pad_cols_u8: m.load_function("pad_cols_u8")?,
             transpose_u8: m.load_function("transpose_u8")?,
             transpose_u8_v4: m.load_function("transpose_u8_v4")?,
+            transpose_u8_v4_many: m.load_function("transpose_u8_v4_many")?,
             dequant8: [
                 m.load_function("dequant8_e4m3")?,
                 m.load_function("dequant8_e5m2")?,
@@ -229,6 +246,70 @@ impl Gpu {
                 })?;
         }
         Ok(out)
+    }
+
+    /// [`Gpu::transpose_u8`] of each `(codes, rows, cols)`: one launch for
+    /// up to 4 whose dims are multiples of 4 (the frozen codes of the LoRA
+    /// adapters that read one input), else one each.
+    pub fn transpose_u8_many(
+        &self,
+        inputs: &[(&CudaSlice<u8>, usize, usize)],
+    ) -> Result<Vec<CudaSlice<u8>>> {
+        let fits = |&(input, rows, cols): &(&CudaSlice<u8>, usize, usize)| {
+            let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(input, &self.stream);
+            input.len() == rows * cols
+                && rows * cols <= i32::MAX as usize
+                && rows.is_multiple_of(4)
+                && cols.is_multiple_of(4)
+                && ptr % 4 == 0
+        };
+        if inputs.len() < 2 || inputs.len() > 4 || !inputs.iter().all(fits) {
+            return inputs
+                .iter()
+                .map(|&(input, rows, cols)| self.transpose_u8(input, rows, cols))
+                .collect();
+        }
+        let k = self.block2d_kernels()?;
+        let mut list = TransposeMany {
+            input: [0; 4],
+            out: [0; 4],
+            rows: [0; 4],
+            cols: [0; 4],
+        };
+        let mut outs = Vec::with_capacity(inputs.len());
+        for (i, &(input, rows, cols)) in inputs.iter().enumerate() {
+            // SAFETY: every element is written by the kernel below.
+            let mut out = unsafe { self.stream.alloc::<u8>(rows * cols) }
+                .map_err(|e| oom(e, rows * cols, "transposed FP8 codes"))?;
+            list.input[i] = cudarc::driver::DevicePtr::device_ptr(input, &self.stream).0;
+            list.out[i] = cudarc::driver::DevicePtrMut::device_ptr_mut(&mut out, &self.stream).0;
+            list.rows[i] = rows as i32;
+            list.cols[i] = cols as i32;
+            outs.push(out);
+        }
+        let most = |f: fn(&(&CudaSlice<u8>, usize, usize)) -> usize| {
+            inputs.iter().map(f).max().unwrap_or(0)
+        };
+        let grid = (
+            most(|x| x.2).div_ceil(64) as u32,
+            most(|x| x.1).div_ceil(64) as u32,
+            inputs.len() as u32,
+        );
+        // SAFETY: every list entry checked above (lengths, dims multiples of
+        // 4, 4-byte aligned inputs; the outputs are fresh allocations of
+        // rows * cols, alive after the launch); the kernel guards each
+        // matrix's rows and columns.
+        unsafe {
+            self.stream
+                .launch_builder(&k.transpose_u8_v4_many)
+                .arg(&list)
+                .launch(LaunchConfig {
+                    grid_dim: grid,
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                })?;
+        }
+        Ok(outs)
     }
 
     /// Dequantize one FP8 copy `(rows, cols)` with f32 `scale_inv` per

@@ -239,6 +239,53 @@ fn transpose_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             worst: text,
         });
     }
+    // Several in one launch (shapes of different sizes, so that blocks past
+    // a smaller one's edge return), and a list the one launch does not take
+    // (an odd dim: one launch each).
+    for (i, shapes) in [
+        &[(2048usize, 512usize), (512, 2048), (200, 136)][..],
+        &[(64, 64), (33, 17)][..],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let inputs: Vec<Vec<u8>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(j, &(rows, cols))| {
+                (0..rows * cols)
+                    .map(|e| {
+                        octet_fp8::format::sr_bits(0x7b00 + 16 * i as u64 + j as u64, e as u64)
+                            as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        let dev = inputs
+            .iter()
+            .map(|b| gpu.upload(b))
+            .collect::<Result<Vec<_>>>()?;
+        let list: Vec<_> = dev
+            .iter()
+            .zip(shapes.iter())
+            .map(|(d, &(rows, cols))| (d, rows, cols))
+            .collect();
+        let got = gpu.transpose_u8_many(&list)?;
+        let (mut bad, mut text) = (usize::from(got.len() != shapes.len()), String::new());
+        for ((g, b), &(rows, cols)) in got.iter().zip(&inputs).zip(shapes.iter()) {
+            let (nb, t) = byte_diff(
+                &gpu.download(g)?,
+                &octet_fp8::quant::transpose(b, rows, cols),
+            );
+            bad += nb;
+            text += &format!("{rows}x{cols}: {t}; ");
+        }
+        out.push(CaseResult {
+            name: format!("transpose_u8_many {shapes:?}"),
+            pass: bad == 0,
+            worst: text,
+        });
+    }
     Ok(())
 }
 

@@ -590,14 +590,38 @@ impl GpuLoraLinear {
         gq: &DeviceFp8,
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
+        let (codes, n, k) = self.base_codes()?;
+        let wt = gpu.transpose_u8(codes, n, k)?;
+        self.base_backward_transposed(gpu, m, gq, &wt, dx)
+    }
+
+    /// The FP8 base's frozen codes `(n, k)`, for a transpose.
+    fn base_codes(&self) -> Result<(&CudaSlice<u8>, usize, usize)> {
+        match &self.base {
+            GpuBase::Fp8(w) => Ok((&w.codes, self.n, self.k)),
+            GpuBase::Bf16(_) => Err(Error::Shape(
+                "an FP8 input gradient over a bf16 base".into(),
+            )),
+        }
+    }
+
+    /// [`GpuLoraLinear::base_backward_codes`] given the base's codes
+    /// transposed (`wt`, `(k, n)`).
+    fn base_backward_transposed<D: GemmOut>(
+        &self,
+        gpu: &Gpu,
+        m: usize,
+        gq: &DeviceFp8,
+        wt: &CudaSlice<u8>,
+        dx: &mut impl GemmDst<D>,
+    ) -> Result<()> {
         let (n, k) = (self.n, self.k);
         let GpuBase::Fp8(w) = &self.base else {
             return Err(Error::Shape(
                 "an FP8 input gradient over a bf16 base".into(),
             ));
         };
-        let wt = gpu.transpose_u8(&w.codes, n, k)?;
-        gpu.gemm_fp8(gq.rowwise_operand(), operand(w, &wt), dx, (m, k, n), false)
+        gpu.gemm_fp8(gq.rowwise_operand(), operand(w, wt), dx, (m, k, n), false)
     }
 }
 
@@ -1415,8 +1439,14 @@ pub fn backward_group<D: GemmOut>(
                 (1.0, 1.0),
             )?;
         }
-        for (i, gq) in codes {
-            layers[i].base_backward_codes(gpu, m, &gq, &mut AddTo(d.slice_mut(..)))?;
+        // The group's frozen codes transposed in one launch.
+        let bases = codes
+            .iter()
+            .map(|(i, _)| layers[*i].base_codes())
+            .collect::<Result<Vec<_>>>()?;
+        let wts = gpu.transpose_u8_many(&bases)?;
+        for ((i, gq), wt) in codes.iter().zip(&wts) {
+            layers[*i].base_backward_transposed(gpu, m, gq, wt, &mut AddTo(d.slice_mut(..)))?;
         }
         for ((&(i, _, _), da), db) in ads.iter().zip(das).zip(dbs) {
             grads[i] = Some((da, db));

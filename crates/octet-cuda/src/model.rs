@@ -26,7 +26,8 @@ use crate::nccl::{NcclComm, Reduce};
 use crate::tma::TmaMap;
 use crate::{nvrtc, AddTo, DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg, ValidAsZeroBits,
+    CudaFunction, CudaSlice, CudaView, DevicePtr, DevicePtrMut, DeviceRepr, LaunchConfig,
+    PushKernelArg, ValidAsZeroBits,
 };
 use octet_fp8::Recipe;
 use octet_nn::llama::{Llama, LlamaConfig, LoraSpec, PROJ_NAMES};
@@ -70,11 +71,15 @@ struct Fns {
     swiglu_fwd_q: [CudaFunction; 2],
     swiglu_bwd_q: [CudaFunction; 2],
     add: CudaFunction,
+    /// Up to [`ADD_MANY`] gradients into the flat buffer in one launch.
+    add_many: CudaFunction,
     add_bf16: CudaFunction,
     to_bf16: CudaFunction,
     xent: CudaFunction,
     sumsq: CudaFunction,
     adamw: CudaFunction,
+    /// `adamw` over up to [`ADAM_MANY`] tensors without amax in one launch.
+    adamw_many: CudaFunction,
     attn_delta: CudaFunction,
     attn: Attn,
 }
@@ -589,6 +594,60 @@ fn grid_stride(n: usize) -> LaunchConfig {
     }
 }
 
+/// Tensors a launch of `add_many` (train.cu's `ADD_MANY`).
+const ADD_MANY: usize = 8;
+
+/// `add_many`'s list (train.cu's `struct AddMany`): source addresses,
+/// offsets into the gradient buffer, lengths.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AddMany {
+    src: [u64; ADD_MANY],
+    off: [u64; ADD_MANY],
+    n: [u64; ADD_MANY],
+}
+
+// SAFETY: `#[repr(C)]` plain data laid out as train.cu's `struct AddMany`
+// (three arrays of eight 8-byte words).
+unsafe impl DeviceRepr for AddMany {}
+
+/// Tensors a launch of `adamw_many` (train.cu's `ADAM_MANY`).
+const ADAM_MANY: usize = 64;
+
+/// One tensor of `adamw_many` (train.cu's `struct AdamTensor`, 48 bytes):
+/// elements `off .. off + n` of the flat buffers, the device addresses of
+/// its bf16 copy and transposed copy (0: none), the copy's row length for
+/// the transpose, the weight decay.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct AdamTensor {
+    off: u64,
+    n: u64,
+    out: u64,
+    out_t: u64,
+    t_cols: u64,
+    wd: f32,
+    pad: f32,
+}
+
+/// `adamw_many`'s list (train.cu's `struct AdamMany`; 3 KB, within a
+/// kernel's 4 KB of parameters).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct AdamMany {
+    t: [AdamTensor; ADAM_MANY],
+}
+
+// SAFETY: both are `#[repr(C)]` plain data laid out as their train.cu twins
+// (8-byte words and two 4-byte floats; no padding inside).
+unsafe impl DeviceRepr for AdamTensor {}
+unsafe impl DeviceRepr for AdamMany {}
+
+/// Whether `n` elements cannot be read as rows of `cols` (a transposed copy).
+fn cols_mismatch(n: usize, cols: usize) -> bool {
+    cols == 0 || !n.is_multiple_of(cols)
+}
+
 /// Push an optional amax (`amax_bits`, `nonfinite`) as two kernel pointers (null when `None`).
 fn push_amax<'a>(
     lb: &mut cudarc::driver::LaunchArgs<'a>,
@@ -692,11 +751,13 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         swiglu_fwd_q: [l("swiglu_fwd_q")?, l("swiglu_fwd_q_v8")?],
         swiglu_bwd_q: [l("swiglu_bwd_q")?, l("swiglu_bwd_q_v8")?],
         add: l("add_inplace")?,
+        add_many: l("add_many")?,
         add_bf16: l("add_bf16_inplace")?,
         to_bf16: l("to_bf16")?,
         xent: l("cross_entropy")?,
         sumsq: l("sumsq_partial")?,
         adamw: l("adamw")?,
+        adamw_many: l("adamw_many")?,
         attn_delta: l("attn_delta")?,
         attn: if matches!(d, 16 | 32 | 64 | 128) {
             // 4 warps, 64 rows a block; bf16 tiles of pitch D + 8 (p bytes a
@@ -1990,26 +2051,44 @@ impl<'g> GpuLlama<'g> {
         Ok(dres_bf.map(|b| (b, amax)))
     }
 
-    fn add_grad(&mut self, slot: usize, g: &CudaSlice<f32>) -> Result<()> {
-        let sl = self.slots[slot].clone();
-        if g.len() != sl.numel {
-            return Err(Error::Shape(format!(
-                "gradient of {} elements for {} ({} elements)",
-                g.len(),
-                sl.name,
-                sl.numel
-            )));
-        }
-        let mut gview = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
-        let n = sl.numel;
-        unsafe {
-            self.gpu
-                .stream
-                .launch_builder(&self.f.add)
-                .arg(&mut gview)
-                .arg(g)
-                .arg(&n)
-                .launch(grid1(n))?;
+    /// Add each `(slot, gradient)` into the accumulated gradients,
+    /// [`ADD_MANY`] a launch.
+    fn add_grads(&mut self, items: &[(usize, CudaSlice<f32>)]) -> Result<()> {
+        for chunk in items.chunks(ADD_MANY) {
+            let mut list = AddMany {
+                src: [0; ADD_MANY],
+                off: [0; ADD_MANY],
+                n: [0; ADD_MANY],
+            };
+            for (i, (slot, g)) in chunk.iter().enumerate() {
+                let sl = &self.slots[*slot];
+                if g.len() != sl.numel {
+                    return Err(Error::Shape(format!(
+                        "gradient of {} elements for {} ({} elements)",
+                        g.len(),
+                        sl.name,
+                        sl.numel
+                    )));
+                }
+                list.src[i] = g.device_ptr(&self.gpu.stream).0;
+                list.off[i] = sl.offset as u64;
+                list.n[i] = sl.numel as u64;
+            }
+            let most = chunk.iter().map(|(_, g)| g.len()).max().unwrap_or(0);
+            let mut cfg = grid_stride(most);
+            cfg.grid_dim.1 = chunk.len() as u32;
+            // SAFETY: argument types match `add_many` in train.cu; each
+            // source holds `n` elements and its slot `off .. off + n` lies
+            // in the gradient buffer (the slots tile it); the sources live
+            // until after the launch (borrowed from `items`).
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&self.f.add_many)
+                    .arg(&mut self.grad)
+                    .arg(&list)
+                    .launch(cfg)?;
+            }
         }
         Ok(())
     }
@@ -2431,6 +2510,8 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let lora = self.lora.is_some();
+        // Tensors without amax go to `adamw_many`, ADAM_MANY a launch.
+        let mut many: Vec<AdamTensor> = Vec::new();
         for si in 0..self.slots.len() {
             let sl = self.slots[si].clone();
             let wd = if sl.decay { p.weight_decay } else { 0.0 };
@@ -2465,6 +2546,39 @@ impl<'g> GpuLlama<'g> {
                 None if !lora && si == self.head_slot => Some(&mut self.head),
                 None => None,
             };
+            if amax.is_none() {
+                let ptr = |o: &mut CudaSlice<u16>| o.device_ptr_mut(s).0;
+                if let Some((t, cols)) = &out_t {
+                    if out.is_none() || t.len() != sl.numel || cols_mismatch(sl.numel, *cols) {
+                        return Err(Error::Shape(format!(
+                            "AdamW transposed copy of {} elements in rows of {cols} for {} ({} elements, and a bf16 copy)",
+                            t.len(),
+                            sl.name,
+                            sl.numel
+                        )));
+                    }
+                }
+                let (out_t, t_cols) = match out_t {
+                    Some((t, cols)) => (ptr(t), cols),
+                    None => (0, 0),
+                };
+                if out.as_ref().is_some_and(|o| o.len() != sl.numel) {
+                    return Err(Error::Shape(format!(
+                        "AdamW bf16 copy of {} of another length",
+                        sl.name
+                    )));
+                }
+                many.push(AdamTensor {
+                    off: sl.offset as u64,
+                    n: sl.numel as u64,
+                    out: out.map_or(0, ptr),
+                    out_t,
+                    t_cols: t_cols as u64,
+                    wd,
+                    pad: 0.0,
+                });
+                continue;
+            }
             launch_adamw(
                 s,
                 &self.f.adamw,
@@ -2476,6 +2590,34 @@ impl<'g> GpuLlama<'g> {
             )?;
             if let (Some(a), Some(&(bi, li, 0))) = (amax, targets.get(&si)) {
                 self.blocks[bi].lin[li].set_weight_amax(a);
+            }
+        }
+        for chunk in many.chunks(ADAM_MANY) {
+            let mut list = AdamMany {
+                t: [AdamTensor::default(); ADAM_MANY],
+            };
+            list.t[..chunk.len()].copy_from_slice(chunk);
+            let most = chunk.iter().map(|t| t.n as usize).max().unwrap_or(0);
+            let mut cfg = grid_stride(most);
+            cfg.grid_dim.1 = chunk.len() as u32;
+            // SAFETY: argument types match `adamw_many` in train.cu; each
+            // tensor's `off .. off + n` lies in the flat buffers (a slot), its
+            // copies (checked above) hold `n` elements and live in the model.
+            unsafe {
+                s.launch_builder(&self.f.adamw_many)
+                    .arg(&mut self.master)
+                    .arg(&self.grad)
+                    .arg(&mut self.m)
+                    .arg(&mut self.v)
+                    .arg(&list)
+                    .arg(&p.lr)
+                    .arg(&p.beta1)
+                    .arg(&p.beta2)
+                    .arg(&p.eps)
+                    .arg(&bc1)
+                    .arg(&bc2)
+                    .arg(&clip)
+                    .launch(cfg)?;
             }
         }
         for blk in &mut self.blocks {
@@ -3137,15 +3279,16 @@ impl<'g> GpuLlama<'g> {
                 Error::Shape(format!("block {bi} has no projections {li}..{}", li + n))
             })?;
             let grads = crate::lora::backward_group(layers, self.gpu, saved, dys, dx)?;
+            let mut adds = Vec::with_capacity(2 * grads.len());
             for (j, g) in grads.into_iter().enumerate() {
                 if let (Some((da, db)), Some(Some((sa, sb)))) =
                     (g, self.blocks[bi].adapter_slots.get(li + j).copied())
                 {
-                    self.add_grad(sa, &da)?;
-                    self.add_grad(sb, &db)?;
+                    adds.push((sa, da));
+                    adds.push((sb, db));
                 }
             }
-            return Ok(());
+            return self.add_grads(&adds);
         }
         for (j, (s, dy, amax)) in items.into_iter().enumerate() {
             let ProjSaved::Full(s) = s else {
