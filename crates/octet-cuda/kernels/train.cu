@@ -786,6 +786,22 @@ extern "C" __global__ void sumsq_partial(const float* g, size_t n, double* parti
     }
 }
 
+// One element of AdamW (octet_train::optim::AdamW::step): the gradient times
+// `clip`, the moments and the master updated in place; returns the master.
+__device__ __forceinline__ float adamw_elem(float* p, const float* g, float* m, float* v, size_t i, float lr,
+                                            float b1, float b2, float eps, float wd, float bc1, float bc2,
+                                            float clip) {
+    const float gi = g[i] * clip;
+    const float mi = b1 * m[i] + (1.f - b1) * gi;
+    const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
+    const float w = p[i] - lr * (update + wd * p[i]);
+    p[i] = w;
+    return w;
+}
+
 // AdamW with bias correction and decoupled weight decay, the gradient
 // multiplied by `clip` first (octet_train::optim::AdamW::step); the new
 // master also written as bf16 to `out` when given (the compute copy), with
@@ -800,14 +816,7 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, u
     float am = 0.f;
     int bad = 0;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = g[i] * clip;
-        const float mi = b1 * m[i] + (1.f - b1) * gi;
-        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        const float w = p[i] - lr * (update + wd * p[i]);
-        p[i] = w;
+        const float w = adamw_elem(p, g, m, v, i, lr, b1, b2, eps, wd, bc1, bc2, clip);
         if (out) {
             out[i] = f2bf(w);
             amax_note(out[i], am, bad);
@@ -820,8 +829,8 @@ extern "C" __global__ void adamw(float* p, const float* g, float* m, float* v, u
 // `adamw` over up to 64 tensors of the flat buffers in one launch, without
 // amax (the bf16 copies that no quantizer reads): tensor blockIdx.y is
 // elements off .. off + n of p, g, m, v, with its own weight decay and
-// copies (the list read in place: `__grid_constant__`). Same arithmetic as
-// `adamw`, element for element. A LoRA model has
+// copies (the list read in place: `__grid_constant__`). The same
+// `adamw_elem` as `adamw`. A LoRA model has
 // 14 adapter tensors a block (224 on the ~1B model), each a launch of
 // 32K-90K elements before.
 #define ADAM_MANY 64
@@ -845,14 +854,7 @@ extern "C" __global__ void adamw_many(float* p, const float* g, float* m, float*
     m += t.off;
     v += t.off;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        const float gi = g[i] * clip;
-        const float mi = b1 * m[i] + (1.f - b1) * gi;
-        const float vi = b2 * v[i] + (1.f - b2) * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        const float update = (mi / bc1) / (sqrtf(vi / bc2) + eps);
-        const float w = p[i] - lr * (update + t.wd * p[i]);
-        p[i] = w;
+        const float w = adamw_elem(p, g, m, v, i, lr, b1, b2, eps, t.wd, bc1, bc2, clip);
         if (t.out) {
             const unsigned short b = f2bf(w);
             t.out[i] = b;
