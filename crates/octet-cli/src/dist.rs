@@ -140,6 +140,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     saved_bytes: 0,
                     device_bytes: None,
                     allocated_bytes: None,
+                    reserved_bytes: None,
                 };
                 if let Ok(mut w) = metrics.lock() {
                     w.write(&m).map_err(|e| dist_err(e.to_string()))?;

@@ -468,6 +468,7 @@ pub fn train_gpu_ranked(
             saved_bytes: peak_saved,
             device_bytes: Some(peak_dev),
             allocated_bytes: gpu.pool_peak_allocated()?,
+            reserved_bytes: gpu.pool_peak_reserved()?,
         };
         let last = model.step == cfg.steps;
         if cfg.eval_batches > 0

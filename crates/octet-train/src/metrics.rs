@@ -32,6 +32,12 @@ pub struct StepMetrics {
     /// high-water mark, as PyTorch's `max_memory_allocated`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allocated_bytes: Option<usize>,
+    /// GPU: the most bytes the memory pool held from the driver at once so
+    /// far, allocated or cached for reuse (PyTorch's `max_memory_reserved`).
+    /// `device_bytes` is this plus what lies outside the pool (the context,
+    /// kernel code, cuBLASLt's workspace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved_bytes: Option<usize>,
 }
 
 /// Appends JSON lines to a file.

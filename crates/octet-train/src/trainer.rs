@@ -842,6 +842,7 @@ pub fn train(
             saved_bytes: peak_saved,
             device_bytes: None,
             allocated_bytes: None,
+            reserved_bytes: None,
         };
         let last = opt.step == cfg.steps;
         if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
