@@ -26,6 +26,7 @@ struct TransposeMany {
 // SAFETY: `#[repr(C)]` plain data laid out as block2d.cu's twin (eight
 // 8-byte addresses, eight 4-byte ints; 96 bytes, no padding).
 unsafe impl DeviceRepr for TransposeMany {}
+const _: () = assert!(std::mem::size_of::<TransposeMany>() == 96);
 
 /// The compiled kernels.
 pub(crate) struct Block2dKernels {

@@ -657,6 +657,7 @@ struct DaOut {
 // `struct DaOut { float* out[4]; int end[4]; }` (four 8-byte pointers, four
 // 4-byte ints, 48 bytes, 8-byte aligned).
 unsafe impl DeviceRepr for DaOut {}
+const _: () = assert!(std::mem::size_of::<DaOut>() == 48);
 
 /// A grid-stride launch over `work` items: 256 threads a block, at most
 /// 4096 blocks.

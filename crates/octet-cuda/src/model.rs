@@ -643,6 +643,14 @@ struct AdamMany {
 unsafe impl DeviceRepr for AdamTensor {}
 unsafe impl DeviceRepr for AdamMany {}
 
+// The kernels' structs have these sizes (a mismatch would shift every
+// argument after them); AdamMany must fit a kernel's 4 KB of parameters
+// beside adamw_many's other 60 bytes.
+const _: () = assert!(std::mem::size_of::<AddMany>() == 192);
+const _: () = assert!(std::mem::size_of::<AdamTensor>() == 48);
+const _: () = assert!(std::mem::size_of::<AdamMany>() == 48 * ADAM_MANY);
+const _: () = assert!(std::mem::size_of::<AdamMany>() + 60 <= 4096);
+
 /// Whether `n` elements cannot be read as rows of `cols` (a transposed copy).
 fn cols_mismatch(n: usize, cols: usize) -> bool {
     cols == 0 || !n.is_multiple_of(cols)
