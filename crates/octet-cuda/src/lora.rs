@@ -1400,7 +1400,12 @@ pub fn backward_group<D: GemmOut>(
         let das = match saved[ads[0].0].rowwise_e4m3() {
             // Straight from the codes the forward kept (no dropout mask to
             // apply), each adapter's rows to its own buffer.
-            Some(q) if dropout.is_none() && Gpu::lora_da_fits(m, k, rows) && ads.len() <= 4 => {
+            Some(q)
+                if dropout.is_none()
+                    && Gpu::lora_da_fits(m, k, rows)
+                    && ads.len() <= 4
+                    && ads.iter().all(|&(_, ad, _)| ad.rank > 0) =>
+            {
                 let ranks: Vec<usize> = ads.iter().map(|&(_, ad, _)| ad.rank).collect();
                 gpu.lora_da_e4m3(&dut, &ranks, &q.q, (m, k))?
             }

@@ -614,6 +614,10 @@ unsafe impl DeviceRepr for AddMany {}
 /// Tensors a launch of `adamw_many` (train.cu's `ADAM_MANY`).
 const ADAM_MANY: usize = 64;
 
+/// The largest tensor `adamw_many` takes (elements): a LoRA adapter of the
+/// ~1B model has 33K-90K, a norm gain thousands; larger ones launch alone.
+const ADAM_MANY_MOST: usize = 1 << 20;
+
 /// One tensor of `adamw_many` (train.cu's `struct AdamTensor`, 48 bytes):
 /// elements `off .. off + n` of the flat buffers, the device addresses of
 /// its bf16 copy and transposed copy (0: none), the copy's row length for
@@ -2063,6 +2067,17 @@ impl<'g> GpuLlama<'g> {
     /// [`ADD_MANY`] a launch.
     fn add_grads(&mut self, items: &[(usize, CudaSlice<f32>)]) -> Result<()> {
         for chunk in items.chunks(ADD_MANY) {
+            // One launch's tensors add concurrently: each slot once.
+            if let Some((i, _)) = chunk
+                .iter()
+                .enumerate()
+                .find(|(i, (s, _))| chunk[..*i].iter().any(|(t, _)| t == s))
+            {
+                return Err(Error::Shape(format!(
+                    "two gradients for {} in one add",
+                    self.slots[chunk[i].0].name
+                )));
+            }
             let mut list = AddMany {
                 src: [0; ADD_MANY],
                 off: [0; ADD_MANY],
@@ -2518,7 +2533,10 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let lora = self.lora.is_some();
-        // Tensors without amax go to `adamw_many`, ADAM_MANY a launch.
+        // Tensors without amax go to `adamw_many`, ADAM_MANY a launch, up to
+        // ADAM_MANY_MOST elements each: its grid is sized for a chunk's
+        // largest tensor, so a large one (an embedding) keeps its own launch
+        // rather than leaving most of the blocks of the small ones idle.
         let mut many: Vec<AdamTensor> = Vec::new();
         for si in 0..self.slots.len() {
             let sl = self.slots[si].clone();
@@ -2554,7 +2572,7 @@ impl<'g> GpuLlama<'g> {
                 None if !lora && si == self.head_slot => Some(&mut self.head),
                 None => None,
             };
-            if amax.is_none() {
+            if amax.is_none() && sl.numel <= ADAM_MANY_MOST {
                 let ptr = |o: &mut CudaSlice<u16>| o.device_ptr_mut(s).0;
                 if let Some((t, cols)) = &out_t {
                     if out.is_none() || t.len() != sl.numel || cols_mismatch(sl.numel, *cols) {
