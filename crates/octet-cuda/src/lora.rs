@@ -590,15 +590,14 @@ impl GpuLoraLinear {
         gq: &DeviceFp8,
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
-        let (codes, n, k) = self.base_codes()?;
-        let wt = gpu.transpose_u8(codes, n, k)?;
+        let wt = gpu.transpose_u8(&self.fp8_base()?.codes, self.n, self.k)?;
         self.base_backward_transposed(gpu, m, gq, &wt, dx)
     }
 
-    /// The FP8 base's frozen codes `(n, k)`, for a transpose.
-    fn base_codes(&self) -> Result<(&CudaSlice<u8>, usize, usize)> {
+    /// The FP8 base (its frozen `(n, k)` codes and factors).
+    fn fp8_base(&self) -> Result<&DeviceFp8Weight> {
         match &self.base {
-            GpuBase::Fp8(w) => Ok((&w.codes, self.n, self.k)),
+            GpuBase::Fp8(w) => Ok(w),
             GpuBase::Bf16(_) => Err(Error::Shape(
                 "an FP8 input gradient over a bf16 base".into(),
             )),
@@ -616,11 +615,7 @@ impl GpuLoraLinear {
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
         let (n, k) = (self.n, self.k);
-        let GpuBase::Fp8(w) = &self.base else {
-            return Err(Error::Shape(
-                "an FP8 input gradient over a bf16 base".into(),
-            ));
-        };
+        let w = self.fp8_base()?;
         gpu.gemm_fp8(gq.rowwise_operand(), operand(w, wt), dx, (m, k, n), false)
     }
 }
@@ -1448,7 +1443,10 @@ pub fn backward_group<D: GemmOut>(
         // The group's frozen codes transposed in one launch.
         let bases = codes
             .iter()
-            .map(|(i, _)| layers[*i].base_codes())
+            .map(|(i, _)| {
+                let l = &layers[*i];
+                Ok((&l.fp8_base()?.codes, l.n, l.k))
+            })
             .collect::<Result<Vec<_>>>()?;
         let wts = gpu.transpose_u8_many(&bases)?;
         for ((i, gq), wt) in codes.iter().zip(&wts) {

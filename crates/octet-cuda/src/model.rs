@@ -655,9 +655,29 @@ const _: () = assert!(std::mem::size_of::<AdamTensor>() == 48);
 const _: () = assert!(std::mem::size_of::<AdamMany>() == 48 * ADAM_MANY);
 const _: () = assert!(std::mem::size_of::<AdamMany>() + 60 <= 4096);
 
-/// Whether `n` elements cannot be read as rows of `cols` (a transposed copy).
-fn cols_mismatch(n: usize, cols: usize) -> bool {
-    cols == 0 || !n.is_multiple_of(cols)
+/// An AdamW update's copies of `n` weights: the bf16 copy holds `n`; the
+/// transposed one (a LoRA B's B^T) needs the bf16 copy too, holds `n`, in
+/// rows of `cols` that divide `n`.
+fn check_adamw_copies(
+    n: usize,
+    out: &Option<&mut CudaSlice<u16>>,
+    out_t: &Option<(&mut CudaSlice<u16>, usize)>,
+) -> Result<()> {
+    if out.as_ref().is_some_and(|o| o.len() != n) {
+        return Err(Error::Shape(format!(
+            "AdamW bf16 copy of {} elements for {n} weights",
+            out.as_ref().map_or(0, |o| o.len())
+        )));
+    }
+    if let Some((t, cols)) = out_t {
+        if out.is_none() || t.len() != n || *cols == 0 || !n.is_multiple_of(*cols) {
+            return Err(Error::Shape(format!(
+                "AdamW transposed copy of {} elements in rows of {cols} for {n} weights (and a bf16 copy)",
+                t.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Push an optional amax (`amax_bits`, `nonfinite`) as two kernel pointers (null when `None`).
@@ -2573,27 +2593,12 @@ impl<'g> GpuLlama<'g> {
                 None => None,
             };
             if amax.is_none() && sl.numel <= ADAM_MANY_MOST {
+                check_adamw_copies(sl.numel, &out, &out_t)?;
                 let ptr = |o: &mut CudaSlice<u16>| o.device_ptr_mut(s).0;
-                if let Some((t, cols)) = &out_t {
-                    if out.is_none() || t.len() != sl.numel || cols_mismatch(sl.numel, *cols) {
-                        return Err(Error::Shape(format!(
-                            "AdamW transposed copy of {} elements in rows of {cols} for {} ({} elements, and a bf16 copy)",
-                            t.len(),
-                            sl.name,
-                            sl.numel
-                        )));
-                    }
-                }
                 let (out_t, t_cols) = match out_t {
                     Some((t, cols)) => (ptr(t), cols),
                     None => (0, 0),
                 };
-                if out.as_ref().is_some_and(|o| o.len() != sl.numel) {
-                    return Err(Error::Shape(format!(
-                        "AdamW bf16 copy of {} of another length",
-                        sl.name
-                    )));
-                }
                 many.push(AdamTensor {
                     off: sl.offset as u64,
                     n: sl.numel as u64,
@@ -3405,18 +3410,10 @@ fn launch_adamw(
     (bc1, bc2, clip): (f32, f32, f32),
 ) -> Result<()> {
     let n = pm.len();
-    if g.len() != n || mm.len() != n || vm.len() != n || out.as_ref().is_some_and(|o| o.len() != n)
-    {
+    if g.len() != n || mm.len() != n || vm.len() != n {
         return Err(Error::Shape("AdamW buffers of different lengths".into()));
     }
-    if let Some((t, cols)) = &out_t {
-        if out.is_none() || t.len() != n || *cols == 0 || !n.is_multiple_of(*cols) {
-            return Err(Error::Shape(format!(
-                "AdamW transposed copy of {} elements in rows of {cols} for {n} weights (and a bf16 copy)",
-                t.len()
-            )));
-        }
-    }
+    check_adamw_copies(n, &out, &out_t)?;
     let null: u64 = 0;
     // SAFETY: argument types match `adamw` in train.cu; every buffer holds `n` elements.
     unsafe {
