@@ -4,20 +4,28 @@
 // registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
 //
-// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block of 8
-// warps owns 16 weight rows and 16 tokens;
-// the warps split K into 128-column blocks (warp w takes blocks w, w+8, ...).
-// Per 128-column block a thread loads 16 contiguous codes from each of its two
-// rows (g and g+8, g = lane / 4) per 64 columns, and 16 contiguous bf16 of its
-// token's x row; `mma.m16n8k16` multiplies 16 rows x 16 columns x 8 tokens.
-// The order of K inside one mma is free (a sum), so thread t's four columns of
-// logical k {2t, 2t+1, 2t+8, 2t+9} are taken as the physical columns
-// 16t + 4s + {0, 1, 2, 3} of step s: contiguous 16-byte loads for W and x
-// alike. Each 128-column block's partial sum enters the total with one FMA by
-// its block factor (1 for tensor and row scales, which apply at the end). The
-// 8 warps' totals are summed in warp order through shared memory. On sm_90
-// and later the host launches it as a programmatic dependent of the previous
-// kernel, and its first weight loads overlap that kernel's tail.
+// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block owns
+// 16 weight rows and up to 16 tokens; its WARPS warps split K into 128-column
+// blocks (warp w takes blocks w, w + WARPS, ...). Each warp copies its blocks'
+// codes (16 rows x 128) and x tiles into a ring of STAGES slots in shared
+// memory by cp.async, STAGES - 1 blocks ahead of the one it multiplies: the
+// bytes in flight cost shared memory, not registers. Per 128-column block a
+// thread reads 16 contiguous codes of each of its two rows (g and g+8, g =
+// lane / 4) per 64 columns, and 16 contiguous bf16 of its token's x row;
+// `mma.m16n8k16` multiplies 16 rows x 16 columns x 8 tokens. The order of K
+// inside one mma is free (a sum), so thread t's four columns of logical k
+// {2t, 2t+1, 2t+8, 2t+9} are taken as the physical columns 16t + 4s + {0, 1,
+// 2, 3} of step s: contiguous 16-byte reads for W and x alike. Each 128-column
+// block's partial sum enters the total with one FMA by its block factor (1 for
+// tensor and row scales, which apply at the end). The warps' totals are summed
+// in warp order through shared memory. On sm_90 and later the host launches it
+// as a programmatic dependent of the previous kernel, and its first copies of
+// codes overlap that kernel's tail.
+//
+// Against the register-pipelined kernel it replaced (the next block's codes
+// and x held in registers, 8 warps, 60 / 88 registers for 8 / 16 tokens),
+// measured on the H100 (BENCHMARKS.md, twenty-fourth session): M = 16 on
+// 8192x28672 from 0.82 to 0.89 of copy bandwidth, M = 1 from 0.91 to 0.97.
 //
 // Requirements checked by the host: K % 16 == 0 (a thread's 16 columns are
 // all inside or all outside K), 16-byte aligned rows.
@@ -45,49 +53,6 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
     return mode == SCALE_TENSOR ? factors[0] : mode == SCALE_ROW ? factors[row] : 1.f;
 }
 
-// A 16-byte load of codes, which each block reads once: through the
-// read-only path without taking a place in L1, which stays for x (read by
-// every block of an SM). Measured on the H100 against `__ldg`: +2 to +5
-// points of copy bandwidth at M = 1-16 (bench-results/h100-session16-e.txt).
-__device__ __forceinline__ uint4 ld_stream(const unsigned char* p) {
-    uint4 v;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                 : "l"(p));
-    return v;
-}
-// The loads of 128-column block `kb` for thread (g, t): 16 codes of rows ra
-// and rb per 64 columns (`load_w`) and 16 bf16 of token j*8+g (`load_x`);
-// zeros outside K, N, M.
-__device__ __forceinline__ void load_w(const unsigned char* __restrict__ w, int kb, int K, int N, int ra, int rb,
-                                       int t, uint4 wa[2], uint4 wb[2]) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int k = kb * 128 + h * 64 + 16 * t;
-        const bool in = k < K;
-        wa[h] = (in && ra < N) ? ld_stream(w + (size_t)ra * K + k) : zero;
-        wb[h] = (in && rb < N) ? ld_stream(w + (size_t)rb * K + k) : zero;
-    }
-}
-template <int NT>
-__device__ __forceinline__ void load_x(const unsigned short* __restrict__ x, int kb, int K, int M, int t, int g,
-                                       uint4 xv[NT][2][2]) {
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int k = kb * 128 + h * 64 + 16 * t;
-        const bool in = k < K;
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            const int tok = j * 8 + g;
-            const uint4* px = reinterpret_cast<const uint4*>(x + (size_t)tok * K + k);
-            xv[j][h][0] = (in && tok < M) ? __ldg(px) : zero;
-            xv[j][h][1] = (in && tok < M) ? __ldg(px + 1) : zero;
-        }
-    }
-}
-
 // Programmatic dependent launch (sm_90 and later; no-ops before, and when the
 // launch did not allow it): `grid_wait` returns once the kernels this one
 // depends on have completed and their writes are visible; `grid_trigger`
@@ -103,100 +68,149 @@ __device__ __forceinline__ void grid_trigger() {
 #endif
 }
 
-template <int FMT, int NT, typename OUT>
+// NT: groups of 8 tokens (1 or 2). A warp's ring is its own: only
+// `__syncwarp` orders its copies and its reads. Slot layout (16-byte chunks,
+// swizzled so that a quarter-warp's 16-byte reads hit 32 distinct banks):
+// codes, 16 rows x 128 bytes, row r's chunk c at c ^ ((r & 1) << 2); then x,
+// `xrows` token rows x 256 bytes, row r's chunk c at c ^ (r & 1). Rows past N
+// and tokens past M are not copied: their slots hold whatever they held, which
+// reaches only outputs that are not stored (a row of the mma's A or a column
+// of its B touches only its own outputs). Columns past K are zero-filled in
+// both operands.
+template <int FMT, int NT, typename OUT, int WARPS, int STAGES>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
-                                              const float* __restrict__ factors, OUT* __restrict__ y,
-                                              int M, int N, int K, int mode) {
-    __shared__ float red[8][NT * 4][32];
+                                              const float* __restrict__ factors, OUT* __restrict__ y, int M,
+                                              int N, int K, int mode) {
+    extern __shared__ __align__(16) unsigned char smem[];
+    // A slot holds the x rows of the launch's largest token group only
+    // (M = 1 in decoding needs 256 bytes of x a slot, not 2 KiB).
+    constexpr int WBYTES = 16 * 128;
+    const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    // blockIdx.x: group of 16 tokens (consecutive blocks share a row tile, so
-    // a tile's codes are read from DRAM once and from L2 by the other groups);
-    // blockIdx.y: tile of 16 weight rows.
     const int row0 = blockIdx.y * 16;
     const int tok0 = blockIdx.x * 16;
     x += (size_t)tok0 * K;
     y += (size_t)tok0 * N;
     M = min(M - tok0, 16);
-    const int ra = row0 + g, rb = row0 + g + 8;
     const int kblocks = (K + 127) / 128;
+    const int nk = kblocks > warp ? (kblocks - warp + WARPS - 1) / WARPS : 0;
+    unsigned char* ring = smem + warp * STAGES * SLOT;
+    const unsigned ring_s = smem_addr(ring);
+
+    // Copies of the warp's i-th block (k block warp + i * WARPS) into slot i % STAGES.
+    auto copy_w = [&](int i) {
+        const int kb = warp + i * WARPS;
+        const unsigned dst = ring_s + (i % STAGES) * SLOT;
+#pragma unroll
+        for (int p = 0; p < 4; p++) {
+            const int q = lane + 32 * p, r = q >> 3, c = q & 7;
+            const int k = kb * 128 + c * 16;
+            if (row0 + r < N)
+                cp_async16(dst + r * 128 + ((c ^ ((r & 1) << 2)) << 4), w + (size_t)(row0 + r) * K + min(k, K - 16),
+                           k < K ? 16 : 0);
+        }
+    };
+    auto copy_x = [&](int i) {
+        const int kb = warp + i * WARPS;
+        const unsigned dst = ring_s + (i % STAGES) * SLOT + WBYTES;
+#pragma unroll
+        for (int p = 0; p < NT * 4; p++) {
+            const int q = lane + 32 * p, r = q >> 4, c = q & 15;
+            const int k = kb * 128 + c * 8;
+            if (r < M)
+                cp_async16(dst + r * 256 + ((c ^ (r & 1)) << 4), x + (size_t)r * K + min(k, K - 8), k < K ? 16 : 0);
+        }
+    };
+
     float tot[NT][4];
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
         for (int i = 0; i < 4; i++) tot[j][i] = 0.f;
 
-    // Software pipeline: the loads of the warp's next 128-column block are in
-    // flight while the current one is converted and multiplied.
-    //
     // Launched as a programmatic dependent of the previous kernel (sm_90 and
     // later), the kernel starts while that one finishes: the weight codes are
-    // constant (written once by the upload, never by a kernel), so the first
-    // loads of them go out before `grid_wait`, overlapping the previous
-    // kernel's tail; `x` and `y` are touched only after it. The trigger right
-    // after lets the next product start its own weight loads as soon as every
-    // block of this one is running.
-    uint4 wa[2], wb[2], xv[NT][2][2];
-    load_w(w, warp, K, N, ra, rb, t, wa, wb);
+    // constant (written once by the upload, never by a kernel), so their first
+    // copies go out before `grid_wait`, overlapping the previous kernel's
+    // tail; x and y are touched only after it. The trigger right after lets
+    // the next product start its own copies once every block of this one is
+    // running. One cp.async group per stage (the first also holds the codes
+    // of the others).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++)
+        if (s < nk) copy_w(s);
     grid_wait();
     grid_trigger();
-    load_x<NT>(x, warp, K, M, t, g, xv);
-    for (int kb = warp; kb < kblocks; kb += 8) {
-        uint4 nwa[2], nwb[2], nxv[NT][2][2];
-        load_w(w, kb + 8, K, N, ra, rb, t, nwa, nwb);
-        load_x<NT>(x, kb + 8, K, M, t, g, nxv);
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        if (s < nk) copy_x(s);
+        cp_commit();
+    }
+    for (int i = 0; i < nk; i++) {
+        if (i + STAGES - 1 < nk) {
+            copy_w(i + STAGES - 1);
+            copy_x(i + STAGES - 1);
+        }
+        cp_commit();
+        cp_wait<STAGES - 1>();
+        __syncwarp();
+        const unsigned char* ws = ring + (i % STAGES) * SLOT;
+        const unsigned char* xs_base = ws + WBYTES;
         float acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[j][i] = 0.f;
+            for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
+            const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
+            const uint4 wa = *reinterpret_cast<const uint4*>(ws + g * 128 + cw);
+            const uint4 wb = *reinterpret_cast<const uint4*>(ws + (g + 8) * 128 + cw);
+            uint4 xv[NT][2];
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int e = 0; e < 2; e++)
+                    xv[j][e] = *reinterpret_cast<const uint4*>(xs_base + min(j * 8 + g, xrows - 1) * 256 +
+                                                               (((h * 8 + 2 * t + e) ^ (g & 1)) << 4));
 #pragma unroll
             for (int s = 0; s < 4; s++) {
-                const unsigned int ua = word(wa[h], s), ub = word(wb[h], s);
-                const unsigned int a0 = fp8x2_to_bf16x2<FMT>(ua & 0xffffu);  // row g, cols 4s+0,1
-                const unsigned int a1 = fp8x2_to_bf16x2<FMT>(ub & 0xffffu);  // row g+8
-                const unsigned int a2 = fp8x2_to_bf16x2<FMT>(ua >> 16);      // row g, cols 4s+2,3
-                const unsigned int a3 = fp8x2_to_bf16x2<FMT>(ub >> 16);      // row g+8
+                const unsigned int ua = word(wa, s), ub = word(wb, s);
+                const unsigned int a0 = fp8x2_to_bf16x2<FMT>(ua & 0xffffu);
+                const unsigned int a1 = fp8x2_to_bf16x2<FMT>(ub & 0xffffu);
+                const unsigned int a2 = fp8x2_to_bf16x2<FMT>(ua >> 16);
+                const unsigned int a3 = fp8x2_to_bf16x2<FMT>(ub >> 16);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
-                    const uint4& xs = xv[j][h][s >> 1];
-                    const unsigned int b0 = word(xs, (s & 1) * 2);      // x cols 4s+0,1
-                    const unsigned int b1 = word(xs, (s & 1) * 2 + 1);  // x cols 4s+2,3
-                    mma_bf16(acc[j], a0, a1, a2, a3, b0, b1);
+                    const uint4& xq = xv[j][s >> 1];
+                    mma_bf16(acc[j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
                 }
             }
         }
-        const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + kb] : 1.f;
+        const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) tot[j][i] = fmaf(acc[j][i], f, tot[j][i]);
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            wa[h] = nwa[h];
-            wb[h] = nwb[h];
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                xv[j][h][0] = nxv[j][h][0];
-                xv[j][h][1] = nxv[j][h][1];
-            }
-        }
+            for (int e = 0; e < 4; e++) tot[j][e] = fmaf(acc[j][e], f, tot[j][e]);
+        // Every lane is done with this slot before a later copy refills it.
+        __syncwarp();
     }
+    cp_wait<0>();
+    __syncthreads();
+    // The warps' totals, summed in warp order (the ring is free now).
+    float* red = reinterpret_cast<float*>(smem);  // [WARPS][NT * 4][32]
 #pragma unroll
     for (int j = 0; j < NT; j++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[warp][j * 4 + i][lane] = tot[j][i];
+        for (int e = 0; e < 4; e++) red[(warp * NT * 4 + j * 4 + e) * 32 + lane] = tot[j][e];
     __syncthreads();
-    // One thread per (fragment slot, lane): sum the 8 warps in order, scale,
-    // store (a loop over the NT * 128 slots: it held n16's registers at 88).
-    for (int e = threadIdx.x; e < NT * 4 * 32; e += 256) {
+    for (int e = threadIdx.x; e < NT * 4 * 32; e += WARPS * 32) {
         const int idx = e >> 5, l = e & 31;
         float v = 0.f;
 #pragma unroll
-        for (int q = 0; q < 8; q++) v += red[q][idx][l];
+        for (int q = 0; q < WARPS; q++) v += red[(q * NT * 4 + idx) * 32 + l];
         const int j = idx >> 2, i = idx & 3;
         const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
@@ -204,20 +218,23 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 }
 
-#define MIXED_SMALL(NAME, FMT, NT, OUT)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256) NAME(const unsigned char* w, const unsigned short* x, \
-                                                           const float* factors, OUT* y, int M, int N,  \
-                                                           int K, int mode) {                           \
-        mixed_small_m<FMT, NT, OUT>(w, x, factors, y, M, N, K, mode);                                    \
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES)                                                    \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
+                                                                  const float* factors, OUT* y, int M, int N, \
+                                                                  int K, int mode) {                     \
+        mixed_small_m<FMT, NT, OUT, WARPS, STAGES>(w, x, factors, y, M, N, K, mode);                     \
     }
-MIXED_SMALL(mixed_e4m3_n8_f32, FMT_E4M3, 1, float)
-MIXED_SMALL(mixed_e4m3_n16_f32, FMT_E4M3, 2, float)
-MIXED_SMALL(mixed_e5m2_n8_f32, FMT_E5M2, 1, float)
-MIXED_SMALL(mixed_e5m2_n16_f32, FMT_E5M2, 2, float)
-MIXED_SMALL(mixed_e4m3_n8_bf16, FMT_E4M3, 1, unsigned short)
-MIXED_SMALL(mixed_e4m3_n16_bf16, FMT_E4M3, 2, unsigned short)
-MIXED_SMALL(mixed_e5m2_n8_bf16, FMT_E5M2, 1, unsigned short)
-MIXED_SMALL(mixed_e5m2_n16_bf16, FMT_E5M2, 2, unsigned short)
+// The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
+// `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
+// tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 2 stages.
+#define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
+    MIXED_SMALL(mixed_e4m3_##TAG##_f32, FMT_E4M3, NT, float, W, S)                                       \
+    MIXED_SMALL(mixed_e5m2_##TAG##_f32, FMT_E5M2, NT, float, W, S)                                       \
+    MIXED_SMALL(mixed_e4m3_##TAG##_bf16, FMT_E4M3, NT, unsigned short, W, S)                             \
+    MIXED_SMALL(mixed_e5m2_##TAG##_bf16, FMT_E5M2, NT, unsigned short, W, S)
+MIXED_SMALL_CFG(n4, 1, 8, 3)
+MIXED_SMALL_CFG(n8, 1, 8, 2)
+MIXED_SMALL_CFG(n16, 2, 4, 2)
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,
 // four loads in flight per thread) and fold them into one word per thread,

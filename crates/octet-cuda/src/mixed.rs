@@ -1,15 +1,17 @@
 //! Weight-only FP8 products on the GPU: `y (M, N) = x (M, K) @ W^T` with `x`
 //! in bf16 and `W` kept in FP8 on the device (see `kernels/mixed.cu`).
 //!
-//! - `M <= 64`: one kernel reads the FP8 codes with 16-byte loads (once from
-//!   DRAM; groups of 16 tokens share each weight tile through L2),
-//!   converts them to bf16 in registers and feeds `mma.m16n8k16` (f32
-//!   accumulation); block factors apply per 128 columns, tensor and row
-//!   factors to the result. This is the decode path, where weight bytes are the cost.
-//!   The codes are read without a place in L1 (x keeps it), and on sm_90 and
-//!   later the kernel is launched as a programmatic dependent of the previous
-//!   one, its first weight loads overlapping that kernel's tail
-//!   (`OCTET_MIXED_PDL=0` launches it plainly, for comparisons).
+//! - `M <= 64`: one kernel copies the FP8 codes and the x tiles into shared
+//!   memory by cp.async, one or two 128-column blocks ahead of the block each
+//!   warp multiplies (the codes once from DRAM; groups of 16 tokens share each
+//!   weight tile through L2), converts the codes to bf16 in registers and
+//!   feeds `mma.m16n8k16` (f32 accumulation); block factors apply per 128
+//!   columns, tensor and row factors to the result. This is the decode path,
+//!   where weight bytes are the cost. Its shape (warps, stages) depends on the
+//!   tokens (`SMALL_CFG`). On sm_90 and later it is launched as a
+//!   programmatic dependent of the previous kernel, its first copies of codes
+//!   overlapping that kernel's tail (`OCTET_MIXED_PDL=0` launches it plainly,
+//!   for comparisons).
 //! - `M > 64` on Hopper (`sm_90a`): `mixed_wg`, a warpgroup-MMA kernel that
 //!   copies the FP8 codes into shared memory as they are, upcasts each
 //!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
@@ -38,8 +40,8 @@ use std::sync::Arc;
 
 /// The compiled weight-only kernels.
 pub(crate) struct MixedKernels {
-    /// `[format][tokens 8 / 16][out f32 / bf16]`.
-    small: [[[CudaFunction; 2]; 2]; 2],
+    /// `[format][SMALL_CFG row][out f32 / bf16]`.
+    small: [[[CudaFunction; 2]; 3]; 2],
     /// `[format]`.
     upcast: [CudaFunction; 2],
     /// `[out f32 / bf16]`.
@@ -53,6 +55,48 @@ pub(crate) struct MixedKernels {
     /// The read-only calibration pass of `octet bench mixed`.
     read_floor: CudaFunction,
 }
+
+/// A launch shape of the small-M kernel (`mixed_small_m` in `kernels/mixed.cu`).
+struct SmallCfg {
+    /// Up to this many tokens a block (the kernel's name: `n4`, `n8`, `n16`).
+    tokens: u32,
+    /// Warps a block, splitting K.
+    warps: u32,
+    /// Slots of each warp's cp.async ring.
+    stages: u32,
+}
+
+impl SmallCfg {
+    /// Dynamic shared memory with `xrows` token rows a slot: 16 rows x 128
+    /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
+    const fn smem(&self, xrows: u32) -> u32 {
+        self.warps * self.stages * (16 * 128 + xrows * 256)
+    }
+}
+
+/// The small-M shapes, by the launch's largest token group. Measured on the
+/// H100 (BENCHMARKS.md, twenty-fourth session): up to 4 tokens, a third stage
+/// keeps three blocks an SM (72 KiB) and was faster on every weight; at 5 to
+/// 8 tokens it would cost a block an SM. 16 tokens: 4 warps and 2 stages read
+/// 0.57 / 0.85 / 0.89 of copy on the three weights of `bench mixed`, against
+/// 0.50 / 0.85 / 0.92 with 3 stages and 0.61 / 0.79 / 0.85 with 8 warps.
+const SMALL_CFG: [SmallCfg; 3] = [
+    SmallCfg {
+        tokens: 4,
+        warps: 8,
+        stages: 3,
+    },
+    SmallCfg {
+        tokens: 8,
+        warps: 8,
+        stages: 2,
+    },
+    SmallCfg {
+        tokens: 16,
+        warps: 4,
+        stages: 2,
+    },
+];
 
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
 /// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
@@ -84,16 +128,19 @@ impl MixedKernels {
         } else {
             None
         };
-        let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 2]> {
+        let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 3]> {
+            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+            let k = |c: &SmallCfg, out: &str| -> Result<CudaFunction> {
+                let func = f(&format!("mixed_{fmt}_n{}_{out}", c.tokens))?;
+                func.set_attribute(MAXSMEM, c.smem(c.tokens) as i32)?;
+                Ok(func)
+            };
+            let by_out =
+                |c: &SmallCfg| -> Result<[CudaFunction; 2]> { Ok([k(c, "f32")?, k(c, "bf16")?]) };
             Ok([
-                [
-                    f(&format!("mixed_{fmt}_n8_f32"))?,
-                    f(&format!("mixed_{fmt}_n8_bf16"))?,
-                ],
-                [
-                    f(&format!("mixed_{fmt}_n16_f32"))?,
-                    f(&format!("mixed_{fmt}_n16_bf16"))?,
-                ],
+                by_out(&SMALL_CFG[0])?,
+                by_out(&SMALL_CFG[1])?,
+                by_out(&SMALL_CFG[2])?,
             ])
         };
         Ok(MixedKernels {
@@ -241,8 +288,15 @@ impl Gpu {
         let dims = [m as i32, n as i32, k as i32, mode(w.scaling)];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
         if m <= SMALL_M {
-            let f = &self.k.mixed.small[fmt][usize::from(m > 8)][out];
-            return self.launch_small(f, w, x, y, &dims);
+            // The first token group is the largest; a slot holds its rows.
+            let xrows = m.min(16) as u32;
+            let c = SMALL_CFG
+                .iter()
+                .position(|c| xrows <= c.tokens)
+                .unwrap_or(SMALL_CFG.len() - 1);
+            let cfg = &SMALL_CFG[c];
+            let f = &self.k.mixed.small[fmt][c][out];
+            return self.launch_small(f, (cfg.warps * 32, cfg.smem(xrows)), w, x, y, &dims);
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
@@ -322,13 +376,15 @@ impl Gpu {
 
 impl Gpu {
     /// Launch the small-M kernel `f` on `(M, N)` (grid: groups of 16 tokens x
-    /// tiles of 16 rows), as a programmatic dependent of the previous kernel
+    /// tiles of 16 rows; `threads` a block, `smem` bytes of dynamic shared
+    /// memory), as a programmatic dependent of the previous kernel
     /// in the stream where the device has it (the kernel reads only the
     /// constant weight before its `griddepcontrol.wait`). cudarc's launch
     /// builder takes no launch attributes, hence `cuLaunchKernelEx` here.
     fn launch_small<D: GemmOut>(
         &self,
         f: &CudaFunction,
+        (threads, smem): (u32, u32),
         w: &DeviceFp8Weight,
         x: &CudaSlice<u16>,
         y: &mut CudaSlice<D>,
@@ -360,10 +416,10 @@ impl Gpu {
             gridDimX: grid.0,
             gridDimY: grid.1,
             gridDimZ: 1,
-            blockDimX: 256,
+            blockDimX: threads,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: u32::from(self.k.mixed.pdl),
