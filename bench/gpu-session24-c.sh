@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# (The OCTET_MIXED_ASYNC switch existed only for this session's comparisons; the
+# configuration kept became the only small-M kernel in 8f72275.)
 # Twenty-fourth session, third call ($OUT set; carry dev-bin): the cp.async
 # small-M kernel with slots sized to the launch's tokens (M = 1 takes 256
 # bytes of x a slot). Decode on the ~1B model, register kernel against
