@@ -481,3 +481,42 @@ impl Gpu {
         self.read_floor_blocks() * 256
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::SMALL_CFG;
+
+    /// The host's table of small-M shapes and the kernels compiled for it
+    /// must agree: the host sizes the dynamic shared memory from the warps
+    /// and slots the kernel was built with.
+    #[test]
+    fn small_shapes_match_the_kernels() {
+        let src = include_str!("../kernels/mixed.cu");
+        for c in &SMALL_CFG {
+            let groups = if c.tokens > 8 { 2 } else { 1 };
+            let line = format!(
+                "MIXED_SMALL_CFG(n{}, {groups}, {}, {})",
+                c.tokens, c.warps, c.stages
+            );
+            assert!(src.contains(&line), "mixed.cu lacks `{line}`");
+        }
+    }
+
+    /// Every launch's token count finds a shape holding it, within the
+    /// H100's 227 KiB of shared memory a block, with room for the warps'
+    /// totals that the ring's memory holds at the end.
+    #[test]
+    fn small_shapes_cover_every_token_count() {
+        for xrows in 1..=16u32 {
+            let c = SMALL_CFG
+                .iter()
+                .find(|c| xrows <= c.tokens)
+                .expect("a shape for up to 16 tokens");
+            let smem = c.smem(xrows);
+            assert!(smem <= 227 * 1024, "{xrows} tokens: {smem} bytes");
+            let totals = c.warps * c.tokens.div_ceil(8) * 4 * 32 * 4;
+            assert!(totals <= smem, "{xrows} tokens: totals {totals} > {smem}");
+        }
+        assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
+    }
+}
