@@ -9,23 +9,14 @@
 # weights, every configuration in turn, twice; then decode on the ~1B model.
 set -uo pipefail
 t0=$SECONDS
+. bench/session12_runs.sh
 R=$OUT/r
 mkdir -p $R
 cfgs="0 4x4 4x3 8x3 2x4"
-for c in $cfgs; do
-  OCTET_MIXED_ASYNC=$c OCTET_SELFTEST_ONLY=mixed dev-bin/octet selftest --device cuda > $R/selftest-$c.txt 2>&1
-  echo "selftest $c rc=$? ($((SECONDS-t0)) s): $(grep -cE '\bpass\b' $R/selftest-$c.txt) pass, $(grep -c FAIL $R/selftest-$c.txt) FAIL"
-done
-for rep in 1 2; do
-  for c in $cfgs; do
-    OCTET_MIXED_ASYNC=$c dev-bin/octet bench mixed --device cuda --m 1,8,16 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-$c-$rep.txt 2>&1
-    echo "== $c rep $rep rc=$? ($((SECONDS-t0)) s)"
-    grep -E "graph, vs the same-size copy" $R/mixed-$c-$rep.txt | sed 's/   */ /g' | awk '{print $5, $6, $7, $(NF-2)}' | paste -sd' '
-  done
-done
+mixed_configs OCTET_MIXED_ASYNC "$cfgs" 2 same --m 1,8,16 --kn 4096x4096,4096x14336,8192x28672
 for c in 0 4x4; do
   OCTET_MIXED_ASYNC=$c dev-bin/octet generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 --temperature 0 > $R/generate-$c.txt 2>&1
-  echo "generate $c rc=$? ($((SECONDS-t0)) s)"; grep -iE "tok/s" $R/generate-$c.txt | tail -4
+  echo "generate $c rc=$? ($((SECONDS-t0)) s): $(generate_rows $R/generate-$c.txt)"
 done
 cd $OUT && tar czf results.tgz r && rm -rf r
 echo "done ($((SECONDS-t0)) s)"

@@ -15,13 +15,13 @@ for rep in 1 2; do
     dev-bin/$bin bench mixed --device cuda --m 1,2,4,8,12,16,32,64 --kn 4096x4096,4096x14336,8192x28672 \
       --json $R/mixed-$bin-$rep.json > $R/mixed-$bin-$rep.txt 2>&1
     echo "== $bin rep $rep rc=$? ($((SECONDS-t0)) s)"
-    grep -E "graph, vs the same-size copy" $R/mixed-$bin-$rep.txt | sed 's/   */ /g' | awk '{print $5 $6, $7, $(NF-2)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+    mixed_ratios $R/mixed-$bin-$rep.txt same
   done
 done
 for rep in 1 2; do
   for bin in octet-old octet; do
     dev-bin/$bin generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 --temperature 0 > $R/generate-$bin-$rep.txt 2>&1
-    echo "generate $bin rep $rep rc=$? ($((SECONDS-t0)) s): $(grep -a -A3 'matrix bytes' $R/generate-$bin-$rep.txt | tail -2 | paste -sd' ')"
+    echo "generate $bin rep $rep rc=$? ($((SECONDS-t0)) s): $(generate_rows $R/generate-$bin-$rep.txt)"
   done
 done
 cd $OUT && tar czf results.tgz r && rm -rf r

@@ -19,3 +19,42 @@ run_selftest() {
   "$1" selftest --device cuda > "$2" 2>&1
   echo "selftest rc=$? ($((SECONDS-t0)) s)"; grep -E "cases pass|FAIL" "$2" | head -8
 }
+
+# Weight-only product helpers (twenty-fourth session):
+# selftest_counts FILE: "N pass, M FAIL" of a selftest's output.
+selftest_counts() {
+  echo "$(grep -cE '\bpass\b' "$1") pass, $(grep -c FAIL "$1") FAIL"
+}
+# mixed_ratios FILE same|copy: one line of "KxN M ratio" for the small-M rows of
+# `octet bench mixed --device cuda`, against the same-size copy or the 1 GiB copy.
+mixed_ratios() {
+  if [ "$2" = same ]; then
+    grep -E "graph, vs the same-size copy" "$1" | sed 's/   */ /g' | awk '{print $5 $6, $7, $(NF-2)}'
+  else
+    grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | sed 's/   */ /g' | awk '{print $5 $6, $7, $(NF-1)}'
+  fi | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+}
+# generate_rows FILE: the fp8 and bf16 rows (prefill, decode tok/s) of `octet generate --compare`.
+generate_rows() {
+  grep -a -A3 "matrix bytes" "$1" | tail -2 | paste -sd' '
+}
+# mixed_configs VAR "CFG ..." REPS same|copy [bench mixed flags...]: with the
+# environment variable VAR set to each configuration in turn, the weight-only
+# selftest cases; then `octet bench mixed --device cuda` with the flags, every
+# configuration in turn, REPS rounds, each printed as `mixed_ratios`. Writes
+# into $R; reads $t0.
+mixed_configs() {
+  local var=$1 cfgs=$2 reps=$3 measure=$4 c rep
+  shift 4
+  for c in $cfgs; do
+    env "$var=$c" OCTET_SELFTEST_ONLY=mixed dev-bin/octet selftest --device cuda > "$R/selftest-$c.txt" 2>&1
+    echo "selftest $c rc=$? ($((SECONDS-t0)) s): $(selftest_counts "$R/selftest-$c.txt")"
+  done
+  for rep in $(seq "$reps"); do
+    for c in $cfgs; do
+      env "$var=$c" dev-bin/octet bench mixed --device cuda "$@" > "$R/mixed-$c-$rep.txt" 2>&1
+      echo "== $c rep $rep rc=$? ($((SECONDS-t0)) s)"
+      mixed_ratios "$R/mixed-$c-$rep.txt" "$measure"
+    done
+  done
+}
