@@ -72,8 +72,9 @@ __device__ __forceinline__ void grid_trigger() {
 // `__syncwarp` orders its copies and its reads. Slot layout (16-byte chunks,
 // swizzled so that a quarter-warp's 16-byte reads hit 32 distinct banks):
 // codes, 16 rows x 128 bytes, row r's chunk c at c ^ ((r & 1) << 2); then x,
-// `xrows` token rows x 256 bytes, row r's chunk c at c ^ (r & 1). Rows past N
-// and tokens past M are not copied: their slots hold whatever they held, which
+// `xrows` token rows x 256 bytes, row r's chunk c at c ^ (r & 1) (lanes of
+// tokens past `xrows` read row xrows - 1). Rows past N and tokens past M are
+// not copied: their slots hold whatever they held, which
 // reaches only outputs that are not stored (a row of the mma's A or a column
 // of its B touches only its own outputs). Columns past K are zero-filled in
 // both operands.
@@ -84,7 +85,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
                                               int N, int K, int mode) {
     extern __shared__ __align__(16) unsigned char smem[];
     // A slot holds the x rows of the launch's largest token group only
-    // (M = 1 in decoding needs 256 bytes of x a slot, not 2 KiB).
+    // (M = 1 in decoding needs 256 bytes of x a slot, not 2 or 4 KiB).
     constexpr int WBYTES = 16 * 128;
     const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -170,11 +171,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
             const uint4 wb = *reinterpret_cast<const uint4*>(ws + (g + 8) * 128 + cw);
             uint4 xv[NT][2];
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++) {
+                // Lanes of tokens past the slot's rows read its last row
+                // (their outputs are not stored).
+                const int xr = min(j * 8 + g, xrows - 1);
 #pragma unroll
                 for (int e = 0; e < 2; e++)
-                    xv[j][e] = *reinterpret_cast<const uint4*>(xs_base + min(j * 8 + g, xrows - 1) * 256 +
-                                                               (((h * 8 + 2 * t + e) ^ (g & 1)) << 4));
+                    xv[j][e] = *reinterpret_cast<const uint4*>(xs_base + xr * 256 +
+                                                               (((h * 8 + 2 * t + e) ^ (xr & 1)) << 4));
+            }
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const unsigned int ua = word(wa, s), ub = word(wb, s);

@@ -757,7 +757,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         // warp than ring slots, a partial last block (K % 128 == 16), and a
         // token group of 12.
         (2, 72, 8192),
-        (4, 130, 2048),
+        (4, 130, 4096),
         (7, 40, 4112),
         (12, 24, 3088),
         (5, 257, 1024),

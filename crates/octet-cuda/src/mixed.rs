@@ -271,6 +271,11 @@ impl Gpu {
         if m > i32::MAX as usize / k.max(1) {
             return Err(Error::Shape(format!("x ({m}, {k}) is too large")));
         }
+        if m <= SMALL_M && n.div_ceil(16) > 65535 {
+            return Err(Error::Shape(format!(
+                "mixed product: N = {n} is beyond the small-M kernel's grid (65535 tiles of 16 rows)"
+            )));
+        }
         let fmt = match w.format {
             Format::E4M3 => 0,
             Format::E5M2 => 1,
