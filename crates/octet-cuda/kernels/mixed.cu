@@ -4,8 +4,8 @@
 // registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
 //
-// Small M (up to 64, in groups of 16 tokens): `mixed_small_m`. A block owns
-// 16 weight rows and up to 16 tokens; its WARPS warps split K into 128-column
+// Small M (up to 64): `mixed_small_m`. A block owns 16 weight rows and a
+// group of up to NT * 8 tokens (8 or 16; blockIdx.x is the group); its WARPS warps split K into 128-column
 // blocks (warp w takes blocks w, w + WARPS, ...). Each warp copies its blocks'
 // codes (16 rows x 128) and x tiles into a ring of STAGES slots in shared
 // memory by cp.async, STAGES - 1 blocks ahead of the one it multiplies: the
@@ -91,10 +91,10 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.y * 16;
-    const int tok0 = blockIdx.x * 16;
+    const int tok0 = blockIdx.x * (NT * 8);
     x += (size_t)tok0 * K;
     y += (size_t)tok0 * N;
-    M = min(M - tok0, 16);
+    M = min(M - tok0, NT * 8);
     const int kblocks = (K + 127) / 128;
     const int nk = kblocks > warp ? (kblocks - warp + WARPS - 1) / WARPS : 0;
     unsigned char* ring = smem + warp * STAGES * SLOT;

@@ -3,7 +3,7 @@
 //!
 //! - `M <= 64`: one kernel copies the FP8 codes and the x tiles into shared
 //!   memory by cp.async, one or two 128-column blocks ahead of the block each
-//!   warp multiplies (the codes once from DRAM; groups of 16 tokens share each
+//!   warp multiplies (the codes once from DRAM; groups of 8 or 16 tokens share each
 //!   weight tile through L2), converts the codes to bf16 in registers and
 //!   feeds `mma.m16n8k16` (f32 accumulation); block factors apply per 128
 //!   columns, tensor and row factors to the result. This is the decode path,
@@ -67,6 +67,11 @@ struct SmallCfg {
 }
 
 impl SmallCfg {
+    /// Tokens a block: the kernel's groups of 8 (one or two).
+    const fn group(&self) -> u32 {
+        self.tokens.div_ceil(8) * 8
+    }
+
     /// Dynamic shared memory with `xrows` token rows a slot: 16 rows x 128
     /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
     const fn smem(&self, xrows: u32) -> u32 {
@@ -219,7 +224,7 @@ fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
     }
 }
 
-/// Up to this many rows of `x` take the fused small-M kernel (in groups of 16).
+/// Up to this many rows of `x` take the fused small-M kernel (in groups of 8 or 16).
 pub const SMALL_M: usize = 64;
 
 impl Gpu {
@@ -293,15 +298,12 @@ impl Gpu {
         let dims = [m as i32, n as i32, k as i32, mode(w.scaling)];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
         if m <= SMALL_M {
-            // The first token group is the largest; a slot holds its rows.
-            let xrows = m.min(16) as u32;
             let c = SMALL_CFG
                 .iter()
-                .position(|c| xrows <= c.tokens)
+                .position(|c| m.min(16) as u32 <= c.tokens)
                 .unwrap_or(SMALL_CFG.len() - 1);
-            let cfg = &SMALL_CFG[c];
             let f = &self.k.mixed.small[fmt][c][out];
-            return self.launch_small(f, (cfg.warps * 32, cfg.smem(xrows)), w, x, y, &dims);
+            return self.launch_small(f, &SMALL_CFG[c], w, x, y, &dims);
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
@@ -380,16 +382,16 @@ impl Gpu {
 }
 
 impl Gpu {
-    /// Launch the small-M kernel `f` on `(M, N)` (grid: groups of 16 tokens x
-    /// tiles of 16 rows; `threads` a block, `smem` bytes of dynamic shared
-    /// memory), as a programmatic dependent of the previous kernel
+    /// Launch the small-M kernel `f`, built for `cfg`, on `(M, N)` (grid:
+    /// groups of `cfg.group()` tokens x tiles of 16 rows; slots of the first
+    /// group's token rows), as a programmatic dependent of the previous kernel
     /// in the stream where the device has it (the kernel reads only the
     /// constant weight before its `griddepcontrol.wait`). cudarc's launch
     /// builder takes no launch attributes, hence `cuLaunchKernelEx` here.
     fn launch_small<D: GemmOut>(
         &self,
         f: &CudaFunction,
-        (threads, smem): (u32, u32),
+        cfg: &SmallCfg,
         w: &DeviceFp8Weight,
         x: &CudaSlice<u16>,
         y: &mut CudaSlice<D>,
@@ -398,7 +400,13 @@ impl Gpu {
         use cudarc::driver::sys;
         use cudarc::driver::{DevicePtr, DevicePtrMut};
         use std::ffi::c_void;
-        let grid = ((dims[0] as u32).div_ceil(16), (dims[1] as u32).div_ceil(16));
+        let grid = (
+            (dims[0] as u32).div_ceil(cfg.group()),
+            (dims[1] as u32).div_ceil(16),
+        );
+        // The first token group is the largest; a slot holds its rows.
+        let xrows = (dims[0] as u32).min(cfg.group());
+        let (threads, smem) = (cfg.warps * 32, cfg.smem(xrows));
         let (wp, _gw) = w.codes.device_ptr(&self.stream);
         let (xp, _gx) = x.device_ptr(&self.stream);
         let (fp, _gf) = w.factors.device_ptr(&self.stream);
