@@ -161,7 +161,9 @@ pub fn to_host(gpu: &Gpu, q: &crate::DeviceFp8, layout: Layout) -> Result<QuantD
 }
 
 /// The conformance suite: quantize bit-exact against the CPU, FP8 and bf16
-/// GEMMs within tolerance, and the bad-input errors. Takes about a second.
+/// GEMMs within tolerance, weight-only products, the layers, the training and
+/// LoRA models, and the bad-input errors (about a minute on an H100). With
+/// `OCTET_SELFTEST_ONLY=mixed`, the weight-only product cases alone.
 pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
     let mut out = Vec::new();
     // `OCTET_SELFTEST_ONLY=mixed`: the weight-only products alone, for
