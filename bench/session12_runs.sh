@@ -58,3 +58,23 @@ mixed_configs() {
     done
   done
 }
+# mixed_sets VAR "NAME=VALUE ..." REPS copy|same [bench mixed flags...]: as
+# mixed_configs, with each configuration named (VALUE may hold commas and
+# colons; an empty VALUE unsets VAR), files written straight into $R.
+mixed_sets() {
+  local var=$1 sets=$2 reps=$3 measure=$4 s n v rep
+  shift 4
+  for s in $sets; do
+    n=${s%%=*} v=${s#*=}
+    env "$var=$v" OCTET_SELFTEST_ONLY=mixed dev-bin/octet selftest --device cuda > "$R/selftest-$n.txt" 2>&1
+    echo "selftest $n ($v) rc=$? ($((SECONDS-t0)) s): $(selftest_counts "$R/selftest-$n.txt")"
+  done
+  for rep in $(seq "$reps"); do
+    for s in $sets; do
+      n=${s%%=*} v=${s#*=}
+      env "$var=$v" dev-bin/octet bench mixed --device cuda "$@" > "$R/mixed-$n-$rep.txt" 2>&1
+      echo "== $n rep $rep rc=$? ($((SECONDS-t0)) s)"
+      mixed_ratios "$R/mixed-$n-$rep.txt" "$measure"
+    done
+  done
+}
