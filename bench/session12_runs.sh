@@ -78,3 +78,29 @@ mixed_sets() {
     done
   done
 }
+# old_vs_new "SELFTEST_BINS" [bench mixed flags...]: the weight-only selftest
+# cases of each of SELFTEST_BINS (names in dev-bin), then `octet bench mixed`
+# with the flags and decode on the ~1B model, dev-bin/octet-old and
+# dev-bin/octet in turn, twice each. Writes into $R; reads $t0.
+old_vs_new() {
+  local st=$1 bin rep
+  shift
+  for bin in $st; do
+    OCTET_SELFTEST_ONLY=mixed dev-bin/$bin selftest --device cuda > "$R/selftest-$bin.txt" 2>&1
+    echo "selftest $bin rc=$? ($((SECONDS-t0)) s): $(selftest_counts "$R/selftest-$bin.txt")"
+  done
+  for rep in 1 2; do
+    for bin in octet-old octet; do
+      dev-bin/$bin bench mixed --device cuda "$@" > "$R/mixed-$bin-$rep.txt" 2>&1
+      echo "== $bin rep $rep rc=$? ($((SECONDS-t0)) s)"
+      mixed_ratios "$R/mixed-$bin-$rep.txt" copy
+    done
+  done
+  for rep in 1 2; do
+    for bin in octet-old octet; do
+      dev-bin/$bin generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 \
+        --temperature 0 > "$R/generate-$bin-$rep.txt" 2>&1
+      echo "generate $bin rep $rep rc=$? ($((SECONDS-t0)) s): $(generate_rows "$R/generate-$bin-$rep.txt")"
+    done
+  done
+}
