@@ -11,12 +11,7 @@ t0=$SECONDS
 R=$OUT/r
 mkdir -p $R
 run_selftest dev-bin/octet $R/selftest.txt
-for rep in 1 2; do
-  for bin in octet-old octet; do
-    dev-bin/$bin bench mixed --device cuda --m 256,2048 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-$bin-$rep.txt 2>&1
-    echo "== $bin rep $rep rc=$? ($((SECONDS-t0)) s)"
-    grep -E "M=(256|2048)" $R/mixed-$bin-$rep.txt | grep -E "^mixed" | sed 's/   */ /g' | awk '{print $4, $5, $6, $7, $(NF-2)}' | paste -sd' '
-  done
-done
+# (Rewritten after the run to call `large_m_old_vs_new`: the same runs in the same order.)
+large_m_old_vs_new
 echo "done ($((SECONDS-t0)) s)"
 # Result: slower (per channel M = 2048 0.79x of cuBLASLt bf16 against 0.95-0.98 on 8192x28672; block128 0.76-0.77 against 0.87-0.90): a wgmma.fence before every step stalls the chain. Full selftest 482 of 482 with it. Reverted.

@@ -104,3 +104,16 @@ old_vs_new() {
     done
   done
 }
+# large_m_old_vs_new: `octet bench mixed --m 256,2048` on the issue's three
+# weights, dev-bin/octet-old and dev-bin/octet in turn, twice, each run's
+# ratios against cuBLASLt bf16 on one line. Writes into $R; reads $t0.
+large_m_old_vs_new() {
+  local bin rep
+  for rep in 1 2; do
+    for bin in octet-old octet; do
+      dev-bin/$bin bench mixed --device cuda --m 256,2048 --kn 4096x4096,4096x14336,8192x28672 > "$R/mixed-$bin-$rep.txt" 2>&1
+      echo "== $bin rep $rep rc=$? ($((SECONDS-t0)) s)"
+      grep -E "^mixed.*M=(256|2048)" "$R/mixed-$bin-$rep.txt" | sed 's/   */ /g' | awk '{print $4, $5, $6, $7, $(NF-2)}' | paste -sd' '
+    done
+  done
+}
