@@ -49,7 +49,7 @@ pub fn recipe_support(name: &str) -> &'static str {
 
 pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
     println!("octet selftest on {}\n", gpu.info()?);
-    let cases = check::selftest(gpu)?;
+    let (cases, skipped) = check::selftest_groups(gpu)?;
     let mut t = Table::new(&["case", "result", "worst"]);
     for c in &cases {
         t.row(vec![
@@ -66,6 +66,12 @@ pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
         cases.len()
     );
     println!("\nall {} cases pass", cases.len());
+    if !skipped.is_empty() {
+        println!(
+            "skipped, this GPU has no FP8 GEMMs (or OCTET_FP8_GEMM=off): {}",
+            skipped.join(", ")
+        );
+    }
     Ok(())
 }
 

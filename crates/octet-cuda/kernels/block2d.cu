@@ -149,15 +149,7 @@ __device__ __forceinline__ void dequant_f32s(const unsigned char* __restrict__ c
     const int r = (int)(i / cols), c = (int)(i % cols);
     const int gc = (cols + bc - 1) / bc;
     const float s = scales[(size_t)(r / br) * gc + c / bc];
-    unsigned int h;
-    const unsigned short one = codes[i];
-    if (FMT == FMT_E4M3) {
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
-    } else {
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(one));
-    }
-    float v;
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
+    const float v = fp8_decode<FMT>(codes[i]);
     unsigned short o;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o) : "f"(__fmul_rn(v, s)));
     out[i] = o;
@@ -190,17 +182,8 @@ __device__ __forceinline__ void dequant8_f32s(const unsigned char* __restrict__ 
     for (int w = 0; w < 2; w++) {
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const unsigned short two = (unsigned short)(words[w] >> (16 * half));
-            unsigned int h;
-            if (FMT == FMT_E4M3) {
-                asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(two));
-            } else {
-                asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(two));
-            }
             float lo, hi;
-            asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
-                : "=f"(lo), "=f"(hi)
-                : "r"(h));
+            fp8x2_to_f32x2<FMT>(words[w] >> (16 * half), lo, hi);
             unsigned short a, b;
             asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(a) : "f"(__fmul_rn(lo, s)));
             asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(__fmul_rn(hi, s)));

@@ -25,11 +25,45 @@ __device__ __forceinline__ float warp_max(float v) {
 #define FMT_E4M3 0
 #define FMT_E5M2 1
 
+// FP8 conversions. sm_89 and later convert in hardware (`cvt` with
+// `.e4m3x2` / `.e5m2x2`). sm_80, sm_86 and sm_87 have no such instruction and
+// take the exact integer paths below; `OCTET_FP8_CONVERT=soft` (which the host
+// turns into `#define OCTET_SOFT_FP8`) selects them on any GPU, so that an
+// FP8-capable machine can check them against the CPU. Both give the same
+// bits (`octet selftest`'s exhaustive cases: every code decoded, every bf16
+// value encoded).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(OCTET_SOFT_FP8)
+#define OCTET_FP8_HW 1
+#else
+#define OCTET_FP8_HW 0
+#endif
+
+// One float -> its FP8 code, round to nearest even, saturating to the
+// format's max (infinities included), NaN -> NaN with its sign: octet_fp8's
+// `encode_minifloat` step for step. Normal targets round by an integer add at
+// the last kept mantissa bit; subnormal targets let the FPU round, adding a
+// power of two whose unit in the last place is the subnormal quantum.
+template <int FMT>
+__device__ __forceinline__ unsigned int fp8_encode_soft(float x) {
+    constexpr int MAN = FMT == FMT_E4M3 ? 3 : 2, BIAS = FMT == FMT_E4M3 ? 7 : 15;
+    constexpr unsigned int SHIFT = 23 - MAN, MAXC = FMT == FMT_E4M3 ? 0x7eu : 0x7bu;
+    const unsigned int bits = __float_as_uint(x), a = bits & 0x7fffffffu;
+    const unsigned int normal =
+        (a - ((unsigned int)(127 - BIAS) << 23) + (1u << (SHIFT - 1)) - 1u + ((a >> SHIFT) & 1u)) >> SHIFT;
+    const float magic = __uint_as_float((unsigned int)(1 - BIAS - MAN + 23 + 127) << 23);
+    const unsigned int sub = __float_as_uint(__fadd_rn(__uint_as_float(a), magic)) - __float_as_uint(magic);
+    unsigned int code = a < ((unsigned int)(1 - BIAS + 127) << 23) ? sub : normal;
+    code = min(code, MAXC);
+    if (a > 0x7f800000u) code = 0x7fu;
+    return code | ((bits >> 24) & 0x80u);
+}
+
 // Two floats -> two FP8 codes with round-to-nearest-even and saturation to the
 // format's max (octet_fp8's Overflow::Saturate; NaN stays NaN). `lo` lands in
 // the low byte, i.e. at the lower address. PTX takes the high element first.
 template <int FMT>
 __device__ __forceinline__ unsigned int cvt_fp8x2(float lo, float hi) {
+#if OCTET_FP8_HW
     unsigned short r;
     if (FMT == FMT_E4M3) {
         asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
@@ -37,6 +71,9 @@ __device__ __forceinline__ unsigned int cvt_fp8x2(float lo, float hi) {
         asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
     }
     return r;
+#else
+    return fp8_encode_soft<FMT>(lo) | (fp8_encode_soft<FMT>(hi) << 8);
+#endif
 }
 
 // Eight floats times `scale` (one IEEE f32 multiply each, as the CPU does) -> 8 codes.
@@ -94,37 +131,85 @@ template <> struct In<float> {
     static __device__ __forceinline__ float load1(const float* p) { return *p; }
 };
 
-// One E4M3 code -> f32, exactly (the hardware conversion to f16, then to f32).
-__device__ __forceinline__ float e4m3_decode(unsigned int code) {
-    unsigned int h;
-    const unsigned short one = (unsigned short)code;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(one));
-    float v;
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
-    return v;
+// f16x2 bits -> two f32, exactly.
+__device__ __forceinline__ void f16x2_to_f32x2(unsigned int h, float& lo, float& hi) {
+    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
+        : "=f"(lo), "=f"(hi)
+        : "r"(h));
 }
 
-// Two FP8 codes (low byte first) -> two f32, exactly: FP8 -> f16x2 by the
-// hardware conversion, then f16 -> f32.
-template <int FMT>
-__device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
-    unsigned short v = (unsigned short)two;
+// Two E4M3 codes (the low two bytes of `two`, low byte first) -> bf16x2 (the
+// low byte's in the low half), exactly, without FP8 instructions. Each code's
+// sign, exponent and mantissa bits go to a bf16's sign, the low four bits of
+// its exponent and the top three of its mantissa: that bf16 is the code's
+// value times 2^-120 (E4M3 subnormals land on bf16 subnormals, the same
+// quantum times 2^-120), and one bf16x2 multiply by 2^120 is exact (`fma`
+// with -0 added keeps +-0; `mul.bf16x2` needs sm_90). The NaN codes (0x7f,
+// 0xff), which read +-480 that way, are then set to NaN.
+__device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_soft(unsigned int two) {
+    const unsigned int w = __byte_perm(two, 0, 0x1404); // [0, code 0, 0, code 1]
+    const unsigned int bits = (w & 0x80008000u) | ((w >> 4) & 0x07f007f0u);
+    unsigned int r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));
+    const unsigned int nan = ((w & 0x7f007f00u) + 0x01000100u) & 0x80008000u; // magnitude 0x7f
+    return r | ((nan >> 15) * 0x7fc0u);
+}
+
+#if OCTET_FP8_HW
+// Two FP8 codes (low byte first) -> f16x2, by the hardware conversion (exact).
+template <int FMT> __device__ __forceinline__ unsigned int fp8x2_to_f16x2(unsigned short v) {
     unsigned int h;
     if (FMT == FMT_E4M3) {
         asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(v));
     } else {
         asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(v));
     }
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %2;\n\tcvt.f32.f16 %0, l;\n\tcvt.f32.f16 %1, u;\n\t}"
-        : "=f"(lo), "=f"(hi)
-        : "r"(h));
+    return h;
 }
+#endif
+
+// Two FP8 codes (low byte first) -> two f32, exactly. Hardware: FP8 -> f16x2,
+// then f16 -> f32. Without it: E5M2 is the top byte of an f16 (a byte
+// permute), E4M3 goes through `e4m3x2_to_bf16x2_soft`.
+template <int FMT>
+__device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
+#if OCTET_FP8_HW
+    f16x2_to_f32x2(fp8x2_to_f16x2<FMT>((unsigned short)two), lo, hi);
+#else
+    if (FMT == FMT_E4M3) {
+        const unsigned int b = e4m3x2_to_bf16x2_soft(two);
+        lo = bf16_lo(b);
+        hi = bf16_hi(b);
+    } else {
+        f16x2_to_f32x2(__byte_perm(two, 0, 0x1404), lo, hi);
+    }
+#endif
+}
+
+// One FP8 code (the low byte of `code`; the next byte is ignored) -> f32, exactly.
+template <int FMT> __device__ __forceinline__ float fp8_decode(unsigned int code) {
+#if OCTET_FP8_HW
+    float v;
+    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}"
+        : "=f"(v)
+        : "r"(fp8x2_to_f16x2<FMT>((unsigned short)code)));
+    return v;
+#else
+    float lo, hi;
+    fp8x2_to_f32x2<FMT>(code, lo, hi);
+    return lo;
+#endif
+}
+__device__ __forceinline__ float e4m3_decode(unsigned int code) { return fp8_decode<FMT_E4M3>(code); }
 
 // Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: f32 ->
 // bf16 is exact for every FP8 value (E4M3 and E5M2 values fit bf16's
 // exponent and mantissa).
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
+#if !OCTET_FP8_HW
+    if (FMT == FMT_E4M3) return e4m3x2_to_bf16x2_soft(two);
+#endif
     float lo, hi;
     fp8x2_to_f32x2<FMT>(two, lo, hi);
     unsigned int r;

@@ -137,15 +137,7 @@ __device__ __forceinline__ void mx_dequant(const unsigned char* __restrict__ cod
     if (i >= (size_t)rows * cols) return;
     const int r = (int)(i / cols), c = (int)(i % cols);
     const float s = pow2i((int)scales[(size_t)r * ((cols + 31) / 32) + c / 32] - 127);
-    unsigned int h;
-    const unsigned short two = codes[i];
-    if (FMT == FMT_E4M3) {
-        asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(two));
-    } else {
-        asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h) : "h"(two));
-    }
-    float v;
-    asm("{\n\t.reg .f16 l, u;\n\tmov.b32 {l, u}, %1;\n\tcvt.f32.f16 %0, l;\n\t}" : "=f"(v) : "r"(h));
+    const float v = fp8_decode<FMT>(codes[i]);
     unsigned short o;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(o) : "f"(__fmul_rn(v, s)));
     out[i] = o;

@@ -92,6 +92,8 @@ pub struct Blas {
     workspace: CudaSlice<u8>,
     plans: HashMap<(Kind, usize, usize, usize), Plan>,
     stream: Arc<CudaStream>,
+    /// FP8 tensor cores are present (FP8 GEMMs allowed).
+    fp8: bool,
 }
 
 // SAFETY: the handle, descriptors and layouts are plain cuBLASLt objects that
@@ -159,7 +161,9 @@ fn dtype(f: Format) -> Result<sys::cudaDataType> {
 
 impl Blas {
     /// A handle and a 32 MiB workspace on `stream`.
-    pub fn new(stream: &Arc<CudaStream>) -> Result<Blas> {
+    /// `fp8`: the GPU has FP8 tensor cores; without them every FP8 GEMM is
+    /// refused with [`Error::Unsupported`].
+    pub fn new(stream: &Arc<CudaStream>, fp8: bool) -> Result<Blas> {
         // SAFETY: probes library presence only.
         if !unsafe { sys::is_culib_present() } {
             return Err(Error::Toolkit("libcublasLt could not be loaded".into()));
@@ -171,6 +175,7 @@ impl Blas {
             workspace,
             plans: HashMap::new(),
             stream: stream.clone(),
+            fp8,
         })
     }
 
@@ -180,6 +185,14 @@ impl Blas {
     }
 
     fn plan(&mut self, kind: Kind, m: usize, n: usize, k: usize) -> Result<&Plan> {
+        if !self.fp8 && !matches!(kind, Kind::Bf16 { .. }) {
+            return Err(Error::Unsupported(
+                "FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or later). On this GPU \
+                 train without an FP8 recipe (bf16), or use the weight-only FP8 products \
+                 (`octet generate --weights fp8`, `octet lora --compute bf16`)"
+                    .into(),
+            ));
+        }
         let key = (kind, m, n, k);
         if !self.plans.contains_key(&key) {
             let p = self.make_plan(kind, m, n, k)?;

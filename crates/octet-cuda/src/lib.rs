@@ -79,6 +79,9 @@ pub enum Error {
     /// cuBLASLt refused or failed.
     #[error("cuBLASLt: {0}")]
     Blas(String),
+    /// Work this GPU cannot do (e.g. FP8 GEMMs without FP8 tensor cores).
+    #[error("not supported on this GPU: {0}")]
+    Unsupported(String),
     /// Shapes or arguments the kernels cannot take.
     #[error("shape: {0}")]
     Shape(String),
@@ -136,23 +139,51 @@ pub const KERNEL_SOURCES: [(&str, &str); 11] = [
     ("lora", kernel_source!("lora.cu")),
 ];
 
-/// The NVRTC target for a compute capability (`sm_90a` on Hopper, for its
-/// architecture-specific instructions; `sm_89` and later are needed for the
-/// FP8 conversion instructions).
+/// The NVRTC target for a compute capability: `sm_90a` on Hopper, for its
+/// architecture-specific instructions (wgmma, TMA). Ampere (8.0, 8.6, 8.7)
+/// has bf16 tensor cores but no FP8: its kernels convert FP8 in integer code
+/// (`kernels/common.cuh`), and FP8 GEMMs are refused ([`fp8_tensor_cores`]),
+/// so it runs the weight-only FP8 products, decoding and bf16 training.
 pub fn arch_for(cc: (i32, i32)) -> Result<&'static str> {
     Ok(match cc {
         (9, 0) => "sm_90a",
         (8, 9) => "sm_89",
+        (8, 0) => "sm_80",
+        (8, 6) => "sm_86",
+        (8, 7) => "sm_87",
         (10, 0) => "sm_100a",
         (10, 3) => "sm_103a",
         (12, 0) => "sm_120a",
         other => {
             return Err(Error::NoDevice(format!(
-                "compute capability {}.{} has no FP8 conversion instructions (octet needs 8.9, 9.0, 10.x or 12.0)",
+                "compute capability {}.{} is not supported: octet needs bf16 tensor cores and cp.async \
+                 (8.0, 8.6, 8.7), and FP8 tensor cores for FP8 GEMMs (8.9, 9.0, 10.x, 12.0)",
                 other.0, other.1
             )))
         }
     })
+}
+
+/// Whether a compute capability has FP8 tensor cores (cuBLASLt FP8 GEMMs):
+/// 8.9 (Ada) and later. Earlier GPUs run octet's weight-only FP8 products,
+/// which upcast FP8 to bf16 inside the kernel.
+pub fn fp8_tensor_cores(cc: (i32, i32)) -> bool {
+    cc >= (8, 9)
+}
+
+/// `OCTET_FP8_GEMM=off` refuses FP8 GEMMs on a GPU that has them, as a GPU
+/// without FP8 tensor cores does; with `OCTET_FP8_CONVERT=soft` an FP8 GPU
+/// then runs what an Ampere GPU runs (for testing those paths). `auto` or
+/// unset: FP8 GEMMs where the hardware has them; other values are an error.
+pub fn fp8_gemm_allowed() -> Result<bool> {
+    match std::env::var("OCTET_FP8_GEMM") {
+        Err(_) => Ok(true),
+        Ok(v) if v == "auto" => Ok(true),
+        Ok(v) if v == "off" => Ok(false),
+        Ok(v) => Err(Error::Toolkit(format!(
+            "OCTET_FP8_GEMM={v:?}: expected `auto` or `off`"
+        ))),
+    }
 }
 
 /// What [`Gpu::device_info`] reports.
@@ -172,13 +203,19 @@ pub struct GpuInfo {
     pub sm_count: i32,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
+    /// FP8 <-> f32 conversions by the hardware's instructions (`false`: by
+    /// integer code, on GPUs without them or under `OCTET_FP8_CONVERT=soft`).
+    pub fp8_convert_hw: bool,
+    /// FP8 GEMMs: FP8 tensor cores ([`fp8_tensor_cores`]) and not turned
+    /// off by `OCTET_FP8_GEMM=off` ([`fp8_gemm_allowed`]).
+    pub fp8_gemm: bool,
 }
 
 impl std::fmt::Display for GpuInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, NVRTC {}.{}",
+            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, NVRTC {}.{}, FP8 conversions {}, {}",
             self.name,
             self.ordinal,
             self.compute_capability.0,
@@ -187,7 +224,17 @@ impl std::fmt::Display for GpuInfo {
             self.sm_count,
             self.total_mem as f64 / (1u64 << 30) as f64,
             self.nvrtc.0,
-            self.nvrtc.1
+            self.nvrtc.1,
+            if self.fp8_convert_hw {
+                "in hardware"
+            } else {
+                "in integer code"
+            },
+            if self.fp8_gemm {
+                "FP8 GEMMs"
+            } else {
+                "no FP8 GEMMs (weight-only FP8 and bf16 only)"
+            }
         )
     }
 }
@@ -232,6 +279,8 @@ pub struct Gpu {
     pub reverse_cast: bool,
     pub(crate) ordinal: usize,
     pub(crate) arch: &'static str,
+    /// FP8 GEMMs are available (FP8 tensor cores, not turned off by `OCTET_FP8_GEMM=off`).
+    pub(crate) fp8_gemm: bool,
     pub(crate) k: Kernels,
     /// Row-wise scaling kernels, compiled on first use.
     pub(crate) rowwise: std::sync::OnceLock<rowwise::RowwiseKernels>,
@@ -353,7 +402,8 @@ impl Gpu {
             mixed,
         };
         keep_pool_memory(&ctx);
-        let blas = Mutex::new(gemm::Blas::new(&stream)?);
+        let fp8_gemm = fp8_tensor_cores(cc) && fp8_gemm_allowed()?;
+        let blas = Mutex::new(gemm::Blas::new(&stream, fp8_gemm)?);
         Ok(Gpu {
             ctx,
             stream,
@@ -362,6 +412,7 @@ impl Gpu {
             reverse_cast: true,
             ordinal,
             arch,
+            fp8_gemm,
             k,
             rowwise: std::sync::OnceLock::new(),
             delayed: std::sync::OnceLock::new(),
@@ -383,6 +434,8 @@ impl Gpu {
             total_mem: self.ctx.total_mem()?,
             sm_count: self.sm_count,
             nvrtc: nvrtc::nvrtc_version()?,
+            fp8_convert_hw: self.cc >= (8, 9) && !nvrtc::soft_fp8()?,
+            fp8_gemm: self.fp8_gemm,
         })
     }
 

@@ -19,6 +19,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 /// Options every kernel is compiled with (part of the cache key).
 pub const OPTIONS: [&str; 2] = ["--std=c++17", "-default-device"];
 
+/// What [`compile`] puts in front of a source under `OCTET_FP8_CONVERT=soft`.
+pub const SOFT_FP8_DEFINE: &str = "#define OCTET_SOFT_FP8 1\n";
+
+/// Whether the FP8 conversions are compiled as integer code on every
+/// architecture. GPUs without FP8 instructions (compute capability 8.0, 8.6,
+/// 8.7) always take that path (`kernels/common.cuh`, by `__CUDA_ARCH__`);
+/// `OCTET_FP8_CONVERT=soft` selects it on sm_89 and later too, which is how
+/// an FP8-capable GPU checks and times what an Ampere GPU runs.
+/// `OCTET_FP8_CONVERT=auto` (or unset) keeps the hardware conversions where
+/// they exist; any other value is an error.
+pub fn soft_fp8() -> Result<bool> {
+    match std::env::var("OCTET_FP8_CONVERT") {
+        Err(_) => Ok(false),
+        Ok(v) if v == "auto" => Ok(false),
+        Ok(v) if v == "soft" => Ok(true),
+        Ok(v) => Err(Error::Toolkit(format!(
+            "OCTET_FP8_CONVERT={v:?}: expected `auto` or `soft`"
+        ))),
+    }
+}
+
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases).
 pub fn fnv1a(parts: &[&[u8]]) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
@@ -197,11 +218,19 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// Compile `src` for `arch` (e.g. `sm_90a`, passed as `--gpu-architecture`)
 /// through the on-disk cache ([`cache_dir`]). A compile failure returns
 /// [`Error::Compile`] with NVRTC's log.
+///
+/// Under `OCTET_FP8_CONVERT=soft` the source gets `#define OCTET_SOFT_FP8` in
+/// front (a different cache entry): see [`soft_fp8`].
 pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
     let version = nvrtc_version()?;
-    let key = cache_key(name, src, arch, &OPTIONS, version);
+    let src = if soft_fp8()? {
+        format!("{SOFT_FP8_DEFINE}{src}")
+    } else {
+        src.to_string()
+    };
+    let key = cache_key(name, &src, arch, &OPTIONS, version);
     let (text, _hit) = cached(&cache_dir(), name, arch, key, || {
-        compile_uncached(name, src, arch)
+        compile_uncached(name, &src, arch)
     })?;
     Ok(Ptx::from_src(text))
 }

@@ -38,13 +38,38 @@ fn kernels_compile() {
         );
         return;
     }
+    // FP8 instructions: sm_90a and sm_89 use them; sm_80 (Ampere) has none and
+    // compiles the integer conversions, as sm_90a does under
+    // `OCTET_FP8_CONVERT=soft` (the define in front of the source).
+    let fp8_insns = [
+        "cvt.rn.f16x2.e4m3x2",
+        "cvt.rn.f16x2.e5m2x2",
+        "cvt.rn.satfinite.e4m3x2.f32",
+        "cvt.rn.satfinite.e5m2x2.f32",
+    ];
     for (name, src) in KERNEL_SOURCES {
-        for arch in ["sm_90a", "sm_89"] {
-            let ptx = nvrtc::compile_uncached(name, src, arch)
+        for (arch, soft) in [
+            ("sm_90a", false),
+            ("sm_89", false),
+            ("sm_80", true),
+            ("sm_90a", true),
+        ] {
+            let src = if soft && arch == "sm_90a" {
+                format!("{}{src}", nvrtc::SOFT_FP8_DEFINE)
+            } else {
+                src.to_string()
+            };
+            let ptx = nvrtc::compile_uncached(name, &src, arch)
                 .unwrap_or_else(|e| panic!("{name} for {arch}: {e}"));
             // `OCTET_DUMP_PTX=DIR` keeps the PTX, e.g. for `ptxas -v` (registers, spills).
             if let Ok(dir) = std::env::var("OCTET_DUMP_PTX") {
-                std::fs::write(format!("{dir}/{name}-{arch}.ptx"), &ptx).expect("write PTX");
+                let tag = if soft { "-soft" } else { "" };
+                std::fs::write(format!("{dir}/{name}-{arch}{tag}.ptx"), &ptx).expect("write PTX");
+            }
+            if soft {
+                for m in fp8_insns {
+                    assert!(!ptx.contains(m), "{name} for {arch} (soft FP8): {m}");
+                }
             }
             assert!(
                 ptx.contains(&format!(".target {arch}")),
@@ -95,6 +120,9 @@ fn kernels_compile() {
                 _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
             };
             for m in markers {
+                if soft && fp8_insns.contains(m) {
+                    continue;
+                }
                 assert!(ptx.contains(m), "{name} for {arch}: no {m}");
             }
             // Hopper's warpgroup-MMA attention exists for sm_90a only.
