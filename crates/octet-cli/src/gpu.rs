@@ -68,8 +68,9 @@ pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
     println!("\nall {} cases pass", cases.len());
     if !skipped.is_empty() {
         println!(
-            "skipped, this GPU has no FP8 GEMMs (or OCTET_FP8_GEMM=off): {}",
-            skipped.join(", ")
+            "{} cases or groups skipped: they need FP8 GEMMs, which this GPU lacks (or OCTET_FP8_GEMM=off):\n  {}",
+            skipped.len(),
+            skipped.join("\n  ")
         );
     }
     Ok(())

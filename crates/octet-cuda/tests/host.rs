@@ -173,3 +173,43 @@ fn compile_goes_through_the_cache() {
     assert_eq!(a, b);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Which GPUs octet takes, and where FP8 GEMMs exist.
+#[test]
+fn architectures_and_fp8_gemms() {
+    use octet_cuda::{arch_for, fp8_tensor_cores};
+    assert_eq!(arch_for((9, 0)).unwrap(), "sm_90a");
+    assert_eq!(arch_for((8, 9)).unwrap(), "sm_89");
+    // Ampere: bf16 tensor cores and cp.async, no FP8 instructions.
+    for (cc, arch) in [((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 7), "sm_87")] {
+        assert_eq!(arch_for(cc).unwrap(), arch);
+        assert!(!fp8_tensor_cores(cc));
+    }
+    assert!(fp8_tensor_cores((8, 9)) && fp8_tensor_cores((9, 0)) && fp8_tensor_cores((12, 0)));
+    // Turing and older: a clear error, not a kernel that fails to load.
+    match arch_for((7, 5)) {
+        Err(Error::NoDevice(m)) => assert!(m.contains("7.5") && m.contains("8.0"), "{m}"),
+        other => panic!("7.5 accepted: {other:?}"),
+    }
+}
+
+/// `OCTET_FP8_CONVERT` and `OCTET_FP8_GEMM` take `auto` or one other word;
+/// anything else is an error naming the variable.
+#[test]
+fn fp8_switches_reject_unknown_values() {
+    // Environment variables are process-wide: this test alone touches these two.
+    std::env::set_var("OCTET_FP8_CONVERT", "software");
+    let e = nvrtc::soft_fp8().unwrap_err().to_string();
+    assert!(e.contains("OCTET_FP8_CONVERT"), "{e}");
+    std::env::set_var("OCTET_FP8_CONVERT", "soft");
+    assert!(nvrtc::soft_fp8().unwrap());
+    std::env::remove_var("OCTET_FP8_CONVERT");
+    assert!(!nvrtc::soft_fp8().unwrap());
+    std::env::set_var("OCTET_FP8_GEMM", "no");
+    let e = octet_cuda::fp8_gemm_allowed().unwrap_err().to_string();
+    assert!(e.contains("OCTET_FP8_GEMM"), "{e}");
+    std::env::set_var("OCTET_FP8_GEMM", "off");
+    assert!(!octet_cuda::fp8_gemm_allowed().unwrap());
+    std::env::remove_var("OCTET_FP8_GEMM");
+    assert!(octet_cuda::fp8_gemm_allowed().unwrap());
+}
