@@ -176,12 +176,21 @@ pub fn fp8_tensor_cores(cc: (i32, i32)) -> bool {
 /// then runs what an Ampere GPU runs (for testing those paths). `auto` or
 /// unset: FP8 GEMMs where the hardware has them; other values are an error.
 pub fn fp8_gemm_allowed() -> Result<bool> {
-    match std::env::var("OCTET_FP8_GEMM") {
-        Err(_) => Ok(true),
-        Ok(v) if v == "auto" => Ok(true),
-        Ok(v) if v == "off" => Ok(false),
+    Ok(!env_switch("OCTET_FP8_GEMM", "off")?)
+}
+
+/// An environment switch that is `auto` (or unset: `false`) or `word`
+/// (`true`); any other value is an error naming the variable.
+pub(crate) fn env_switch(var: &str, word: &str) -> Result<bool> {
+    match std::env::var(var) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Err(std::env::VarError::NotUnicode(v)) => Err(Error::Toolkit(format!(
+            "{var}={v:?}: expected `auto` or `{word}`"
+        ))),
+        Ok(v) if v == "auto" => Ok(false),
+        Ok(v) if v == word => Ok(true),
         Ok(v) => Err(Error::Toolkit(format!(
-            "OCTET_FP8_GEMM={v:?}: expected `auto` or `off`"
+            "{var}={v:?}: expected `auto` or `{word}`"
         ))),
     }
 }

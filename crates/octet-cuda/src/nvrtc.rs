@@ -30,14 +30,7 @@ pub const SOFT_FP8_DEFINE: &str = "#define OCTET_SOFT_FP8 1\n";
 /// `OCTET_FP8_CONVERT=auto` (or unset) keeps the hardware conversions where
 /// they exist; any other value is an error.
 pub fn soft_fp8() -> Result<bool> {
-    match std::env::var("OCTET_FP8_CONVERT") {
-        Err(_) => Ok(false),
-        Ok(v) if v == "auto" => Ok(false),
-        Ok(v) if v == "soft" => Ok(true),
-        Ok(v) => Err(Error::Toolkit(format!(
-            "OCTET_FP8_CONVERT={v:?}: expected `auto` or `soft`"
-        ))),
-    }
+    crate::env_switch("OCTET_FP8_CONVERT", "soft")
 }
 
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases).
