@@ -281,7 +281,6 @@ fn same_value(a: f64, b: f64) -> bool {
 ///   must equal the f64 one exactly, at M = 16 (small-M kernel) and M = 80.
 fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use octet_fp8::Overflow;
-    use octet_tensor::mixed::Fp8Weight;
     let all: Vec<u8> = (0..=255u8).collect();
     for format in [Format::E4M3, Format::E5M2] {
         // Decode: (1, 256) takes the 8-a-thread kernel, (256, 1) the scalar one.
@@ -340,72 +339,90 @@ fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 }
             },
         });
-        // Products: rows 0..256 hold codes (j + p) % 256 at column p (every
-        // code at every position), NaN codes (which a weight may not hold)
-        // replaced by zero; the factors are 1.
-        let k = 16usize;
-        let mut w = vec![0u8; 256 * k];
-        for j in 0..256 {
-            for p in 0..k {
-                let c = ((j + p) % 256) as u8;
-                w[j * k + p] = if format.is_nan(c) { 0 } else { c };
-            }
-        }
-        let n = 256usize;
-        for (scaling, block, nf) in [
-            ("tensor", (n, k), 1),
-            ("128x128 blocks", (128, 128), n.div_ceil(128)),
-        ] {
-            let wq = Fp8Weight::from_quant_data(QuantData {
-                rows: n,
-                cols: k,
-                format,
-                data: w.clone(),
-                block,
-                scales: Scales::F32(vec![1.0; nf]),
-                saturated: 0,
-                underflowed: 0,
-            })
-            .map_err(|e| Error::Shape(e.to_string()))?;
-            let dw = gpu.upload_fp8_weight(&wq)?;
+        for block128 in [false, true] {
             for m in [16usize, 80] {
-                // Token i is one-hot at column i % 16.
-                let xb: Vec<u16> = (0..m * k)
-                    .map(|e| if e % k == (e / k) % k { 0x3f80 } else { 0 })
-                    .collect();
-                let dx = gpu.upload(&xb)?;
-                let mut y = gpu.upload(&vec![0f32; m * n])?;
-                gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
-                let got = gpu.download(&y)?;
-                let mut bad = 0usize;
-                let mut first = None;
-                for i in 0..m {
-                    for j in 0..n {
-                        let want: f64 = (0..k)
-                            .map(|p| {
-                                let xv = if p == i % k { 1.0 } else { 0.0 };
-                                xv * format.decode(w[j * k + p]) as f64
-                            })
-                            .sum();
-                        let g = got[i * n + j] as f64;
-                        if !same_value(g, want) {
-                            bad += 1;
-                            first.get_or_insert((i, j, g, want));
-                        }
-                    }
-                }
+                let (total, bad) = every_code_product(gpu, format, block128, m)?;
                 out.push(CaseResult {
-                    name: format!("weight-only product, every {format} code at every position, {scaling}, M={m}"),
-                    pass: bad == 0,
-                    worst: match first {
-                        None => format!("{} of {} exact", m * n, m * n),
-                        Some((i, j, g, w)) => format!("{bad} differ, first ({i}, {j}): {g} for {w}"),
-                    },
+                    name: format!(
+                        "weight-only product, every {format} code at every position, {}, M={m}",
+                        if block128 { "128x128 blocks" } else { "tensor" }
+                    ),
+                    pass: bad.is_none(),
+                    worst: bad.unwrap_or_else(|| format!("{total} of {total} exact")),
                 });
             }
         }
     }
     Ok(())
+}
+
+/// The weight-only product of a weight whose 256 rows hold codes
+/// `(j + p) % 256` at column `p` (every code at each of the 16 positions of a
+/// 16-byte load; NaN codes, which a weight may not hold, replaced by zero;
+/// factors 1, per tensor or per 128x128 tile) with `m` one-hot token rows
+/// (token `i` at column `i % 16`). Each output is one decoded code, or the
+/// inf / NaN that 0 x inf makes, so it must equal the f64 product exactly.
+/// Returns the outputs checked and, if any differs, a line on the first.
+pub(crate) fn every_code_product(
+    gpu: &Gpu,
+    format: Format,
+    block128: bool,
+    m: usize,
+) -> Result<(usize, Option<String>)> {
+    use octet_tensor::mixed::Fp8Weight;
+    let (n, k) = (256usize, 16usize);
+    let mut w = vec![0u8; n * k];
+    for j in 0..n {
+        for p in 0..k {
+            let c = ((j + p) % 256) as u8;
+            w[j * k + p] = if format.is_nan(c) { 0 } else { c };
+        }
+    }
+    let (block, nf) = if block128 {
+        ((128, 128), n.div_ceil(128))
+    } else {
+        ((n, k), 1)
+    };
+    let wq = Fp8Weight::from_quant_data(QuantData {
+        rows: n,
+        cols: k,
+        format,
+        data: w.clone(),
+        block,
+        scales: Scales::F32(vec![1.0; nf]),
+        saturated: 0,
+        underflowed: 0,
+    })
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight(&wq)?;
+    let xb: Vec<u16> = (0..m * k)
+        .map(|e| if e % k == (e / k) % k { 0x3f80 } else { 0 })
+        .collect();
+    let dx = gpu.upload(&xb)?;
+    let mut y = gpu.upload(&vec![0f32; m * n])?;
+    gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+    let got = gpu.download(&y)?;
+    let mut bad = 0usize;
+    let mut first = None;
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| {
+                    let xv = if p == i % k { 1.0 } else { 0.0 };
+                    xv * format.decode(w[j * k + p]) as f64
+                })
+                .sum();
+            let g = got[i * n + j] as f64;
+            if !same_value(g, want) {
+                bad += 1;
+                first.get_or_insert((i, j, g, want));
+            }
+        }
+    }
+    Ok((
+        m * n,
+        first.map(|(i, j, g, w)| format!("{bad} differ, first ({i}, {j}): {g} for {w}")),
+    ))
 }
 
 /// The byte transpose (column-wise copies of per-tensor FP8 matrices) against

@@ -413,7 +413,7 @@ impl Gpu {
         keep_pool_memory(&ctx);
         let fp8_gemm = fp8_tensor_cores(cc) && fp8_gemm_allowed()?;
         let blas = Mutex::new(gemm::Blas::new(&stream, fp8_gemm)?);
-        Ok(Gpu {
+        let gpu = Gpu {
             ctx,
             stream,
             cc,
@@ -430,7 +430,29 @@ impl Gpu {
             nv: std::sync::OnceLock::new(),
             lora_k: std::sync::OnceLock::new(),
             blas,
-        })
+        };
+        if cc < (8, 9) || nvrtc::soft_fp8()? {
+            gpu.probe_integer_fp8()?;
+        }
+        Ok(gpu)
+    }
+
+    /// Where FP8 is converted in integer code (no FP8 instructions, or
+    /// `OCTET_FP8_CONVERT=soft`), check once, when the GPU is opened, that
+    /// the weight-only kernel decodes every E4M3 and E5M2 code exactly (a
+    /// millisecond): the integer path leans on bf16 `fma` keeping subnormals,
+    /// which was checked on Hopper only. A wrong value is an error here, not a
+    /// wrong product later.
+    fn probe_integer_fp8(&self) -> Result<()> {
+        for format in [octet_fp8::Format::E4M3, octet_fp8::Format::E5M2] {
+            if let (_, Some(bad)) = check::every_code_product(self, format, false, 16)? {
+                return Err(Error::Unsupported(format!(
+                    "the integer FP8 conversion decoded {format} codes wrongly on this GPU ({bad}); \
+                     octet cannot run its FP8 kernels here (please report it)"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Name, compute capability, NVRTC target, SMs and memory.
