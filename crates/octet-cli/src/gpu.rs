@@ -17,6 +17,40 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
     }
 }
 
+/// [`open`] for a run that multiplies in FP8 when `fp8_use` names the flag
+/// that asks for it (e.g. `--recipe tensorwise`), on a GPU without FP8 GEMMs
+/// (Ampere, or `OCTET_FP8_GEMM=off`): `--device cuda` is an error that says
+/// what runs there instead (rather than one at step 1); `--device auto` runs
+/// on the CPU, and says so.
+pub fn open_for(device: &str, fp8_use: Option<&str>) -> anyhow::Result<Option<Gpu>> {
+    let gpu = open(device)?;
+    if let (Some(g), Some(what)) = (&gpu, fp8_use) {
+        if !g.device_info()?.fp8_gemm {
+            if device == "auto" {
+                println!(
+                    "--device auto: {what} runs on the CPU, because this GPU has no FP8 GEMMs ({})",
+                    g.info()?
+                );
+                return Ok(None);
+            }
+            let (major, minor) = g.device_info()?.compute_capability;
+            anyhow::bail!(
+                "{what} multiplies in FP8, and this GPU (compute capability {major}.{minor}) has no FP8 \
+                 GEMMs (FP8 tensor cores need 8.9 or later; or OCTET_FP8_GEMM=off is set). Here, \
+                 train with --recipe bf16, fine-tune with --compute bf16 (the FP8 base upcast inside \
+                 the kernel), or run on the CPU with --device cpu"
+            );
+        }
+    }
+    Ok(gpu)
+}
+
+/// Recipes whose GPU layers run cuBLASLt FP8 GEMMs (the others: bf16, and
+/// MXFP8 / NVFP4, which octet emulates with bf16 GEMMs on every GPU).
+pub fn recipe_uses_fp8_gemm(recipe: &str) -> bool {
+    matches!(recipe, "tensorwise" | "delayed" | "rowwise" | "blockwise")
+}
+
 /// One line about the GPU, or why there is none.
 pub fn describe() -> String {
     match Gpu::open(0) {
@@ -28,9 +62,10 @@ pub fn describe() -> String {
     }
 }
 
-/// What the CUDA backend of this build does for a recipe (the same on every GPU
-/// it supports, sm_89 and later; block-scaled MX/NVFP4 GEMMs would need sm_100,
-/// and octet emulates them there too).
+/// What the CUDA backend of this build does for a recipe on a GPU with FP8
+/// tensor cores (sm_89 and later; block-scaled MX/NVFP4 GEMMs would need
+/// sm_100, and octet emulates them there too). Ampere GPUs refuse the native
+/// ones ([`recipe_uses_fp8_gemm`]).
 /// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
 /// with each backward mode it supports (checked by `octet selftest`).
 pub fn recipe_support(name: &str) -> &'static str {

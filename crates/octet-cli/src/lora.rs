@@ -106,7 +106,10 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         dropout: a.lora_dropout,
     });
     cfg.validate()?;
-    let gpu = crate::gpu::open(&a.train.device)?;
+    let gpu = crate::gpu::open_for(
+        &a.train.device,
+        (a.compute == "fp8").then_some("--compute fp8"),
+    )?;
     let device = match &gpu {
         Some(g) => g.info()?,
         None => format!("CPU ({} threads)", rayon::current_num_threads()),

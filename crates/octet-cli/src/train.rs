@@ -370,7 +370,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             cfg.steps,
         )
     };
-    if let Some(gpu) = crate::gpu::open(&a.device)? {
+    let fp8_use =
+        crate::gpu::recipe_uses_fp8_gemm(&cfg.recipe).then(|| format!("--recipe {}", cfg.recipe));
+    if let Some(gpu) = crate::gpu::open_for(&a.device, fp8_use.as_deref())? {
         header(gpu.info()?);
         let mut obs = bar("train");
         let s = octet_train::gpu::train_gpu(&cfg, a.resume.as_deref(), &mut obs, &gpu)?;
