@@ -980,6 +980,9 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         // odd number of 64-column stages and a partial 128-column block.
         (300, 201, 336),
         (520, 136, 1040),
+        // K past the wgmma kernel's shared table of block factors (1024 of
+        // them): block factors read from global memory.
+        (72, 8, 131_088),
     ];
     let mut seed = 900;
     for &(m, n, k) in &shapes {
