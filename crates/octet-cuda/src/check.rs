@@ -980,8 +980,8 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         // odd number of 64-column stages and a partial 128-column block.
         (300, 201, 336),
         (520, 136, 1040),
-        // K past the wgmma kernel's shared table of block factors (1024 of
-        // them): block factors read from global memory.
+        // A long K on the wgmma kernel: 2049 stages, 1025 block factors a
+        // row tile, N below one tile.
         (72, 8, 131_088),
     ];
     let mut seed = 900;
