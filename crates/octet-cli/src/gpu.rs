@@ -12,7 +12,17 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
         "cuda" => Ok(Some(
             Gpu::open(0).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?,
         )),
-        "auto" => Ok(Gpu::open(0).ok()),
+        // No driver or no GPU octet takes: the CPU, quietly. A GPU that is
+        // there but cannot be used (a toolkit piece missing, the probe of
+        // its FP8 conversions failing): the CPU, saying why.
+        "auto" => match Gpu::open(0) {
+            Ok(g) => Ok(Some(g)),
+            Err(octet_cuda::Error::NoDevice(_)) => Ok(None),
+            Err(e) => {
+                println!("--device auto: running on the CPU, the GPU cannot be used: {e}");
+                Ok(None)
+            }
+        },
         other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
     }
 }
@@ -45,12 +55,6 @@ pub fn open_for(device: &str, fp8_use: Option<&str>) -> anyhow::Result<Option<Gp
     Ok(gpu)
 }
 
-/// Recipes whose GPU layers run cuBLASLt FP8 GEMMs (the others: bf16, and
-/// MXFP8 / NVFP4, which octet emulates with bf16 GEMMs on every GPU).
-pub fn recipe_uses_fp8_gemm(recipe: &str) -> bool {
-    matches!(recipe, "tensorwise" | "delayed" | "rowwise" | "blockwise")
-}
-
 /// One line about the GPU, or why there is none.
 pub fn describe() -> String {
     match Gpu::open(0) {
@@ -65,7 +69,7 @@ pub fn describe() -> String {
 /// What the CUDA backend of this build does for a recipe on a GPU with FP8
 /// tensor cores (sm_89 and later; block-scaled MX/NVFP4 GEMMs would need
 /// sm_100, and octet emulates them there too). Ampere GPUs refuse the native
-/// ones ([`recipe_uses_fp8_gemm`]).
+/// ones ([`octet_cuda::recipe_uses_fp8_gemm`]).
 /// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
 /// with each backward mode it supports (checked by `octet selftest`).
 pub fn recipe_support(name: &str) -> &'static str {

@@ -336,9 +336,16 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     if let Some(local) = crate::dist_gpu::local_rank_from_env()? {
         return crate::dist_gpu::run_rank(&cfg, &a, local);
     }
+    // An FP8 recipe on a GPU without FP8 GEMMs: stop (cuda) or use the CPU
+    // (auto) before any rank starts, as for one process.
+    let fp8_use =
+        octet_cuda::recipe_uses_fp8_gemm(&cfg.recipe).then(|| format!("--recipe {}", cfg.recipe));
     let gpu_job = a.nnodes > 1
         || (a.nproc > 1
-            && (a.device == "cuda" || (a.device == "auto" && crate::gpu::open("auto")?.is_some())));
+            && match a.device.as_str() {
+                "cuda" | "auto" => crate::gpu::open_for(&a.device, fp8_use.as_deref())?.is_some(),
+                _ => false,
+            });
     if gpu_job {
         return crate::dist_gpu::launch(&a);
     }
@@ -370,8 +377,6 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             cfg.steps,
         )
     };
-    let fp8_use =
-        crate::gpu::recipe_uses_fp8_gemm(&cfg.recipe).then(|| format!("--recipe {}", cfg.recipe));
     if let Some(gpu) = crate::gpu::open_for(&a.device, fp8_use.as_deref())? {
         header(gpu.info()?);
         let mut obs = bar("train");

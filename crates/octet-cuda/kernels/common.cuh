@@ -147,16 +147,17 @@ __device__ __forceinline__ void f16x2_to_f32x2(unsigned int h, float& lo, float&
 // (E4M3 subnormals land on bf16 subnormals, the same quantum times 2^-120).
 // One bf16x2 multiply by 2^120 is exact (`fma` with -0 added keeps +-0;
 // `mul.bf16x2` needs sm_90). Four instructions a pair, as many as the
-// hardware path. The NaN codes (0x7f, 0xff) read +-480 that way: with `NAN`,
-// three more instructions set them to NaN; without, the caller guarantees
-// there are none (the weight-only products: `Fp8Weight` refuses NaN codes).
-template <bool NAN>
+// hardware path. The NaN codes (0x7f, 0xff) read +-480 that way: with
+// `WITH_NAN`, a few more (six in SASS) set them to NaN; without, the caller
+// guarantees there are none (the weight-only products: `Fp8Weight` refuses
+// NaN codes).
+template <bool WITH_NAN>
 __device__ __forceinline__ unsigned int e4m3x2_to_bf16x2_soft(unsigned int two) {
     unsigned int w, r;
     asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(w) : "r"(two)); // [code 0, sign 0, code 1, sign 1]
     const unsigned int bits = (w << 4) & 0x87f087f0u;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(0x7b807b80u), "r"(0x80008000u));
-    if (NAN) {
+    if (WITH_NAN) {
         const unsigned int nan = ((w & 0x007f007fu) + 0x00010001u) & 0x00800080u; // magnitude 0x7f
         r |= (nan >> 7) * 0x7fc0u;
     }
@@ -178,15 +179,15 @@ template <int FMT> __device__ __forceinline__ unsigned int fp8x2_to_f16x2(unsign
 
 // Two FP8 codes (low byte first) -> two f32, exactly. Hardware: FP8 -> f16x2,
 // then f16 -> f32. Without it: E5M2 is the top byte of an f16 (a byte
-// permute), E4M3 goes through `e4m3x2_to_bf16x2_soft`. `NAN = false`: the
+// permute), E4M3 goes through `e4m3x2_to_bf16x2_soft`. `WITH_NAN = false`: the
 // codes are known not to be NaN (see there; no difference in hardware).
-template <int FMT, bool NAN = true>
+template <int FMT, bool WITH_NAN = true>
 __device__ __forceinline__ void fp8x2_to_f32x2(unsigned int two, float& lo, float& hi) {
 #if OCTET_FP8_HW
     f16x2_to_f32x2(fp8x2_to_f16x2<FMT>((unsigned short)two), lo, hi);
 #else
     if (FMT == FMT_E4M3) {
-        const unsigned int b = e4m3x2_to_bf16x2_soft<NAN>(two);
+        const unsigned int b = e4m3x2_to_bf16x2_soft<WITH_NAN>(two);
         lo = bf16_lo(b);
         hi = bf16_hi(b);
     } else {
@@ -213,14 +214,14 @@ __device__ __forceinline__ float e4m3_decode(unsigned int code) { return fp8_dec
 
 // Two FP8 codes (low byte first) -> two bf16 (low half first), exactly: f32 ->
 // bf16 is exact for every FP8 value (E4M3 and E5M2 values fit bf16's
-// exponent and mantissa). `NAN` as for `fp8x2_to_f32x2`.
-template <int FMT, bool NAN = true>
+// exponent and mantissa). `WITH_NAN` as for `fp8x2_to_f32x2`.
+template <int FMT, bool WITH_NAN = true>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
 #if !OCTET_FP8_HW
-    if (FMT == FMT_E4M3) return e4m3x2_to_bf16x2_soft<NAN>(two);
+    if (FMT == FMT_E4M3) return e4m3x2_to_bf16x2_soft<WITH_NAN>(two);
 #endif
     float lo, hi;
-    fp8x2_to_f32x2<FMT, NAN>(two, lo, hi);
+    fp8x2_to_f32x2<FMT, WITH_NAN>(two, lo, hi);
     unsigned int r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;

@@ -171,16 +171,38 @@ pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
 }
 
 /// A group of conformance cases.
-type Group = fn(&Gpu, &mut Vec<CaseResult>) -> Result<()>;
+pub(crate) type Group = fn(&Gpu, &mut Vec<CaseResult>) -> Result<()>;
+
+/// On a GPU without FP8 GEMMs, a case that `needs` them is recorded as
+/// skipped (returns `true`: the caller goes on to its next case). Groups
+/// guard their FP8 cases with it, so that the cases after one still run.
+pub(crate) fn skip_without_fp8_gemm(
+    gpu: &Gpu,
+    needs: bool,
+    name: impl Into<String>,
+    out: &mut Vec<CaseResult>,
+) -> bool {
+    let skip = needs && !gpu.fp8_gemm;
+    if skip {
+        out.push(CaseResult {
+            name: name.into(),
+            pass: false,
+            worst: Error::Unsupported("needs FP8 GEMMs".into()).to_string(),
+        });
+    }
+    skip
+}
 
 /// What [`Error::Unsupported`] displays first (checked by a unit test).
 const UNSUPPORTED: &str = "not supported on this GPU: ";
 
 /// [`selftest`], and the names of the cases and groups skipped because they
-/// need FP8 GEMMs, which this GPU lacks (Ampere, or `OCTET_FP8_GEMM=off`):
-/// there a group that stops on [`Error::Unsupported`], and a case that failed
-/// with it, are skipped, and one case checks that an FP8 GEMM is refused. A
-/// group that fails with any other error is a failed case named after it.
+/// need FP8 GEMMs, which this GPU lacks (Ampere, or `OCTET_FP8_GEMM=off`).
+/// There the groups skip their FP8 cases one by one
+/// ([`skip_without_fp8_gemm`]); a group that still stops on
+/// [`Error::Unsupported`] is skipped from there on (its name is listed), and
+/// one case checks that an FP8 GEMM is refused. A group that fails with any
+/// other error is a failed case named after it.
 pub fn selftest_groups(gpu: &Gpu) -> Result<(Vec<CaseResult>, Vec<String>)> {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
@@ -213,7 +235,19 @@ pub fn selftest_groups(gpu: &Gpu) -> Result<(Vec<CaseResult>, Vec<String>)> {
             ("NVFP4 cases", nvfp4_cases),
             ("telemetry cases", telemetry_cases),
             ("training model cases", model_cases),
-            ("LoRA cases", crate::lora_check::lora_cases),
+            ("LoRA fused cast cases", crate::lora_check::fused_cases),
+            ("LoRA d_A cases", crate::lora_check::da_cases),
+            ("LoRA layer cases", crate::lora_check::layer_cases),
+            (
+                "LoRA FP8-saved input cases",
+                crate::lora_check::fp8_saved_layer_cases,
+            ),
+            ("LoRA dropout cases", crate::lora_check::dropout_cases),
+            ("LoRA model cases", crate::lora_check::model_cases),
+            (
+                "LoRA stored-checkpoint cases",
+                crate::lora_check::stored_cases,
+            ),
             ("activation recomputation cases", recompute_cases),
             ("sharded model cases (NCCL, one rank)", sharded_cases),
         ]
@@ -1555,6 +1589,11 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         }
     }
     for (label, recipe) in recipes {
+        let rname = label.split(' ').next().unwrap_or_default();
+        let what = format!("linear layer {label}");
+        if skip_without_fp8_gemm(gpu, crate::recipe_uses_fp8_gemm(rname), what, out) {
+            continue;
+        }
         let mut cpu = Linear::new(
             Tensor::from_bf16(&[n, k], wb.clone()).map_err(shape)?,
             None,
@@ -2268,6 +2307,14 @@ fn telemetry_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "mxfp8",
         "nvfp4",
     ] {
+        if skip_without_fp8_gemm(
+            gpu,
+            crate::recipe_uses_fp8_gemm(name),
+            format!("telemetry {name}"),
+            out,
+        ) {
+            continue;
+        }
         let recipe = Recipe::from_name(name)?;
         let wb = random_bf16(n * k, 1501, 0.05);
         let mut cpu = Linear::new(

@@ -171,6 +171,13 @@ pub fn fp8_tensor_cores(cc: (i32, i32)) -> bool {
     cc >= (8, 9)
 }
 
+/// Whether a recipe's GPU layers run cuBLASLt FP8 GEMMs (by its name:
+/// tensorwise, delayed, rowwise, blockwise). The others run on any GPU: bf16,
+/// and MXFP8 / NVFP4, which octet emulates with bf16 GEMMs.
+pub fn recipe_uses_fp8_gemm(name: &str) -> bool {
+    matches!(name, "tensorwise" | "delayed" | "rowwise" | "blockwise")
+}
+
 /// `OCTET_FP8_GEMM=off` refuses FP8 GEMMs on a GPU that has them, as a GPU
 /// without FP8 tensor cores does; with `OCTET_FP8_CONVERT=soft` an FP8 GPU
 /// then runs what an Ampere GPU runs (for testing those paths). `auto` or
@@ -183,13 +190,20 @@ pub fn fp8_gemm_allowed() -> Result<bool> {
 /// (`true`); any other value is an error naming the variable.
 pub(crate) fn env_switch(var: &str, word: &str) -> Result<bool> {
     match std::env::var(var) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
+        Err(std::env::VarError::NotPresent) => parse_switch(var, None, word),
         Err(std::env::VarError::NotUnicode(v)) => Err(Error::Toolkit(format!(
             "{var}={v:?}: expected `auto` or `{word}`"
         ))),
-        Ok(v) if v == "auto" => Ok(false),
-        Ok(v) if v == word => Ok(true),
-        Ok(v) => Err(Error::Toolkit(format!(
+        Ok(v) => parse_switch(var, Some(&v), word),
+    }
+}
+
+/// [`env_switch`] on a given value of `var` (`None`: unset).
+pub fn parse_switch(var: &str, value: Option<&str>, word: &str) -> Result<bool> {
+    match value {
+        None | Some("auto") => Ok(false),
+        Some(v) if v == word => Ok(true),
+        Some(v) => Err(Error::Toolkit(format!(
             "{var}={v:?}: expected `auto` or `{word}`"
         ))),
     }

@@ -13,7 +13,7 @@
 //! bf16 outputs of the selftest), gradients within 1e-2 (the same allowance
 //! plus the FP8 GEMM's reduced-precision partial sums, 2e-4).
 
-use crate::check::{download_f32, random_bf16, rel_frobenius, CaseResult};
+use crate::check::{download_f32, random_bf16, rel_frobenius, skip_without_fp8_gemm, CaseResult};
 use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
 use crate::model::{AdamParams, GpuLlama};
 use crate::{Error, Gpu, Result};
@@ -80,17 +80,6 @@ fn layer_pair(
     Ok((cpu, gpu_layer))
 }
 
-/// All GPU LoRA cases.
-pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    fused_cases(gpu, out)?;
-    da_cases(gpu, out)?;
-    layer_cases(gpu, out)?;
-    fp8_saved_layer_cases(gpu, out)?;
-    dropout_cases(gpu, out)?;
-    model_cases(gpu, out)?;
-    stored_cases(gpu, out)
-}
-
 /// [`Gpu::lora_cast_du`] (E5M2) and [`Gpu::lora_cast_u`] (E4M3) against
 /// their two separate products: the codes and `scale_inv` of the per-tensor
 /// cast, bit for bit (the same scale, multiply and conversion), and
@@ -99,7 +88,7 @@ pub fn lora_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// relative 2^-9 per element). Shapes with fewer 64-column chunks than the
 /// block has warps, and ranks 8, 16, 24, 32, 48 (q, k and v stacked) and 64
 /// (of the 8 to 64 it takes).
-fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for ((i, (m, n, r)), format) in [
         (64usize, 192usize, 8usize),
         (48, 128, 16),
@@ -184,7 +173,7 @@ fn fused_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// case's input spans 2^-30 to 2^6 (log-uniform), so that its codes include
 /// E4M3 subnormals (checked), which the kernel decodes with integer
 /// operations.
-fn da_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn da_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let cases: [(usize, usize, &[usize]); 12] = [
         (64, 256, &[16]),
         (48, 272, &[16, 16, 16]),
@@ -300,7 +289,7 @@ type LayerCase = (
     (usize, usize, usize),
 );
 
-fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let t = BaseFormat::Fp8(WeightScaling::Tensor);
     let cases: [LayerCase; 7] = [
         (
@@ -356,6 +345,10 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     ];
     let (r, alpha) = (16usize, 32.0f64);
     for (ci, (name, format, compute, mode, (m, k, n))) in cases.into_iter().enumerate() {
+        let what = format!("LoRA layer case {ci} ({name}, {m}x{k}x{n}, compute fp8)");
+        if skip_without_fp8_gemm(gpu, matches!(compute, Compute::Fp8), what, out) {
+            continue;
+        }
         let seed = 4000 + 10 * ci as u64;
         let w = bf16_tensor(&[n, k], seed, 0.05)?;
         let x = bf16_tensor(&[m, k], seed + 1, 1.0)?;
@@ -459,7 +452,7 @@ fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// layer cases' tolerances; saved bytes exactly `2 M r` for `u` and `M K +
 /// 4` for the codes and their factor. Rank 16 reads the codes in
 /// [`Gpu::lora_da_e4m3`]; rank 80 (above its 64) dequantizes them for a GEMM.
-fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let alpha = 32.0f64;
     for (ci, (m, k, n, r)) in [(96usize, 256usize, 192usize, 16usize), (64, 128, 80, 80)]
         .into_iter()
@@ -519,7 +512,7 @@ fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// input and its mask (as q, k, v) against three CPU layers with the same
 /// mask, in each backward mode that groups them: outputs, adapter gradients
 /// and the summed input gradient within the layer cases' tolerances.
-fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for (n, p) in [(4096usize, 0.25f64), (1001, 0.1)] {
         let d = Dropout::new(p, 0xd5 + n as u64).map_err(nn)?;
         let x = bf16_tensor(&[n], 4700 + n as u64, 1.0)?;
@@ -590,6 +583,10 @@ fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     .into_iter()
     .enumerate()
     {
+        let what = format!("LoRA dropout layer case {ci} ({name}, compute fp8)");
+        if skip_without_fp8_gemm(gpu, matches!(compute, Compute::Fp8), what, out) {
+            continue;
+        }
         let seed = 4800 + 20 * ci as u64;
         let drop = Dropout::new(0.25, 0x5eed + ci as u64).map_err(nn)?;
         let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
@@ -717,7 +714,7 @@ fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
     Ok((cfg, w, tokens(seed + 2200), tokens(seed + 2201), targets))
 }
 
-fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let (b, t) = (4usize, 64usize);
     let (cfg, w, toks, tgts, targets) = model_setup(91, (b, t))?;
     for (name, base, compute, mode, dropout) in [
@@ -758,6 +755,10 @@ fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             0.1,
         ),
     ] {
+        let what = format!("LoRA model, {name}");
+        if skip_without_fp8_gemm(gpu, matches!(compute, Compute::Fp8), what, out) {
+            continue;
+        }
         let spec = LoraSpec {
             rank: 8,
             alpha: 16.0,
@@ -1039,7 +1040,7 @@ type StoredCase = (
 /// channel, 128x128 blocks, per tensor: whatever the file holds, not the
 /// spec's format) and computes what the CPU `Llama::into_lora_with` computes
 /// from the same codes.
-fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+pub(crate) fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use octet_tensor::mixed::Fp8Weight;
     let (b, t) = (2usize, 64usize);
     let (cfg, w, toks, tgts, targets) = model_setup(93, (b, t))?;
@@ -1069,6 +1070,10 @@ fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         ),
     ];
     for (name, scaling, compute, mode) in cases {
+        let what = format!("LoRA model on a stored FP8 checkpoint, {name}");
+        if skip_without_fp8_gemm(gpu, matches!(compute, Compute::Fp8), what, out) {
+            continue;
+        }
         let mut stored: HashMap<String, Fp8Weight> = HashMap::new();
         for (n, t) in &w {
             if n.ends_with("_proj.weight") {

@@ -1,8 +1,10 @@
 //! Weight-only FP8 products on the GPU: `y (M, N) = x (M, K) @ W^T` with `x`
 //! in bf16 and `W` kept in FP8 on the device (see `kernels/mixed.cu`). They
 //! need no FP8 hardware: on Ampere (sm_80, sm_86, sm_87) the codes are upcast
-//! by integer code as fast as by the FP8 instructions (four instructions a
-//! pair either way; `kernels/common.cuh`, BENCHMARKS.md twenty-sixth session).
+//! by integer code, four instructions a pair as with the FP8 instructions
+//! (`kernels/common.cuh`). On an H100 under `OCTET_FP8_CONVERT=soft` that
+//! read within 0.00-0.03 of the hardware path (BENCHMARKS.md, twenty-sixth
+//! session); no Ampere GPU has run it.
 //!
 //! - `M <= 64`: one kernel copies the FP8 codes and the x tiles into shared
 //!   memory by cp.async, one or two 128-column blocks ahead of the block each

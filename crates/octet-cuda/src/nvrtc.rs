@@ -29,8 +29,15 @@ pub const SOFT_FP8_DEFINE: &str = "#define OCTET_SOFT_FP8 1\n";
 /// an FP8-capable GPU checks and times what an Ampere GPU runs.
 /// `OCTET_FP8_CONVERT=auto` (or unset) keeps the hardware conversions where
 /// they exist; any other value is an error.
+///
+/// Read once a process (so every module, compiled when first used, agrees
+/// with the others and with [`crate::Gpu::device_info`]).
 pub fn soft_fp8() -> Result<bool> {
-    crate::env_switch("OCTET_FP8_CONVERT", "soft")
+    static SOFT: std::sync::OnceLock<std::result::Result<bool, String>> =
+        std::sync::OnceLock::new();
+    SOFT.get_or_init(|| crate::env_switch("OCTET_FP8_CONVERT", "soft").map_err(|e| e.to_string()))
+        .clone()
+        .map_err(Error::Toolkit)
 }
 
 /// 64-bit FNV-1a: a stable hash (std's hasher may change between Rust releases).

@@ -193,23 +193,19 @@ fn architectures_and_fp8_gemms() {
     }
 }
 
-/// `OCTET_FP8_CONVERT` and `OCTET_FP8_GEMM` take `auto` or one other word;
-/// anything else is an error naming the variable.
+/// `OCTET_FP8_CONVERT` and `OCTET_FP8_GEMM` take `auto` (or nothing) or one
+/// other word; anything else is an error naming the variable. (Checked on the
+/// parser: setting the variables here would race with the tests that open a GPU.)
 #[test]
 fn fp8_switches_reject_unknown_values() {
-    // Environment variables are process-wide: this test alone touches these two.
-    std::env::set_var("OCTET_FP8_CONVERT", "software");
-    let e = nvrtc::soft_fp8().unwrap_err().to_string();
-    assert!(e.contains("OCTET_FP8_CONVERT"), "{e}");
-    std::env::set_var("OCTET_FP8_CONVERT", "soft");
-    assert!(nvrtc::soft_fp8().unwrap());
-    std::env::remove_var("OCTET_FP8_CONVERT");
-    assert!(!nvrtc::soft_fp8().unwrap());
-    std::env::set_var("OCTET_FP8_GEMM", "no");
-    let e = octet_cuda::fp8_gemm_allowed().unwrap_err().to_string();
-    assert!(e.contains("OCTET_FP8_GEMM"), "{e}");
-    std::env::set_var("OCTET_FP8_GEMM", "off");
-    assert!(!octet_cuda::fp8_gemm_allowed().unwrap());
-    std::env::remove_var("OCTET_FP8_GEMM");
-    assert!(octet_cuda::fp8_gemm_allowed().unwrap());
+    use octet_cuda::parse_switch;
+    for (var, word) in [("OCTET_FP8_CONVERT", "soft"), ("OCTET_FP8_GEMM", "off")] {
+        assert!(!parse_switch(var, None, word).unwrap());
+        assert!(!parse_switch(var, Some("auto"), word).unwrap());
+        assert!(parse_switch(var, Some(word), word).unwrap());
+        let e = parse_switch(var, Some("software"), word)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(var) && e.contains("software"), "{e}");
+    }
 }
