@@ -33,7 +33,15 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
 /// what runs there instead (rather than one at step 1); `--device auto` runs
 /// on the CPU, and says so.
 pub fn open_for(device: &str, fp8_use: Option<&str>) -> anyhow::Result<Option<Gpu>> {
-    let gpu = open(device)?;
+    fp8_gate(open(device)?, device, fp8_use)
+}
+
+/// The check of [`open_for`] on an opened GPU (or none).
+pub fn fp8_gate(
+    gpu: Option<Gpu>,
+    device: &str,
+    fp8_use: Option<&str>,
+) -> anyhow::Result<Option<Gpu>> {
     if let (Some(g), Some(what)) = (&gpu, fp8_use) {
         if !g.device_info()?.fp8_gemm {
             if device == "auto" {

@@ -343,7 +343,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let gpu_job = a.nnodes > 1
         || (a.nproc > 1
             && match a.device.as_str() {
-                "cuda" | "auto" => crate::gpu::open_for(&a.device, fp8_use.as_deref())?.is_some(),
+                // A GPU that does not open is left to the ranks, which report it.
+                "cuda" => {
+                    let gpu = octet_cuda::Gpu::open(0).ok();
+                    crate::gpu::fp8_gate(gpu, "cuda", fp8_use.as_deref())?;
+                    true
+                }
+                "auto" => crate::gpu::open_for("auto", fp8_use.as_deref())?.is_some(),
                 _ => false,
             });
     if gpu_job {
