@@ -43,15 +43,13 @@ pub fn fp8_gate(
     fp8_use: Option<&str>,
 ) -> anyhow::Result<Option<Gpu>> {
     if let (Some(g), Some(what)) = (&gpu, fp8_use) {
-        if !g.device_info()?.fp8_gemm {
+        let info = g.device_info()?;
+        if !info.fp8_gemm {
             if device == "auto" {
-                println!(
-                    "--device auto: {what} runs on the CPU, because this GPU has no FP8 GEMMs ({})",
-                    g.info()?
-                );
+                println!("--device auto: {what} runs on the CPU, because this GPU has no FP8 GEMMs ({info})");
                 return Ok(None);
             }
-            let (major, minor) = g.device_info()?.compute_capability;
+            let (major, minor) = info.compute_capability;
             anyhow::bail!(
                 "{what} multiplies in FP8, and this GPU (compute capability {major}.{minor}) has no FP8 \
                  GEMMs (FP8 tensor cores need 8.9 or later; or OCTET_FP8_GEMM=off is set). Here, \

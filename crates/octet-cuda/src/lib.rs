@@ -302,6 +302,8 @@ pub struct Gpu {
     pub reverse_cast: bool,
     pub(crate) ordinal: usize,
     pub(crate) arch: &'static str,
+    /// The kernels convert FP8 with the hardware's instructions (not integer code).
+    pub(crate) fp8_convert_hw: bool,
     /// FP8 GEMMs are available (FP8 tensor cores, not turned off by `OCTET_FP8_GEMM=off`).
     pub(crate) fp8_gemm: bool,
     pub(crate) k: Kernels,
@@ -425,6 +427,8 @@ impl Gpu {
             mixed,
         };
         keep_pool_memory(&ctx);
+        // FP8 conversion instructions and FP8 tensor cores arrive together (8.9).
+        let fp8_convert_hw = fp8_tensor_cores(cc) && !nvrtc::soft_fp8()?;
         let fp8_gemm = fp8_tensor_cores(cc) && fp8_gemm_allowed()?;
         let blas = Mutex::new(gemm::Blas::new(&stream, fp8_gemm)?);
         let gpu = Gpu {
@@ -435,6 +439,7 @@ impl Gpu {
             reverse_cast: true,
             ordinal,
             arch,
+            fp8_convert_hw,
             fp8_gemm,
             k,
             rowwise: std::sync::OnceLock::new(),
@@ -445,7 +450,7 @@ impl Gpu {
             lora_k: std::sync::OnceLock::new(),
             blas,
         };
-        if cc < (8, 9) || nvrtc::soft_fp8()? {
+        if !fp8_convert_hw {
             gpu.probe_integer_fp8()?;
         }
         Ok(gpu)
@@ -479,7 +484,7 @@ impl Gpu {
             total_mem: self.ctx.total_mem()?,
             sm_count: self.sm_count,
             nvrtc: nvrtc::nvrtc_version()?,
-            fp8_convert_hw: self.cc >= (8, 9) && !nvrtc::soft_fp8()?,
+            fp8_convert_hw: self.fp8_convert_hw,
             fp8_gemm: self.fp8_gemm,
         })
     }

@@ -223,10 +223,10 @@ pub fn nvrtc_version() -> Result<(i32, i32)> {
 /// front (a different cache entry): see [`soft_fp8`].
 pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
     let version = nvrtc_version()?;
-    let src = if soft_fp8()? {
-        format!("{SOFT_FP8_DEFINE}{src}")
+    let src: std::borrow::Cow<str> = if soft_fp8()? {
+        format!("{SOFT_FP8_DEFINE}{src}").into()
     } else {
-        src.to_string()
+        src.into()
     };
     let key = cache_key(name, &src, arch, &OPTIONS, version);
     let (text, _hit) = cached(&cache_dir(), name, arch, key, || {
