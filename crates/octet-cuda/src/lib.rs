@@ -400,9 +400,19 @@ impl Gpu {
                 "block1x128_direct_cast_transpose_bf16_e4m3",
             ],
         )?;
+        let smem = {
+            use cudarc::driver::sys::CUdevice_attribute::*;
+            let a = |attr| -> Result<u32> { Ok(ctx.attribute(attr)?.max(0) as u32) };
+            mixed::SmemLimits {
+                per_sm: a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR)?,
+                per_block: a(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?,
+                reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
+            }
+        };
         let mixed = mixed::MixedKernels::load(
             &ctx.load_module(nvrtc::compile("mixed", KERNEL_SOURCES[2].1, arch)?)?,
             arch,
+            smem,
         )?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();

@@ -16,7 +16,9 @@
 //!   tokens (`SMALL_CFG`). On sm_90 and later it is launched as a
 //!   programmatic dependent of the previous kernel, its first copies of codes
 //!   overlapping that kernel's tail (`OCTET_MIXED_PDL=0` launches it plainly,
-//!   for comparisons).
+//!   for comparisons). A launch of few blocks takes enough shared memory a
+//!   block to spread over all SMs (`small_smem`; `OCTET_MIXED_SPREAD=0`
+//!   turns it off, for comparisons).
 //! - `M > 64` on Hopper (`sm_90a`): `mixed_wg`, a warpgroup-MMA kernel that
 //!   copies the FP8 codes into shared memory as they are, upcasts each
 //!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
@@ -57,8 +59,44 @@ pub(crate) struct MixedKernels {
     /// Launch the small-M kernel as a programmatic dependent of the previous
     /// kernel: on sm_90 and later, unless `OCTET_MIXED_PDL=0` (for comparisons).
     pdl: bool,
+    /// Spread a small-M launch of few blocks over all SMs (`small_smem`):
+    /// unless `OCTET_MIXED_SPREAD=0` (for comparisons).
+    spread: bool,
+    /// The device's shared memory: an SM's, the most one block may take, and
+    /// what the system reserves a block, in bytes.
+    smem: SmemLimits,
     /// The read-only calibration pass of `octet bench mixed`.
     read_floor: CudaFunction,
+}
+
+/// Shared memory limits of the device, in bytes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SmemLimits {
+    /// One SM's shared memory.
+    pub per_sm: u32,
+    /// The most one block may ask for (opt-in).
+    pub per_block: u32,
+    /// What the system reserves a block.
+    pub reserved: u32,
+}
+
+/// The dynamic shared memory of a small-M launch of `blocks` blocks that
+/// each need `need` bytes, on `sms` SMs.
+///
+/// The block scheduler does not spread a launch of few blocks evenly: with
+/// room for four blocks an SM, a launch of 256 blocks (4096x4096) on the
+/// H100's 132 SMs ran at 0.74 of copy bandwidth for 1-4 tokens, and the same
+/// kernel with room for two blocks an SM at 0.81-0.83 for 5-8 tokens (call
+/// e of the twenty-seventh session, BENCHMARKS.md). So where
+/// `ceil(blocks / sms)` blocks an SM would do, each block asks for enough
+/// shared memory that no SM can take more.
+pub(crate) fn small_smem(need: u32, blocks: u32, sms: u32, lim: SmemLimits) -> u32 {
+    let per_sm = blocks.div_ceil(sms.max(1)).max(1);
+    // 128 bytes under the share, for the allocation granularity.
+    let cap = (lim.per_sm / per_sm)
+        .saturating_sub(lim.reserved + 128)
+        .min(lim.per_block);
+    need.max(cap)
 }
 
 /// A launch shape of the small-M kernel (`mixed_small_m` in `kernels/mixed.cu`).
@@ -115,7 +153,7 @@ const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
 const WG_TILE: (usize, usize) = (128, 256);
 
 impl MixedKernels {
-    pub(crate) fn load(m: &Arc<CudaModule>, arch: &str) -> Result<MixedKernels> {
+    pub(crate) fn load(m: &Arc<CudaModule>, arch: &str, smem: SmemLimits) -> Result<MixedKernels> {
         let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
         let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
         {
@@ -142,7 +180,8 @@ impl MixedKernels {
             use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
             let k = |c: &SmallCfg, out: &str| -> Result<CudaFunction> {
                 let func = f(&format!("mixed_{fmt}_n{}_{out}", c.tokens))?;
-                func.set_attribute(MAXSMEM, c.smem(c.tokens) as i32)?;
+                // Up to the most a block may take (`small_smem`).
+                func.set_attribute(MAXSMEM, c.smem(c.tokens).max(smem.per_block) as i32)?;
                 Ok(func)
             };
             let by_out =
@@ -160,6 +199,8 @@ impl MixedKernels {
             wg,
             pdl: !arch.starts_with("sm_8")
                 && std::env::var("OCTET_MIXED_PDL").map_or(true, |v| v != "0"),
+            spread: std::env::var("OCTET_MIXED_SPREAD").map_or(true, |v| v != "0"),
+            smem,
             read_floor: f("read_floor")?,
         })
     }
@@ -411,7 +452,15 @@ impl Gpu {
         );
         // The first token group is the largest; a slot holds its rows.
         let xrows = (dims[0] as u32).min(cfg.group());
-        let (threads, smem) = (cfg.warps * 32, cfg.smem(xrows));
+        let (threads, mut smem) = (cfg.warps * 32, cfg.smem(xrows));
+        if self.k.mixed.spread {
+            smem = small_smem(
+                smem,
+                grid.0 * grid.1,
+                self.sm_count as u32,
+                self.k.mixed.smem,
+            );
+        }
         let (wp, _gw) = w.codes.device_ptr(&self.stream);
         let (xp, _gx) = x.device_ptr(&self.stream);
         let (fp, _gf) = w.factors.device_ptr(&self.stream);
@@ -502,7 +551,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::SMALL_CFG;
+    use super::{small_smem, SmemLimits, SMALL_CFG};
 
     /// The host's table of small-M shapes and the kernels compiled for it
     /// must agree: the host sizes the dynamic shared memory from the warps
@@ -536,5 +585,53 @@ mod tests {
             assert!(totals <= smem, "{xrows} tokens: totals {totals} > {smem}");
         }
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
+    }
+
+    /// Blocks that fit an SM side by side with `smem` dynamic bytes each (the
+    /// driver's rule: each block also takes the reserved bytes, rounded up to
+    /// 128-byte units).
+    fn blocks_per_sm(smem: u32, lim: SmemLimits) -> u32 {
+        lim.per_sm / ((smem + lim.reserved).div_ceil(128) * 128)
+    }
+
+    /// The spread rule never lowers a block's need, caps an SM at exactly
+    /// `ceil(blocks / SMs)` blocks where that is fewer than would fit, and
+    /// leaves launches of many blocks alone; on the H100's limits and on an
+    /// sm_86-like device (100 KiB an SM).
+    #[test]
+    fn small_smem_spreads_few_blocks() {
+        let h100 = SmemLimits {
+            per_sm: 233_472,
+            per_block: 232_448,
+            reserved: 1024,
+        };
+        let sm86 = SmemLimits {
+            per_sm: 102_400,
+            per_block: 101_376,
+            reserved: 1024,
+        };
+        for (lim, sms) in [(h100, 132u32), (sm86, 84)] {
+            for c in &SMALL_CFG {
+                for xrows in [1, c.tokens] {
+                    let need = c.smem(xrows);
+                    let natural = blocks_per_sm(need, lim);
+                    for blocks in [
+                        1u32, 7, 64, 128, 131, 133, 256, 264, 265, 300, 896, 1792, 65535,
+                    ] {
+                        let got = small_smem(need, blocks, sms, lim);
+                        assert!(
+                            got >= need && got <= lim.per_block.max(need),
+                            "{blocks}: {got}"
+                        );
+                        let want = blocks.div_ceil(sms).min(natural);
+                        assert_eq!(
+                            blocks_per_sm(got, lim),
+                            want,
+                            "{blocks} blocks of {need} bytes on {sms} SMs ({lim:?})"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
