@@ -43,6 +43,24 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned
     for (int i = threadIdx.x; i < C; i += blockDim.x) out[(size_t)blockIdx.x * C + i] = f32_to_bf16(r[i] * inv * g[i]);
 }
 
+// x += y, then out = bf16(x / sqrt(mean(x^2) + eps) * g): the residual add
+// of one block of the model and the norm of the next, one row of C, one
+// block (launched with 1024 threads: a few elements a thread, all loads in flight).
+extern "C" __global__ void add_rmsnorm_bf16(float* x, const float* y, const float* g, unsigned short* out, int C,
+                                            float eps) {
+    __shared__ float red[32];
+    float s = 0.f;
+    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+        const float v = x[i] + y[i];
+        x[i] = v;
+        s += v * v;
+    }
+    s = block_sum(s, red);
+    const float inv = rsqrtf(s / C + eps);
+    // Each thread reads back the elements it wrote.
+    for (int i = threadIdx.x; i < C; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * g[i]);
+}
+
 // The step's token and position live on the device (state[0], state[1]) so
 // that one captured CUDA graph serves every step.
 
@@ -52,47 +70,64 @@ extern "C" __global__ void embed_row(const float* table, const int* state, float
     if (i < C) x[i] = table[(size_t)state[0] * C + i];
 }
 
-// The new key and value rows into the caches at the step's position.
-extern "C" __global__ void kv_store(const float* k, const float* v, float* kc, float* vc, const int* state,
-                                    int width) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= width) return;
-    const size_t at = (size_t)state[1] * width + i;
-    kc[at] = k[i];
-    vc[at] = v[i];
-}
-
-// Rotary embedding at the step's position of `heads` heads of dim d, pairs (i, i + d/2).
-extern "C" __global__ void rope_f32(float* x, int heads, int d, const int* state, float theta) {
-    const int pos = state[1];
-    const int half = d / 2;
+// Rotary embedding of the step's q and k heads (the first hq + hkv heads of
+// `qkv`, pairs (i, i + d/2)) with the position's row of the cos and sin
+// tables (D/2 each: the CPU's `Rope` tables rounded to f32), and the new key
+// (rotated) and value rows into the caches at the step's position. One thread
+// per rotated pair, then one per value element.
+extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const float* sin_t, float* kc, float* vc,
+                                      const int* state, int hq, int hkv, int d) {
+    const int pos = state[1], half = d / 2, kvw = hkv * d, pairs = (hq + hkv) * half;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= heads * half) return;
-    const int h = idx / half, i = idx % half;
-    const double a = (double)pos * pow((double)theta, -2.0 * i / d);
-    const float c = (float)cos(a), s = (float)sin(a);
-    float* p = x + h * d;
-    const float u = p[i], v = p[i + half];
-    p[i] = u * c - v * s;
-    p[i + half] = v * c + u * s;
+    if (idx < pairs) {
+        const int h = idx / half, i = idx % half;
+        const float c = cos_t[(size_t)pos * half + i], s = sin_t[(size_t)pos * half + i];
+        float* p = qkv + h * d;
+        const float u = p[i], v = p[i + half];
+        const float a = u * c - v * s, b = v * c + u * s;
+        p[i] = a;
+        p[i + half] = b;
+        if (h >= hq) {
+            float* k = kc + (size_t)pos * kvw + (h - hq) * d;
+            k[i] = a;
+            k[i + half] = b;
+        }
+    } else if (idx < pairs + kvw) {
+        const int i = idx - pairs;
+        vc[(size_t)pos * kvw + i] = qkv[(hq + hkv) * d + i];
+    }
 }
 
-// Attention of one query token over `len` cached keys/values, grouped-query
-// heads; one block per query head; `len` = position + 1; scores in shared
-// memory (sized by the host for the longest sequence).
+// Attention of one query token over `len` = position + 1 cached keys and
+// values, grouped-query heads (head h reads kv head h / (hq / hkv)); one block
+// per query head. Lane l holds elements l, l + 32, ... of a row (d <= 32 *
+// ATT_R), so a warp reads each cached row in coalesced 128-byte pieces; warp w
+// takes positions w, w + warps, ... for the scores (a warp sum each) and
+// again for p * v, and the warps' partial outputs are added at the end.
+// Shared memory (sized by the host for the longest sequence): the scores,
+// 32 floats for reductions, then warps x d partial outputs.
+#define ATT_R 8
 extern "C" __global__ void attend_decode(const float* q, const float* kc, const float* vc, unsigned short* out,
                                          const int* state, int hq, int hkv, int d, float scale) {
     extern __shared__ float sm[];
-    const int len = state[1] + 1;
-    float* scores = sm;            // len
-    float* red = sm + len;         // 32
+    const int len = state[1] + 1, warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    float* scores = sm;
+    float* red = sm + len;
+    float* part = red + 32;
     const int h = blockIdx.x, kh = h / (hq / hkv), kvw = hkv * d;
     const float* qh = q + h * d;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    float qr[ATT_R];
+#pragma unroll
+    for (int r = 0; r < ATT_R; r++) qr[r] = lane + 32 * r < d ? qh[lane + 32 * r] : 0.f;
+    for (int j = warp; j < len; j += warps) {
         const float* kj = kc + (size_t)j * kvw + kh * d;
         float s = 0.f;
-        for (int t = 0; t < d; t++) s += qh[t] * kj[t];
-        scores[j] = s * scale;
+#pragma unroll
+        for (int r = 0; r < ATT_R; r++)
+            if (lane + 32 * r < d) s += qr[r] * kj[lane + 32 * r];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (lane == 0) scores[j] = s * scale;
     }
     __syncthreads();
     float m = -3.402823466e38f;
@@ -104,11 +139,25 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
         scores[j] = e;
         sum += e;
     }
-    sum = block_sum(sum, red);
+    sum = block_sum(sum, red); // its barrier also publishes the exponentials
+    float acc[ATT_R];
+#pragma unroll
+    for (int r = 0; r < ATT_R; r++) acc[r] = 0.f;
+    for (int j = warp; j < len; j += warps) {
+        const float p = scores[j];
+        const float* vj = vc + (size_t)j * kvw + kh * d;
+#pragma unroll
+        for (int r = 0; r < ATT_R; r++)
+            if (lane + 32 * r < d) acc[r] += p * vj[lane + 32 * r];
+    }
+#pragma unroll
+    for (int r = 0; r < ATT_R; r++)
+        if (lane + 32 * r < d) part[warp * d + lane + 32 * r] = acc[r];
+    __syncthreads();
     const float inv = 1.f / sum;
     for (int t = threadIdx.x; t < d; t += blockDim.x) {
         float o = 0.f;
-        for (int j = 0; j < len; j++) o += scores[j] * vc[(size_t)j * kvw + kh * d + t];
+        for (int w = 0; w < warps; w++) o += part[w * d + t];
         out[h * d + t] = f32_to_bf16(o * inv);
     }
 }
@@ -119,10 +168,4 @@ extern "C" __global__ void swiglu_bf16(const float* g, const float* u, unsigned 
     if (i >= n) return;
     const float a = g[i];
     out[i] = f32_to_bf16(a / (1.f + __expf(-a)) * u[i]);
-}
-
-// x += y.
-extern "C" __global__ void add_f32(float* x, const float* y, int n) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] += y[i];
 }

@@ -48,12 +48,11 @@ struct Layer {
 
 struct Fns {
     embed: CudaFunction,
-    kv_store: CudaFunction,
     rmsnorm: CudaFunction,
-    rope: CudaFunction,
+    add_rmsnorm: CudaFunction,
+    rope_store: CudaFunction,
     attend: CudaFunction,
     swiglu: CudaFunction,
-    add: CudaFunction,
 }
 
 struct Buffers {
@@ -76,6 +75,9 @@ pub struct GpuDecoder<'g> {
     pub cfg: LlamaConfig,
     f: Fns,
     embed: CudaSlice<f32>,
+    /// The rotary tables `(max positions, D/2)`, cos then sin, as the CPU's `Rope` rounds them to f32.
+    rope_cos: CudaSlice<f32>,
+    rope_sin: CudaSlice<f32>,
     layers: Vec<Layer>,
     norm: CudaSlice<f32>,
     head: CudaSlice<u16>,
@@ -86,6 +88,17 @@ pub struct GpuDecoder<'g> {
     /// One step captured as a CUDA graph after the first (eager) step.
     graph: Option<cudarc::driver::CudaGraph>,
     use_graph: bool,
+}
+
+/// Warps of an `attend_decode` block.
+const ATT_WARPS: usize = 8;
+/// The largest head dim `attend_decode` takes (`32 * ATT_R` in decode.cu).
+const ATT_MAX_HEAD_DIM: usize = 256;
+
+/// Shared memory of `attend_decode` for sequences up to `positions`: the
+/// scores, 32 floats for reductions, the warps' partial outputs.
+fn attend_smem(positions: usize, d: usize) -> usize {
+    (positions + 32 + ATT_WARPS * d) * 4
 }
 
 fn cfg1(threads: usize) -> LaunchConfig {
@@ -114,12 +127,11 @@ impl<'g> GpuDecoder<'g> {
         let f = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
         let fns = Fns {
             embed: f("embed_row")?,
-            kv_store: f("kv_store")?,
             rmsnorm: f("rmsnorm_bf16")?,
-            rope: f("rope_f32")?,
+            add_rmsnorm: f("add_rmsnorm_bf16")?,
+            rope_store: f("rope_store")?,
             attend: f("attend_decode")?,
             swiglu: f("swiglu_bf16")?,
-            add: f("add_f32")?,
         };
         let get = |n: &str| -> Result<&Tensor> {
             w.get(n)
@@ -132,9 +144,15 @@ impl<'g> GpuDecoder<'g> {
             cfg.head_dim(),
         );
         let kvw = hkv * d;
-        if (cfg.max_position_embeddings + 32) * 4 > 48 * 1024 {
+        if d > ATT_MAX_HEAD_DIM {
             return Err(Error::Shape(format!(
-                "GPU decoding keeps a sequence's attention scores in 48 KiB of shared memory: at most 12256 positions, the model has {}",
+                "GPU decoding takes head dims up to {ATT_MAX_HEAD_DIM}, the model has {d}"
+            )));
+        }
+        if attend_smem(cfg.max_position_embeddings, d) > 48 * 1024 {
+            return Err(Error::Shape(format!(
+                "GPU decoding keeps a sequence's attention scores and {ATT_WARPS} partial outputs of the head dim {d} in 48 KiB of shared memory: at most {} positions, the model has {}",
+                (48 * 1024 - attend_smem(0, d)) / 4,
                 cfg.max_position_embeddings
             )));
         }
@@ -205,11 +223,16 @@ impl<'g> GpuDecoder<'g> {
             act: gpu.alloc_zeros(ff, "act")?,
             logits: gpu.alloc_zeros(v, "logits")?,
         };
+        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let (cos, sin) = rope.tables_f32();
         Ok(GpuDecoder {
             gpu,
             cfg: cfg.clone(),
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
+            rope_cos: gpu.upload(&cos)?,
+            rope_sin: gpu.upload(&sin)?,
             layers,
             norm: gpu.upload(&get("model.norm.weight")?.to_f32_vec())?,
             head: gpu.upload_bf16(&bf16s(head))?,
@@ -289,20 +312,19 @@ impl<'g> GpuDecoder<'g> {
         let (gpu, f, b, st) = (self.gpu, &self.f, &mut self.buf, &self.state);
         let s = &gpu.stream;
         let kvw = hkv * d;
-        let (ci, ffi, kvwi) = (c as i32, ff as i32, kvw as i32);
+        let (ci, ffi) = (c as i32, ff as i32);
         let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
         let eps = cfg.rms_norm_eps as f32;
-        let theta = cfg.rope_theta as f32;
         let scale = 1.0 / (d as f32).sqrt();
         let norm_cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
-            block_dim: (256, 1, 1),
+            block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
         let attend_cfg = LaunchConfig {
             grid_dim: (hq as u32, 1, 1),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: ((cfg.max_position_embeddings + 32) * 4) as u32,
+            block_dim: (32 * ATT_WARPS as u32, 1, 1),
+            shared_mem_bytes: attend_smem(cfg.max_position_embeddings, d) as u32,
         };
         // SAFETY (every launch below): argument types match the kernels in
         // decode.cu and every buffer has the length the kernel indexes; the
@@ -315,46 +337,45 @@ impl<'g> GpuDecoder<'g> {
                 .arg(&ci)
                 .launch(cfg1(c))?;
         }
-        for layer in &mut self.layers {
-            unsafe {
-                s.launch_builder(&f.rmsnorm)
-                    .arg(&b.x)
-                    .arg(&layer.attn_norm)
-                    .arg(&mut b.h)
-                    .arg(&ci)
-                    .arg(&eps)
-                    .launch(norm_cfg)?;
+        // `b.o` holds the output of the previous block's last product, added
+        // to the residual stream by the norm that follows it.
+        for (i, layer) in self.layers.iter_mut().enumerate() {
+            if i == 0 {
+                unsafe {
+                    s.launch_builder(&f.rmsnorm)
+                        .arg(&b.x)
+                        .arg(&layer.attn_norm)
+                        .arg(&mut b.h)
+                        .arg(&ci)
+                        .arg(&eps)
+                        .launch(norm_cfg)?;
+                }
+            } else {
+                add_rmsnorm(
+                    s,
+                    &f.add_rmsnorm,
+                    &mut b.x,
+                    &b.o,
+                    &layer.attn_norm,
+                    &mut b.h,
+                    ci,
+                    eps,
+                )?;
             }
             apply(gpu, &layer.mats[0], &b.h, &mut b.qkv)?;
-            let (qw, kvw_) = (hq * d, kvw);
             unsafe {
-                s.launch_builder(&f.rope)
-                    .arg(&mut b.qkv.slice_mut(0..qw))
-                    .arg(&hqi)
-                    .arg(&di)
-                    .arg(st)
-                    .arg(&theta)
-                    .launch(cfg1(hq * d / 2))?;
-                s.launch_builder(&f.rope)
-                    .arg(&mut b.qkv.slice_mut(qw..qw + kvw_))
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .arg(st)
-                    .arg(&theta)
-                    .launch(cfg1(hkv * d / 2))?;
-                let (kv, vv) = (
-                    b.qkv.slice(qw..qw + kvw_),
-                    b.qkv.slice(qw + kvw_..qw + 2 * kvw_),
-                );
-                s.launch_builder(&f.kv_store)
-                    .arg(&kv)
-                    .arg(&vv)
+                s.launch_builder(&f.rope_store)
+                    .arg(&mut b.qkv)
+                    .arg(&self.rope_cos)
+                    .arg(&self.rope_sin)
                     .arg(&mut layer.k_cache)
                     .arg(&mut layer.v_cache)
                     .arg(st)
-                    .arg(&kvwi)
-                    .launch(cfg1(kvw))?;
-                let qv = b.qkv.slice(0..qw);
+                    .arg(&hqi)
+                    .arg(&hkvi)
+                    .arg(&di)
+                    .launch(cfg1((hq + hkv) * d / 2 + kvw))?;
+                let qv = b.qkv.slice(0..hq * d);
                 s.launch_builder(&f.attend)
                     .arg(&qv)
                     .arg(&layer.k_cache)
@@ -368,20 +389,16 @@ impl<'g> GpuDecoder<'g> {
                     .launch(attend_cfg)?;
             }
             apply(gpu, &layer.mats[1], &b.a, &mut b.o)?;
-            unsafe {
-                s.launch_builder(&f.add)
-                    .arg(&mut b.x)
-                    .arg(&b.o)
-                    .arg(&ci)
-                    .launch(cfg1(c))?;
-                s.launch_builder(&f.rmsnorm)
-                    .arg(&b.x)
-                    .arg(&layer.mlp_norm)
-                    .arg(&mut b.h)
-                    .arg(&ci)
-                    .arg(&eps)
-                    .launch(norm_cfg)?;
-            }
+            add_rmsnorm(
+                s,
+                &f.add_rmsnorm,
+                &mut b.x,
+                &b.o,
+                &layer.mlp_norm,
+                &mut b.h,
+                ci,
+                eps,
+            )?;
             apply(gpu, &layer.mats[2], &b.h, &mut b.gu)?;
             unsafe {
                 let (gv, uv) = (b.gu.slice(0..ff), b.gu.slice(ff..2 * ff));
@@ -393,25 +410,50 @@ impl<'g> GpuDecoder<'g> {
                     .launch(cfg1(ff))?;
             }
             apply(gpu, &layer.mats[3], &b.act, &mut b.o)?;
-            unsafe {
-                s.launch_builder(&f.add)
-                    .arg(&mut b.x)
-                    .arg(&b.o)
-                    .arg(&ci)
-                    .launch(cfg1(c))?;
-            }
         }
-        unsafe {
-            s.launch_builder(&f.rmsnorm)
-                .arg(&b.x)
-                .arg(&self.norm)
-                .arg(&mut b.h)
-                .arg(&ci)
-                .arg(&eps)
-                .launch(norm_cfg)?;
-        }
+        add_rmsnorm(
+            s,
+            &f.add_rmsnorm,
+            &mut b.x,
+            &b.o,
+            &self.norm,
+            &mut b.h,
+            ci,
+            eps,
+        )?;
         gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))
     }
+}
+
+/// `x += y; h = rmsnorm(x) * g` (bf16), one block of 1024 threads.
+#[allow(clippy::too_many_arguments)]
+fn add_rmsnorm(
+    s: &cudarc::driver::CudaStream,
+    f: &CudaFunction,
+    x: &mut CudaSlice<f32>,
+    y: &CudaSlice<f32>,
+    g: &CudaSlice<f32>,
+    h: &mut CudaSlice<u16>,
+    c: i32,
+    eps: f32,
+) -> Result<()> {
+    let cfg = LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (1024, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: types match `add_rmsnorm_bf16`; x, y and g hold `c` floats, h `c` bf16.
+    unsafe {
+        s.launch_builder(f)
+            .arg(x)
+            .arg(y)
+            .arg(g)
+            .arg(h)
+            .arg(&c)
+            .arg(&eps)
+            .launch(cfg)?;
+    }
+    Ok(())
 }
 
 fn bf16s(t: &Tensor) -> Vec<half::bf16> {
