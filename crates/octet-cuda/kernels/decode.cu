@@ -99,42 +99,68 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
 }
 
 // Attention of one query token over `len` = position + 1 cached keys and
-// values, grouped-query heads (head h reads kv head h / (hq / hkv)); one block
-// per query head. Lane l holds elements l, l + 32, ... of a row (d <= 32 *
-// ATT_R), so a warp reads each cached row in coalesced 128-byte pieces; warp w
-// takes positions w, w + warps, ... for the scores (a warp sum each) and
-// again for p * v, and the warps' partial outputs are added at the end.
-// Shared memory (sized by the host for the longest sequence): the scores,
-// 32 floats for reductions, then warps x d partial outputs.
+// values, grouped-query heads (head h reads kv head h / (hq / hkv)), split
+// along the sequence: block (h, s) of a (hq, S) grid takes the s-th of S
+// runs of ceil(len / S) positions, so a long sequence keeps every SM reading.
+// - Lane l holds elements l, l + 32, ... of a row (d <= 32 * ATT_R): a warp
+//   reads a cached row in coalesced 128-byte pieces. Warp w takes positions
+//   w, w + warps, ... of the run, ATT_U at a time (their loads in flight
+//   together), for the scores (a warp sum each) and again for p * v.
+// - Each block writes its run's max score m_s, sum of exp(score - m_s) and
+//   unnormalised output to `part` ((hq, S, d + 2) floats). The last block of
+//   a head to finish (a counter per head, reset by that block) adds the runs
+//   in order s = 0, 1, ..., each weighted by exp(m_s - max m), so the result
+//   does not depend on which block finished last.
+// Shared memory (sized by the host): a run's scores, 32 floats for
+// reductions, warps x d partial outputs.
 #define ATT_R 8
+#define ATT_U 4
 extern "C" __global__ void attend_decode(const float* q, const float* kc, const float* vc, unsigned short* out,
-                                         const int* state, int hq, int hkv, int d, float scale) {
+                                         const int* state, int hq, int hkv, int d, float scale, float* part,
+                                         unsigned* count) {
     extern __shared__ float sm[];
-    const int len = state[1] + 1, warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    __shared__ bool last;
+    const int len = state[1] + 1, runs = gridDim.y, run = blockIdx.y;
+    const int chunk = (len + runs - 1) / runs, j0 = min(len, run * chunk), j1 = min(len, j0 + chunk), n = j1 - j0;
+    const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* scores = sm;
-    float* red = sm + len;
-    float* part = red + 32;
+    float* red = sm + chunk;
+    float* po = red + 32;
     const int h = blockIdx.x, kh = h / (hq / hkv), kvw = hkv * d;
     const float* qh = q + h * d;
+    const float* kbase = kc + (size_t)j0 * kvw + kh * d;
+    const float* vbase = vc + (size_t)j0 * kvw + kh * d;
     float qr[ATT_R];
 #pragma unroll
     for (int r = 0; r < ATT_R; r++) qr[r] = lane + 32 * r < d ? qh[lane + 32 * r] : 0.f;
-    for (int j = warp; j < len; j += warps) {
-        const float* kj = kc + (size_t)j * kvw + kh * d;
-        float s = 0.f;
+    for (int j = warp; j < n; j += ATT_U * warps) {
+        float sc[ATT_U];
 #pragma unroll
-        for (int r = 0; r < ATT_R; r++)
-            if (lane + 32 * r < d) s += qr[r] * kj[lane + 32 * r];
+        for (int u = 0; u < ATT_U; u++) {
+            const int jj = j + u * warps;
+            sc[u] = 0.f;
+            if (jj < n) {
+                const float* kj = kbase + (size_t)jj * kvw;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) scores[j] = s * scale;
+                for (int r = 0; r < ATT_R; r++)
+                    if (lane + 32 * r < d) sc[u] += qr[r] * kj[lane + 32 * r];
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+            for (int u = 0; u < ATT_U; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
+        if (lane == 0)
+#pragma unroll
+            for (int u = 0; u < ATT_U; u++)
+                if (j + u * warps < n) scores[j + u * warps] = sc[u] * scale;
     }
     __syncthreads();
     float m = -3.402823466e38f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, scores[j]);
+    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, scores[j]);
     m = block_max(m, red);
     float sum = 0.f;
-    for (int j = threadIdx.x; j < len; j += blockDim.x) {
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
         const float e = __expf(scores[j] - m);
         scores[j] = e;
         sum += e;
@@ -143,23 +169,59 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     float acc[ATT_R];
 #pragma unroll
     for (int r = 0; r < ATT_R; r++) acc[r] = 0.f;
-    for (int j = warp; j < len; j += warps) {
-        const float p = scores[j];
-        const float* vj = vc + (size_t)j * kvw + kh * d;
+    for (int j = warp; j < n; j += ATT_U * warps) {
 #pragma unroll
-        for (int r = 0; r < ATT_R; r++)
-            if (lane + 32 * r < d) acc[r] += p * vj[lane + 32 * r];
+        for (int u = 0; u < ATT_U; u++) {
+            const int jj = j + u * warps;
+            if (jj < n) {
+                const float p = scores[jj];
+                const float* vj = vbase + (size_t)jj * kvw;
+#pragma unroll
+                for (int r = 0; r < ATT_R; r++)
+                    if (lane + 32 * r < d) acc[r] += p * vj[lane + 32 * r];
+            }
+        }
     }
 #pragma unroll
     for (int r = 0; r < ATT_R; r++)
-        if (lane + 32 * r < d) part[warp * d + lane + 32 * r] = acc[r];
+        if (lane + 32 * r < d) po[warp * d + lane + 32 * r] = acc[r];
     __syncthreads();
-    const float inv = 1.f / sum;
+    float* mine = part + ((size_t)h * runs + run) * (d + 2);
     for (int t = threadIdx.x; t < d; t += blockDim.x) {
         float o = 0.f;
-        for (int w = 0; w < warps; w++) o += part[w * d + t];
+        for (int w = 0; w < warps; w++) o += po[w * d + t];
+        mine[t] = o;
+    }
+    if (threadIdx.x == 0) {
+        mine[d] = m;
+        mine[d + 1] = sum;
+    }
+    // Publish this run, then count it; the last run of the head combines.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(&count[h], 1u) == (unsigned)runs - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* all = part + (size_t)h * runs * (d + 2);
+    float mx = -3.402823466e38f;
+    for (int r = 0; r < runs; r++)
+        if (__ldcg(all + r * (d + 2) + d + 1) > 0.f) mx = fmaxf(mx, __ldcg(all + r * (d + 2) + d));
+    float total = 0.f;
+    for (int r = 0; r < runs; r++) {
+        const float l = __ldcg(all + r * (d + 2) + d + 1);
+        if (l > 0.f) total += l * __expf(__ldcg(all + r * (d + 2) + d) - mx);
+    }
+    const float inv = 1.f / total;
+    for (int t = threadIdx.x; t < d; t += blockDim.x) {
+        float o = 0.f;
+        for (int r = 0; r < runs; r++) {
+            const float l = __ldcg(all + r * (d + 2) + d + 1);
+            if (l > 0.f) o += __ldcg(all + r * (d + 2) + t) * __expf(__ldcg(all + r * (d + 2) + d) - mx);
+        }
         out[h * d + t] = f32_to_bf16(o * inv);
     }
+    if (threadIdx.x == 0) count[h] = 0;
 }
 
 // out = bf16(silu(g) * u).

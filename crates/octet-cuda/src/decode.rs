@@ -75,6 +75,12 @@ pub struct GpuDecoder<'g> {
     pub cfg: LlamaConfig,
     f: Fns,
     embed: CudaSlice<f32>,
+    /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs)`).
+    att_runs: usize,
+    /// Each run's max score, sum and unnormalised output, `(hq, runs, d + 2)`.
+    att_part: CudaSlice<f32>,
+    /// Finished runs of each head (reset to 0 by the last).
+    att_count: CudaSlice<u32>,
     /// The rotary tables `(max positions, D/2)`, cos then sin, as the CPU's `Rope` rounds them to f32.
     rope_cos: CudaSlice<f32>,
     rope_sin: CudaSlice<f32>,
@@ -95,10 +101,19 @@ const ATT_WARPS: usize = 8;
 /// The largest head dim `attend_decode` takes (`32 * ATT_R` in decode.cu).
 const ATT_MAX_HEAD_DIM: usize = 256;
 
-/// Shared memory of `attend_decode` for sequences up to `positions`: the
+/// Shared memory of `attend_decode` for runs of up to `positions`: the
 /// scores, 32 floats for reductions, the warps' partial outputs.
 fn attend_smem(positions: usize, d: usize) -> usize {
     (positions + 32 + ATT_WARPS * d) * 4
+}
+
+/// Runs of the sequence each attention head is split into: enough blocks
+/// for two an SM, but runs of at least 32 positions at the longest sequence.
+fn attend_runs(sms: usize, hq: usize, positions: usize) -> usize {
+    (2 * sms)
+        .div_ceil(hq.max(1))
+        .min(positions / 32)
+        .clamp(1, 64)
 }
 
 fn cfg1(threads: usize) -> LaunchConfig {
@@ -149,9 +164,15 @@ impl<'g> GpuDecoder<'g> {
                 "GPU decoding takes head dims up to {ATT_MAX_HEAD_DIM}, the model has {d}"
             )));
         }
-        if attend_smem(cfg.max_position_embeddings, d) > 48 * 1024 {
+        let att_runs = attend_runs(
+            gpu.sm_count.max(1) as usize,
+            hq,
+            cfg.max_position_embeddings,
+        );
+        let run_len = cfg.max_position_embeddings.div_ceil(att_runs);
+        if attend_smem(run_len, d) > 48 * 1024 {
             return Err(Error::Shape(format!(
-                "GPU decoding keeps a sequence's attention scores and {ATT_WARPS} partial outputs of the head dim {d} in 48 KiB of shared memory: at most {} positions, the model has {}",
+                "GPU decoding keeps a run of attention scores and {ATT_WARPS} partial outputs of the head dim {d} in 48 KiB of shared memory: at most {} positions a run, the model has {} in {att_runs} runs",
                 (48 * 1024 - attend_smem(0, d)) / 4,
                 cfg.max_position_embeddings
             )));
@@ -231,6 +252,9 @@ impl<'g> GpuDecoder<'g> {
             cfg: cfg.clone(),
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
+            att_runs,
+            att_part: gpu.alloc_zeros(hq * att_runs * (d + 2), "attention runs")?,
+            att_count: gpu.alloc_zeros(hq, "attention run counters")?,
             rope_cos: gpu.upload(&cos)?,
             rope_sin: gpu.upload(&sin)?,
             layers,
@@ -321,10 +345,11 @@ impl<'g> GpuDecoder<'g> {
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
+        let runs = self.att_runs;
         let attend_cfg = LaunchConfig {
-            grid_dim: (hq as u32, 1, 1),
+            grid_dim: (hq as u32, runs as u32, 1),
             block_dim: (32 * ATT_WARPS as u32, 1, 1),
-            shared_mem_bytes: attend_smem(cfg.max_position_embeddings, d) as u32,
+            shared_mem_bytes: attend_smem(cfg.max_position_embeddings.div_ceil(runs), d) as u32,
         };
         // SAFETY (every launch below): argument types match the kernels in
         // decode.cu and every buffer has the length the kernel indexes; the
@@ -386,6 +411,8 @@ impl<'g> GpuDecoder<'g> {
                     .arg(&hkvi)
                     .arg(&di)
                     .arg(&scale)
+                    .arg(&mut self.att_part)
+                    .arg(&mut self.att_count)
                     .launch(attend_cfg)?;
             }
             apply(gpu, &layer.mats[1], &b.a, &mut b.o)?;
@@ -467,5 +494,23 @@ fn apply(gpu: &Gpu, m: &Mat, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Resu
     match m {
         Mat::Fp8(w) => gpu.mixed_matmul(x, 1, w, y),
         Mat::Bf16(w, n, k) => gpu.gemm_bf16(x, w, y, (1, *n, *k)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::attend_runs;
+
+    #[test]
+    fn attention_runs_fill_the_sms_but_stay_32_positions_long() {
+        // ~1B model on an H100: 16 heads x 17 runs = 272 blocks, two an SM.
+        assert_eq!(attend_runs(132, 16, 2048), 17);
+        // The tiny model: 64 positions allow two runs of 32.
+        assert_eq!(attend_runs(132, 4, 64), 2);
+        // Short sequences and many heads: one run.
+        assert_eq!(attend_runs(132, 4, 16), 1);
+        assert_eq!(attend_runs(132, 512, 4096), 1);
+        // Capped at 64 runs.
+        assert_eq!(attend_runs(132, 1, 1 << 20), 64);
     }
 }
