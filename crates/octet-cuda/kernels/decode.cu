@@ -109,7 +109,8 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
 // - Each block writes its run's max score m_s, sum of exp(score - m_s) and
 //   unnormalised output to `part` ((hq, S, d + 2) floats). The last block of
 //   a head to finish (a counter per head, reset by that block) adds the runs
-//   in order s = 0, 1, ..., each weighted by exp(m_s - max m), so the result
+//   in order s = 0, 1, ..., each weighted by exp(m_s - max m) / total (runs
+//   <= blockDim.x, one thread a run computing the weights), so the result
 //   does not depend on which block finished last.
 // Shared memory (sized by the host): a run's scores, 32 floats for
 // reductions, warps x d partial outputs.
@@ -203,23 +204,22 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     __syncthreads();
     if (!last) return;
     __threadfence();
+    // Thread r < runs takes run r's max and sum (read through L2, where the
+    // other blocks' stores are); the runs' weights exp(m_r - max) / total go
+    // to shared memory, then thread t adds element t of the runs in order.
     const float* all = part + (size_t)h * runs * (d + 2);
-    float mx = -3.402823466e38f;
-    for (int r = 0; r < runs; r++)
-        if (__ldcg(all + r * (d + 2) + d + 1) > 0.f) mx = fmaxf(mx, __ldcg(all + r * (d + 2) + d));
-    float total = 0.f;
-    for (int r = 0; r < runs; r++) {
-        const float l = __ldcg(all + r * (d + 2) + d + 1);
-        if (l > 0.f) total += l * __expf(__ldcg(all + r * (d + 2) + d) - mx);
-    }
-    const float inv = 1.f / total;
+    const bool has = threadIdx.x < runs && __ldcg(all + threadIdx.x * (d + 2) + d + 1) > 0.f;
+    const float mr = has ? __ldcg(all + threadIdx.x * (d + 2) + d) : -3.402823466e38f;
+    const float lr = has ? __ldcg(all + threadIdx.x * (d + 2) + d + 1) : 0.f;
+    const float mx = block_max(mr, red);
+    const float wr = has ? __expf(mr - mx) : 0.f;
+    const float total = block_sum(wr * lr, red);
+    if (threadIdx.x < runs) po[threadIdx.x] = wr / total;
+    __syncthreads();
     for (int t = threadIdx.x; t < d; t += blockDim.x) {
         float o = 0.f;
-        for (int r = 0; r < runs; r++) {
-            const float l = __ldcg(all + r * (d + 2) + d + 1);
-            if (l > 0.f) o += __ldcg(all + r * (d + 2) + t) * __expf(__ldcg(all + r * (d + 2) + d) - mx);
-        }
-        out[h * d + t] = f32_to_bf16(o * inv);
+        for (int r = 0; r < runs; r++) o += __ldcg(all + r * (d + 2) + t) * po[r];
+        out[h * d + t] = f32_to_bf16(o);
     }
     if (threadIdx.x == 0) count[h] = 0;
 }

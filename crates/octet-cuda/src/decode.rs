@@ -102,9 +102,10 @@ const ATT_WARPS: usize = 8;
 const ATT_MAX_HEAD_DIM: usize = 256;
 
 /// Shared memory of `attend_decode` for runs of up to `positions`: the
-/// scores, 32 floats for reductions, the warps' partial outputs.
+/// scores, 32 floats for reductions, the warps' partial outputs (at least
+/// 64 floats: the last block's weights of up to 64 runs).
 fn attend_smem(positions: usize, d: usize) -> usize {
-    (positions + 32 + ATT_WARPS * d) * 4
+    (positions + 32 + (ATT_WARPS * d).max(64)) * 4
 }
 
 /// Runs of the sequence each attention head is split into: enough blocks
