@@ -336,3 +336,18 @@ template <int N> __device__ __forceinline__ void mbar_setup(unsigned bars) {
 }
 
 #endif
+
+// Programmatic dependent launch (sm_90 and later; no-ops before, and when the
+// launch did not allow it): `grid_wait` returns once the kernels this one
+// depends on have completed and their writes are visible; `grid_trigger`
+// lets the next kernel, if launched as a dependent, start its blocks.
+__device__ __forceinline__ void grid_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_trigger() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

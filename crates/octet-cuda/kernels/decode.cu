@@ -1,6 +1,9 @@
 // Kernels of token-by-token decoding (one sequence, one new token per step):
 // the glue between the weight-only products of mixed.cu. Activations are f32
 // (the residual stream) or bf16 (the inputs of the matrix products).
+// On sm_90 and later the host launches the glue kernels after the first as
+// programmatic dependents of the kernel before them (usually a product), so
+// each starts with `grid_wait` before it touches memory.
 
 __device__ __forceinline__ unsigned short f32_to_bf16(float v) {
     unsigned short r;
@@ -35,6 +38,7 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 // out = bf16(x / sqrt(mean(x^2) + eps) * g), one block per row of C.
 extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned short* out, int C, float eps) {
     __shared__ float red[32];
+    grid_wait();
     const float* r = x + (size_t)blockIdx.x * C;
     float s = 0.f;
     for (int i = threadIdx.x; i < C; i += blockDim.x) s += r[i] * r[i];
@@ -49,6 +53,7 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned
 extern "C" __global__ void add_rmsnorm_bf16(float* x, const float* y, const float* g, unsigned short* out, int C,
                                             float eps) {
     __shared__ float red[32];
+    grid_wait();
     float s = 0.f;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         const float v = x[i] + y[i];
@@ -77,6 +82,7 @@ extern "C" __global__ void embed_row(const float* table, const int* state, float
 // per rotated pair, then one per value element.
 extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const float* sin_t, float* kc, float* vc,
                                       const int* state, int hq, int hkv, int d) {
+    grid_wait();
     const int pos = state[1], half = d / 2, kvw = hkv * d, pairs = (hq + hkv) * half;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < pairs) {
@@ -121,6 +127,7 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
                                          unsigned* count) {
     extern __shared__ float sm[];
     __shared__ bool last;
+    grid_wait();
     const int len = state[1] + 1, runs = gridDim.y, run = blockIdx.y;
     const int chunk = (len + runs - 1) / runs, j0 = min(len, run * chunk), j1 = min(len, j0 + chunk), n = j1 - j0;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -226,6 +233,7 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
 
 // out = bf16(silu(g) * u).
 extern "C" __global__ void swiglu_bf16(const float* g, const float* u, unsigned short* out, int n) {
+    grid_wait();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const float a = g[i];

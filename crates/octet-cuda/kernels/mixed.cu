@@ -56,21 +56,6 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
     return mode == SCALE_TENSOR ? factors[0] : mode == SCALE_ROW ? factors[row] : 1.f;
 }
 
-// Programmatic dependent launch (sm_90 and later; no-ops before, and when the
-// launch did not allow it): `grid_wait` returns once the kernels this one
-// depends on have completed and their writes are visible; `grid_trigger`
-// lets the next kernel, if launched as a dependent, start its blocks.
-__device__ __forceinline__ void grid_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void grid_trigger() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // NT: groups of 8 tokens (1 or 2). A warp's ring is its own: only
 // `__syncwarp` orders its copies and its reads. Slot layout (16-byte chunks,
 // swizzled so that a quarter-warp's 16-byte reads hit 32 distinct banks):

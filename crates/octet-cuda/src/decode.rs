@@ -7,7 +7,10 @@
 
 use crate::mixed::DeviceFp8Weight;
 use crate::{nvrtc, Error, Gpu, Result};
-use cudarc::driver::{CudaFunction, CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
+    SyncOnDrop,
+};
 use octet_fp8::Format;
 use octet_nn::llama::LlamaConfig;
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
@@ -341,6 +344,7 @@ impl<'g> GpuDecoder<'g> {
         let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
         let eps = cfg.rms_norm_eps as f32;
         let scale = 1.0 / (d as f32).sqrt();
+        let pdl = gpu.pdl();
         let norm_cfg = LaunchConfig {
             grid_dim: (1, 1, 1),
             block_dim: (1024, 1, 1),
@@ -355,6 +359,7 @@ impl<'g> GpuDecoder<'g> {
         // SAFETY (every launch below): argument types match the kernels in
         // decode.cu and every buffer has the length the kernel indexes; the
         // position in `state` is below max_position_embeddings (checked by `step`).
+        // The embedding follows the host's copy of `state`: a plain launch.
         unsafe {
             s.launch_builder(&f.embed)
                 .arg(&self.embed)
@@ -367,121 +372,181 @@ impl<'g> GpuDecoder<'g> {
         // to the residual stream by the norm that follows it.
         for (i, layer) in self.layers.iter_mut().enumerate() {
             if i == 0 {
-                unsafe {
-                    s.launch_builder(&f.rmsnorm)
-                        .arg(&b.x)
-                        .arg(&layer.attn_norm)
-                        .arg(&mut b.h)
-                        .arg(&ci)
-                        .arg(&eps)
-                        .launch(norm_cfg)?;
-                }
+                let mut a = Dep::new(s);
+                a.ptr(&b.x)
+                    .ptr(&layer.attn_norm)
+                    .ptr_mut(&mut b.h)
+                    .i32(ci)
+                    .f32(eps);
+                unsafe { a.launch(&f.rmsnorm, norm_cfg, pdl) }?;
             } else {
-                add_rmsnorm(
-                    s,
-                    &f.add_rmsnorm,
-                    &mut b.x,
-                    &b.o,
-                    &layer.attn_norm,
-                    &mut b.h,
-                    ci,
-                    eps,
-                )?;
+                let n = (&b.o, &layer.attn_norm);
+                add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
             }
             apply(gpu, &layer.mats[0], &b.h, &mut b.qkv)?;
-            unsafe {
-                s.launch_builder(&f.rope_store)
-                    .arg(&mut b.qkv)
-                    .arg(&self.rope_cos)
-                    .arg(&self.rope_sin)
-                    .arg(&mut layer.k_cache)
-                    .arg(&mut layer.v_cache)
-                    .arg(st)
-                    .arg(&hqi)
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .launch(cfg1((hq + hkv) * d / 2 + kvw))?;
-                let qv = b.qkv.slice(0..hq * d);
-                s.launch_builder(&f.attend)
-                    .arg(&qv)
-                    .arg(&layer.k_cache)
-                    .arg(&layer.v_cache)
-                    .arg(&mut b.a)
-                    .arg(st)
-                    .arg(&hqi)
-                    .arg(&hkvi)
-                    .arg(&di)
-                    .arg(&scale)
-                    .arg(&mut self.att_part)
-                    .arg(&mut self.att_count)
-                    .launch(attend_cfg)?;
-            }
+            let mut a = Dep::new(s);
+            a.ptr_mut(&mut b.qkv)
+                .ptr(&self.rope_cos)
+                .ptr(&self.rope_sin)
+                .ptr_mut(&mut layer.k_cache)
+                .ptr_mut(&mut layer.v_cache)
+                .ptr(st)
+                .i32(hqi)
+                .i32(hkvi)
+                .i32(di);
+            unsafe { a.launch(&f.rope_store, cfg1((hq + hkv) * d / 2 + kvw), pdl) }?;
+            let qv = b.qkv.slice(0..hq * d);
+            let mut a = Dep::new(s);
+            a.ptr(&qv)
+                .ptr(&layer.k_cache)
+                .ptr(&layer.v_cache)
+                .ptr_mut(&mut b.a)
+                .ptr(st)
+                .i32(hqi)
+                .i32(hkvi)
+                .i32(di)
+                .f32(scale)
+                .ptr_mut(&mut self.att_part)
+                .ptr_mut(&mut self.att_count);
+            unsafe { a.launch(&f.attend, attend_cfg, pdl) }?;
             apply(gpu, &layer.mats[1], &b.a, &mut b.o)?;
-            add_rmsnorm(
-                s,
-                &f.add_rmsnorm,
-                &mut b.x,
-                &b.o,
-                &layer.mlp_norm,
-                &mut b.h,
-                ci,
-                eps,
-            )?;
+            let n = (&b.o, &layer.mlp_norm);
+            add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
             apply(gpu, &layer.mats[2], &b.h, &mut b.gu)?;
-            unsafe {
-                let (gv, uv) = (b.gu.slice(0..ff), b.gu.slice(ff..2 * ff));
-                s.launch_builder(&f.swiglu)
-                    .arg(&gv)
-                    .arg(&uv)
-                    .arg(&mut b.act)
-                    .arg(&ffi)
-                    .launch(cfg1(ff))?;
-            }
+            let (gv, uv) = (b.gu.slice(0..ff), b.gu.slice(ff..2 * ff));
+            let mut a = Dep::new(s);
+            a.ptr(&gv).ptr(&uv).ptr_mut(&mut b.act).i32(ffi);
+            unsafe { a.launch(&f.swiglu, cfg1(ff), pdl) }?;
             apply(gpu, &layer.mats[3], &b.act, &mut b.o)?;
         }
-        add_rmsnorm(
-            s,
-            &f.add_rmsnorm,
-            &mut b.x,
-            &b.o,
-            &self.norm,
-            &mut b.h,
-            ci,
-            eps,
-        )?;
+        let n = (&b.o, &self.norm);
+        add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
         gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))
     }
 }
 
-/// `x += y; h = rmsnorm(x) * g` (bf16), one block of 1024 threads.
-#[allow(clippy::too_many_arguments)]
+/// `x += y; h = rmsnorm(x) * g` (bf16) with `yg = (y, g)` and `ce = (C, eps)`,
+/// one block of 1024 threads.
 fn add_rmsnorm(
-    s: &cudarc::driver::CudaStream,
+    s: &CudaStream,
     f: &CudaFunction,
     x: &mut CudaSlice<f32>,
-    y: &CudaSlice<f32>,
-    g: &CudaSlice<f32>,
+    yg: (&CudaSlice<f32>, &CudaSlice<f32>),
     h: &mut CudaSlice<u16>,
-    c: i32,
-    eps: f32,
+    ce: (i32, f32),
+    pdl: bool,
 ) -> Result<()> {
     let cfg = LaunchConfig {
         grid_dim: (1, 1, 1),
         block_dim: (1024, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: types match `add_rmsnorm_bf16`; x, y and g hold `c` floats, h `c` bf16.
-    unsafe {
-        s.launch_builder(f)
-            .arg(x)
-            .arg(y)
-            .arg(g)
-            .arg(h)
-            .arg(&c)
-            .arg(&eps)
-            .launch(cfg)?;
+    let mut a = Dep::new(s);
+    a.ptr_mut(x)
+        .ptr(yg.0)
+        .ptr(yg.1)
+        .ptr_mut(h)
+        .i32(ce.0)
+        .f32(ce.1);
+    // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and g hold `C`
+    // floats, h `C` bf16.
+    unsafe { a.launch(f, cfg, pdl) }
+}
+
+// `Dep` passes 32-bit arguments as the low half of a u64.
+const _: () = assert!(cfg!(target_endian = "little"));
+
+/// The arguments of one glue-kernel launch, by value, for a launch that (on
+/// sm_90 and later) may start while the previous kernel in the stream is
+/// still running: the kernels in decode.cu begin with `grid_wait`, so they
+/// read nothing before that kernel has finished and its writes are visible.
+/// The previous kernel is usually a weight-only product, which lets its
+/// dependents start once all its blocks run; the launch latency of each glue
+/// kernel is then hidden behind the product.
+struct Dep<'a> {
+    stream: &'a CudaStream,
+    vals: Vec<u64>,
+    guards: Vec<SyncOnDrop<'a>>,
+}
+
+impl<'a> Dep<'a> {
+    fn new(stream: &'a CudaStream) -> Dep<'a> {
+        Dep {
+            stream,
+            vals: Vec::with_capacity(12),
+            guards: Vec::with_capacity(8),
+        }
     }
-    Ok(())
+
+    /// A buffer the kernel reads.
+    fn ptr<T>(&mut self, buf: &'a impl DevicePtr<T>) -> &mut Self {
+        let (p, g) = buf.device_ptr(self.stream);
+        self.vals.push(p);
+        self.guards.push(g);
+        self
+    }
+
+    /// A buffer the kernel writes.
+    fn ptr_mut<T>(&mut self, buf: &'a mut impl DevicePtrMut<T>) -> &mut Self {
+        let (p, g) = buf.device_ptr_mut(self.stream);
+        self.vals.push(p);
+        self.guards.push(g);
+        self
+    }
+
+    fn i32(&mut self, v: i32) -> &mut Self {
+        self.vals.push(u64::from(v as u32));
+        self
+    }
+
+    fn f32(&mut self, v: f32) -> &mut Self {
+        self.vals.push(u64::from(v.to_bits()));
+        self
+    }
+
+    /// Launch `f` with these arguments, as a programmatic dependent when `pdl`.
+    ///
+    /// # Safety
+    /// The arguments must be `f`'s, in order and of its parameter types, and
+    /// `cfg` a shape under which `f` stays inside its buffers.
+    unsafe fn launch(mut self, f: &CudaFunction, cfg: LaunchConfig, pdl: bool) -> Result<()> {
+        use cudarc::driver::sys;
+        use std::ffi::c_void;
+        let mut params: Vec<*mut c_void> = self
+            .vals
+            .iter_mut()
+            .map(|v| v as *mut u64 as *mut c_void)
+            .collect();
+        // SAFETY: an all-zero launch attribute is valid (id "ignore").
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let c = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl),
+        };
+        self.stream.context().bind_to_thread()?;
+        // SAFETY: `params` points at one value per kernel parameter (the
+        // caller's contract), alive until the call returns (the driver copies them).
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &c,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()?;
+        Ok(())
+    }
 }
 
 fn bf16s(t: &Tensor) -> Vec<half::bf16> {

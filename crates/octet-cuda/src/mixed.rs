@@ -434,6 +434,12 @@ impl Gpu {
     /// in the stream where the device has it (the kernel reads only the
     /// constant weight before its `griddepcontrol.wait`). cudarc's launch
     /// builder takes no launch attributes, hence `cuLaunchKernelEx` here.
+    /// Whether kernels launch as programmatic dependents of the previous
+    /// kernel (sm_90 and later, unless `OCTET_MIXED_PDL=0`).
+    pub(crate) fn pdl(&self) -> bool {
+        self.k.mixed.pdl
+    }
+
     fn launch_small<D: GemmOut>(
         &self,
         f: &CudaFunction,
