@@ -1,5 +1,8 @@
-// Kernels of token-by-token decoding (one sequence, one new token per step):
-// the glue between the weight-only products of mixed.cu. Activations are f32
+// Kernels of decoding (one sequence; one new token per step, or the rows of a
+// prompt at once): the glue between the weight-only products of mixed.cu.
+// A launch of R rows takes row r from blockIdx.y (blockIdx.x for the norms,
+// blockIdx.z for attention); the step is R = 1. `state` holds the position of
+// row 0, then the R tokens, so that one captured CUDA graph serves every step. Activations are f32
 // (the residual stream) or bf16 (the inputs of the matrix products).
 // On sm_90 and later the host launches the glue kernels after the first as
 // programmatic dependents of the kernel before them (usually a product), so
@@ -48,12 +51,15 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned
 }
 
 // x += y, then out = bf16(x / sqrt(mean(x^2) + eps) * g): the residual add
-// of one block of the model and the norm of the next, one row of C, one
-// block (launched with 1024 threads: a few elements a thread, all loads in flight).
+// of one block of the model and the norm of the next, one block a row of C
+// (launched with 1024 threads: a few elements a thread, all loads in flight).
 extern "C" __global__ void add_rmsnorm_bf16(float* x, const float* y, const float* g, unsigned short* out, int C,
                                             float eps) {
     __shared__ float red[32];
     grid_wait();
+    x += (size_t)blockIdx.x * C;
+    y += (size_t)blockIdx.x * C;
+    out += (size_t)blockIdx.x * C;
     float s = 0.f;
     for (int i = threadIdx.x; i < C; i += blockDim.x) {
         const float v = x[i] + y[i];
@@ -66,24 +72,22 @@ extern "C" __global__ void add_rmsnorm_bf16(float* x, const float* y, const floa
     for (int i = threadIdx.x; i < C; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * g[i]);
 }
 
-// The step's token and position live on the device (state[0], state[1]) so
-// that one captured CUDA graph serves every step.
-
-// x = table[token] (C floats).
+// Row r of x = table[token r] (C floats).
 extern "C" __global__ void embed_row(const float* table, const int* state, float* x, int C) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < C) x[i] = table[(size_t)state[0] * C + i];
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, r = blockIdx.y;
+    if (i < C) x[(size_t)r * C + i] = table[(size_t)state[1 + r] * C + i];
 }
 
-// Rotary embedding of the step's q and k heads (the first hq + hkv heads of
-// `qkv`, pairs (i, i + d/2)) with the position's row of the cos and sin
-// tables (D/2 each: the CPU's `Rope` tables rounded to f32), and the new key
-// (rotated) and value rows into the caches at the step's position. One thread
-// per rotated pair, then one per value element.
+// Rotary embedding of a row's q and k heads (the first hq + hkv heads of
+// its row of `qkv`, pairs (i, i + d/2)) with the position's row of the cos
+// and sin tables (D/2 each: the CPU's `Rope` tables rounded to f32), and the
+// new key (rotated) and value rows into the caches at the row's position.
+// One thread per rotated pair, then one per value element.
 extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const float* sin_t, float* kc, float* vc,
                                       const int* state, int hq, int hkv, int d) {
     grid_wait();
-    const int pos = state[1], half = d / 2, kvw = hkv * d, pairs = (hq + hkv) * half;
+    const int pos = state[0] + blockIdx.y, half = d / 2, kvw = hkv * d, pairs = (hq + hkv) * half;
+    qkv += (size_t)blockIdx.y * (hq + 2 * hkv) * d;
     const int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < pairs) {
         const int h = idx / half, i = idx % half;
@@ -104,8 +108,10 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
     }
 }
 
-// Attention of one query token over `len` = position + 1 cached keys and
-// values, grouped-query heads (head h reads kv head h / (hq / hkv)), split
+// Attention of one query row (blockIdx.z; its q heads start the row of
+// `qkv`) over `len` = its position + 1 cached keys and values, so rows
+// of a prompt see only the positions up to their own, grouped-query heads
+// (head h reads kv head h / (hq / hkv)), split
 // along the sequence: block (h, s) of a (hq, S) grid takes the s-th of S
 // runs of ceil(len / S) positions, so a long sequence keeps every SM reading.
 // - Lane l holds elements l, l + 32, ... of a row (d <= 32 * ATT_R): a warp
@@ -113,8 +119,8 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
 //   w, w + warps, ... of the run, ATT_U at a time (their loads in flight
 //   together), for the scores (a warp sum each) and again for p * v.
 // - Each block writes its run's max score m_s, sum of exp(score - m_s) and
-//   unnormalised output to `part` ((hq, S, d + 2) floats). The last block of
-//   a head to finish (a counter per head, reset by that block) adds the runs
+//   unnormalised output to `part` ((R, hq, S, d + 2) floats). The last block
+//   of a head to finish (a counter per row and head, reset by that block) adds the runs
 //   in order s = 0, 1, ..., each weighted by exp(m_s - max m) / total (runs
 //   <= blockDim.x, one thread a run computing the weights), so the result
 //   does not depend on which block finished last.
@@ -128,7 +134,11 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     extern __shared__ float sm[];
     __shared__ bool last;
     grid_wait();
-    const int len = state[1] + 1, runs = gridDim.y, run = blockIdx.y;
+    const int row = blockIdx.z, len = state[0] + row + 1, runs = gridDim.y, run = blockIdx.y;
+    q += (size_t)row * (hq + 2 * hkv) * d;
+    out += (size_t)row * hq * d;
+    part += (size_t)row * hq * runs * (d + 2);
+    count += (size_t)row * hq;
     const int chunk = (len + runs - 1) / runs, j0 = min(len, run * chunk), j1 = min(len, j0 + chunk), n = j1 - j0;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* scores = sm;
@@ -231,11 +241,12 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     if (threadIdx.x == 0) count[h] = 0;
 }
 
-// out = bf16(silu(g) * u).
-extern "C" __global__ void swiglu_bf16(const float* g, const float* u, unsigned short* out, int n) {
+// out = bf16(silu(g) * u), a row's gate and up halves side by side in `gu`.
+extern "C" __global__ void swiglu_bf16(const float* gu, unsigned short* out, int n) {
     grid_wait();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
+    const float* g = gu + (size_t)blockIdx.y * 2 * n;
     const float a = g[i];
-    out[i] = f32_to_bf16(a / (1.f + __expf(-a)) * u[i]);
+    out[(size_t)blockIdx.y * n + i] = f32_to_bf16(a / (1.f + __expf(-a)) * g[n + i]);
 }

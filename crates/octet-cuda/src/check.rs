@@ -1139,6 +1139,20 @@ fn decode_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     Ok(())
 }
 
+/// Signal-to-noise ratio of `got` against `want`, in dB.
+fn logits_sqnr(got: &[f32], want: &[f32]) -> f64 {
+    let err: f64 = got
+        .iter()
+        .zip(want)
+        .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
+        .sum();
+    let sig: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
+    if got.len() != want.len() {
+        return f64::NEG_INFINITY;
+    }
+    10.0 * (sig / err.max(f64::MIN_POSITIVE)).log10()
+}
+
 fn decode_model_cases(
     gpu: &Gpu,
     preset: &str,
@@ -1173,17 +1187,42 @@ fn decode_model_cases(
         for &t in &tokens {
             got.extend(dec.step(t)?);
         }
-        let err: f64 = got
-            .iter()
-            .zip(&want)
-            .map(|(&a, &b)| (a as f64 - b as f64).powi(2))
-            .sum();
-        let sig: f64 = want.iter().map(|&b| (b as f64).powi(2)).sum();
-        let sqnr = 10.0 * (sig / err.max(f64::MIN_POSITIVE)).log10();
+        let sqnr = logits_sqnr(&got, &want);
         out.push(CaseResult {
             name: format!("decode {preset} model, {label} weights, {steps} tokens vs CPU decoder"),
             pass: sqnr >= 30.0 && got.iter().all(|v| v.is_finite()),
             worst: format!("logits SQNR {sqnr:.1} dB"),
+        });
+        // Two prefills (the second starting after the first's positions),
+        // then steps: the last logits of each prefill and every step's
+        // against the CPU's rows of the same tokens.
+        let v = cfg.vocab_size;
+        let (p1, p2) = (steps as usize / 4, steps as usize / 2);
+        let mut pre = GpuDecoder::new(gpu, &cfg, &w, gw)?;
+        let mut pgot = pre.prefill(&tokens[..p1])?;
+        let mut want_rows = want[(p1 - 1) * v..p1 * v].to_vec();
+        pgot.extend(pre.prefill(&tokens[p1..p2])?);
+        want_rows.extend_from_slice(&want[(p2 - 1) * v..p2 * v]);
+        for &t in &tokens[p2..] {
+            pgot.extend(pre.step(t)?);
+        }
+        want_rows.extend_from_slice(&want[p2 * v..]);
+        let sqnr = logits_sqnr(&pgot, &want_rows);
+        out.push(CaseResult {
+            name: format!(
+                "decode {preset} model, {label}: prefill {p1} + {} tokens, then steps, vs CPU decoder",
+                p2 - p1
+            ),
+            pass: sqnr >= 30.0 && pgot.iter().all(|v| v.is_finite()),
+            worst: format!("logits SQNR {sqnr:.1} dB"),
+        });
+        // Past the cache, and no tokens: errors, and the cache is kept.
+        let full = pre.prefill(&vec![1; cfg.max_position_embeddings]);
+        let empty = pre.prefill(&[]);
+        out.push(CaseResult {
+            name: format!("decode {preset} model, {label}: prefill past the cache or of nothing -> shape errors"),
+            pass: matches!(full, Err(Error::Shape(_))) && matches!(empty, Err(Error::Shape(_))),
+            worst: format!("{:?} / {:?}", full.err().map(|e| e.to_string()), empty.err().map(|e| e.to_string())),
         });
         // The captured CUDA graph replays exactly the eager launches.
         let mut eager = GpuDecoder::new(gpu, &cfg, &w, gw)?;

@@ -58,18 +58,55 @@ struct Fns {
     swiglu: CudaFunction,
 }
 
+/// The activations of `rows` tokens at consecutive positions (1: a step;
+/// more: a prompt's rows at once), each row-major `(rows, width)`.
 struct Buffers {
+    rows: usize,
+    /// The position of row 0, then the rows' tokens: what the kernels read.
+    state: CudaSlice<i32>,
     x: CudaSlice<f32>,
     h: CudaSlice<u16>,
-    /// q, k, v of the step, one after the other.
+    /// q, k, v of each row, one after the other.
     qkv: CudaSlice<f32>,
     a: CudaSlice<u16>,
     o: CudaSlice<f32>,
-    /// gate, then up.
+    /// gate, then up, of each row.
     gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
+    /// Each attention run's max score, sum and unnormalised output, `(rows, hq, runs, d + 2)`.
+    att_part: CudaSlice<f32>,
+    /// Finished runs of each row and head (reset to 0 by the last).
+    att_count: CudaSlice<u32>,
+    /// The last row's final norm, and its logits.
+    last_h: CudaSlice<u16>,
     logits: CudaSlice<f32>,
 }
+
+impl Buffers {
+    fn new(gpu: &Gpu, cfg: &LlamaConfig, rows: usize, runs: usize) -> Result<Buffers> {
+        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+        let (hq, d) = (cfg.num_attention_heads, cfg.head_dim());
+        let kvw = cfg.num_key_value_heads * d;
+        Ok(Buffers {
+            rows,
+            state: gpu.alloc_zeros(1 + rows, "decode state")?,
+            x: gpu.alloc_zeros(rows * c, "x")?,
+            h: gpu.alloc_zeros(rows * c, "h")?,
+            qkv: gpu.alloc_zeros(rows * (hq * d + 2 * kvw), "qkv")?,
+            a: gpu.alloc_zeros(rows * hq * d, "a")?,
+            o: gpu.alloc_zeros(rows * c, "o")?,
+            gu: gpu.alloc_zeros(rows * 2 * ff, "gate, up")?,
+            act: gpu.alloc_zeros(rows * ff, "act")?,
+            att_part: gpu.alloc_zeros(rows * hq * runs * (d + 2), "attention runs")?,
+            att_count: gpu.alloc_zeros(rows * hq, "attention run counters")?,
+            last_h: gpu.alloc_zeros(c, "last row's norm")?,
+            logits: gpu.alloc_zeros(v, "logits")?,
+        })
+    }
+}
+
+/// Prompt rows a prefill launch takes at once (longer prompts go in pieces).
+pub const PREFILL_ROWS: usize = 256;
 
 /// A Llama model on the GPU for generation (see the module docs).
 pub struct GpuDecoder<'g> {
@@ -78,22 +115,17 @@ pub struct GpuDecoder<'g> {
     pub cfg: LlamaConfig,
     f: Fns,
     embed: CudaSlice<f32>,
-    /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs)`).
+    /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs, rows)`).
     att_runs: usize,
-    /// Each run's max score, sum and unnormalised output, `(hq, runs, d + 2)`.
-    att_part: CudaSlice<f32>,
-    /// Finished runs of each head (reset to 0 by the last).
-    att_count: CudaSlice<u32>,
     /// The rotary tables `(max positions, D/2)`, cos then sin, as the CPU's `Rope` rounds them to f32.
     rope_cos: CudaSlice<f32>,
     rope_sin: CudaSlice<f32>,
     layers: Vec<Layer>,
     norm: CudaSlice<f32>,
     head: CudaSlice<u16>,
-    buf: Buffers,
+    /// The step's buffers (one row); `None` only while a step runs.
+    buf: Option<Buffers>,
     len: usize,
-    /// `[token, position]` of the step, read by the kernels.
-    state: CudaSlice<i32>,
     /// One step captured as a CUDA graph after the first (eager) step.
     graph: Option<cudarc::driver::CudaGraph>,
     use_graph: bool,
@@ -156,7 +188,6 @@ impl<'g> GpuDecoder<'g> {
             w.get(n)
                 .ok_or_else(|| Error::Shape(format!("missing tensor {n}")))
         };
-        let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (hq, hkv, d) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -238,16 +269,7 @@ impl<'g> GpuDecoder<'g> {
         } else {
             get("lm_head.weight")?
         };
-        let buf = Buffers {
-            x: gpu.alloc_zeros(c, "x")?,
-            h: gpu.alloc_zeros(c, "h")?,
-            qkv: gpu.alloc_zeros(hq * d + 2 * kvw, "qkv")?,
-            a: gpu.alloc_zeros(hq * d, "a")?,
-            o: gpu.alloc_zeros(c, "o")?,
-            gu: gpu.alloc_zeros(2 * ff, "gate, up")?,
-            act: gpu.alloc_zeros(ff, "act")?,
-            logits: gpu.alloc_zeros(v, "logits")?,
-        };
+        let buf = Buffers::new(gpu, cfg, 1, att_runs)?;
         let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
             .map_err(|e| Error::Shape(e.to_string()))?;
         let (cos, sin) = rope.tables_f32();
@@ -257,16 +279,13 @@ impl<'g> GpuDecoder<'g> {
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
             att_runs,
-            att_part: gpu.alloc_zeros(hq * att_runs * (d + 2), "attention runs")?,
-            att_count: gpu.alloc_zeros(hq, "attention run counters")?,
             rope_cos: gpu.upload(&cos)?,
             rope_sin: gpu.upload(&sin)?,
             layers,
             norm: gpu.upload(&get("model.norm.weight")?.to_f32_vec())?,
             head: gpu.upload_bf16(&bf16s(head))?,
-            buf,
+            buf: Some(buf),
             len: 0,
-            state: gpu.alloc_zeros(2, "decode state")?,
             graph: None,
             use_graph: true,
         })
@@ -297,17 +316,19 @@ impl<'g> GpuDecoder<'g> {
 
     /// Append one token; returns its logits `(V)`.
     pub fn step(&mut self, token: u32) -> Result<Vec<f32>> {
-        let (v, max) = (self.cfg.vocab_size, self.cfg.max_position_embeddings);
-        if token as usize >= v {
-            return Err(Error::Shape(format!(
-                "token {token} outside the vocabulary of {v}"
-            )));
-        }
-        if self.len >= max {
-            return Err(Error::Shape(format!("the cache is full ({max} positions)")));
-        }
-        let state = [token as i32, self.len as i32];
-        self.gpu.stream.memcpy_htod(&state, &mut self.state)?;
+        self.check(&[token])?;
+        let mut b = self
+            .buf
+            .take()
+            .ok_or_else(|| Error::Shape("decoder in use".into()))?;
+        let r = self.step_with(&mut b, token);
+        self.buf = Some(b);
+        r
+    }
+
+    fn step_with(&mut self, b: &mut Buffers, token: u32) -> Result<Vec<f32>> {
+        let state = [self.len as i32, token as i32];
+        self.gpu.stream.memcpy_htod(&state, &mut b.state)?;
         if self.graph.is_none() && self.use_graph && self.len > 0 {
             // The first step ran eagerly (cuBLASLt plans, kernel loading);
             // capture the second and replay it from then on.
@@ -315,21 +336,62 @@ impl<'g> GpuDecoder<'g> {
             s.begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )?;
-            let r = self.enqueue();
+            let r = self.enqueue(b);
             let g = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
             r?;
             self.graph = g;
         }
         match &self.graph {
             Some(g) => g.launch()?,
-            None => self.enqueue()?,
+            None => self.enqueue(b)?,
         }
         self.len += 1;
-        self.gpu.download(&self.buf.logits)
+        self.gpu.download(&b.logits)
     }
 
-    /// Queue every kernel of one step (token and position come from `state`).
-    fn enqueue(&mut self) -> Result<()> {
+    /// Append a prompt's tokens, [`PREFILL_ROWS`] rows a launch (each product
+    /// multiplies all of them, the attention of each row sees the positions up
+    /// to its own); returns the logits `(V)` of the last. The same values as
+    /// [`GpuDecoder::step`] over the tokens, up to the order of sums in the
+    /// products.
+    pub fn prefill(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::Shape("prefill of no tokens".into()));
+        }
+        self.check(tokens)?;
+        let mut logits = Vec::new();
+        for chunk in tokens.chunks(PREFILL_ROWS) {
+            let mut b = Buffers::new(self.gpu, &self.cfg, chunk.len(), self.att_runs)?;
+            let mut state = vec![self.len as i32];
+            state.extend(chunk.iter().map(|&t| t as i32));
+            self.gpu.stream.memcpy_htod(&state, &mut b.state)?;
+            self.enqueue(&mut b)?;
+            self.len += chunk.len();
+            logits = self.gpu.download(&b.logits)?;
+        }
+        Ok(logits)
+    }
+
+    /// The tokens are in the vocabulary and fit in the cache after its `len`.
+    fn check(&self, tokens: &[u32]) -> Result<()> {
+        let (v, max) = (self.cfg.vocab_size, self.cfg.max_position_embeddings);
+        if let Some(t) = tokens.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::Shape(format!(
+                "token {t} outside the vocabulary of {v}"
+            )));
+        }
+        if self.len + tokens.len() > max {
+            return Err(Error::Shape(format!(
+                "the cache is full: {} positions held, {} more asked, {max} in all",
+                self.len,
+                tokens.len()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Queue every kernel of `b.rows` tokens (position and tokens come from `b.state`).
+    fn enqueue(&mut self, b: &mut Buffers) -> Result<()> {
         let cfg = &self.cfg;
         let (c, ff, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
         let (hq, hkv, d) = (
@@ -337,8 +399,10 @@ impl<'g> GpuDecoder<'g> {
             cfg.num_key_value_heads,
             cfg.head_dim(),
         );
-        let (gpu, f, b, st) = (self.gpu, &self.f, &mut self.buf, &self.state);
+        let (gpu, f) = (self.gpu, &self.f);
         let s = &gpu.stream;
+        let rows = b.rows;
+        let ru = rows as u32;
         let kvw = hkv * d;
         let (ci, ffi) = (c as i32, ff as i32);
         let (hqi, hkvi, di) = (hq as i32, hkv as i32, d as i32);
@@ -346,27 +410,33 @@ impl<'g> GpuDecoder<'g> {
         let scale = 1.0 / (d as f32).sqrt();
         let pdl = gpu.pdl();
         let norm_cfg = LaunchConfig {
-            grid_dim: (1, 1, 1),
+            grid_dim: (ru, 1, 1),
             block_dim: (1024, 1, 1),
             shared_mem_bytes: 0,
         };
+        let rows_of = |threads: usize| {
+            let mut c = cfg1(threads);
+            c.grid_dim.1 = ru;
+            c
+        };
         let runs = self.att_runs;
         let attend_cfg = LaunchConfig {
-            grid_dim: (hq as u32, runs as u32, 1),
+            grid_dim: (hq as u32, runs as u32, ru),
             block_dim: (32 * ATT_WARPS as u32, 1, 1),
             shared_mem_bytes: attend_smem(cfg.max_position_embeddings.div_ceil(runs), d) as u32,
         };
         // SAFETY (every launch below): argument types match the kernels in
-        // decode.cu and every buffer has the length the kernel indexes; the
-        // position in `state` is below max_position_embeddings (checked by `step`).
+        // decode.cu and every buffer has `rows` rows of the width the kernel
+        // indexes; positions up to `state[0] + rows - 1` are below
+        // max_position_embeddings (`check`).
         // The embedding follows the host's copy of `state`: a plain launch.
         unsafe {
             s.launch_builder(&f.embed)
                 .arg(&self.embed)
-                .arg(st)
+                .arg(&b.state)
                 .arg(&mut b.x)
                 .arg(&ci)
-                .launch(cfg1(c))?;
+                .launch(rows_of(c))?;
         }
         // `b.o` holds the output of the previous block's last product, added
         // to the residual stream by the norm that follows it.
@@ -380,77 +450,73 @@ impl<'g> GpuDecoder<'g> {
                     .f32(eps);
                 unsafe { a.launch(&f.rmsnorm, norm_cfg, pdl) }?;
             } else {
-                let n = (&b.o, &layer.attn_norm);
-                add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
+                let mut a = Dep::new(s);
+                a.ptr_mut(&mut b.x)
+                    .ptr(&b.o)
+                    .ptr(&layer.attn_norm)
+                    .ptr_mut(&mut b.h)
+                    .i32(ci)
+                    .f32(eps);
+                unsafe { a.launch(&f.add_rmsnorm, norm_cfg, pdl) }?;
             }
-            apply(gpu, &layer.mats[0], &b.h, &mut b.qkv)?;
+            apply(gpu, &layer.mats[0], &b.h, &mut b.qkv, rows)?;
             let mut a = Dep::new(s);
             a.ptr_mut(&mut b.qkv)
                 .ptr(&self.rope_cos)
                 .ptr(&self.rope_sin)
                 .ptr_mut(&mut layer.k_cache)
                 .ptr_mut(&mut layer.v_cache)
-                .ptr(st)
+                .ptr(&b.state)
                 .i32(hqi)
                 .i32(hkvi)
                 .i32(di);
-            unsafe { a.launch(&f.rope_store, cfg1((hq + hkv) * d / 2 + kvw), pdl) }?;
-            let qv = b.qkv.slice(0..hq * d);
+            unsafe { a.launch(&f.rope_store, rows_of((hq + hkv) * d / 2 + kvw), pdl) }?;
             let mut a = Dep::new(s);
-            a.ptr(&qv)
+            a.ptr(&b.qkv)
                 .ptr(&layer.k_cache)
                 .ptr(&layer.v_cache)
                 .ptr_mut(&mut b.a)
-                .ptr(st)
+                .ptr(&b.state)
                 .i32(hqi)
                 .i32(hkvi)
                 .i32(di)
                 .f32(scale)
-                .ptr_mut(&mut self.att_part)
-                .ptr_mut(&mut self.att_count);
+                .ptr_mut(&mut b.att_part)
+                .ptr_mut(&mut b.att_count);
             unsafe { a.launch(&f.attend, attend_cfg, pdl) }?;
-            apply(gpu, &layer.mats[1], &b.a, &mut b.o)?;
-            let n = (&b.o, &layer.mlp_norm);
-            add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
-            apply(gpu, &layer.mats[2], &b.h, &mut b.gu)?;
-            let (gv, uv) = (b.gu.slice(0..ff), b.gu.slice(ff..2 * ff));
+            apply(gpu, &layer.mats[1], &b.a, &mut b.o, rows)?;
             let mut a = Dep::new(s);
-            a.ptr(&gv).ptr(&uv).ptr_mut(&mut b.act).i32(ffi);
-            unsafe { a.launch(&f.swiglu, cfg1(ff), pdl) }?;
-            apply(gpu, &layer.mats[3], &b.act, &mut b.o)?;
+            a.ptr_mut(&mut b.x)
+                .ptr(&b.o)
+                .ptr(&layer.mlp_norm)
+                .ptr_mut(&mut b.h)
+                .i32(ci)
+                .f32(eps);
+            unsafe { a.launch(&f.add_rmsnorm, norm_cfg, pdl) }?;
+            apply(gpu, &layer.mats[2], &b.h, &mut b.gu, rows)?;
+            let mut a = Dep::new(s);
+            a.ptr(&b.gu).ptr_mut(&mut b.act).i32(ffi);
+            unsafe { a.launch(&f.swiglu, rows_of(ff), pdl) }?;
+            apply(gpu, &layer.mats[3], &b.act, &mut b.o, rows)?;
         }
-        let n = (&b.o, &self.norm);
-        add_rmsnorm(s, &f.add_rmsnorm, &mut b.x, n, &mut b.h, (ci, eps), pdl)?;
-        gpu.gemm_bf16(&b.h, &self.head, &mut b.logits, (1, v, c))
+        // The final norm and the head for the last row only.
+        let last = (rows - 1) * c..rows * c;
+        let mut xl = b.x.slice_mut(last.clone());
+        let ol = b.o.slice(last);
+        let mut a = Dep::new(s);
+        a.ptr_mut(&mut xl)
+            .ptr(&ol)
+            .ptr(&self.norm)
+            .ptr_mut(&mut b.last_h)
+            .i32(ci)
+            .f32(eps);
+        let one = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            ..norm_cfg
+        };
+        unsafe { a.launch(&f.add_rmsnorm, one, pdl) }?;
+        gpu.gemm_bf16(&b.last_h, &self.head, &mut b.logits, (1, v, c))
     }
-}
-
-/// `x += y; h = rmsnorm(x) * g` (bf16) with `yg = (y, g)` and `ce = (C, eps)`,
-/// one block of 1024 threads.
-fn add_rmsnorm(
-    s: &CudaStream,
-    f: &CudaFunction,
-    x: &mut CudaSlice<f32>,
-    yg: (&CudaSlice<f32>, &CudaSlice<f32>),
-    h: &mut CudaSlice<u16>,
-    ce: (i32, f32),
-    pdl: bool,
-) -> Result<()> {
-    let cfg = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (1024, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    let mut a = Dep::new(s);
-    a.ptr_mut(x)
-        .ptr(yg.0)
-        .ptr(yg.1)
-        .ptr_mut(h)
-        .i32(ce.0)
-        .f32(ce.1);
-    // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and g hold `C`
-    // floats, h `C` bf16.
-    unsafe { a.launch(f, cfg, pdl) }
 }
 
 // `Dep` passes 32-bit arguments as the low half of a u64.
@@ -556,10 +622,17 @@ fn bf16s(t: &Tensor) -> Vec<half::bf16> {
         .collect()
 }
 
-fn apply(gpu: &Gpu, m: &Mat, x: &CudaSlice<u16>, y: &mut CudaSlice<f32>) -> Result<()> {
+/// `y (rows, N) = x (rows, K) @ W^T`.
+fn apply(
+    gpu: &Gpu,
+    m: &Mat,
+    x: &CudaSlice<u16>,
+    y: &mut CudaSlice<f32>,
+    rows: usize,
+) -> Result<()> {
     match m {
-        Mat::Fp8(w) => gpu.mixed_matmul(x, 1, w, y),
-        Mat::Bf16(w, n, k) => gpu.gemm_bf16(x, w, y, (1, *n, *k)),
+        Mat::Fp8(w) => gpu.mixed_matmul(x, rows, w, y),
+        Mat::Bf16(w, n, k) => gpu.gemm_bf16(x, w, y, (rows, *n, *k)),
     }
 }
 
