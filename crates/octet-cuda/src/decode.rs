@@ -1,9 +1,10 @@
-//! Token-by-token decoding of a Llama model on the GPU with a KV cache: the
-//! block matrices as FP8 (weight-only products, `mixed.rs`) or bf16
-//! (cuBLASLt), the glue in `kernels/decode.cu`. One sequence, one token per
-//! step; the residual stream is f32, the inputs of the products bf16, the
-//! KV cache f32; the LM head is a bf16 product; logits come back to the host
-//! for sampling.
+//! Decoding of a Llama model on the GPU with a KV cache: the block matrices
+//! as FP8 (weight-only products, `mixed.rs`) or bf16 (cuBLASLt), the glue in
+//! `kernels/decode.cu`. One sequence: a prompt's rows at once
+//! ([`GpuDecoder::prefill`]), then one token a step ([`GpuDecoder::step`], a
+//! replayed CUDA graph). The residual stream is f32, the inputs of the
+//! products bf16, the KV cache f32; the LM head is a bf16 product on the
+//! last row; logits come back to the host for sampling.
 
 use crate::mixed::DeviceFp8Weight;
 use crate::{nvrtc, Error, Gpu, Result};
