@@ -451,14 +451,17 @@ impl<'g> GpuDecoder<'g> {
                     .f32(eps);
                 unsafe { a.launch(&f.rmsnorm, norm_cfg, pdl) }?;
             } else {
-                let mut a = Dep::new(s);
-                a.ptr_mut(&mut b.x)
-                    .ptr(&b.o)
-                    .ptr(&layer.attn_norm)
-                    .ptr_mut(&mut b.h)
-                    .i32(ci)
-                    .f32(eps);
-                unsafe { a.launch(&f.add_rmsnorm, norm_cfg, pdl) }?;
+                let n = (&b.o, &layer.attn_norm);
+                add_rmsnorm(
+                    s,
+                    &f.add_rmsnorm,
+                    &mut b.x,
+                    n,
+                    &mut b.h,
+                    (ci, eps),
+                    norm_cfg,
+                    pdl,
+                )?;
             }
             apply(gpu, &layer.mats[0], &b.h, &mut b.qkv, rows)?;
             let mut a = Dep::new(s);
@@ -486,14 +489,17 @@ impl<'g> GpuDecoder<'g> {
                 .ptr_mut(&mut b.att_count);
             unsafe { a.launch(&f.attend, attend_cfg, pdl) }?;
             apply(gpu, &layer.mats[1], &b.a, &mut b.o, rows)?;
-            let mut a = Dep::new(s);
-            a.ptr_mut(&mut b.x)
-                .ptr(&b.o)
-                .ptr(&layer.mlp_norm)
-                .ptr_mut(&mut b.h)
-                .i32(ci)
-                .f32(eps);
-            unsafe { a.launch(&f.add_rmsnorm, norm_cfg, pdl) }?;
+            let n = (&b.o, &layer.mlp_norm);
+            add_rmsnorm(
+                s,
+                &f.add_rmsnorm,
+                &mut b.x,
+                n,
+                &mut b.h,
+                (ci, eps),
+                norm_cfg,
+                pdl,
+            )?;
             apply(gpu, &layer.mats[2], &b.h, &mut b.gu, rows)?;
             let mut a = Dep::new(s);
             a.ptr(&b.gu).ptr_mut(&mut b.act).i32(ffi);
@@ -504,20 +510,48 @@ impl<'g> GpuDecoder<'g> {
         let last = (rows - 1) * c..rows * c;
         let mut xl = b.x.slice_mut(last.clone());
         let ol = b.o.slice(last);
-        let mut a = Dep::new(s);
-        a.ptr_mut(&mut xl)
-            .ptr(&ol)
-            .ptr(&self.norm)
-            .ptr_mut(&mut b.last_h)
-            .i32(ci)
-            .f32(eps);
         let one = LaunchConfig {
             grid_dim: (1, 1, 1),
             ..norm_cfg
         };
-        unsafe { a.launch(&f.add_rmsnorm, one, pdl) }?;
+        let n = (&ol, &self.norm);
+        add_rmsnorm(
+            s,
+            &f.add_rmsnorm,
+            &mut xl,
+            n,
+            &mut b.last_h,
+            (ci, eps),
+            one,
+            pdl,
+        )?;
         gpu.gemm_bf16(&b.last_h, &self.head, &mut b.logits, (1, v, c))
     }
+}
+
+/// `x += y; h = rmsnorm(x) * g` (bf16) with `yg = (y, g)` and `ce = (C,
+/// eps)`, a block of 1024 threads a row (`cfg`'s grid: the rows).
+#[allow(clippy::too_many_arguments)]
+fn add_rmsnorm(
+    s: &CudaStream,
+    f: &CudaFunction,
+    x: &mut impl DevicePtrMut<f32>,
+    yg: (&impl DevicePtr<f32>, &CudaSlice<f32>),
+    h: &mut impl DevicePtrMut<u16>,
+    ce: (i32, f32),
+    cfg: LaunchConfig,
+    pdl: bool,
+) -> Result<()> {
+    let mut a = Dep::new(s);
+    a.ptr_mut(x)
+        .ptr(yg.0)
+        .ptr(yg.1)
+        .ptr_mut(h)
+        .i32(ce.0)
+        .f32(ce.1);
+    // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and h hold a row
+    // of `C` for each block of `cfg`, g holds `C`.
+    unsafe { a.launch(f, cfg, pdl) }
 }
 
 // `Dep` passes 32-bit arguments as the low half of a u64.
