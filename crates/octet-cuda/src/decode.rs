@@ -6,11 +6,11 @@
 //! products bf16, the KV cache f32; the LM head is a bf16 product on the
 //! last row; logits come back to the host for sampling.
 
+use crate::launch::Dep;
 use crate::mixed::DeviceFp8Weight;
 use crate::{nvrtc, Error, Gpu, Result};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
-    SyncOnDrop,
 };
 use octet_fp8::Format;
 use octet_nn::llama::LlamaConfig;
@@ -552,102 +552,6 @@ fn add_rmsnorm(
     // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and h hold a row
     // of `C` for each block of `cfg`, g holds `C`.
     unsafe { a.launch(f, cfg, pdl) }
-}
-
-// `Dep` passes 32-bit arguments as the low half of a u64.
-const _: () = assert!(cfg!(target_endian = "little"));
-
-/// The arguments of one glue-kernel launch, by value, for a launch that (on
-/// sm_90 and later) may start while the previous kernel in the stream is
-/// still running: the kernels in decode.cu begin with `grid_wait`, so they
-/// read nothing before that kernel has finished and its writes are visible.
-/// The previous kernel is usually a weight-only product, which lets its
-/// dependents start once all its blocks run; the launch latency of each glue
-/// kernel is then hidden behind the product.
-struct Dep<'a> {
-    stream: &'a CudaStream,
-    vals: Vec<u64>,
-    guards: Vec<SyncOnDrop<'a>>,
-}
-
-impl<'a> Dep<'a> {
-    fn new(stream: &'a CudaStream) -> Dep<'a> {
-        Dep {
-            stream,
-            vals: Vec::with_capacity(12),
-            guards: Vec::with_capacity(8),
-        }
-    }
-
-    /// A buffer the kernel reads.
-    fn ptr<T>(&mut self, buf: &'a impl DevicePtr<T>) -> &mut Self {
-        let (p, g) = buf.device_ptr(self.stream);
-        self.vals.push(p);
-        self.guards.push(g);
-        self
-    }
-
-    /// A buffer the kernel writes.
-    fn ptr_mut<T>(&mut self, buf: &'a mut impl DevicePtrMut<T>) -> &mut Self {
-        let (p, g) = buf.device_ptr_mut(self.stream);
-        self.vals.push(p);
-        self.guards.push(g);
-        self
-    }
-
-    fn i32(&mut self, v: i32) -> &mut Self {
-        self.vals.push(u64::from(v as u32));
-        self
-    }
-
-    fn f32(&mut self, v: f32) -> &mut Self {
-        self.vals.push(u64::from(v.to_bits()));
-        self
-    }
-
-    /// Launch `f` with these arguments, as a programmatic dependent when `pdl`.
-    ///
-    /// # Safety
-    /// The arguments must be `f`'s, in order and of its parameter types, and
-    /// `cfg` a shape under which `f` stays inside its buffers.
-    unsafe fn launch(mut self, f: &CudaFunction, cfg: LaunchConfig, pdl: bool) -> Result<()> {
-        use cudarc::driver::sys;
-        use std::ffi::c_void;
-        let mut params: Vec<*mut c_void> = self
-            .vals
-            .iter_mut()
-            .map(|v| v as *mut u64 as *mut c_void)
-            .collect();
-        // SAFETY: an all-zero launch attribute is valid (id "ignore").
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let c = sys::CUlaunchConfig {
-            gridDimX: cfg.grid_dim.0,
-            gridDimY: cfg.grid_dim.1,
-            gridDimZ: cfg.grid_dim.2,
-            blockDimX: cfg.block_dim.0,
-            blockDimY: cfg.block_dim.1,
-            blockDimZ: cfg.block_dim.2,
-            sharedMemBytes: cfg.shared_mem_bytes,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(pdl),
-        };
-        self.stream.context().bind_to_thread()?;
-        // SAFETY: `params` points at one value per kernel parameter (the
-        // caller's contract), alive until the call returns (the driver copies them).
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &c,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        }
-        .result()?;
-        Ok(())
-    }
 }
 
 fn bf16s(t: &Tensor) -> Vec<half::bf16> {

@@ -24,6 +24,7 @@ pub mod check;
 pub mod decode;
 pub mod delayed;
 pub mod gemm;
+mod launch;
 pub mod linear;
 pub mod lora;
 mod lora_check;

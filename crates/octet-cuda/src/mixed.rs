@@ -428,18 +428,18 @@ impl Gpu {
 }
 
 impl Gpu {
-    /// Launch the small-M kernel `f`, built for `cfg`, on `(M, N)` (grid:
-    /// groups of `cfg.group()` tokens x tiles of 16 rows; slots of the first
-    /// group's token rows), as a programmatic dependent of the previous kernel
-    /// in the stream where the device has it (the kernel reads only the
-    /// constant weight before its `griddepcontrol.wait`). cudarc's launch
-    /// builder takes no launch attributes, hence `cuLaunchKernelEx` here.
     /// Whether kernels launch as programmatic dependents of the previous
     /// kernel (sm_90 and later, unless `OCTET_MIXED_PDL=0`).
     pub(crate) fn pdl(&self) -> bool {
         self.k.mixed.pdl
     }
 
+    /// Launch the small-M kernel `f`, built for `cfg`, on `(M, N)` (grid:
+    /// groups of `cfg.group()` tokens x tiles of 16 rows; slots of the first
+    /// group's token rows), as a programmatic dependent of the previous kernel
+    /// in the stream where the device has it (the kernel reads only the
+    /// constant weight before its `griddepcontrol.wait`). cudarc's launch
+    /// builder takes no launch attributes, hence `Dep` (`cuLaunchKernelEx`).
     fn launch_small<D: GemmOut>(
         &self,
         f: &CudaFunction,
@@ -449,9 +449,6 @@ impl Gpu {
         y: &mut CudaSlice<D>,
         dims: &[i32; 4],
     ) -> Result<()> {
-        use cudarc::driver::sys;
-        use cudarc::driver::{DevicePtr, DevicePtrMut};
-        use std::ffi::c_void;
         let grid = (
             (dims[0] as u32).div_ceil(cfg.group()),
             (dims[1] as u32).div_ceil(16),
@@ -467,53 +464,22 @@ impl Gpu {
                 self.k.mixed.smem,
             );
         }
-        let (wp, _gw) = w.codes.device_ptr(&self.stream);
-        let (xp, _gx) = x.device_ptr(&self.stream);
-        let (fp, _gf) = w.factors.device_ptr(&self.stream);
-        let (yp, _gy) = y.device_ptr_mut(&self.stream);
-        let mut params: [*mut c_void; 8] = [
-            &wp as *const _ as *mut c_void,
-            &xp as *const _ as *mut c_void,
-            &fp as *const _ as *mut c_void,
-            &yp as *const _ as *mut c_void,
-            &dims[0] as *const _ as *mut c_void,
-            &dims[1] as *const _ as *mut c_void,
-            &dims[2] as *const _ as *mut c_void,
-            &dims[3] as *const _ as *mut c_void,
-        ];
-        // SAFETY: an all-zero launch attribute is valid (id "ignore").
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
-        let cfg = sys::CUlaunchConfig {
-            gridDimX: grid.0,
-            gridDimY: grid.1,
-            gridDimZ: 1,
-            blockDimX: threads,
-            blockDimY: 1,
-            blockDimZ: 1,
-            sharedMemBytes: smem,
-            hStream: self.stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.k.mixed.pdl),
-        };
-        self.stream.context().bind_to_thread()?;
-        // SAFETY: `params` points at one value of each kernel parameter's type
-        // (four device pointers as u64, then four i32), all alive until the
-        // call returns (the driver copies them); the caller checked the shapes
-        // and the kernel guards rows, tokens and columns. The weight the kernel
-        // reads before its wait is written only by its upload (a copy, which
-        // a dependent launch does not overlap).
-        unsafe {
-            sys::cuLaunchKernelEx(
-                &cfg,
-                f.cu_function(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
+        let mut a = crate::launch::Dep::new(&self.stream);
+        a.ptr(&w.codes).ptr(x).ptr(&w.factors).ptr_mut(y);
+        for &d in dims {
+            a.i32(d);
         }
-        .result()?;
-        Ok(())
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the arguments are the kernel's (four device pointers, then
+        // four i32); the caller checked the shapes and the kernel guards rows,
+        // tokens and columns. The weight the kernel reads before its wait is
+        // written only by its upload (a copy, which a dependent launch does
+        // not overlap).
+        unsafe { a.launch(f, cfg, self.k.mixed.pdl) }
     }
 
     /// Read every byte of `data` (a multiple of 16 bytes) and write nothing:
