@@ -410,10 +410,16 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
+        let tune = mixed::SmallTune::from_env()?;
+        let mixed_src = match &tune {
+            Some(t) => format!("{}{}", KERNEL_SOURCES[2].1, t.source_line()).into(),
+            None => std::borrow::Cow::Borrowed(KERNEL_SOURCES[2].1),
+        };
         let mixed = mixed::MixedKernels::load(
-            &ctx.load_module(nvrtc::compile("mixed", KERNEL_SOURCES[2].1, arch)?)?,
+            &ctx.load_module(nvrtc::compile("mixed", &mixed_src, arch)?)?,
             arch,
             smem,
+            tune,
         )?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();

@@ -18,7 +18,9 @@
 //!   overlapping that kernel's tail (`OCTET_MIXED_PDL=0` launches it plainly,
 //!   for comparisons). A launch of few blocks takes enough shared memory a
 //!   block to spread over all SMs (`small_smem`; `OCTET_MIXED_SPREAD=0`
-//!   turns it off, for comparisons).
+//!   turns it off, for comparisons). `OCTET_MIXED_TUNE=groups:warps:stages`
+//!   compiles one more shape at start-up and runs it for its token group in
+//!   place of the table's, for tuning the table on a GPU (`SmallTune`).
 //! - `M > 64` on Hopper (`sm_90a`): `mixed_wg`, a warpgroup-MMA kernel that
 //!   copies the FP8 codes into shared memory as they are, upcasts each
 //!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
@@ -67,6 +69,61 @@ pub(crate) struct MixedKernels {
     smem: SmemLimits,
     /// The read-only calibration pass of `octet bench mixed`.
     read_floor: CudaFunction,
+    /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels `[format][out]`.
+    tune: Option<(SmallCfg, [[CudaFunction; 2]; 2])>,
+}
+
+/// A small-M shape to try in place of the table's for the launches of its
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages` (e.g.
+/// `2:4:2`: 16 tokens, 4 warps, 2 stages; `table` or empty: the table's): for
+/// tuning the table on a new GPU with `octet bench mixed`, compiled at start-up.
+pub(crate) struct SmallTune(SmallCfg);
+
+impl SmallTune {
+    /// The shape named by `OCTET_MIXED_TUNE`, if set.
+    pub(crate) fn from_env() -> Result<Option<SmallTune>> {
+        Self::parse(std::env::var("OCTET_MIXED_TUNE").ok().as_deref())
+    }
+
+    /// The shape named by a value of `OCTET_MIXED_TUNE` (`None`: unset).
+    fn parse(value: Option<&str>) -> Result<Option<SmallTune>> {
+        let v = match value {
+            Some(v) if !v.is_empty() && v != "table" => v,
+            _ => return Ok(None),
+        };
+        let bad = || {
+            Error::Toolkit(format!(
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages, \
+                 groups 1-2, warps 1-16, stages 2-8"
+            ))
+        };
+        let f: Vec<u32> = v
+            .split(':')
+            .map(|p| p.parse().map_err(|_| bad()))
+            .collect::<Result<_>>()?;
+        let &[g, w, st] = f.as_slice() else {
+            return Err(bad());
+        };
+        if !(1..=2).contains(&g) || !(1..=16).contains(&w) || !(2..=8).contains(&st) {
+            return Err(bad());
+        }
+        Ok(Some(SmallTune(SmallCfg {
+            tokens: 8 * g,
+            warps: w,
+            stages: st,
+        })))
+    }
+
+    /// The kernels' instantiation, appended to `mixed.cu`.
+    pub(crate) fn source_line(&self) -> String {
+        let c = &self.0;
+        format!(
+            "\nMIXED_SMALL_CFG(tune, {}, {}, {})\n",
+            c.tokens / 8,
+            c.warps,
+            c.stages
+        )
+    }
 }
 
 /// Shared memory limits of the device, in bytes.
@@ -153,7 +210,12 @@ const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
 const WG_TILE: (usize, usize) = (128, 256);
 
 impl MixedKernels {
-    pub(crate) fn load(m: &Arc<CudaModule>, arch: &str, smem: SmemLimits) -> Result<MixedKernels> {
+    pub(crate) fn load(
+        m: &Arc<CudaModule>,
+        arch: &str,
+        smem: SmemLimits,
+        tune: Option<SmallTune>,
+    ) -> Result<MixedKernels> {
         let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
         let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
         {
@@ -176,21 +238,40 @@ impl MixedKernels {
         } else {
             None
         };
+        use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
+        // A small-M kernel built for `c`, allowed up to the most a block may
+        // take (`small_smem`).
+        let sized = |name: String, c: &SmallCfg| -> Result<CudaFunction> {
+            let func = f(&name)?;
+            func.set_attribute(MAXSMEM, c.smem(c.tokens).max(smem.per_block) as i32)?;
+            Ok(func)
+        };
         let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 3]> {
-            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
-            let k = |c: &SmallCfg, out: &str| -> Result<CudaFunction> {
-                let func = f(&format!("mixed_{fmt}_n{}_{out}", c.tokens))?;
-                // Up to the most a block may take (`small_smem`).
-                func.set_attribute(MAXSMEM, c.smem(c.tokens).max(smem.per_block) as i32)?;
-                Ok(func)
+            let by_out = |c: &SmallCfg| -> Result<[CudaFunction; 2]> {
+                let t = c.tokens;
+                Ok([
+                    sized(format!("mixed_{fmt}_n{t}_f32"), c)?,
+                    sized(format!("mixed_{fmt}_n{t}_bf16"), c)?,
+                ])
             };
-            let by_out =
-                |c: &SmallCfg| -> Result<[CudaFunction; 2]> { Ok([k(c, "f32")?, k(c, "bf16")?]) };
             Ok([
                 by_out(&SMALL_CFG[0])?,
                 by_out(&SMALL_CFG[1])?,
                 by_out(&SMALL_CFG[2])?,
             ])
+        };
+        let tune = match tune {
+            None => None,
+            Some(SmallTune(c)) => {
+                let by_out = |fmt: &str| -> Result<[CudaFunction; 2]> {
+                    Ok([
+                        sized(format!("mixed_{fmt}_tune_f32"), &c)?,
+                        sized(format!("mixed_{fmt}_tune_bf16"), &c)?,
+                    ])
+                };
+                let fns = [by_out("e4m3")?, by_out("e5m2")?];
+                Some((c, fns))
+            }
         };
         Ok(MixedKernels {
             small: [small("e4m3")?, small("e5m2")?],
@@ -202,6 +283,7 @@ impl MixedKernels {
             spread: std::env::var("OCTET_MIXED_SPREAD").map_or(true, |v| v != "0"),
             smem,
             read_floor: f("read_floor")?,
+            tune,
         })
     }
 }
@@ -348,6 +430,11 @@ impl Gpu {
                 .iter()
                 .position(|c| m.min(16) as u32 <= c.tokens)
                 .unwrap_or(SMALL_CFG.len() - 1);
+            if let Some((t, fns)) = &self.k.mixed.tune {
+                if t.group() == SMALL_CFG[c].group() {
+                    return self.launch_small(&fns[fmt][out], t, w, x, y, &dims);
+                }
+            }
             let f = &self.k.mixed.small[fmt][c][out];
             return self.launch_small(f, &SMALL_CFG[c], w, x, y, &dims);
         }
@@ -523,7 +610,30 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{small_smem, SmemLimits, SMALL_CFG};
+    use super::{small_smem, SmallTune, SmemLimits, SMALL_CFG};
+
+    /// `OCTET_MIXED_TUNE` names a shape the kernel template takes, or the
+    /// table's; anything else is an error naming the variable.
+    #[test]
+    fn tune_values() {
+        for v in [None, Some(""), Some("table")] {
+            assert!(matches!(SmallTune::parse(v), Ok(None)), "{v:?}");
+        }
+        let t = SmallTune::parse(Some("2:8:3")).ok().flatten().map(|t| t.0);
+        let t = t.expect("a shape");
+        assert_eq!((t.tokens, t.warps, t.stages), (16, 8, 3));
+        let line = SmallTune(t).source_line();
+        assert!(line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3)"), "{line}");
+        for bad in [
+            "3:4:2", "1:0:2", "1:4:1", "1:4", "1:4:2:2", "a:b:c", "1:17:2",
+        ] {
+            let e = SmallTune::parse(Some(bad)).err().map(|e| e.to_string());
+            assert!(
+                e.as_deref().is_some_and(|e| e.contains("OCTET_MIXED_TUNE")),
+                "{bad}: {e:?}"
+            );
+        }
+    }
 
     /// The host's table of small-M shapes and the kernels compiled for it
     /// must agree: the host sizes the dynamic shared memory from the warps
