@@ -219,7 +219,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
-// tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 2 stages.
+// tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages.
 #define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
     MIXED_SMALL(mixed_e4m3_##TAG##_f32, FMT_E4M3, NT, float, W, S)                                       \
     MIXED_SMALL(mixed_e5m2_##TAG##_f32, FMT_E5M2, NT, float, W, S)                                       \
@@ -227,7 +227,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     MIXED_SMALL(mixed_e5m2_##TAG##_bf16, FMT_E5M2, NT, unsigned short, W, S)
 MIXED_SMALL_CFG(n4, 1, 8, 3)
 MIXED_SMALL_CFG(n8, 1, 8, 2)
-MIXED_SMALL_CFG(n16, 2, 4, 2)
+MIXED_SMALL_CFG(n16, 2, 4, 3)
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,
 // four loads in flight per thread) and fold them into one word per thread,

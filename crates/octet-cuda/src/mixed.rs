@@ -182,9 +182,12 @@ impl SmallCfg {
 /// The small-M shapes, by the launch's largest token group. Measured on the
 /// H100 (BENCHMARKS.md, twenty-fourth session): up to 4 tokens, a third stage
 /// keeps three blocks an SM (72 KiB) and was faster on every weight; at 5 to
-/// 8 tokens it would cost a block an SM. 16 tokens: 4 warps and 2 stages read
-/// 0.57 / 0.85 / 0.89 of copy on the three weights of `bench mixed`, against
-/// 0.50 / 0.85 / 0.92 with 3 stages and 0.61 / 0.79 / 0.85 with 8 warps.
+/// 8 tokens it would cost a block an SM. 16 tokens: 4 warps and 3 stages.
+/// Before the spread rule (`small_smem`) 2 stages were faster on 4096x4096;
+/// under it (twenty-ninth session, three rounds) 3 stages read 0.71-0.74 /
+/// 0.80-0.86 / 0.91-0.94 of copy at 9 to 16 tokens on the three weights of
+/// `bench mixed`, against 0.63-0.71 / 0.73-0.81 / 0.87-0.93 with 2, and
+/// 0.01-0.03 less at 32 tokens (two groups).
 const SMALL_CFG: [SmallCfg; 3] = [
     SmallCfg {
         tokens: 4,
@@ -199,7 +202,7 @@ const SMALL_CFG: [SmallCfg; 3] = [
     SmallCfg {
         tokens: 16,
         warps: 4,
-        stages: 2,
+        stages: 3,
     },
 ];
 
