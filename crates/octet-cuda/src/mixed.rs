@@ -266,6 +266,17 @@ impl MixedKernels {
         let tune = match tune {
             None => None,
             Some(SmallTune(c)) => {
+                if c.smem(c.tokens) > smem.per_block {
+                    return Err(Error::Toolkit(format!(
+                        "OCTET_MIXED_TUNE: {} warps x {} stages at {} tokens need {} bytes of shared \
+                         memory a block; the device allows {}",
+                        c.warps,
+                        c.stages,
+                        c.tokens,
+                        c.smem(c.tokens),
+                        smem.per_block
+                    )));
+                }
                 let by_out = |fmt: &str| -> Result<[CudaFunction; 2]> {
                     Ok([
                         sized(format!("mixed_{fmt}_tune_f32"), &c)?,
