@@ -360,7 +360,8 @@ impl<'g> GpuDecoder<'g> {
             return Err(Error::Shape("prefill of no tokens".into()));
         }
         self.check(tokens)?;
-        let mut logits = Vec::new();
+        // The pieces queue back to back; only the last one's logits come back.
+        let mut last = None;
         for chunk in tokens.chunks(PREFILL_ROWS) {
             let mut b = Buffers::new(self.gpu, &self.cfg, chunk.len(), self.att_runs)?;
             let mut state = vec![self.len as i32];
@@ -368,9 +369,10 @@ impl<'g> GpuDecoder<'g> {
             self.gpu.stream.memcpy_htod(&state, &mut b.state)?;
             self.enqueue(&mut b)?;
             self.len += chunk.len();
-            logits = self.gpu.download(&b.logits)?;
+            last = Some(b);
         }
-        Ok(logits)
+        let b = last.ok_or_else(|| Error::Shape("prefill of no tokens".into()))?;
+        self.gpu.download(&b.logits)
     }
 
     /// The tokens are in the vocabulary and fit in the cache after its `len`.
