@@ -51,6 +51,12 @@ pub struct GenerateArgs {
     /// Sampling seed.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// On the GPU, download every token's logits and sample on the host.
+    /// Without it the GPU samples the next token itself (the same choice
+    /// from the same seed) and queues steps with no host round trip a token,
+    /// for vocabularies of up to 2048 tokens (larger ones sample on the host).
+    #[arg(long)]
+    host_sampling: bool,
     /// cpu, cuda or auto (the GPU when there is one).
     #[arg(long, default_value = "auto")]
     device: String,
@@ -119,15 +125,35 @@ fn run_one_gpu(
     let mut last = dec.prefill(&prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(a.max_tokens);
-    let t1 = Instant::now();
-    for _ in 0..a.max_tokens {
-        let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
-        out.push(next);
+    let show = |t: &[u32]| {
         if echo {
-            print!("{}", tok.decode(&[next]));
+            print!("{}", tok.decode(t));
             std::io::stdout().flush().ok();
         }
-        last = dec.step(next)?;
+    };
+    let t1 = Instant::now();
+    if a.max_tokens > 0 && !a.host_sampling && dec.samples_on_device() {
+        // The first token from the prompt's logits here, the rest on the
+        // device: step i samples token i + 1 with the seed's (i + 1)-th draw,
+        // as the loop below would; the last step's token is not kept.
+        let first = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
+        show(&[first]);
+        out.push(first);
+        let u: Vec<f64> = (0..a.max_tokens).map(|_| rng.random::<f64>()).collect();
+        let mut left = a.max_tokens - 1;
+        let rest = dec.generate(first, &u, a.temperature, a.top_k, |t| {
+            let keep = &t[..t.len().min(left)];
+            left -= keep.len();
+            show(keep);
+        })?;
+        out.extend(&rest[..a.max_tokens - 1]);
+    } else {
+        for _ in 0..a.max_tokens {
+            let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
+            out.push(next);
+            show(&[next]);
+            last = dec.step(next)?;
+        }
     }
     let decode = t1.elapsed().as_secs_f64();
     Ok(Run {

@@ -26,18 +26,6 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
     return t;
 }
 
-__device__ __forceinline__ float block_max(float v, float* shared) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) shared[warp] = v;
-    __syncthreads();
-    float t = -3.402823466e38f;
-    for (int w = 0; w < (int)(blockDim.x >> 5); w++) t = fmaxf(t, shared[w]);
-    __syncthreads();
-    return t;
-}
-
 // out = bf16(x / sqrt(mean(x^2) + eps) * g), one block per row of C.
 extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned short* out, int C, float eps) {
     __shared__ float red[32];
@@ -116,23 +104,30 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
 // runs of ceil(len / S) positions, so a long sequence keeps every SM reading.
 // - Lane l holds elements l, l + 32, ... of a row (d <= 32 * ATT_R): a warp
 //   reads a cached row in coalesced 128-byte pieces. Warp w takes positions
-//   w, w + warps, ... of the run, ATT_U at a time (their loads in flight
-//   together), for the scores (a warp sum each) and again for p * v.
+//   w, w + warps, ... of the run, ATT_U at a time, loading their keys and
+//   values together (one memory round trip for both; two positions keep the
+//   kernel at 76 registers, three 8-warp blocks an SM, so that the ~1B
+//   model's 16 x 17 blocks fit at once on an H100), and keeps its own
+//   softmax state (max m_w, sum l_w of exp(score - m_w), unnormalised
+//   output), rescaled when the max grows. No block barrier until the warps
+//   are done; the block then merges its warps in warp order.
 // - Each block writes its run's max score m_s, sum of exp(score - m_s) and
 //   unnormalised output to `part` ((R, hq, S, d + 2) floats). The last block
-//   of a head to finish (a counter per row and head, reset by that block) adds the runs
-//   in order s = 0, 1, ..., each weighted by exp(m_s - max m) / total (runs
-//   <= blockDim.x, one thread a run computing the weights), so the result
-//   does not depend on which block finished last.
-// Shared memory (sized by the host): a run's scores, 32 floats for
-// reductions, warps x d partial outputs.
+//   of a head to finish (a counter per row and head, reset by that block)
+//   adds the runs in order s = 0, 1, ..., each weighted by exp(m_s - max m),
+//   and divides by the weighted sums, so the result does not depend on
+//   which block finished last. Every thread computes the weights itself
+//   from the runs' maxima and sums (read once into shared memory).
+// Shared memory (sized by the host, `attend_smem`): warps x d partial
+// outputs and the warps' maxima and sums; reused for the runs' (<= 64).
 #define ATT_R 8
-#define ATT_U 4
-extern "C" __global__ void attend_decode(const float* q, const float* kc, const float* vc, unsigned short* out,
-                                         const int* state, int hq, int hkv, int d, float scale, float* part,
-                                         unsigned* count) {
+#define ATT_U 2
+extern "C" __global__ void __launch_bounds__(256, 3)
+    attend_decode(const float* q, const float* kc, const float* vc, unsigned short* out, const int* state, int hq,
+                  int hkv, int d, float scale, float* part, unsigned* count) {
     extern __shared__ float sm[];
     __shared__ bool last;
+    const float LOW = -3.402823466e38f;
     grid_wait();
     const int row = blockIdx.z, len = state[0] + row + 1, runs = gridDim.y, run = blockIdx.y;
     q += (size_t)row * (hq + 2 * hkv) * d;
@@ -141,78 +136,91 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     count += (size_t)row * hq;
     const int chunk = (len + runs - 1) / runs, j0 = min(len, run * chunk), j1 = min(len, j0 + chunk), n = j1 - j0;
     const int warps = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    float* scores = sm;
-    float* red = sm + chunk;
-    float* po = red + 32;
     const int h = blockIdx.x, kh = h / (hq / hkv), kvw = hkv * d;
     const float* qh = q + h * d;
     const float* kbase = kc + (size_t)j0 * kvw + kh * d;
     const float* vbase = vc + (size_t)j0 * kvw + kh * d;
-    float qr[ATT_R];
+    float qr[ATT_R], acc[ATT_R];
 #pragma unroll
-    for (int r = 0; r < ATT_R; r++) qr[r] = lane + 32 * r < d ? qh[lane + 32 * r] : 0.f;
+    for (int r = 0; r < ATT_R; r++) {
+        qr[r] = lane + 32 * r < d ? qh[lane + 32 * r] : 0.f;
+        acc[r] = 0.f;
+    }
+    float m = LOW, l = 0.f;
     for (int j = warp; j < n; j += ATT_U * warps) {
-        float sc[ATT_U];
+        float kr[ATT_U][ATT_R], vr[ATT_U][ATT_R];
 #pragma unroll
         for (int u = 0; u < ATT_U; u++) {
             const int jj = j + u * warps;
-            sc[u] = 0.f;
-            if (jj < n) {
-                const float* kj = kbase + (size_t)jj * kvw;
+            const float* kj = kbase + (size_t)jj * kvw;
+            const float* vj = vbase + (size_t)jj * kvw;
 #pragma unroll
-                for (int r = 0; r < ATT_R; r++)
-                    if (lane + 32 * r < d) sc[u] += qr[r] * kj[lane + 32 * r];
+            for (int r = 0; r < ATT_R; r++) {
+                const bool in = jj < n && lane + 32 * r < d;
+                kr[u][r] = in ? kj[lane + 32 * r] : 0.f;
+                vr[u][r] = in ? vj[lane + 32 * r] : 0.f;
             }
+        }
+        float sc[ATT_U];
+#pragma unroll
+        for (int u = 0; u < ATT_U; u++) {
+            sc[u] = 0.f;
+#pragma unroll
+            for (int r = 0; r < ATT_R; r++) sc[u] += qr[r] * kr[u][r];
         }
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1)
 #pragma unroll
             for (int u = 0; u < ATT_U; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], o);
-        if (lane == 0)
-#pragma unroll
-            for (int u = 0; u < ATT_U; u++)
-                if (j + u * warps < n) scores[j + u * warps] = sc[u] * scale;
-    }
-    __syncthreads();
-    float m = -3.402823466e38f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, scores[j]);
-    m = block_max(m, red);
-    float sum = 0.f;
-    for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        const float e = __expf(scores[j] - m);
-        scores[j] = e;
-        sum += e;
-    }
-    sum = block_sum(sum, red); // its barrier also publishes the exponentials
-    float acc[ATT_R];
-#pragma unroll
-    for (int r = 0; r < ATT_R; r++) acc[r] = 0.f;
-    for (int j = warp; j < n; j += ATT_U * warps) {
+        // Position j (u = 0) is in the run, so the new max is finite.
+        float mn = m;
 #pragma unroll
         for (int u = 0; u < ATT_U; u++) {
-            const int jj = j + u * warps;
-            if (jj < n) {
-                const float p = scores[jj];
-                const float* vj = vbase + (size_t)jj * kvw;
-#pragma unroll
-                for (int r = 0; r < ATT_R; r++)
-                    if (lane + 32 * r < d) acc[r] += p * vj[lane + 32 * r];
-            }
+            sc[u] *= scale;
+            if (j + u * warps < n) mn = fmaxf(mn, sc[u]);
         }
+        const float c = __expf(m - mn);
+        l *= c;
+#pragma unroll
+        for (int r = 0; r < ATT_R; r++) acc[r] *= c;
+#pragma unroll
+        for (int u = 0; u < ATT_U; u++) {
+            const float p = j + u * warps < n ? __expf(sc[u] - mn) : 0.f;
+            l += p;
+#pragma unroll
+            for (int r = 0; r < ATT_R; r++) acc[r] += p * vr[u][r];
+        }
+        m = mn;
     }
+    // The block's warps merged in warp order (a warp without positions has
+    // l = 0 and weight 0).
+    float* po = sm;
+    float* wm = po + warps * d;
+    float* wl = wm + warps;
 #pragma unroll
     for (int r = 0; r < ATT_R; r++)
         if (lane + 32 * r < d) po[warp * d + lane + 32 * r] = acc[r];
+    if (lane == 0) {
+        wm[warp] = m;
+        wl[warp] = l;
+    }
     __syncthreads();
+    float mx = LOW;
+    for (int w = 0; w < warps; w++)
+        if (wl[w] > 0.f) mx = fmaxf(mx, wm[w]);
     float* mine = part + ((size_t)h * runs + run) * (d + 2);
     for (int t = threadIdx.x; t < d; t += blockDim.x) {
         float o = 0.f;
-        for (int w = 0; w < warps; w++) o += po[w * d + t];
+        for (int w = 0; w < warps; w++)
+            if (wl[w] > 0.f) o += __expf(wm[w] - mx) * po[w * d + t];
         mine[t] = o;
     }
     if (threadIdx.x == 0) {
-        mine[d] = m;
-        mine[d + 1] = sum;
+        float tot = 0.f;
+        for (int w = 0; w < warps; w++)
+            if (wl[w] > 0.f) tot += __expf(wm[w] - mx) * wl[w];
+        mine[d] = mx;
+        mine[d + 1] = tot;
     }
     // Publish this run, then count it; the last run of the head combines.
     __threadfence();
@@ -221,22 +229,29 @@ extern "C" __global__ void attend_decode(const float* q, const float* kc, const 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    // Thread r < runs takes run r's max and sum (read through L2, where the
-    // other blocks' stores are); the runs' weights exp(m_r - max) / total go
-    // to shared memory, then thread t adds element t of the runs in order.
+    // The runs' maxima and sums (read through L2, where the other blocks'
+    // stores are) into shared memory; then thread t adds element t of the
+    // runs in order.
     const float* all = part + (size_t)h * runs * (d + 2);
-    const bool has = threadIdx.x < runs && __ldcg(all + threadIdx.x * (d + 2) + d + 1) > 0.f;
-    const float mr = has ? __ldcg(all + threadIdx.x * (d + 2) + d) : -3.402823466e38f;
-    const float lr = has ? __ldcg(all + threadIdx.x * (d + 2) + d + 1) : 0.f;
-    const float mx = block_max(mr, red);
-    const float wr = has ? __expf(mr - mx) : 0.f;
-    const float total = block_sum(wr * lr, red);
-    if (threadIdx.x < runs) po[threadIdx.x] = wr / total;
+    float* rm = sm;
+    float* rl = sm + runs;
+    for (int r = threadIdx.x; r < runs; r += blockDim.x) {
+        rm[r] = __ldcg(all + r * (d + 2) + d);
+        rl[r] = __ldcg(all + r * (d + 2) + d + 1);
+    }
     __syncthreads();
+    float top = LOW;
+    for (int r = 0; r < runs; r++)
+        if (rl[r] > 0.f) top = fmaxf(top, rm[r]);
     for (int t = threadIdx.x; t < d; t += blockDim.x) {
-        float o = 0.f;
-        for (int r = 0; r < runs; r++) o += __ldcg(all + r * (d + 2) + t) * po[r];
-        out[h * d + t] = f32_to_bf16(o);
+        float o = 0.f, tot = 0.f;
+#pragma unroll 4
+        for (int r = 0; r < runs; r++) {
+            const float wr = rl[r] > 0.f ? __expf(rm[r] - top) : 0.f;
+            tot += wr * rl[r];
+            o += wr * __ldcg(all + r * (d + 2) + t);
+        }
+        out[h * d + t] = f32_to_bf16(o / tot);
     }
     if (threadIdx.x == 0) count[h] = 0;
 }
@@ -249,4 +264,90 @@ extern "C" __global__ void swiglu_bf16(const float* gu, unsigned short* out, int
     const float* g = gu + (size_t)blockIdx.y * 2 * n;
     const float a = g[i];
     out[(size_t)blockIdx.y * n + i] = f32_to_bf16(a / (1.f + __expf(-a)) * g[n + i]);
+}
+
+// The next token from one row of logits, on the device, as the host's
+// `octet_nn::decode::sample` picks it: the logits ordered by f32 total order,
+// largest first, ties to the lower index; greedy (the first) when the
+// temperature is not above 0 or V = 1; otherwise the first `top_k` (all when
+// 0) weighted by exp((l - l_max) / T) in f64, summed in that order, and the
+// first whose running share exceeds the step's uniform u. The same f64
+// arithmetic in the same order: the two agree unless the exponentials differ
+// in their last bit (CUDA's and the host's `exp`) and u falls within that of
+// a boundary.
+// `gen` = (step n, top_k, temperature as f32 bits): takes u = uniforms[n],
+// writes tokens[n], advances n, and makes the token the next step's input
+// (state[1]) at the next position (state[0] + 1). One block of 1024 threads,
+// V <= SAMPLE_MAX (the host checks).
+#define SAMPLE_MAX 2048
+extern "C" __global__ void __launch_bounds__(1024) sample_token(const float* logits, int V, const double* uniforms,
+                                                                int* gen, int* state, int* tokens) {
+    __shared__ unsigned long long key[SAMPLE_MAX];
+    __shared__ double w[SAMPLE_MAX];
+    __shared__ double total;
+    int P = 1;
+    while (P < V) P <<= 1;
+    // Key: the total-order image of the bits (ascending as unsigned) above
+    // the complement of the index, so that one descending sort orders by
+    // value, then by lower index. Padding (0) sorts last.
+    for (int i = threadIdx.x; i < P; i += blockDim.x) {
+        unsigned long long c = 0;
+        if (i < V) {
+            const unsigned b = __float_as_uint(logits[i]);
+            const unsigned k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+            c = ((unsigned long long)k << 32) | (0xffffffffu - (unsigned)i);
+        }
+        key[i] = c;
+    }
+    __syncthreads();
+    // Bitonic sort, descending.
+    for (int size = 2; size <= P; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int t = threadIdx.x; t < P / 2; t += blockDim.x) {
+                const int lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+                const bool desc = (lo & size) == 0;
+                const unsigned long long a = key[lo], b = key[hi];
+                if ((a < b) == desc) {
+                    key[lo] = b;
+                    key[hi] = a;
+                }
+            }
+            __syncthreads();
+        }
+    const int n = gen[0], top_k = gen[1];
+    const float T = __int_as_float(gen[2]);
+    auto index = [&](int j) { return (int)(0xffffffffu - (unsigned)(key[j] & 0xffffffffu)); };
+    int pick = index(0);
+    if (!(T <= 0.f) && V > 1) {
+        const int keep = top_k <= 0 ? V : min(top_k, V);
+        const double top = (double)logits[pick];
+        for (int j = threadIdx.x; j < keep; j += blockDim.x) w[j] = exp(((double)logits[index(j)] - top) / (double)T);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            double s = 0.0;
+            for (int j = 0; j < keep; j++) s += w[j];
+            total = s;
+        }
+        __syncthreads();
+        for (int j = threadIdx.x; j < keep; j += blockDim.x) w[j] = w[j] / total;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const double u = uniforms[n];
+            double acc = 0.0;
+            pick = index(keep - 1);
+            for (int j = 0; j < keep; j++) {
+                acc += w[j];
+                if (u < acc) {
+                    pick = index(j);
+                    break;
+                }
+            }
+        }
+    }
+    if (threadIdx.x == 0) {
+        tokens[n] = pick;
+        gen[0] = n + 1;
+        state[0] += 1;
+        state[1] = pick;
+    }
 }

@@ -1241,6 +1241,174 @@ fn decode_model_cases(
                 "logits differ".into()
             },
         });
+        generate_cases(gpu, preset, label, (&cfg, &w, gw), &tokens, out)?;
+    }
+    sample_cases(gpu, preset, &cfg, &w, out)
+}
+
+/// How far `u` is from the nearest running share at which the host's
+/// `sample` changes its pick (infinite when greedy): a pick of the device
+/// may differ from the host's only within the last bits of an exponential.
+fn sample_margin(logits: &[f32], temperature: f32, top_k: usize, u: f64) -> f64 {
+    if temperature <= 0.0 || logits.len() <= 1 {
+        return f64::INFINITY;
+    }
+    let mut idx: Vec<usize> = (0..logits.len()).collect();
+    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let keep = if top_k == 0 {
+        idx.len()
+    } else {
+        top_k.min(idx.len())
+    };
+    let top = logits[idx[0]] as f64;
+    let w: Vec<f64> = idx[..keep]
+        .iter()
+        .map(|&i| ((logits[i] as f64 - top) / temperature as f64).exp())
+        .collect();
+    let total: f64 = w.iter().sum();
+    let mut acc = 0.0;
+    let mut margin = f64::INFINITY;
+    for wi in w {
+        acc += wi / total;
+        margin = margin.min((u - acc).abs());
+    }
+    margin
+}
+
+/// The sampling settings the device sampler is checked under:
+/// (temperature, top_k).
+const SAMPLINGS: [(f32, usize); 6] = [
+    (0.0, 40),
+    (0.8, 40),
+    (1.0, 0),
+    (0.7, 1),
+    (2.0, 100_000),
+    (0.3, 3),
+];
+
+/// `sample_token` against the host's `sample` on logits of several kinds
+/// (random, with ties, with both zeros, one huge, V not a power of two, V
+/// = 1), every setting of `SAMPLINGS`, 64 uniforms each. The picks must be
+/// equal unless the uniform lies within 1e-12 of a boundary of the host's
+/// running shares (the two `exp`s may differ in the last bit, 1e-16).
+fn sample_cases(
+    gpu: &Gpu,
+    preset: &str,
+    cfg: &octet_nn::llama::LlamaConfig,
+    w: &std::collections::HashMap<String, octet_tensor::Tensor>,
+    out: &mut Vec<CaseResult>,
+) -> Result<()> {
+    use crate::decode::{GpuDecoder, GpuWeights};
+    use octet_nn::decode::sample;
+    let mut dec = GpuDecoder::new(gpu, cfg, w, GpuWeights::Bf16)?;
+    let v = cfg.vocab_size.min(crate::decode::SAMPLE_MAX);
+    let random = random_f32(v, 901, 4.0);
+    let ties: Vec<f32> = random.iter().map(|x| (x * 2.0).round() / 2.0).collect();
+    let mut zeros = vec![-1.0f32; v];
+    for (i, z) in zeros.iter_mut().enumerate().take(8) {
+        *z = if i % 2 == 0 { 0.0 } else { -0.0 };
+    }
+    let mut huge = random.clone();
+    huge[v / 3] = 1e30;
+    let odd = random_f32(v - v / 5, 902, 10.0);
+    let kinds: [(&str, Vec<f32>); 6] = [
+        ("random", random.clone()),
+        ("ties", ties),
+        ("+-0", zeros),
+        ("one huge", huge),
+        ("V not a power of 2", odd),
+        ("V = 1", vec![0.5]),
+    ];
+    for (kind, logits) in kinds {
+        let (mut worst, mut bad, mut near) = (String::from("all equal"), 0, 0);
+        for &(t, k) in &SAMPLINGS {
+            for i in 0..64u64 {
+                let u = octet_fp8::format::sr_bits(903 + i, t.to_bits() as u64 ^ k as u64) as f64
+                    / 4_294_967_296.0;
+                let want = sample(&logits, t, k, u);
+                let got = dec.sample_alone(&logits, t, k, u)?;
+                if got != want {
+                    if sample_margin(&logits, t, k, u) < 1e-12 {
+                        near += 1;
+                    } else {
+                        bad += 1;
+                        worst = format!("T {t} k {k} u {u}: device {got}, host {want}");
+                    }
+                }
+            }
+        }
+        out.push(CaseResult {
+            name: format!(
+                "sample on the device ({preset}, {kind} logits, {} settings x 64 uniforms) == host sample",
+                SAMPLINGS.len()
+            ),
+            pass: bad == 0,
+            worst: format!("{bad} differ, {near} within 1e-12 of a boundary; {worst}"),
+        });
+    }
+    Ok(())
+}
+
+/// `GpuDecoder::generate` (steps queued, sampling on the device) against
+/// steps whose logits the host samples, same uniforms, after a prefill of a
+/// quarter of `tokens`: the same tokens (up to the margin of `sample_cases`).
+fn generate_cases(
+    gpu: &Gpu,
+    preset: &str,
+    label: &str,
+    (cfg, w, gw): (
+        &octet_nn::llama::LlamaConfig,
+        &std::collections::HashMap<String, octet_tensor::Tensor>,
+        crate::decode::GpuWeights,
+    ),
+    tokens: &[u32],
+    out: &mut Vec<CaseResult>,
+) -> Result<()> {
+    use crate::decode::GpuDecoder;
+    use octet_nn::decode::sample;
+    let p = tokens.len() / 4;
+    let n = tokens.len() - p;
+    for &(t, k) in &SAMPLINGS[..3] {
+        let u: Vec<f64> = (0..n)
+            .map(|i| {
+                octet_fp8::format::sr_bits(977, i as u64 ^ t.to_bits() as u64) as f64
+                    / 4_294_967_296.0
+            })
+            .collect();
+        let mut host = GpuDecoder::new(gpu, cfg, w, gw)?;
+        let mut last = host.prefill(&tokens[..p])?;
+        let first = sample(&last, t, k, 0.5);
+        let (mut want, mut margin, mut next) = (Vec::new(), f64::INFINITY, first);
+        for &ui in &u {
+            last = host.step(next)?;
+            margin = margin.min(sample_margin(&last, t, k, ui));
+            next = sample(&last, t, k, ui);
+            want.push(next);
+        }
+        let mut dev = GpuDecoder::new(gpu, cfg, w, gw)?;
+        dev.prefill(&tokens[..p])?;
+        let mut seen = Vec::new();
+        let got = dev.generate(first, &u, t, k, |c| seen.extend_from_slice(c))?;
+        // The cache ends where the host's did: one more step agrees too.
+        let after_host = host.step(1)?;
+        let after_dev = dev.step(1)?;
+        let same = got == want && seen == got;
+        let tail = after_host
+            .iter()
+            .zip(&after_dev)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
+        out.push(CaseResult {
+            name: format!(
+                "decode {preset} model, {label}: generate {n} tokens on the device (T {t}, top-k {k}) == host sampling of step logits"
+            ),
+            pass: (same || margin < 1e-12) && tail,
+            worst: format!(
+                "{} tokens, first difference at {first_diff:?}, smallest margin {margin:.1e}, next step's logits {}",
+                got.len(),
+                if tail { "bit-identical" } else { "differ" }
+            ),
+        });
     }
     Ok(())
 }

@@ -4,7 +4,9 @@
 //! ([`GpuDecoder::prefill`]), then one token a step ([`GpuDecoder::step`], a
 //! replayed CUDA graph). The residual stream is f32, the inputs of the
 //! products bf16, the KV cache f32; the LM head is a bf16 product on the
-//! last row; logits come back to the host for sampling.
+//! last row. Logits come back to the host ([`GpuDecoder::step`]), or the
+//! next token is sampled on the device and the steps queue back to back
+//! with no host round trip a token ([`GpuDecoder::generate`]).
 
 use crate::launch::Dep;
 use crate::mixed::DeviceFp8Weight;
@@ -57,6 +59,7 @@ struct Fns {
     rope_store: CudaFunction,
     attend: CudaFunction,
     swiglu: CudaFunction,
+    sample: CudaFunction,
 }
 
 /// The activations of `rows` tokens at consecutive positions (1: a step;
@@ -129,19 +132,33 @@ pub struct GpuDecoder<'g> {
     len: usize,
     /// One step captured as a CUDA graph after the first (eager) step.
     graph: Option<cudarc::driver::CudaGraph>,
+    /// One step and the sampling of its token, captured likewise.
+    sampled_graph: Option<cudarc::driver::CudaGraph>,
     use_graph: bool,
+    /// What [`GpuDecoder::generate`]'s sampling reads and writes: (step,
+    /// top_k, temperature bits), a uniform a step, the tokens.
+    gen: CudaSlice<i32>,
+    uniforms: CudaSlice<f64>,
+    tokens: CudaSlice<i32>,
 }
 
-/// Warps of an `attend_decode` block.
+/// The largest vocabulary [`GpuDecoder::generate`] samples from on the device
+/// (`SAMPLE_MAX` in decode.cu: one block sorts the logits in shared memory).
+pub const SAMPLE_MAX: usize = 2048;
+
+/// Steps [`GpuDecoder::generate`] queues between two downloads of tokens.
+const GENERATE_CHUNK: usize = 32;
+
+/// Warps of an `attend_decode` block (its `__launch_bounds__(256, 3)`
+/// in decode.cu assumes 8).
 const ATT_WARPS: usize = 8;
 /// The largest head dim `attend_decode` takes (`32 * ATT_R` in decode.cu).
 const ATT_MAX_HEAD_DIM: usize = 256;
 
-/// Shared memory of `attend_decode` for runs of up to `positions`: the
-/// scores, 32 floats for reductions, the warps' partial outputs (at least
-/// 64 floats: the last block's weights of up to 64 runs).
-fn attend_smem(positions: usize, d: usize) -> usize {
-    (positions + 32 + (ATT_WARPS * d).max(64)) * 4
+/// Shared memory of `attend_decode`: the warps' partial outputs, maxima and
+/// sums, or (the last block of a head) the maxima and sums of up to 64 runs.
+fn attend_smem(d: usize) -> usize {
+    (ATT_WARPS * (d + 2)).max(2 * 64) * 4
 }
 
 /// Runs of the sequence each attention head is split into: enough blocks
@@ -184,6 +201,7 @@ impl<'g> GpuDecoder<'g> {
             rope_store: f("rope_store")?,
             attend: f("attend_decode")?,
             swiglu: f("swiglu_bf16")?,
+            sample: f("sample_token")?,
         };
         let get = |n: &str| -> Result<&Tensor> {
             w.get(n)
@@ -205,14 +223,6 @@ impl<'g> GpuDecoder<'g> {
             hq,
             cfg.max_position_embeddings,
         );
-        let run_len = cfg.max_position_embeddings.div_ceil(att_runs);
-        if attend_smem(run_len, d) > 48 * 1024 {
-            return Err(Error::Shape(format!(
-                "GPU decoding keeps a run of attention scores and {ATT_WARPS} partial outputs of the head dim {d} in 48 KiB of shared memory: at most {} positions a run, the model has {} in {att_runs} runs",
-                (48 * 1024 - attend_smem(0, d)) / 4,
-                cfg.max_position_embeddings
-            )));
-        }
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -288,7 +298,11 @@ impl<'g> GpuDecoder<'g> {
             buf: Some(buf),
             len: 0,
             graph: None,
+            sampled_graph: None,
             use_graph: true,
+            gen: gpu.alloc_zeros(3, "sampling state")?,
+            uniforms: gpu.alloc_zeros(cfg.max_position_embeddings, "sampling uniforms")?,
+            tokens: gpu.alloc_zeros(cfg.max_position_embeddings, "sampled tokens")?,
         })
     }
 
@@ -298,6 +312,7 @@ impl<'g> GpuDecoder<'g> {
         self.use_graph = on;
         if !on {
             self.graph = None;
+            self.sampled_graph = None;
         }
     }
 
@@ -375,6 +390,175 @@ impl<'g> GpuDecoder<'g> {
         self.gpu.download(&b.logits)
     }
 
+    /// Whether [`GpuDecoder::generate`] can sample this model's vocabulary on
+    /// the device (at most [`SAMPLE_MAX`] tokens).
+    pub fn samples_on_device(&self) -> bool {
+        self.cfg.vocab_size <= SAMPLE_MAX
+    }
+
+    /// `uniforms.len()` steps with sampling on the device: step `i` appends
+    /// token `t_i` (`t_0 = first`) and samples `t_(i+1)` from its logits with
+    /// `uniforms[i]`, exactly as `octet_nn::decode::sample(logits,
+    /// temperature, top_k, uniforms[i])` would on the host (see
+    /// `sample_token` in decode.cu for the one way they can differ). The
+    /// steps queue back to back, [`GENERATE_CHUNK`] between two downloads;
+    /// `on_tokens` sees each chunk's tokens as they come. Returns
+    /// `t_1 ..= t_n`.
+    pub fn generate(
+        &mut self,
+        first: u32,
+        uniforms: &[f64],
+        temperature: f32,
+        top_k: usize,
+        mut on_tokens: impl FnMut(&[u32]),
+    ) -> Result<Vec<u32>> {
+        let n = uniforms.len();
+        if !self.samples_on_device() {
+            return Err(Error::Shape(format!(
+                "sampling on the device takes vocabularies of up to {SAMPLE_MAX} tokens, the model has {}",
+                self.cfg.vocab_size
+            )));
+        }
+        self.check(&[first])?;
+        if self.len + n > self.cfg.max_position_embeddings {
+            return Err(Error::Shape(format!(
+                "the cache is full: {} positions held, {n} more asked, {} in all",
+                self.len, self.cfg.max_position_embeddings
+            )));
+        }
+        let mut b = self
+            .buf
+            .take()
+            .ok_or_else(|| Error::Shape("decoder in use".into()))?;
+        let r = self.generate_with(
+            &mut b,
+            first,
+            uniforms,
+            (temperature, top_k),
+            &mut on_tokens,
+        );
+        self.buf = Some(b);
+        r
+    }
+
+    fn generate_with(
+        &mut self,
+        b: &mut Buffers,
+        first: u32,
+        uniforms: &[f64],
+        (temperature, top_k): (f32, usize),
+        on_tokens: &mut dyn FnMut(&[u32]),
+    ) -> Result<Vec<u32>> {
+        let n = uniforms.len();
+        let s = self.gpu.stream.clone();
+        s.memcpy_htod(&[self.len as i32, first as i32], &mut b.state)?;
+        let k = top_k.min(i32::MAX as usize) as i32;
+        s.memcpy_htod(&[0, k, temperature.to_bits() as i32], &mut self.gen)?;
+        if n > 0 {
+            let mut u = self.uniforms.slice_mut(0..n);
+            s.memcpy_htod(uniforms, &mut u)?;
+        }
+        let mut out = Vec::with_capacity(n);
+        let mut done = 0;
+        while done < n {
+            let c = GENERATE_CHUNK.min(n - done);
+            for i in 0..c {
+                if self.sampled_graph.is_none() && self.use_graph && (done > 0 || i > 0) {
+                    // As in `step_with`: the first step ran eagerly.
+                    s.begin_capture(
+                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                    )?;
+                    let r = self.enqueue_sampled(b);
+                    let g = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
+                    r?;
+                    self.sampled_graph = g;
+                }
+                match &self.sampled_graph {
+                    Some(g) => g.launch()?,
+                    None => self.enqueue_sampled(b)?,
+                }
+                self.len += 1;
+            }
+            let got = s.clone_dtoh(&self.tokens.slice(done..done + c))?;
+            let got: Vec<u32> = got.into_iter().map(|t| t as u32).collect();
+            on_tokens(&got);
+            out.extend(got);
+            done += c;
+        }
+        Ok(out)
+    }
+
+    /// `sample_token` alone on `logits` (at most the vocabulary, at most
+    /// [`SAMPLE_MAX`]), for the selftest's comparison with the host's
+    /// sampler. Leaves the cache as it was (the next step or `generate`
+    /// rewrites `state`).
+    pub(crate) fn sample_alone(
+        &mut self,
+        logits: &[f32],
+        temperature: f32,
+        top_k: usize,
+        u: f64,
+    ) -> Result<u32> {
+        if logits.is_empty() || logits.len() > self.cfg.vocab_size.min(SAMPLE_MAX) {
+            return Err(Error::Shape(format!(
+                "{} logits: sampling takes 1 to {}",
+                logits.len(),
+                self.cfg.vocab_size.min(SAMPLE_MAX)
+            )));
+        }
+        let mut b = self
+            .buf
+            .take()
+            .ok_or_else(|| Error::Shape("decoder in use".into()))?;
+        let s = self.gpu.stream.clone();
+        let r = (|| -> Result<u32> {
+            let mut l = b.logits.slice_mut(0..logits.len());
+            s.memcpy_htod(logits, &mut l)?;
+            let k = top_k.min(i32::MAX as usize) as i32;
+            s.memcpy_htod(&[0, k, temperature.to_bits() as i32], &mut self.gen)?;
+            let mut u0 = self.uniforms.slice_mut(0..1);
+            s.memcpy_htod(&[u], &mut u0)?;
+            self.launch_sample(&mut b, logits.len())?;
+            Ok(s.clone_dtoh(&self.tokens.slice(0..1))?[0] as u32)
+        })();
+        self.buf = Some(b);
+        r
+    }
+
+    /// One step, then its token sampled into `state` for the next.
+    fn enqueue_sampled(&mut self, b: &mut Buffers) -> Result<()> {
+        self.enqueue(b)?;
+        let v = self.cfg.vocab_size;
+        self.launch_sample(b, v)
+    }
+
+    /// `sample_token` over the first `v` logits of `b`.
+    fn launch_sample(&mut self, b: &mut Buffers, v: usize) -> Result<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (1, 1, 1),
+            block_dim: (1024, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let v = v as i32;
+        // SAFETY: `sample_token(logits, V, uniforms, gen, state, tokens)`;
+        // logits hold at least V (<= SAMPLE_MAX, checked by the callers) floats, and `gen`'s step (below the
+        // `n` of this call, which `generate` keeps within the cache) indexes
+        // `uniforms` and `tokens` (max_position_embeddings each).
+        unsafe {
+            self.gpu
+                .stream
+                .launch_builder(&self.f.sample)
+                .arg(&b.logits)
+                .arg(&v)
+                .arg(&self.uniforms)
+                .arg(&mut self.gen)
+                .arg(&mut b.state)
+                .arg(&mut self.tokens)
+                .launch(cfg)?;
+        }
+        Ok(())
+    }
+
     /// The tokens are in the vocabulary and fit in the cache after its `len`.
     fn check(&self, tokens: &[u32]) -> Result<()> {
         let (v, max) = (self.cfg.vocab_size, self.cfg.max_position_embeddings);
@@ -426,7 +610,7 @@ impl<'g> GpuDecoder<'g> {
         let attend_cfg = LaunchConfig {
             grid_dim: (hq as u32, runs as u32, ru),
             block_dim: (32 * ATT_WARPS as u32, 1, 1),
-            shared_mem_bytes: attend_smem(cfg.max_position_embeddings.div_ceil(runs), d) as u32,
+            shared_mem_bytes: attend_smem(d) as u32,
         };
         // SAFETY (every launch below): argument types match the kernels in
         // decode.cu and every buffer has `rows` rows of the width the kernel
