@@ -1250,29 +1250,12 @@ fn decode_model_cases(
 /// `sample` changes its pick (infinite when greedy): a pick of the device
 /// may differ from the host's only within the last bits of an exponential.
 fn sample_margin(logits: &[f32], temperature: f32, top_k: usize, u: f64) -> f64 {
-    if temperature <= 0.0 || logits.len() <= 1 {
-        return f64::INFINITY;
-    }
-    let mut idx: Vec<usize> = (0..logits.len()).collect();
-    idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-    let keep = if top_k == 0 {
-        idx.len()
-    } else {
-        top_k.min(idx.len())
-    };
-    let top = logits[idx[0]] as f64;
-    let w: Vec<f64> = idx[..keep]
-        .iter()
-        .map(|&i| ((logits[i] as f64 - top) / temperature as f64).exp())
-        .collect();
-    let total: f64 = w.iter().sum();
-    let mut acc = 0.0;
-    let mut margin = f64::INFINITY;
-    for wi in w {
-        acc += wi / total;
-        margin = margin.min((u - acc).abs());
-    }
-    margin
+    let (_, shares) = octet_nn::decode::sample_shares(logits, temperature, top_k);
+    shares.map_or(f64::INFINITY, |sh| {
+        sh.iter()
+            .map(|&acc| (u - acc).abs())
+            .fold(f64::INFINITY, f64::min)
+    })
 }
 
 /// The sampling settings the device sampler is checked under:

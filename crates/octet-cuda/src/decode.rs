@@ -345,24 +345,47 @@ impl<'g> GpuDecoder<'g> {
     fn step_with(&mut self, b: &mut Buffers, token: u32) -> Result<Vec<f32>> {
         let state = [self.len as i32, token as i32];
         self.gpu.stream.memcpy_htod(&state, &mut b.state)?;
-        if self.graph.is_none() && self.use_graph && self.len > 0 {
-            // The first step ran eagerly (cuBLASLt plans, kernel loading);
-            // capture the second and replay it from then on.
+        let may_capture = self.len > 0;
+        self.run_step(b, false, may_capture)?;
+        self.len += 1;
+        self.gpu.download(&b.logits)
+    }
+
+    fn graph_slot(&mut self, sampled: bool) -> &mut Option<cudarc::driver::CudaGraph> {
+        if sampled {
+            &mut self.sampled_graph
+        } else {
+            &mut self.graph
+        }
+    }
+
+    /// Queue one step (with its sampling when `sampled`): a replay of its
+    /// CUDA graph, captured now if there is none yet and `may_capture`, or
+    /// eager launches. The first step of a decoder runs eagerly (cuBLASLt
+    /// plans, kernel loading), so the callers capture from the second.
+    fn run_step(&mut self, b: &mut Buffers, sampled: bool, may_capture: bool) -> Result<()> {
+        let enqueue = |d: &mut Self, b: &mut Buffers| {
+            if sampled {
+                d.enqueue_sampled(b)
+            } else {
+                d.enqueue(b)
+            }
+        };
+        if self.graph_slot(sampled).is_none() && self.use_graph && may_capture {
             let s = self.gpu.stream.clone();
             s.begin_capture(
                 cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             )?;
-            let r = self.enqueue(b);
+            let r = enqueue(self, b);
             let g = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
             r?;
-            self.graph = g;
+            *self.graph_slot(sampled) = g;
         }
-        match &self.graph {
+        match self.graph_slot(sampled) {
             Some(g) => g.launch()?,
-            None => self.enqueue(b)?,
+            None => enqueue(self, b)?,
         }
-        self.len += 1;
-        self.gpu.download(&b.logits)
+        Ok(())
     }
 
     /// Append a prompt's tokens, [`PREFILL_ROWS`] rows a launch (each product
@@ -463,20 +486,7 @@ impl<'g> GpuDecoder<'g> {
         while done < n {
             let c = GENERATE_CHUNK.min(n - done);
             for i in 0..c {
-                if self.sampled_graph.is_none() && self.use_graph && (done > 0 || i > 0) {
-                    // As in `step_with`: the first step ran eagerly.
-                    s.begin_capture(
-                        cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-                    )?;
-                    let r = self.enqueue_sampled(b);
-                    let g = s.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0))?;
-                    r?;
-                    self.sampled_graph = g;
-                }
-                match &self.sampled_graph {
-                    Some(g) => g.launch()?,
-                    None => self.enqueue_sampled(b)?,
-                }
+                self.run_step(b, true, done + i > 0)?;
                 self.len += 1;
             }
             let got = s.clone_dtoh(&self.tokens.slice(done..done + c))?;

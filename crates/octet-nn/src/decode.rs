@@ -365,10 +365,31 @@ fn attend(
 /// Pick the next token from `logits`: greedy at temperature 0, else softmax
 /// at `temperature` over the `top_k` largest (all when 0), drawn with `u` in `[0, 1)`.
 pub fn sample(logits: &[f32], temperature: f32, top_k: usize, u: f64) -> u32 {
+    let (idx, shares) = sample_shares(logits, temperature, top_k);
+    let Some(shares) = shares else {
+        return idx.first().copied().unwrap_or(0) as u32;
+    };
+    shares
+        .iter()
+        .position(|&acc| u < acc)
+        .map_or(idx[shares.len() - 1], |j| idx[j]) as u32
+}
+
+/// What [`sample`] draws from: the token ids ordered by logit (f32 total
+/// order, largest first, ties to the lower id) and, unless the pick is
+/// greedy (`None`: temperature not above 0, or one logit), the running
+/// shares of the first `top_k` (all when 0) that `u` is compared with in
+/// turn: weights `exp((l - l_max) / T)` in f64, each share the previous plus
+/// `weight / total`, in that order.
+pub fn sample_shares(
+    logits: &[f32],
+    temperature: f32,
+    top_k: usize,
+) -> (Vec<usize>, Option<Vec<f64>>) {
     let mut idx: Vec<usize> = (0..logits.len()).collect();
     idx.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
     if temperature <= 0.0 || idx.len() <= 1 {
-        return idx.first().copied().unwrap_or(0) as u32;
+        return (idx, None);
     }
     let keep = if top_k == 0 {
         idx.len()
@@ -382,11 +403,12 @@ pub fn sample(logits: &[f32], temperature: f32, top_k: usize, u: f64) -> u32 {
         .collect();
     let total: f64 = w.iter().sum();
     let mut acc = 0.0;
-    for (j, &wi) in w.iter().enumerate() {
-        acc += wi / total;
-        if u < acc {
-            return idx[j] as u32;
-        }
-    }
-    idx[keep - 1] as u32
+    let shares = w
+        .iter()
+        .map(|&wi| {
+            acc += wi / total;
+            acc
+        })
+        .collect();
+    (idx, Some(shares))
 }

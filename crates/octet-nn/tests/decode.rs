@@ -1,7 +1,7 @@
 //! Generation with a KV cache against the training forward.
 
 use octet_fp8::tolerance::sqnr_db;
-use octet_nn::decode::{sample, DecodeModel, WeightStorage};
+use octet_nn::decode::{sample, sample_shares, DecodeModel, WeightStorage};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
@@ -125,4 +125,27 @@ fn sampling_is_greedy_at_zero_temperature_and_respects_top_k() {
     // u below the first probability picks the best; near 1 picks the last kept.
     assert_eq!(sample(&logits, 1.0, 0, 0.0), 1);
     assert_eq!(sample(&logits, 1.0, 0, 0.999999), 2);
+}
+
+#[test]
+fn sample_shares_are_the_running_softmax_of_the_kept_logits_in_order() {
+    // Ties go to the lower id; -0 sorts below +0 (f32 total order).
+    let logits = [1.0f32, 3.0, 3.0, -2.0, -0.0, 0.0];
+    let (idx, shares) = sample_shares(&logits, 0.5, 3);
+    assert_eq!(idx, vec![1, 2, 0, 5, 4, 3]);
+    let shares = shares.expect("T > 0 samples");
+    // exp((l - 3) / 0.5) of ids 1, 2, 0: 1, 1, e^-4.
+    let total = 2.0 + (-4.0f64).exp();
+    let want = [1.0 / total, 2.0 / total, 1.0];
+    assert_eq!(shares.len(), 3);
+    for (g, w) in shares.iter().zip(want) {
+        assert!((g - w).abs() < 1e-15, "{shares:?} vs {want:?}");
+    }
+    // `sample` takes the first share above u.
+    assert_eq!(sample(&logits, 0.5, 3, 0.0), 1);
+    assert_eq!(sample(&logits, 0.5, 3, want[0] + 1e-9), 2);
+    assert_eq!(sample(&logits, 0.5, 3, 0.999_999), 0);
+    // Greedy: no shares.
+    assert!(sample_shares(&logits, 0.0, 3).1.is_none());
+    assert!(sample_shares(&[2.0], 1.0, 0).1.is_none());
 }
