@@ -324,6 +324,12 @@ __device__ __forceinline__ void tma_load_3d(unsigned dst, const TmaMap* map, int
                  "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
 }
+__device__ __forceinline__ void tma_load_4d(unsigned dst, const TmaMap* map, int c0, int c1, int c2, int c3,
+                                            unsigned bar) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+                 : "memory");
+}
 // Thread 0 initialises N one-arrival barriers at `bars` (8 bytes apart) and
 // makes them visible (to the async proxy too); then the block syncs.
 template <int N> __device__ __forceinline__ void mbar_setup(unsigned bars) {

@@ -1,8 +1,20 @@
 // Weight-only FP8 products: y (M, N) = x (M, K) @ W^T with x in bf16, W (N, K)
-// stored as FP8 codes (E4M3 or E5M2) row-major, and f32 dequantization factors
-// per tensor, per row, or per 128x128 tile. FP8 codes are upcast to bf16 in
+// stored as FP8 codes (E4M3 or E5M2) and f32 dequantization factors per
+// tensor, per row, or per 128x128 tile. FP8 codes are upcast to bf16 in
 // registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
+//
+// Two layouts of the codes, both read by every kernel here:
+// - row-major (N, K), as cuBLASLt's FP8 GEMMs take them (the LoRA base);
+// - tiled (ceil(N/16), ceil(K/128), 16, 128): tile (t, b) holds rows
+//   16t..16t+15, columns 128b..128b+127, each row's 128 codes contiguous,
+//   zero past N and K. One small-M warp copy (16 rows x 128 columns) is one
+//   contiguous 2 KiB run, and a block's 16 rows one run of 16 ceil(K/128)
+//   x 128 bytes. Measured on the H100 (BENCHMARKS.md, thirty-first session):
+//   +0.02 to +0.05 of copy bandwidth at 1 to 16 tokens over row-major, whose
+//   warp copies gather 16 pieces of 128 bytes K bytes apart.
+// The host passes the layout as the MODE_TILED bit of `mode` (the wgmma and
+// upcast kernels) or picks the `...t` small-M kernels.
 //
 // Small M (up to 64): `mixed_small_m`. A block owns 16 weight rows and a
 // group of up to NT * 8 tokens (8 or 16; blockIdx.x is the group); its WARPS warps split K into 128-column
@@ -36,6 +48,13 @@
 #define SCALE_TENSOR 0
 #define SCALE_ROW 1
 #define SCALE_BLOCK 2
+// OR-ed into `mode`: the codes are tiled (see above), not row-major.
+#define MODE_TILED 4
+
+// Offset of code (row, col) in the tiled layout (`kblocks` = ceil(K / 128)).
+__device__ __forceinline__ size_t tiled_offset(int row, int col, int kblocks) {
+    return (((size_t)(row >> 4) * kblocks + (col >> 7)) * 16 + (row & 15)) * 128 + (col & 127);
+}
 
 // Output element: f32 or bf16 bits (round to nearest even).
 template <typename T> struct Out;
@@ -56,7 +75,9 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
     return mode == SCALE_TENSOR ? factors[0] : mode == SCALE_ROW ? factors[row] : 1.f;
 }
 
-// NT: groups of 8 tokens (1 or 2). A warp's ring is its own: only
+// NT: groups of 8 tokens (1 or 2). TILED: the codes' layout (row-major or
+// tiled, where the copies need no row or column guard: the padding is
+// zeros). A warp's ring is its own: only
 // `__syncwarp` orders its copies and its reads. Slot layout (16-byte chunks,
 // swizzled so that a quarter-warp's 16-byte reads hit 32 distinct banks):
 // codes, 16 rows x 128 bytes, row r's chunk c at c ^ ((r & 1) << 2); then x,
@@ -66,7 +87,7 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // reaches only outputs that are not stored (a row of the mma's A or a column
 // of its B touches only its own outputs). Columns past K are zero-filled in
 // both operands.
-template <int FMT, int NT, typename OUT, int WARPS, int STAGES>
+template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED = false>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -75,6 +96,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // A slot holds the x rows of the launch's largest token group only
     // (M = 1 in decoding needs 256 bytes of x a slot, not 2 or 4 KiB).
     constexpr int WBYTES = 16 * 128;
+    mode &= ~MODE_TILED; // the layout is TILED
     const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
@@ -92,6 +114,16 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     auto copy_w = [&](int i) {
         const int kb = warp + i * WARPS;
         const unsigned dst = ring_s + (i % STAGES) * SLOT;
+        if (TILED) {
+            // Tile (blockIdx.y, kb): 2 KiB, row r's chunk c at 16 (8 r + c).
+            const unsigned char* src = w + ((size_t)blockIdx.y * kblocks + kb) * WBYTES;
+#pragma unroll
+            for (int p = 0; p < 4; p++) {
+                const int q = lane + 32 * p, r = q >> 3, c = q & 7;
+                cp_async16(dst + r * 128 + ((c ^ ((r & 1) << 2)) << 4), src + q * 16, 16);
+            }
+            return;
+        }
 #pragma unroll
         for (int p = 0; p < 4; p++) {
             const int q = lane + 32 * p, r = q >> 3, c = q & 7;
@@ -211,15 +243,19 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 }
 
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES)                                                    \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED)                                          \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
-        mixed_small_m<FMT, NT, OUT, WARPS, STAGES>(w, x, factors, y, M, N, K, mode);                     \
+        mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED>(w, x, factors, y, M, N, K, mode);              \
     }
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES)                                                   \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false)                                              \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
-// tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages.
+// tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
+// name for row-major codes, and with a `t` appended for tiled codes.
 #define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
     MIXED_SMALL(mixed_e4m3_##TAG##_f32, FMT_E4M3, NT, float, W, S)                                       \
     MIXED_SMALL(mixed_e5m2_##TAG##_f32, FMT_E5M2, NT, float, W, S)                                       \
@@ -255,13 +291,16 @@ extern "C" __global__ void __launch_bounds__(256) read_floor(const uint4* __rest
 // Large M: upcast W to bf16 (exact; block factors applied here, rounding the
 // product to bf16) for a cuBLAS bf16 GEMM, then `mixed_epilogue` applies the
 // tensor or row factor to the f32 GEMM output. One thread per 16 codes.
+// Either layout of the codes (MODE_TILED); the copy is row-major.
 template <int FMT>
 __device__ __forceinline__ void upcast(const unsigned char* __restrict__ w, const float* __restrict__ factors,
                                        unsigned short* __restrict__ out, int N, int K, int mode) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 16;
     if (i >= (size_t)N * K) return;
     const int row = (int)(i / K), col = (int)(i % K);
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + i));
+    const size_t src = mode & MODE_TILED ? tiled_offset(row, col, (K + 127) / 128) : i;
+    mode &= ~MODE_TILED;
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + src));
     unsigned int o[8];
 #pragma unroll
     for (int q = 0; q < 4; q++) {
@@ -289,6 +328,7 @@ extern "C" __global__ void upcast_e5m2(const unsigned char* w, const float* fact
     upcast<FMT_E5M2>(w, factors, out, N, K, mode);
 }
 
+// `mode`: the scaling alone (no MODE_TILED).
 template <typename OUT>
 __device__ __forceinline__ void epilogue(const float* __restrict__ acc, const float* __restrict__ factors,
                                          OUT* __restrict__ y, int M, int N, int mode) {
@@ -396,14 +436,20 @@ __device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two,
 // Stage `st` (columns [64 st, 64 st + 64)) of x and W into its buffer, by
 // one thread: two TMA copies completing on the buffer's barrier. The maps
 // swizzle x by 128 bytes (wgmma's layout) and W by 64 bytes (16-byte chunk
-// c of row r lands at c ^ ((r / 2) % 4)).
+// c of row r lands at c ^ ((r / 2) % 4)). Tiled codes: W's map is 4-D
+// (column in tile, row in tile, tile column, tile row), and its 64 x 16 x 1
+// x 8 box lands as the 2-D map's 64 x 128 box does (the swizzle follows the
+// shared-memory address).
 __device__ __forceinline__ void mw_issue(unsigned sm, unsigned bars, const TmaMap* xmap, const TmaMap* wmap,
-                                         int st, int tok0, int ch0) {
+                                         int st, int tok0, int ch0, bool tiled) {
     const int b = st % MW_STAGES;
     const unsigned buf = sm + b * MW_STAGE, bar = bars + 8 * b;
     mbar_expect_tx(bar, MW_STAGE);
     tma_load_2d(buf, xmap, st * 64, tok0, bar);
-    tma_load_2d(buf + MW_XBYTES, wmap, st * 64, ch0, bar);
+    if (tiled)
+        tma_load_4d(buf + MW_XBYTES, wmap, (st & 1) * 64, 0, st >> 1, ch0 / 16, bar);
+    else
+        tma_load_2d(buf + MW_XBYTES, wmap, st * 64, ch0, bar);
 }
 
 // This thread's A fragments of one stage: rows g and g + 8 of its warp's 16,
@@ -439,6 +485,8 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
                                          OUT* __restrict__ y, int M, int N, int K, int mode) {
     extern __shared__ __align__(1024) unsigned char mw_smem[];
     const unsigned sm = (smem_addr(mw_smem) + 1023) & ~1023u; // the launch adds 1 KiB of slack
+    const bool tiled = mode & MODE_TILED;
+    mode &= ~MODE_TILED;
     const int wg = threadIdx.x >> 7, warp = (threadIdx.x >> 5) & 3, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     // Token tiles vary fastest: the blocks in flight share a slab of W rows
@@ -450,7 +498,7 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     const unsigned bars = sm + MW_STAGES * MW_STAGE; // one barrier per buffer
     mbar_setup<MW_STAGES>(bars);
     if (threadIdx.x == 0)
-        for (int p = 0; p < MW_STAGES - 2 && p < nk; p++) mw_issue(sm, bars, xmap, wmap, p, tok0, ch0);
+        for (int p = 0; p < MW_STAGES - 2 && p < nk; p++) mw_issue(sm, bars, xmap, wmap, p, tok0, ch0, tiled);
     float acc[32][4];
 #pragma unroll
     for (int j = 0; j < 32; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
@@ -466,7 +514,7 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
         mbar_wait(bars + 8 * (it % MW_STAGES), (it / MW_STAGES) & 1);
         __syncthreads();
         const int nx = it + MW_STAGES - 2;
-        if (threadIdx.x == 0 && nx < nk) mw_issue(sm, bars, xmap, wmap, nx, tok0, ch0);
+        if (threadIdx.x == 0 && nx < nk) mw_issue(sm, bars, xmap, wmap, nx, tok0, ch0, tiled);
         const unsigned buf = sm + (it % MW_STAGES) * MW_STAGE;
         mw_fragments<FMT, BLOCK>(buf, row, t, f, a);
         wg_fence();

@@ -527,7 +527,10 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
 /// Weight-only FP8 products (`Gpu::mixed_matmul`, E4M3 weights with
 /// per-channel scales, and above 64 rows per-tensor and 128x128-block ones
 /// too; bf16 activations and output) beside the cuBLASLt bf16 product of the
-/// same shape, for each weight `(K, N)` and row count `M`.
+/// same shape, for each weight `(K, N)` and row count `M`. The weights' codes
+/// are tiled, as `octet generate` uploads them; the rows marked "codes
+/// row-major" time the per-channel product over row-major codes (the LoRA
+/// base's layout) in the same round.
 /// Weight GB/s counts the weight bytes once (the floor at small `M`); the
 /// copy figure is read + write of a 1 GiB device-to-device copy.
 ///
@@ -563,14 +566,17 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         let wf = random_f32(n * k, 11, 0.02);
         let w = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Channel)
             .map_err(|e| Error::Shape(e.to_string()))?;
-        let dw = gpu.upload_fp8_weight(&w)?;
+        // Tiled codes, as `octet generate` uploads them; the per-channel
+        // weight row-major too, for the layout's comparison rows.
+        let dw = gpu.upload_fp8_weight_tiled(&w)?;
+        let dwr = gpu.upload_fp8_weight(&w)?;
         let wt = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Tensor)
             .map_err(|e| Error::Shape(e.to_string()))?;
-        let dwt = gpu.upload_fp8_weight(&wt)?;
+        let dwt = gpu.upload_fp8_weight_tiled(&wt)?;
         drop(wt);
         let wk = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Block128)
             .map_err(|e| Error::Shape(e.to_string()))?;
-        let dwk = gpu.upload_fp8_weight(&wk)?;
+        let dwk = gpu.upload_fp8_weight_tiled(&wk)?;
         drop(wk);
         let wb: Vec<u16> = wf
             .iter()
@@ -579,26 +585,28 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         drop(wf);
         let dwb = gpu.upload(&wb)?;
         // The copies for the back-to-back timing (only when a small M is asked).
-        let copies = (256usize << 20).div_ceil(dw.bytes()).max(2);
+        let copies = (256usize << 20).div_ceil(dwr.bytes()).max(2);
         let small = ms.iter().any(|&m| m <= crate::mixed::SMALL_M);
         let mut stream_w = Vec::new();
+        let mut stream_wr = Vec::new();
         let mut stream_wb = Vec::new();
         for _ in 0..if small { copies } else { 0 } {
-            stream_w.push(gpu.upload_fp8_weight(&w)?);
+            stream_w.push(gpu.upload_fp8_weight_tiled(&w)?);
+            stream_wr.push(gpu.upload_fp8_weight(&w)?);
             stream_wb.push(gpu.upload(&wb)?);
         }
         drop((w, wb));
         // The same-size copy floor: each weight's codes copied to one scratch
         // buffer, back to back.
         let same_copy_gbs = if small {
-            let mut scratch: CudaSlice<u8> = gpu.alloc_zeros(dw.codes.len(), "copy scratch")?;
+            let mut scratch: CudaSlice<u8> = gpu.alloc_zeros(dwr.codes.len(), "copy scratch")?;
             let t = time_graph_ms(gpu, 2, 10, |g| {
-                for w in &stream_w {
+                for w in &stream_wr {
                     g.stream.memcpy_dtod(&w.codes, &mut scratch)?;
                 }
                 Ok(())
             })? / copies as f64;
-            let r = gbs(2 * dw.codes.len(), t);
+            let r = gbs(2 * dwr.codes.len(), t);
             rows.push(BenchRow {
                 name: format!(
                     "copy d2d of one weight's codes K={k} N={n}, {copies} back to back in a graph (read + written)"
@@ -617,11 +625,11 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         if small {
             let mut sink: CudaSlice<u32> = gpu.alloc_zeros(gpu.read_floor_sink(), "read sink")?;
             let t = time_graph_ms(gpu, 2, 10, |g| {
-                stream_w
+                stream_wr
                     .iter()
                     .try_for_each(|w| g.read_floor(&w.codes, &mut sink))
             })? / copies as f64;
-            let r = gbs(dw.codes.len(), t);
+            let r = gbs(dwr.codes.len(), t);
             rows.push(BenchRow {
                 name: format!(
                     "read-only pass over one weight's codes K={k} N={n}, {copies} back to back in a graph"
@@ -648,7 +656,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 let mut bf = |g: &Gpu| g.gemm_bf16(&dx, &dwb, *y.borrow_mut(), (m, n, k));
                 let mut ten = |g: &Gpu| g.mixed_matmul(&dx, m, &dwt, *y.borrow_mut());
                 let mut blk = |g: &Gpu| g.mixed_matmul(&dx, m, &dwk, *y.borrow_mut());
-                let mut fs: Vec<Enqueue<'_>> = vec![&mut ch, &mut bf];
+                let mut row = |g: &Gpu| g.mixed_matmul(&dx, m, &dwr, *y.borrow_mut());
+                let mut fs: Vec<Enqueue<'_>> = vec![&mut ch, &mut bf, &mut row];
                 if large {
                     fs.push(&mut ten);
                     fs.push(&mut blk);
@@ -670,7 +679,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                         vs: "mixed speedup".into(),
                     }
                 } else {
-                    let rate = gbs(dw.bytes(), mixed);
+                    let rate = gbs(dwr.bytes(), mixed);
                     BenchRow {
                         name: format!("mixed fp8 e4m3 per-channel K={k} N={n} M={m}{how}"),
                         ms: mixed,
@@ -691,6 +700,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 [fp8, bf16]
             };
             rows.extend(pair("", mixed, bf));
+            let [row_major, _] = pair(", codes row-major", times[2], bf);
+            rows.push(row_major);
             if m <= crate::mixed::SMALL_M {
                 let per = |total: f64| total / copies as f64;
                 let mixed = per(time_graph_ms(gpu, 2, 10, |g| {
@@ -708,7 +719,18 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                     mixed,
                     bf,
                 ));
-                let rate = gbs(dw.bytes(), mixed);
+                let row_major = per(time_graph_ms(gpu, 2, 10, |g| {
+                    stream_wr
+                        .iter()
+                        .try_for_each(|w| g.mixed_matmul(&dx, m, w, &mut y))
+                })?);
+                let [row_major, _] = pair(
+                    &format!(", codes row-major, {copies} weights back to back in a graph"),
+                    row_major,
+                    bf,
+                );
+                rows.push(row_major);
+                let rate = gbs(dwr.bytes(), mixed);
                 rows.push(BenchRow {
                     name: format!(
                         "mixed fp8 e4m3 per-channel K={k} N={n} M={m}, back to back in a graph, vs the same-size copy"
@@ -721,7 +743,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 });
             }
             if large {
-                for (what, t) in [("per-tensor", times[2]), ("block128", times[3])] {
+                for (what, t) in [("per-tensor", times[3]), ("block128", times[4])] {
                     rows.push(BenchRow {
                         name: format!("mixed fp8 e4m3 {what} K={k} N={n} M={m}"),
                         ms: t,

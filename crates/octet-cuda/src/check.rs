@@ -1033,6 +1033,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 let wd = w.dequantize();
                 let xb = random_bf16(m * k, seed + 7, 2.0);
                 let dw = gpu.upload_fp8_weight(&w)?;
+                let dwt = gpu.upload_fp8_weight_tiled(&w)?;
                 let dx = gpu.upload(&bf16_bits(&xb))?;
                 // The f64 product of the dequantized weight and the sum of
                 // |terms| that bounds the f32 accumulation's error.
@@ -1052,15 +1053,26 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     if bf16_out && ![5, 17, 100, 300, 520].contains(&m) {
                         continue;
                     }
-                    let got = if bf16_out {
-                        let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
-                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
-                        download_f32(gpu, &y)?
-                    } else {
-                        let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
-                        gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
-                        gpu.download(&y)?
+                    // Row-major codes, checked against the bound; tiled codes
+                    // (the same sums in the same order) must give the same bits.
+                    let product = |dw: &crate::DeviceFp8Weight| -> Result<Vec<f32>> {
+                        Ok(if bf16_out {
+                            let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
+                            gpu.mixed_matmul(&dx, m, dw, &mut y)?;
+                            download_f32(gpu, &y)?
+                        } else {
+                            let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
+                            gpu.mixed_matmul(&dx, m, dw, &mut y)?;
+                            gpu.download(&y)?
+                        })
                     };
+                    let got = product(&dw)?;
+                    let tiled = product(&dwt)?;
+                    let differ = got
+                        .iter()
+                        .zip(&tiled)
+                        .filter(|(a, b)| a.to_bits() != b.to_bits())
+                        .count();
                     let mut bad = 0;
                     let mut worst = 0f64;
                     for (g, &(sum, abs)) in got.iter().zip(&reference) {
@@ -1079,12 +1091,14 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     }
                     out.push(CaseResult {
                         name: format!(
-                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}",
+                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}, row-major and tiled codes",
                             format.name(),
                             if bf16_out { "bf16" } else { "f32" }
                         ),
-                        pass: bad == 0,
-                        worst: format!("{bad} outside; worst error / bound {worst:.3}"),
+                        pass: bad == 0 && differ == 0,
+                        worst: format!(
+                            "{bad} outside; worst error / bound {worst:.3}; {differ} differ tiled"
+                        ),
                     });
                 }
             }

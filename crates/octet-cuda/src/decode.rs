@@ -255,7 +255,7 @@ impl<'g> GpuDecoder<'g> {
                     GpuWeights::Fp8(fmt, s) => {
                         let q = Fp8Weight::quantize(&data, n, k, fmt, s)
                             .map_err(|e| Error::Shape(e.to_string()))?;
-                        Mat::Fp8(gpu.upload_fp8_weight(&q)?)
+                        Mat::Fp8(gpu.upload_fp8_weight_tiled(&q)?)
                     }
                     GpuWeights::Bf16 => {
                         let b: Vec<half::bf16> =

@@ -257,6 +257,9 @@ impl GpuLoraLinear {
                     w.n, w.k
                 )))
             }
+            GpuBase::Fp8(w) => {
+                w.row_major("a LoRA base")?;
+            }
             _ => {}
         }
         if let Some(ad) = &adapter {
@@ -489,7 +492,10 @@ impl GpuLoraLinear {
                     .xq
                     .as_ref()
                     .ok_or_else(|| Error::Shape("FP8 input missing".into()))?;
-                let (a, b) = (xq.q.rowwise_operand(), operand(w, &w.codes));
+                let (a, b) = (
+                    xq.q.rowwise_operand(),
+                    operand(w, w.row_major("the LoRA base's FP8 GEMM")?),
+                );
                 let fast = self.fast_accum;
                 if fresh {
                     gpu.gemm_fp8(a, b, &mut y, (m, n, k), fast)?;
@@ -572,7 +578,13 @@ impl GpuLoraLinear {
                     WeightScaling::Channel => (1, k),
                     WeightScaling::Block128 => (128, 128),
                 };
-                let wd = gpu.dequant_bf16(&w.codes, &w.factors, (n, k), block, w.format)?;
+                let wd = gpu.dequant_bf16(
+                    w.row_major("the LoRA base's dequantize")?,
+                    &w.factors,
+                    (n, k),
+                    block,
+                    w.format,
+                )?;
                 gpu.gemm_bf16_op((dy, false), (&wd, false), dx, (m, k, n))
             }
         }
@@ -590,7 +602,11 @@ impl GpuLoraLinear {
         gq: &DeviceFp8,
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
-        let wt = gpu.transpose_u8(&self.fp8_base()?.codes, self.n, self.k)?;
+        let wt = gpu.transpose_u8(
+            self.fp8_base()?.row_major("the LoRA base's transpose")?,
+            self.n,
+            self.k,
+        )?;
         self.base_backward_transposed(gpu, m, gq, &wt, dx)
     }
 
@@ -1445,7 +1461,11 @@ pub fn backward_group<D: GemmOut>(
             .iter()
             .map(|(i, _)| {
                 let l = &layers[*i];
-                Ok((&l.fp8_base()?.codes, l.n, l.k))
+                Ok((
+                    l.fp8_base()?.row_major("the LoRA base's transpose")?,
+                    l.n,
+                    l.k,
+                ))
             })
             .collect::<Result<Vec<_>>>()?;
         let wts = gpu.transpose_u8_many(&bases)?;

@@ -442,6 +442,26 @@ pub(crate) fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             Ok(_) => "accepted".into(),
         },
     });
+    // A base uploaded with tiled codes (for the weight-only kernels alone)
+    // is refused: cuBLASLt's GEMMs and the transposes read them row-major.
+    let Base::Fp8(q) = &wb else {
+        return Err(Error::Shape("expected an FP8 base".into()));
+    };
+    let refused = GpuLoraLinear::new(
+        GpuBase::Fp8(gpu.upload_fp8_weight_tiled(q)?),
+        (n, k),
+        None,
+        Compute::Bf16,
+        BackwardMode::Dequantized,
+    );
+    out.push(CaseResult {
+        name: "LoRA layer: a base with tiled codes is a clear error".into(),
+        pass: matches!(&refused, Err(Error::Shape(m)) if m.contains("row-major")),
+        worst: match refused {
+            Err(e) => e.to_string(),
+            Ok(_) => "accepted".into(),
+        },
+    });
     Ok(())
 }
 

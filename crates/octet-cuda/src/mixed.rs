@@ -36,9 +36,18 @@
 //!   `NOTES.md`: cuBLASLt's per-row alpha vector, and upcasting in L2-sized
 //!   slabs of columns; both slower on the H100.)
 //!
-//! Device layout of a [`DeviceFp8Weight`]: the codes row-major `(N, K)` as in
-//! [`Fp8Weight`] (each row's `K` codes contiguous: with `K % 16 == 0` every
-//! 16-byte load is aligned), the factors as f32 (1, `N`, or one per 128x128 tile).
+//! Device layout of a [`DeviceFp8Weight`] ([`CodeLayout`]): the codes either
+//! row-major `(N, K)` as in [`Fp8Weight`] (each row's `K` codes contiguous:
+//! with `K % 16 == 0` every 16-byte load is aligned), which cuBLASLt's FP8
+//! GEMMs take (the LoRA base, [`Gpu::upload_fp8_weight`]), or tiled for these
+//! kernels' loads ([`Gpu::upload_fp8_weight_tiled`], what `octet generate`
+//! uploads): `(ceil(N/16), ceil(K/128), 16, 128)`, tile `(t, b)` holding rows
+//! `16t..16t+15` and columns `128b..128b+127`, zero past `N` and `K`
+//! ([`tile_codes`]). A small-M warp's copy of 16 rows x 128 columns is then
+//! one contiguous 2 KiB run instead of 16 runs of 128 bytes `K` bytes apart:
+//! +0.02 to +0.05 of copy bandwidth at 1 to 16 tokens on the H100
+//! (BENCHMARKS.md, thirty-first session). The factors are f32 (1, `N`, or one
+//! per 128x128 tile) in either layout.
 
 use crate::tma::TmaMap;
 use crate::{Error, GemmOut, Gpu, Result};
@@ -49,8 +58,8 @@ use std::sync::Arc;
 
 /// The compiled weight-only kernels.
 pub(crate) struct MixedKernels {
-    /// `[format][SMALL_CFG row][out f32 / bf16]`.
-    small: [[[CudaFunction; 2]; 3]; 2],
+    /// `[format][SMALL_CFG row][layout][out f32 / bf16]`.
+    small: [[ByLayout; 3]; 2],
     /// `[format]`.
     upcast: [CudaFunction; 2],
     /// `[out f32 / bf16]`.
@@ -69,8 +78,46 @@ pub(crate) struct MixedKernels {
     smem: SmemLimits,
     /// The read-only calibration pass of `octet bench mixed`.
     read_floor: CudaFunction,
-    /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels `[format][out]`.
-    tune: Option<(SmallCfg, [[CudaFunction; 2]; 2])>,
+    /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels
+    /// `[format][layout][out]`.
+    tune: Option<(SmallCfg, [ByLayout; 2])>,
+}
+
+/// A small-M kernel for each layout of the codes and each output,
+/// `[CodeLayout as usize][out f32 / bf16]`.
+type ByLayout = [[CudaFunction; 2]; 2];
+
+/// How a [`DeviceFp8Weight`]'s codes lie in device memory (module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CodeLayout {
+    /// `(N, K)` row-major, as [`Fp8Weight`] holds them and cuBLASLt takes them.
+    RowMajor = 0,
+    /// `(ceil(N/16), ceil(K/128), 16, 128)` tiles ([`tile_codes`]), for the
+    /// weight-only kernels alone.
+    Tiled = 1,
+}
+
+/// Row-major `(n, k)` codes in the tiled layout: tile `(t, b)` (row tile
+/// `t`, column block `b`) at `(t * ceil(k/128) + b) * 2048`, its row `r` at
+/// `128 r` within it; rows past `n` and columns past `k` are zero. Fails
+/// unless `codes` holds `n * k` bytes.
+pub fn tile_codes(codes: &[u8], n: usize, k: usize) -> Result<Vec<u8>> {
+    if codes.len() != n * k {
+        return Err(Error::Shape(format!(
+            "tile_codes: {} codes for ({n}, {k})",
+            codes.len()
+        )));
+    }
+    let kb = k.div_ceil(128);
+    let mut out = vec![0u8; n.div_ceil(16) * 16 * kb * 128];
+    for (row, src) in codes.chunks_exact(k.max(1)).enumerate() {
+        let (t, r) = (row / 16, row % 16);
+        for (b, piece) in src.chunks(128).enumerate() {
+            let dst = ((t * kb + b) * 16 + r) * 128;
+            out[dst..dst + piece.len()].copy_from_slice(piece);
+        }
+    }
+    Ok(out)
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
@@ -249,18 +296,25 @@ impl MixedKernels {
             func.set_attribute(MAXSMEM, c.smem(c.tokens).max(smem.per_block) as i32)?;
             Ok(func)
         };
-        let small = |fmt: &str| -> Result<[[CudaFunction; 2]; 3]> {
-            let by_out = |c: &SmallCfg| -> Result<[CudaFunction; 2]> {
-                let t = c.tokens;
-                Ok([
-                    sized(format!("mixed_{fmt}_n{t}_f32"), c)?,
-                    sized(format!("mixed_{fmt}_n{t}_bf16"), c)?,
-                ])
-            };
+        // Row-major and tiled (`t` appended), f32 and bf16 out, of `base`.
+        let by_layout = |base: &str, c: &SmallCfg| -> Result<ByLayout> {
             Ok([
-                by_out(&SMALL_CFG[0])?,
-                by_out(&SMALL_CFG[1])?,
-                by_out(&SMALL_CFG[2])?,
+                [
+                    sized(format!("{base}_f32"), c)?,
+                    sized(format!("{base}_bf16"), c)?,
+                ],
+                [
+                    sized(format!("{base}_f32t"), c)?,
+                    sized(format!("{base}_bf16t"), c)?,
+                ],
+            ])
+        };
+        let small = |fmt: &str| -> Result<[ByLayout; 3]> {
+            let by_cfg = |c: &SmallCfg| by_layout(&format!("mixed_{fmt}_n{}", c.tokens), c);
+            Ok([
+                by_cfg(&SMALL_CFG[0])?,
+                by_cfg(&SMALL_CFG[1])?,
+                by_cfg(&SMALL_CFG[2])?,
             ])
         };
         let tune = match tune {
@@ -277,13 +331,10 @@ impl MixedKernels {
                         smem.per_block
                     )));
                 }
-                let by_out = |fmt: &str| -> Result<[CudaFunction; 2]> {
-                    Ok([
-                        sized(format!("mixed_{fmt}_tune_f32"), &c)?,
-                        sized(format!("mixed_{fmt}_tune_bf16"), &c)?,
-                    ])
-                };
-                let fns = [by_out("e4m3")?, by_out("e5m2")?];
+                let fns = [
+                    by_layout("mixed_e4m3_tune", &c)?,
+                    by_layout("mixed_e5m2_tune", &c)?,
+                ];
                 Some((c, fns))
             }
         };
@@ -304,7 +355,8 @@ impl MixedKernels {
 
 /// An FP8 weight on the device, ready for [`Gpu::mixed_matmul`].
 ///
-/// Its device buffers are written once, by [`Gpu::upload_fp8_weight`], and
+/// Its device buffers are written once, by [`Gpu::upload_fp8_weight`] or
+/// [`Gpu::upload_fp8_weight_tiled`], and
 /// are not reachable for writing outside this crate: the small-M kernel
 /// starts reading the codes before the previous kernel in the stream has
 /// finished (a programmatic dependent launch), which is sound only because
@@ -318,8 +370,10 @@ pub struct DeviceFp8Weight {
     pub format: Format,
     /// Scale granularity.
     pub scaling: WeightScaling,
-    /// Row-major `(N, K)` codes.
+    /// The codes, laid out as `layout` says.
     pub(crate) codes: CudaSlice<u8>,
+    /// Row-major or tiled.
+    pub(crate) layout: CodeLayout,
     /// Dequantization factors.
     pub(crate) factors: CudaSlice<f32>,
     /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
@@ -328,9 +382,26 @@ pub struct DeviceFp8Weight {
 }
 
 impl DeviceFp8Weight {
-    /// The row-major `(N, K)` codes.
+    /// The codes, in [`DeviceFp8Weight::layout`].
     pub fn codes(&self) -> &CudaSlice<u8> {
         &self.codes
+    }
+
+    /// How the codes are laid out.
+    pub fn layout(&self) -> CodeLayout {
+        self.layout
+    }
+
+    /// The codes as cuBLASLt takes them, row-major `(N, K)`; an error for a
+    /// tiled weight (uploaded for the weight-only kernels alone).
+    pub(crate) fn row_major(&self, what: &str) -> Result<&CudaSlice<u8>> {
+        match self.layout {
+            CodeLayout::RowMajor => Ok(&self.codes),
+            CodeLayout::Tiled => Err(Error::Shape(format!(
+                "{what} needs the weight's codes row-major; this one was uploaded tiled \
+                 (upload_fp8_weight_tiled), for mixed_matmul only"
+            ))),
+        }
     }
 
     /// The dequantization factors (1, `N`, or one per 128x128 tile).
@@ -370,16 +441,31 @@ fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
 pub const SMALL_M: usize = 64;
 
 impl Gpu {
-    /// Copy an [`Fp8Weight`] to the device. `K` must be a multiple of 16 (the
-    /// kernel's 16-byte loads); `N` and `K` must fit in an i32.
+    /// Copy an [`Fp8Weight`] to the device, codes row-major (what cuBLASLt's
+    /// FP8 GEMMs take as well as [`Gpu::mixed_matmul`]). `K` must be a
+    /// multiple of 16 (the kernels' 16-byte loads); `N` and `K` must fit in
+    /// an i32.
     pub fn upload_fp8_weight(&self, w: &Fp8Weight) -> Result<DeviceFp8Weight> {
+        self.upload_fp8(w, CodeLayout::RowMajor)
+    }
+
+    /// Copy an [`Fp8Weight`] to the device with its codes tiled
+    /// ([`CodeLayout::Tiled`], [`tile_codes`]): for a weight that only
+    /// [`Gpu::mixed_matmul`] reads, as in decoding, whose small-M loads it
+    /// suits. Same requirements as [`Gpu::upload_fp8_weight`].
+    pub fn upload_fp8_weight_tiled(&self, w: &Fp8Weight) -> Result<DeviceFp8Weight> {
+        self.upload_fp8(w, CodeLayout::Tiled)
+    }
+
+    fn upload_fp8(&self, w: &Fp8Weight, layout: CodeLayout) -> Result<DeviceFp8Weight> {
         let (n, k) = (w.rows(), w.cols());
         if k % 16 != 0 {
             return Err(Error::Shape(format!(
                 "weight-only FP8 products on the GPU need K % 16 == 0, got K = {k} (pad the weight's columns)"
             )));
         }
-        if n * k > i32::MAX as usize {
+        // The tiled layout pads to whole 16 x 128 tiles.
+        if n.div_ceil(16) * 16 * k.div_ceil(128) * 128 > i32::MAX as usize {
             return Err(Error::Shape(format!(
                 "weight ({n}, {k}) is beyond the kernel's 2^31 elements"
             )));
@@ -393,7 +479,11 @@ impl Gpu {
                 WeightScaling::Tensor => w.factors().first().copied().unwrap_or(1.0),
                 _ => 1.0,
             },
-            codes: self.upload(w.codes())?,
+            codes: match layout {
+                CodeLayout::RowMajor => self.upload(w.codes())?,
+                CodeLayout::Tiled => self.upload(&tile_codes(w.codes(), n, k)?)?,
+            },
+            layout,
             factors: self.upload(w.factors())?,
         })
     }
@@ -437,8 +527,16 @@ impl Gpu {
             crate::OutType::F32 => 0,
             crate::OutType::Bf16 => 1,
         };
-        let dims = [m as i32, n as i32, k as i32, mode(w.scaling)];
+        // The scaling, and the layout's bit (MODE_TILED in mixed.cu).
+        let tiled = w.layout == CodeLayout::Tiled;
+        let dims = [
+            m as i32,
+            n as i32,
+            k as i32,
+            mode(w.scaling) | if tiled { 4 } else { 0 },
+        ];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
+        let lay = w.layout as usize;
         if m <= SMALL_M {
             let c = SMALL_CFG
                 .iter()
@@ -446,10 +544,10 @@ impl Gpu {
                 .unwrap_or(SMALL_CFG.len() - 1);
             if let Some((t, fns)) = &self.k.mixed.tune {
                 if t.group() == SMALL_CFG[c].group() {
-                    return self.launch_small(&fns[fmt][out], t, w, x, y, &dims);
+                    return self.launch_small(&fns[fmt][lay][out], t, w, x, y, &dims);
                 }
             }
-            let f = &self.k.mixed.small[fmt][c][out];
+            let f = &self.k.mixed.small[fmt][c][lay][out];
             return self.launch_small(f, &SMALL_CFG[c], w, x, y, &dims);
         }
         if let Some(wg) = &self.k.mixed.wg {
@@ -469,7 +567,14 @@ impl Gpu {
             let (xp, _gx) = x.device_ptr(&self.stream);
             let (wp, _gw) = w.codes.device_ptr(&self.stream);
             let xmap = TmaMap::new(xp, 2, &[k, m], &[64, 256], CU_TENSOR_MAP_SWIZZLE_128B)?;
-            let wmap = TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?;
+            // Tiled codes: (column, row) in a tile, tile column, tile row;
+            // the box is 64 columns of 8 row tiles (128 rows), as the 2-D one.
+            let wmap = if tiled {
+                let dims = [128, 16, k.div_ceil(128), n.div_ceil(16)];
+                TmaMap::new(wp, 1, &dims, &[64, 16, 1, 8], CU_TENSOR_MAP_SWIZZLE_64B)?
+            } else {
+                TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?
+            };
             let mut b = self.stream.launch_builder(&wg[block][fmt][out]);
             b.arg(&xmap).arg(&wmap);
             push_tail(&mut b, &w.factors, y, &dims);
@@ -515,13 +620,14 @@ impl Gpu {
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
+        let scaling = mode(w.scaling);
         let mut b = self.stream.launch_builder(&self.k.mixed.epilogue[out]);
         b.arg(&acc)
             .arg(&w.factors)
             .arg(y)
             .arg(&mi)
             .arg(&ni)
-            .arg(&md);
+            .arg(&scaling);
         // SAFETY: types match; guarded by M * N.
         unsafe { b.launch(cfg) }?;
         Ok(())
@@ -624,7 +730,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{small_smem, SmallTune, SmemLimits, SMALL_CFG};
+    use super::{small_smem, tile_codes, SmallTune, SmemLimits, SMALL_CFG};
 
     /// `OCTET_MIXED_TUNE` names a shape the kernel template takes, or the
     /// table's; anything else is an error naming the variable.
@@ -729,5 +835,46 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every code lands where the kernels read it (mixed.cu's `tiled_offset`:
+    /// tile `(r / 16, c / 128)`, then row `r % 16`, then column `c % 128`),
+    /// and the rest of the buffer is zero; shapes off both tile sizes.
+    #[test]
+    fn tiled_codes_sit_where_the_kernels_read_them() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        for (n, k) in [
+            (1usize, 16usize),
+            (16, 128),
+            (37, 272),
+            (130, 4112),
+            (300, 96),
+        ] {
+            let codes: Vec<u8> = (0..n * k)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    // Never zero, so a misplaced code cannot pass for padding.
+                    (state % 255) as u8 + 1
+                })
+                .collect();
+            let tiled = tile_codes(&codes, n, k).expect("shape matches");
+            let kb = k.div_ceil(128);
+            assert_eq!(tiled.len(), n.div_ceil(16) * 16 * kb * 128, "({n}, {k})");
+            let mut placed = vec![false; tiled.len()];
+            for r in 0..n {
+                for c in 0..k {
+                    let at = (((r / 16) * kb + c / 128) * 16 + r % 16) * 128 + c % 128;
+                    assert_eq!(tiled[at], codes[r * k + c], "({n}, {k}) code ({r}, {c})");
+                    placed[at] = true;
+                }
+            }
+            assert!(
+                tiled.iter().zip(&placed).all(|(&v, &p)| p || v == 0),
+                "({n}, {k}): padding must be zero"
+            );
+        }
+        assert!(tile_codes(&[1, 2, 3], 2, 2).is_err());
     }
 }

@@ -3162,7 +3162,13 @@ impl<'g> GpuLlama<'g> {
                             octet_tensor::mixed::WeightScaling::Channel => (1, k),
                             octet_tensor::mixed::WeightScaling::Block128 => (128, 128),
                         };
-                        gpu.dequant_bf16(&w.codes, &w.factors, (n, k), block, w.format)?
+                        gpu.dequant_bf16(
+                            w.row_major("merging a LoRA base")?,
+                            &w.factors,
+                            (n, k),
+                            block,
+                            w.format,
+                        )?
                     }
                 };
                 if let Some(ad) = &l.adapter {
