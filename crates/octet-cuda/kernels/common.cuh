@@ -357,3 +357,8 @@ __device__ __forceinline__ void grid_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+
+// SwiGLU of one feature, silu(a) * u in f32, as the decoder's kernels
+// compute it wherever they apply it (the gate/up product's epilogue in
+// mixed.cu, `swiglu_bf16` in decode.cu), so the two give the same bits.
+__device__ __forceinline__ float swiglu_f32(float a, float u) { return a / (1.f + __expf(-a)) * u; }

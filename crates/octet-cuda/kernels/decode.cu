@@ -256,14 +256,15 @@ extern "C" __global__ void __launch_bounds__(256, 3)
     if (threadIdx.x == 0) count[h] = 0;
 }
 
-// out = bf16(silu(g) * u), a row's gate and up halves side by side in `gu`.
-extern "C" __global__ void swiglu_bf16(const float* gu, unsigned short* out, int n) {
+// out = bf16(silu(g) * u), n features a row from a row of 2n gate and up
+// values in groups of `group` features: `group` gates, then their ups (8:
+// mixed.cu's MODE_SWIGLU layout; n: all gates, then all ups).
+extern "C" __global__ void swiglu_bf16(const float* gu, unsigned short* out, int n, int group) {
     grid_wait();
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
-    const float* g = gu + (size_t)blockIdx.y * 2 * n;
-    const float a = g[i];
-    out[(size_t)blockIdx.y * n + i] = f32_to_bf16(a / (1.f + __expf(-a)) * g[n + i]);
+    const float* g = gu + (size_t)blockIdx.y * 2 * n + (size_t)(i / group) * 2 * group + i % group;
+    out[(size_t)blockIdx.y * n + i] = f32_to_bf16(swiglu_f32(g[0], g[group]));
 }
 
 // The next token from one row of logits, on the device, as the host's

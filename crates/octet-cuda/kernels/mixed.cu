@@ -50,6 +50,11 @@
 #define SCALE_BLOCK 2
 // OR-ed into `mode`: the codes are tiled (see above), not row-major.
 #define MODE_TILED 4
+// OR-ed into `mode` (small-M kernels with bf16 output only): the weight is a
+// decoder's gate and up projections interleaved by 8 rows (tile t: gate
+// features 8t..8t+7, then the same up features), and the kernel writes
+// silu(gate) * up, (M, N / 2) bf16, instead of y.
+#define MODE_SWIGLU 8
 
 // Offset of code (row, col) in the tiled layout (`kblocks` = ceil(K / 128)).
 __device__ __forceinline__ size_t tiled_offset(int row, int col, int kblocks) {
@@ -96,14 +101,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // A slot holds the x rows of the launch's largest token group only
     // (M = 1 in decoding needs 256 bytes of x a slot, not 2 or 4 KiB).
     constexpr int WBYTES = 16 * 128;
-    mode &= ~MODE_TILED; // the layout is TILED
+    const bool swiglu = mode & MODE_SWIGLU;
+    mode &= ~(MODE_TILED | MODE_SWIGLU); // the layout is TILED
     const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
     const int row0 = blockIdx.y * 16;
     const int tok0 = blockIdx.x * (NT * 8);
     x += (size_t)tok0 * K;
-    y += (size_t)tok0 * N;
+    y += (size_t)tok0 * (swiglu ? N / 2 : N);
     M = min(M - tok0, NT * 8);
     const int kblocks = (K + 127) / 128;
     const int nk = kblocks > warp ? (kblocks - warp + WARPS - 1) / WARPS : 0;
@@ -231,6 +237,25 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
         for (int e = 0; e < 4; e++) red[(warp * NT * 4 + j * 4 + e) * 32 + lane] = tot[j][e];
     __syncthreads();
+    if (swiglu) {
+        // Lane l's rows g and g + 8 are the gate and up of feature
+        // 8 blockIdx.y + g: each pair summed as below, scaled, then joined.
+        for (int e = threadIdx.x; e < NT * 2 * 32; e += WARPS * 32) {
+            const int j = e >> 6, i = (e >> 5) & 1, l = e & 31;
+            float a = 0.f, u = 0.f;
+#pragma unroll
+            for (int q = 0; q < WARPS; q++) {
+                a += red[(q * NT * 4 + j * 4 + i) * 32 + l];
+                u += red[(q * NT * 4 + j * 4 + i + 2) * 32 + l];
+            }
+            const int row = row0 + (l >> 2);
+            const int tok = j * 8 + 2 * (l & 3) + i;
+            if (row + 8 < N && tok < M)
+                y[(size_t)tok * (N / 2) + blockIdx.y * 8 + (l >> 2)] = Out<OUT>::from(
+                    swiglu_f32(a * post_factor(factors, mode, row), u * post_factor(factors, mode, row + 8)));
+        }
+        return;
+    }
     for (int e = threadIdx.x; e < NT * 4 * 32; e += WARPS * 32) {
         const int idx = e >> 5, l = e & 31;
         float v = 0.f;

@@ -1104,6 +1104,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             }
         }
     }
+    mixed_swiglu_cases(gpu, &mut seed, out)?;
     // Bad input: K not a multiple of 16, x of the wrong size.
     let w = Fp8Weight::quantize(
         &random_f32(16 * 40, 5, 1.0),
@@ -1133,6 +1134,115 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let r = gpu.mixed_matmul(&dx, 2, &dw, &mut y);
     out.push(CaseResult {
         name: "mixed product with x of 2x47 for K=48 -> shape error".into(),
+        pass: matches!(r, Err(Error::Shape(_))),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
+    });
+    Ok(())
+}
+
+/// The fused SwiGLU product (`Gpu::mixed_matmul_swiglu`, the decoder's
+/// gate/up step) against SwiGLU computed on the host, in f64, from the
+/// kernel's own f32 product of the same interleaved weight (`mixed_matmul`,
+/// which `mixed_cases` checks against f64). Both start from the same f32
+/// gate and up, so they differ only by `__expf` and the f32 division, which
+/// can move the bf16 rounding by one unit: within 2^-7 of the value.
+/// Shapes: tokens of each small-M group and across groups, K off the
+/// 128-column blocks, both layouts, every format and scaling; then the
+/// shapes it refuses.
+fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::mixed::interleave_gate_up;
+    use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+    for &(m, ff, k) in &[
+        (1usize, 64usize, 272usize),
+        (3, 200, 4096),
+        (8, 136, 1040),
+        (16, 64, 512),
+        (40, 72, 272),
+    ] {
+        for format in [Format::E4M3, Format::E5M2] {
+            for scaling in [
+                WeightScaling::Tensor,
+                WeightScaling::Channel,
+                WeightScaling::Block128,
+            ] {
+                *seed += 1;
+                let stacked = random_f32(2 * ff * k, *seed, 0.05);
+                let wf = interleave_gate_up(&stacked, ff, k)?;
+                let w = Fp8Weight::quantize(&wf, 2 * ff, k, format, scaling)
+                    .map_err(|e| Error::Shape(e.to_string()))?;
+                let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, *seed + 7, 2.0)))?;
+                for tiled in [false, true] {
+                    let dw = if tiled {
+                        gpu.upload_fp8_weight_tiled(&w)?
+                    } else {
+                        gpu.upload_fp8_weight(&w)?
+                    };
+                    let mut gu = gpu.upload(&vec![f32::NAN; m * 2 * ff])?;
+                    gpu.mixed_matmul(&dx, m, &dw, &mut gu)?;
+                    let gu = gpu.download(&gu)?;
+                    let mut act = gpu.upload(&vec![0x7fc0u16; m * ff])?;
+                    gpu.mixed_matmul_swiglu(&dx, m, &dw, &mut act)?;
+                    let got = download_f32(gpu, &act)?;
+                    let (mut bad, mut worst) = (0, 0f64);
+                    for t in 0..m {
+                        for f in 0..ff {
+                            let at = t * 2 * ff + (f / 8) * 16 + f % 8;
+                            let (a, u) = (gu[at] as f64, gu[at + 8] as f64);
+                            let want = a / (1.0 + (-a).exp()) * u;
+                            let r = (got[t * ff + f] as f64 - want).abs()
+                                / (2f64.powi(-7) * want.abs() + 1e-30);
+                            if r.is_nan() || r > 1.0 {
+                                bad += 1;
+                            }
+                            worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+                        }
+                    }
+                    out.push(CaseResult {
+                        name: format!(
+                            "mixed SwiGLU {} {scaling:?} m={m} ff={ff} k={k}, {} codes",
+                            format.name(),
+                            if tiled { "tiled" } else { "row-major" }
+                        ),
+                        pass: bad == 0,
+                        worst: format!("{bad} outside; worst error / (2^-7 |value|) {worst:.3}"),
+                    });
+                }
+            }
+        }
+    }
+    // Refused: more rows than the small-M kernel takes; N not whole 16-row tiles.
+    let w = Fp8Weight::quantize(
+        &random_f32(16 * 32, 3, 1.0),
+        16,
+        32,
+        Format::E4M3,
+        WeightScaling::Channel,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight_tiled(&w)?;
+    let m = crate::mixed::SMALL_M + 1;
+    let dx = gpu.upload(&vec![0u16; m * 32])?;
+    let mut act = gpu.upload(&vec![0u16; m * 8])?;
+    let r = gpu.mixed_matmul_swiglu(&dx, m, &dw, &mut act);
+    out.push(CaseResult {
+        name: format!("mixed SwiGLU with {m} rows -> shape error"),
+        pass: matches!(r, Err(Error::Shape(_))),
+        worst: r.err().map_or("no error".into(), |e| e.to_string()),
+    });
+    let w = Fp8Weight::quantize(
+        &random_f32(24 * 32, 3, 1.0),
+        24,
+        32,
+        Format::E4M3,
+        WeightScaling::Channel,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight_tiled(&w)?;
+    let dx = gpu.upload(&[0u16; 32])?;
+    let mut act = gpu.upload(&[0u16; 12])?;
+    let r = gpu.mixed_matmul_swiglu(&dx, 1, &dw, &mut act);
+    out.push(CaseResult {
+        name: "mixed SwiGLU with N = 24 (not whole 16-row tiles) -> shape error".into(),
         pass: matches!(r, Err(Error::Shape(_))),
         worst: r.err().map_or("no error".into(), |e| e.to_string()),
     });

@@ -9,7 +9,7 @@
 //! with no host round trip a token ([`GpuDecoder::generate`]).
 
 use crate::launch::Dep;
-use crate::mixed::DeviceFp8Weight;
+use crate::mixed::{DeviceFp8Weight, SMALL_M};
 use crate::{nvrtc, Error, Gpu, Result};
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
@@ -46,7 +46,8 @@ impl Mat {
 struct Layer {
     attn_norm: CudaSlice<f32>,
     mlp_norm: CudaSlice<f32>,
-    /// qkv (stacked), o, gate+up (stacked), down.
+    /// qkv (stacked), o, gate+up (interleaved by 8 features where the
+    /// width allows, else stacked: `GpuDecoder::gu_group`), down.
     mats: Vec<Mat>,
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
@@ -74,7 +75,7 @@ struct Buffers {
     qkv: CudaSlice<f32>,
     a: CudaSlice<u16>,
     o: CudaSlice<f32>,
-    /// gate, then up, of each row.
+    /// gate and up of each row, in groups of `GpuDecoder::gu_group` features.
     gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
     /// Each attention run's max score, sum and unnormalised output, `(rows, hq, runs, d + 2)`.
@@ -121,6 +122,10 @@ pub struct GpuDecoder<'g> {
     embed: CudaSlice<f32>,
     /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs, rows)`).
     att_runs: usize,
+    /// How `gate+up` groups its rows: 8 gate rows then the same features' 8
+    /// up rows (`interleave_gate_up`, what the fused SwiGLU product takes),
+    /// or all gates then all ups (`intermediate_size` not a multiple of 8).
+    gu_group: usize,
     /// The rotary tables `(max positions, D/2)`, cos then sin, as the CPU's `Rope` rounds them to f32.
     rope_cos: CudaSlice<f32>,
     rope_sin: CudaSlice<f32>,
@@ -223,6 +228,8 @@ impl<'g> GpuDecoder<'g> {
             hq,
             cfg.max_position_embeddings,
         );
+        let ff = cfg.intermediate_size;
+        let gu_group = if ff.is_multiple_of(8) { 8 } else { ff };
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -250,7 +257,10 @@ impl<'g> GpuDecoder<'g> {
                 &["mlp.gate_proj", "mlp.up_proj"][..],
                 &["mlp.down_proj"][..],
             ] {
-                let (data, n, k) = rows_of(names)?;
+                let (mut data, n, k) = rows_of(names)?;
+                if names[0] == "mlp.gate_proj" && gu_group == 8 {
+                    data = crate::mixed::interleave_gate_up(&data, ff, k)?;
+                }
                 mats.push(match weights {
                     GpuWeights::Fp8(fmt, s) => {
                         let q = Fp8Weight::quantize(&data, n, k, fmt, s)
@@ -290,6 +300,7 @@ impl<'g> GpuDecoder<'g> {
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
             att_runs,
+            gu_group,
             rope_cos: gpu.upload(&cos)?,
             rope_sin: gpu.upload(&sin)?,
             layers,
@@ -696,10 +707,21 @@ impl<'g> GpuDecoder<'g> {
                 norm_cfg,
                 pdl,
             )?;
-            apply(gpu, &layer.mats[2], &b.h, &mut b.gu, rows)?;
-            let mut a = Dep::new(s);
-            a.ptr(&b.gu).ptr_mut(&mut b.act).i32(ffi);
-            unsafe { a.launch(&f.swiglu, rows_of(ff), pdl) }?;
+            match &layer.mats[2] {
+                // Up to SMALL_M rows the product's epilogue applies SwiGLU.
+                Mat::Fp8(w) if rows <= SMALL_M && self.gu_group == 8 => {
+                    gpu.mixed_matmul_swiglu(&b.h, rows, w, &mut b.act)?
+                }
+                m => {
+                    apply(gpu, m, &b.h, &mut b.gu, rows)?;
+                    let mut a = Dep::new(s);
+                    a.ptr(&b.gu)
+                        .ptr_mut(&mut b.act)
+                        .i32(ffi)
+                        .i32(self.gu_group as i32);
+                    unsafe { a.launch(&f.swiglu, rows_of(ff), pdl) }?;
+                }
+            }
             apply(gpu, &layer.mats[3], &b.act, &mut b.o, rows)?;
         }
         // The final norm and the head for the last row only.

@@ -120,6 +120,27 @@ pub fn tile_codes(codes: &[u8], n: usize, k: usize) -> Result<Vec<u8>> {
     Ok(out)
 }
 
+/// Gate and up projections, stacked `(2 ff, k)` (the `ff` gate rows, then
+/// the `ff` up rows), reordered for [`Gpu::mixed_matmul_swiglu`]: in groups
+/// of 8 features, 8 gate rows then the same features' 8 up rows, so that
+/// each 16-row tile of the small-M kernel holds both halves of 8 features
+/// (an mma lane's rows g and g + 8). Needs `ff % 8 == 0`.
+pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result<Vec<T>> {
+    if !ff.is_multiple_of(8) || stacked.len() != 2 * ff * k {
+        return Err(Error::Shape(format!(
+            "interleave_gate_up: {} values for gate and up of ({ff}, {k}); needs 2 ff k values and ff % 8 == 0",
+            stacked.len()
+        )));
+    }
+    let (gate, up) = stacked.split_at(ff * k);
+    let mut out = Vec::with_capacity(stacked.len());
+    for (g, u) in gate.chunks_exact(8 * k).zip(up.chunks_exact(8 * k)) {
+        out.extend_from_slice(g);
+        out.extend_from_slice(u);
+    }
+    Ok(out)
+}
+
 /// A small-M shape to try in place of the table's for the launches of its
 /// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages` (e.g.
 /// `2:4:2`: 16 tokens, 4 warps, 2 stages; `table` or empty: the table's): for
@@ -415,6 +436,26 @@ impl DeviceFp8Weight {
     }
 }
 
+/// `mode` of the kernels: the scaling, with `MODE_TILED` for tiled codes.
+fn mode_bits(w: &DeviceFp8Weight) -> i32 {
+    mode(w.scaling) | if w.layout == CodeLayout::Tiled { 4 } else { 0 }
+}
+
+/// `MODE_SWIGLU` in mixed.cu.
+const MODE_SWIGLU: i32 = 8;
+
+/// The kernels' format index (0 E4M3, 1 E5M2).
+fn format_index(w: &DeviceFp8Weight) -> Result<usize> {
+    match w.format {
+        Format::E4M3 => Ok(0),
+        Format::E5M2 => Ok(1),
+        other => Err(Error::Shape(format!(
+            "weight-only products take E4M3 or E5M2, not {}",
+            other.name()
+        ))),
+    }
+}
+
 fn mode(s: WeightScaling) -> i32 {
     match s {
         WeightScaling::Tensor => 0,
@@ -508,47 +549,17 @@ impl Gpu {
         if m > i32::MAX as usize / k.max(1) {
             return Err(Error::Shape(format!("x ({m}, {k}) is too large")));
         }
-        if m <= SMALL_M && n.div_ceil(16) > 65535 {
-            return Err(Error::Shape(format!(
-                "mixed product: N = {n} is beyond the small-M kernel's grid (65535 tiles of 16 rows)"
-            )));
-        }
-        let fmt = match w.format {
-            Format::E4M3 => 0,
-            Format::E5M2 => 1,
-            other => {
-                return Err(Error::Shape(format!(
-                    "weight-only products take E4M3 or E5M2, not {}",
-                    other.name()
-                )))
-            }
-        };
+        let fmt = format_index(w)?;
         let out = match D::OUT {
             crate::OutType::F32 => 0,
             crate::OutType::Bf16 => 1,
         };
         // The scaling, and the layout's bit (MODE_TILED in mixed.cu).
         let tiled = w.layout == CodeLayout::Tiled;
-        let dims = [
-            m as i32,
-            n as i32,
-            k as i32,
-            mode(w.scaling) | if tiled { 4 } else { 0 },
-        ];
+        let dims = [m as i32, n as i32, k as i32, mode_bits(w)];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
-        let lay = w.layout as usize;
         if m <= SMALL_M {
-            let c = SMALL_CFG
-                .iter()
-                .position(|c| m.min(16) as u32 <= c.tokens)
-                .unwrap_or(SMALL_CFG.len() - 1);
-            if let Some((t, fns)) = &self.k.mixed.tune {
-                if t.group() == SMALL_CFG[c].group() {
-                    return self.launch_small(&fns[fmt][lay][out], t, w, x, y, &dims);
-                }
-            }
-            let f = &self.k.mixed.small[fmt][c][lay][out];
-            return self.launch_small(f, &SMALL_CFG[c], w, x, y, &dims);
+            return self.small_m(fmt, out, w, x, y, &dims);
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
@@ -635,6 +646,66 @@ impl Gpu {
 }
 
 impl Gpu {
+    /// `act (m, N / 2) = silu(x G^T) * (x U^T)`, bf16 bits, for `m` up to
+    /// [`SMALL_M`] rows, where `w` holds a decoder's gate and up projections
+    /// interleaved by [`interleave_gate_up`] (`N = 2 ff`, `N % 16 == 0`): the
+    /// small-M kernel joins each feature's gate and up in its epilogue, so
+    /// the `(m, N)` product never reaches memory. The same bits as
+    /// [`Gpu::mixed_matmul`] into f32 followed by the decoder's SwiGLU
+    /// (`swiglu_bf16`, one formula in `common.cuh`).
+    pub fn mixed_matmul_swiglu(
+        &self,
+        x: &CudaSlice<u16>,
+        m: usize,
+        w: &DeviceFp8Weight,
+        act: &mut CudaSlice<u16>,
+    ) -> Result<()> {
+        let (n, k) = (w.n, w.k);
+        if m == 0 || m > SMALL_M || n % 16 != 0 || x.len() != m * k || act.len() != m * n / 2 {
+            return Err(Error::Shape(format!(
+                "fused SwiGLU product: x has {} elements for ({m}, {k}), act {} for ({m}, {}); \
+                 needs 1 to {SMALL_M} rows and N % 16 == 0 (N = {n})",
+                x.len(),
+                act.len(),
+                n / 2
+            )));
+        }
+        let dims = [m as i32, n as i32, k as i32, mode_bits(w) | MODE_SWIGLU];
+        self.small_m(format_index(w)?, 1, w, x, act, &dims)
+    }
+
+    /// The small-M kernel for `dims = [M, N, K, mode]` (`M <= SMALL_M`): the
+    /// table's shape for the tokens, or the one under trial.
+    fn small_m<D: GemmOut>(
+        &self,
+        fmt: usize,
+        out: usize,
+        w: &DeviceFp8Weight,
+        x: &CudaSlice<u16>,
+        y: &mut CudaSlice<D>,
+        dims: &[i32; 4],
+    ) -> Result<()> {
+        let n = dims[1] as usize;
+        if n.div_ceil(16) > 65535 {
+            return Err(Error::Shape(format!(
+                "mixed product: N = {n} is beyond the small-M kernel's grid (65535 tiles of 16 rows)"
+            )));
+        }
+        let m = dims[0] as usize;
+        let lay = w.layout as usize;
+        let c = SMALL_CFG
+            .iter()
+            .position(|c| m.min(16) as u32 <= c.tokens)
+            .unwrap_or(SMALL_CFG.len() - 1);
+        if let Some((t, fns)) = &self.k.mixed.tune {
+            if t.group() == SMALL_CFG[c].group() {
+                return self.launch_small(&fns[fmt][lay][out], t, w, x, y, dims);
+            }
+        }
+        let f = &self.k.mixed.small[fmt][c][lay][out];
+        self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
+    }
+
     /// Whether kernels launch as programmatic dependents of the previous
     /// kernel (sm_90 and later, unless `OCTET_MIXED_PDL=0`).
     pub(crate) fn pdl(&self) -> bool {
@@ -730,7 +801,7 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{small_smem, tile_codes, SmallTune, SmemLimits, SMALL_CFG};
+    use super::{interleave_gate_up, small_smem, tile_codes, SmallTune, SmemLimits, SMALL_CFG};
 
     /// `OCTET_MIXED_TUNE` names a shape the kernel template takes, or the
     /// table's; anything else is an error naming the variable.
@@ -876,5 +947,38 @@ mod tests {
             );
         }
         assert!(tile_codes(&[1, 2, 3], 2, 2).is_err());
+    }
+
+    /// Row `16 t + r` of the interleaved matrix is gate feature `8 t + r` for
+    /// `r < 8` and up feature `8 t + r - 8` otherwise: where an mma lane's
+    /// rows g and g + 8 find one feature's two halves.
+    #[test]
+    fn gate_and_up_interleave_by_eight_features() {
+        let (ff, k) = (24usize, 3usize);
+        // Value = 1000 * (0 gate / 1 up) + 10 * feature + column.
+        let stacked: Vec<u32> = (0..2 * ff * k)
+            .map(|i| {
+                let (row, col) = (i / k, i % k);
+                1000 * (row / ff) as u32 + 10 * (row % ff) as u32 + col as u32
+            })
+            .collect();
+        let got = interleave_gate_up(&stacked, ff, k).expect("ff % 8 == 0");
+        for row in 0..2 * ff {
+            let (t, r) = (row / 16, row % 16);
+            let (half, feature) = if r < 8 {
+                (0, 8 * t + r)
+            } else {
+                (1, 8 * t + r - 8)
+            };
+            for col in 0..k {
+                assert_eq!(
+                    got[row * k + col],
+                    1000 * half + 10 * feature as u32 + col as u32,
+                    "row {row} col {col}"
+                );
+            }
+        }
+        assert!(interleave_gate_up(&stacked[..2 * 20 * k], 20, k).is_err());
+        assert!(interleave_gate_up(&stacked[1..], ff, k).is_err());
     }
 }
