@@ -234,8 +234,10 @@ impl<'g> GpuDecoder<'g> {
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             // Four products per block: q, k and v as one matrix (rows stacked), o,
-            // gate and up as one, down. Fewer, larger launches; with per-channel
-            // scales the codes are exactly those of the separate matrices.
+            // gate and up as one (interleaved by 8 features when
+            // intermediate_size allows, for the fused SwiGLU product), down.
+            // Fewer, larger launches; with per-channel scales the codes are
+            // exactly those of the separate matrices.
             let rows_of = |names: &[&str]| -> Result<(Vec<f32>, usize, usize)> {
                 let (mut data, mut n, mut k) = (Vec::new(), 0, 0);
                 for m in names {

@@ -13,7 +13,9 @@
 //!   feeds `mma.m16n8k16` (f32 accumulation); block factors apply per 128
 //!   columns, tensor and row factors to the result. This is the decode path,
 //!   where weight bytes are the cost. Its shape (warps, stages) depends on the
-//!   tokens (`SMALL_CFG`). On sm_90 and later it is launched as a
+//!   tokens (`SMALL_CFG`). [`Gpu::mixed_matmul_swiglu`] runs it over a
+//!   decoder's interleaved gate and up rows and writes `silu(gate) * up`
+//!   from its epilogue. On sm_90 and later it is launched as a
 //!   programmatic dependent of the previous kernel, its first copies of codes
 //!   overlapping that kernel's tail (`OCTET_MIXED_PDL=0` launches it plainly,
 //!   for comparisons). A launch of few blocks takes enough shared memory a
