@@ -974,14 +974,10 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         (24, 24, 32),
         false,
     );
-    out.push(CaseResult {
-        name: "gemm fp8 with m=24 (not a multiple of 16) -> shape error".into(),
-        pass: matches!(r, Err(Error::Shape(_))),
-        worst: match r {
-            Err(e) => e.to_string(),
-            Ok(_) => "no error".into(),
-        },
-    });
+    out.push(shape_error(
+        "gemm fp8 with m=24 (not a multiple of 16) -> shape error",
+        r,
+    ));
     Ok(())
 }
 
@@ -1106,38 +1102,47 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     }
     mixed_swiglu_cases(gpu, &mut seed, out)?;
     // Bad input: K not a multiple of 16, x of the wrong size.
-    let w = Fp8Weight::quantize(
-        &random_f32(16 * 40, 5, 1.0),
-        16,
-        40,
-        Format::E4M3,
-        WeightScaling::Tensor,
-    )
-    .map_err(|e| Error::Shape(e.to_string()))?;
+    let w = small_fp8_weight(16, 40, WeightScaling::Tensor)?;
     let r = gpu.upload_fp8_weight(&w);
-    out.push(CaseResult {
-        name: "mixed weight with K=40 (not a multiple of 16) -> shape error".into(),
-        pass: matches!(r, Err(Error::Shape(_))),
-        worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
-    let w = Fp8Weight::quantize(
-        &random_f32(16 * 48, 5, 1.0),
-        16,
-        48,
-        Format::E4M3,
-        WeightScaling::Tensor,
-    )
-    .map_err(|e| Error::Shape(e.to_string()))?;
+    out.push(shape_error(
+        "mixed weight with K=40 (not a multiple of 16) -> shape error",
+        r,
+    ));
+    let w = small_fp8_weight(16, 48, WeightScaling::Tensor)?;
     let dw = gpu.upload_fp8_weight(&w)?;
     let dx = gpu.upload(&[0u16; 2 * 47])?;
     let mut y: CudaSlice<f32> = gpu.alloc_zeros(2 * 16, "y")?;
     let r = gpu.mixed_matmul(&dx, 2, &dw, &mut y);
-    out.push(CaseResult {
-        name: "mixed product with x of 2x47 for K=48 -> shape error".into(),
+    out.push(shape_error(
+        "mixed product with x of 2x47 for K=48 -> shape error",
+        r,
+    ));
+    Ok(())
+}
+
+/// The case "`name` -> shape error": passes when `r` is `Error::Shape`.
+fn shape_error<T>(name: impl Into<String>, r: Result<T>) -> CaseResult {
+    CaseResult {
+        name: name.into(),
         pass: matches!(r, Err(Error::Shape(_))),
         worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
-    Ok(())
+    }
+}
+
+/// A random E4M3 weight `(n, k)` for the refused-shape cases.
+fn small_fp8_weight(
+    n: usize,
+    k: usize,
+    scaling: octet_tensor::mixed::WeightScaling,
+) -> Result<octet_tensor::mixed::Fp8Weight> {
+    octet_tensor::mixed::Fp8Weight::quantize(
+        &random_f32(n * k, 5, 1.0),
+        n,
+        k,
+        Format::E4M3,
+        scaling,
+    )
+    .map_err(|e| Error::Shape(e.to_string()))
 }
 
 /// The fused SwiGLU product (`Gpu::mixed_matmul_swiglu`, the decoder's
@@ -1211,41 +1216,25 @@ fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> R
         }
     }
     // Refused: more rows than the small-M kernel takes; N not whole 16-row tiles.
-    let w = Fp8Weight::quantize(
-        &random_f32(16 * 32, 3, 1.0),
-        16,
-        32,
-        Format::E4M3,
-        WeightScaling::Channel,
-    )
-    .map_err(|e| Error::Shape(e.to_string()))?;
+    let w = small_fp8_weight(16, 32, WeightScaling::Channel)?;
     let dw = gpu.upload_fp8_weight_tiled(&w)?;
     let m = crate::mixed::SMALL_M + 1;
     let dx = gpu.upload(&vec![0u16; m * 32])?;
     let mut act = gpu.upload(&vec![0u16; m * 8])?;
     let r = gpu.mixed_matmul_swiglu(&dx, m, &dw, &mut act);
-    out.push(CaseResult {
-        name: format!("mixed SwiGLU with {m} rows -> shape error"),
-        pass: matches!(r, Err(Error::Shape(_))),
-        worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
-    let w = Fp8Weight::quantize(
-        &random_f32(24 * 32, 3, 1.0),
-        24,
-        32,
-        Format::E4M3,
-        WeightScaling::Channel,
-    )
-    .map_err(|e| Error::Shape(e.to_string()))?;
+    out.push(shape_error(
+        format!("mixed SwiGLU with {m} rows -> shape error"),
+        r,
+    ));
+    let w = small_fp8_weight(24, 32, WeightScaling::Channel)?;
     let dw = gpu.upload_fp8_weight_tiled(&w)?;
     let dx = gpu.upload(&[0u16; 32])?;
     let mut act = gpu.upload(&[0u16; 12])?;
     let r = gpu.mixed_matmul_swiglu(&dx, 1, &dw, &mut act);
-    out.push(CaseResult {
-        name: "mixed SwiGLU with N = 24 (not whole 16-row tiles) -> shape error".into(),
-        pass: matches!(r, Err(Error::Shape(_))),
-        worst: r.err().map_or("no error".into(), |e| e.to_string()),
-    });
+    out.push(shape_error(
+        "mixed SwiGLU with N = 24 (not whole 16-row tiles) -> shape error",
+        r,
+    ));
     Ok(())
 }
 
@@ -1819,11 +1808,10 @@ fn block_gemm_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 &mut dx,
                 (m, k, n - 8),
             );
-            out.push(CaseResult {
-                name: format!("gemm fp8 block-scaled with k={} -> shape error", n - 8),
-                pass: matches!(r, Err(Error::Shape(_))),
-                worst: r.err().map_or("no error".into(), |e| e.to_string()),
-            });
+            out.push(shape_error(
+                format!("gemm fp8 block-scaled with k={} -> shape error", n - 8),
+                r,
+            ));
         }
         for (name, got, want) in cases {
             let (pass, text) = match got {
