@@ -11,8 +11,9 @@
 //   zero past N and K. One small-M warp copy (16 rows x 128 columns) is one
 //   contiguous 2 KiB run, and a block's 16 rows one run of 16 ceil(K/128)
 //   x 128 bytes. Measured on the H100 (BENCHMARKS.md, thirty-first session):
-//   +0.02 to +0.05 of copy bandwidth at 1 to 16 tokens over row-major, whose
-//   warp copies gather 16 pieces of 128 bytes K bytes apart.
+//   +0.00 to +0.06 of copy bandwidth at 1 to 16 tokens over row-major (least
+//   on the smallest weight), whose warp copies gather 16 pieces of 128 bytes
+//   K bytes apart.
 // The host passes the layout as the MODE_TILED bit of `mode` (the wgmma and
 // upcast kernels) or picks the `...t` small-M kernels.
 //
