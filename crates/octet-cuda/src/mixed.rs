@@ -47,9 +47,9 @@
 //! `16t..16t+15` and columns `128b..128b+127`, zero past `N` and `K`
 //! ([`tile_codes`]). A small-M warp's copy of 16 rows x 128 columns is then
 //! one contiguous 2 KiB run instead of 16 runs of 128 bytes `K` bytes apart:
-//! +0.00 to +0.06 of copy bandwidth at 1 to 16 tokens on the H100 (least on the smallest weight)
-//! (BENCHMARKS.md, thirty-first session). The factors are f32 (1, `N`, or one
-//! per 128x128 tile) in either layout.
+//! +0.00 to +0.06 of copy bandwidth at 1 to 16 tokens on the H100, least on
+//! the smallest weight (BENCHMARKS.md, thirty-first session). The factors are
+//! f32 (1, `N`, or one per 128x128 tile) in either layout.
 
 use crate::tma::TmaMap;
 use crate::{Error, GemmOut, Gpu, Result};
