@@ -26,16 +26,44 @@ __device__ __forceinline__ float block_sum(float v, float* shared) {
     return t;
 }
 
+// The norms keep up to NORM_REG elements a thread in registers (C up to
+// 4096 with 1024 threads; the rest go through memory). Their weight g is
+// constant (no kernel writes it), so they load it before `grid_wait`, while
+// the kernel before them finishes; element i of a thread is
+// threadIdx.x + i blockDim.x, summed in that order.
+#define NORM_REG 4
+__device__ __forceinline__ void load_norm_weight(const float* __restrict__ g, int C, float (&gr)[NORM_REG]) {
+#pragma unroll
+    for (int j = 0; j < NORM_REG; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        gr[j] = i < C ? g[i] : 0.f;
+    }
+}
+
 // out = bf16(x / sqrt(mean(x^2) + eps) * g), one block per row of C.
 extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned short* out, int C, float eps) {
     __shared__ float red[32];
+    float gr[NORM_REG], vr[NORM_REG];
+    load_norm_weight(g, C, gr);
     grid_wait();
     const float* r = x + (size_t)blockIdx.x * C;
+    out += (size_t)blockIdx.x * C;
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) s += r[i] * r[i];
+#pragma unroll
+    for (int j = 0; j < NORM_REG; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        vr[j] = i < C ? r[i] : 0.f;
+        s += vr[j] * vr[j];
+    }
+    for (int i = threadIdx.x + NORM_REG * blockDim.x; i < C; i += blockDim.x) s += r[i] * r[i];
     s = block_sum(s, red);
     const float inv = rsqrtf(s / C + eps);
-    for (int i = threadIdx.x; i < C; i += blockDim.x) out[(size_t)blockIdx.x * C + i] = f32_to_bf16(r[i] * inv * g[i]);
+#pragma unroll
+    for (int j = 0; j < NORM_REG; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < C) out[i] = f32_to_bf16(vr[j] * inv * gr[j]);
+    }
+    for (int i = threadIdx.x + NORM_REG * blockDim.x; i < C; i += blockDim.x) out[i] = f32_to_bf16(r[i] * inv * g[i]);
 }
 
 // x += y, then out = bf16(x / sqrt(mean(x^2) + eps) * g): the residual add
@@ -44,20 +72,37 @@ extern "C" __global__ void rmsnorm_bf16(const float* x, const float* g, unsigned
 extern "C" __global__ void add_rmsnorm_bf16(float* x, const float* y, const float* g, unsigned short* out, int C,
                                             float eps) {
     __shared__ float red[32];
+    float gr[NORM_REG], vr[NORM_REG];
+    load_norm_weight(g, C, gr);
     grid_wait();
     x += (size_t)blockIdx.x * C;
     y += (size_t)blockIdx.x * C;
     out += (size_t)blockIdx.x * C;
     float s = 0.f;
-    for (int i = threadIdx.x; i < C; i += blockDim.x) {
+#pragma unroll
+    for (int j = 0; j < NORM_REG; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        vr[j] = 0.f;
+        if (i < C) {
+            vr[j] = x[i] + y[i];
+            x[i] = vr[j];
+        }
+        s += vr[j] * vr[j];
+    }
+    for (int i = threadIdx.x + NORM_REG * blockDim.x; i < C; i += blockDim.x) {
         const float v = x[i] + y[i];
         x[i] = v;
         s += v * v;
     }
     s = block_sum(s, red);
     const float inv = rsqrtf(s / C + eps);
-    // Each thread reads back the elements it wrote.
-    for (int i = threadIdx.x; i < C; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * g[i]);
+#pragma unroll
+    for (int j = 0; j < NORM_REG; j++) {
+        const int i = threadIdx.x + j * blockDim.x;
+        if (i < C) out[i] = f32_to_bf16(vr[j] * inv * gr[j]);
+    }
+    // Past NORM_REG: each thread reads back the elements it wrote.
+    for (int i = threadIdx.x + NORM_REG * blockDim.x; i < C; i += blockDim.x) out[i] = f32_to_bf16(x[i] * inv * g[i]);
 }
 
 // Row r of x = table[token r] (C floats).
