@@ -169,6 +169,13 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
         if (s < nk) copy_w(s);
+    // The factors are constant as well: the two this thread's outputs use
+    // (rows lane / 4 and lane / 4 + 8 of the tile; every epilogue element a
+    // thread takes has its lane) load here rather than after the loop, where
+    // they were a dependent load at the end of every launch.
+    const int frow = row0 + (lane >> 2);
+    const float fa = frow < N ? post_factor(factors, mode, frow) : 0.f;
+    const float fb = frow + 8 < N ? post_factor(factors, mode, frow + 8) : 0.f;
     grid_wait();
     grid_trigger();
 #pragma unroll
@@ -253,7 +260,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
             const int tok = j * 8 + 2 * (l & 3) + i;
             if (row + 8 < N && tok < M)
                 y[(size_t)tok * (N / 2) + blockIdx.y * 8 + (l >> 2)] = Out<OUT>::from(
-                    swiglu_f32(a * post_factor(factors, mode, row), u * post_factor(factors, mode, row + 8)));
+                    swiglu_f32(a * fa, u * fb));
         }
         return;
     }
@@ -265,7 +272,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         const int j = idx >> 2, i = idx & 3;
         const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
-        if (row < N && tok < M) y[(size_t)tok * N + row] = Out<OUT>::from(v * post_factor(factors, mode, row));
+        if (row < N && tok < M) y[(size_t)tok * N + row] = Out<OUT>::from(v * (i >= 2 ? fb : fa));
     }
 }
 

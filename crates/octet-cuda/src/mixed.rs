@@ -381,7 +381,7 @@ impl MixedKernels {
 /// Its device buffers are written once, by [`Gpu::upload_fp8_weight`] or
 /// [`Gpu::upload_fp8_weight_tiled`], and
 /// are not reachable for writing outside this crate: the small-M kernel
-/// starts reading the codes before the previous kernel in the stream has
+/// starts reading the codes and factors before the previous kernel in the stream has
 /// finished (a programmatic dependent launch), which is sound only because
 /// no kernel ever writes them.
 pub struct DeviceFp8Weight {
@@ -756,7 +756,7 @@ impl Gpu {
         };
         // SAFETY: the arguments are the kernel's (four device pointers, then
         // four i32); the caller checked the shapes and the kernel guards rows,
-        // tokens and columns. The weight the kernel reads before its wait is
+        // tokens and columns. The weight (codes and factors) the kernel reads before its wait is
         // written only by its upload (a copy, which a dependent launch does
         // not overlap).
         unsafe { a.launch(f, cfg, self.k.mixed.pdl) }
