@@ -171,11 +171,19 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         if (s < nk) copy_w(s);
     // The factors are constant as well: the two this thread's outputs use
     // (rows lane / 4 and lane / 4 + 8 of the tile; every epilogue element a
-    // thread takes has its lane) load here rather than after the loop, where
-    // they were a dependent load at the end of every launch.
+    // thread takes has its lane). Over tiled codes they load here, where
+    // they were a dependent load at the end of every launch (4096x4096:
+    // 0.84 -> 0.87-0.88 of copy at 1-4 tokens, thirty-first session). Over
+    // row-major codes the two registers held through the loop took the
+    // 4-token kernel to 83 registers and two blocks an SM (0.89 -> 0.84 on
+    // 4096x14336), so there they load after the loop.
     const int frow = row0 + (lane >> 2);
-    const float fa = frow < N ? post_factor(factors, mode, frow) : 0.f;
-    const float fb = frow + 8 < N ? post_factor(factors, mode, frow + 8) : 0.f;
+    float fa = 0.f, fb = 0.f;
+    auto load_factors = [&]() {
+        fa = frow < N ? post_factor(factors, mode, frow) : 0.f;
+        fb = frow + 8 < N ? post_factor(factors, mode, frow + 8) : 0.f;
+    };
+    if (TILED) load_factors();
     grid_wait();
     grid_trigger();
 #pragma unroll
@@ -237,6 +245,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         __syncwarp();
     }
     cp_wait<0>();
+    if (!TILED) load_factors();
     __syncthreads();
     // The warps' totals, summed in warp order (the ring is free now).
     float* red = reinterpret_cast<float*>(smem);  // [WARPS][NT * 4][32]
