@@ -33,7 +33,7 @@
 // tensor and row scales, which apply at the end). The warps' totals are summed
 // in warp order through shared memory. On sm_90 and later the host launches it
 // as a programmatic dependent of the previous kernel, and its first copies of
-// codes overlap that kernel's tail.
+// codes (and, over tiled codes, its row factors) overlap that kernel's tail.
 //
 // Against the register-pipelined kernel it replaced (the next block's codes
 // and x held in registers, 8 warps, 60 / 88 registers for 8 / 16 tokens),

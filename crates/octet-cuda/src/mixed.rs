@@ -17,7 +17,8 @@
 //!   decoder's interleaved gate and up rows and writes `silu(gate) * up`
 //!   from its epilogue. On sm_90 and later it is launched as a
 //!   programmatic dependent of the previous kernel, its first copies of codes
-//!   overlapping that kernel's tail (`OCTET_MIXED_PDL=0` launches it plainly,
+//!   (and, over tiled codes, its row factors) overlapping that kernel's tail
+//!   (`OCTET_MIXED_PDL=0` launches it plainly,
 //!   for comparisons). A launch of few blocks takes enough shared memory a
 //!   block to spread over all SMs (`small_smem`; `OCTET_MIXED_SPREAD=0`
 //!   turns it off, for comparisons). `OCTET_MIXED_TUNE=groups:warps:stages`
