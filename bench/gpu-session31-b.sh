@@ -14,12 +14,6 @@ t0=$SECONDS
 gunzip -f dev-bin/*.gz; chmod +x dev-bin/*
 . bench/session12_runs.sh
 R=$OUT/r; mkdir -p $R
-text_md5() { awk '/^weights  matrix bytes/{exit} {print}' "$1" | tr -cd '\11\12\15\40-\176' | md5sum | cut -c1-12; }
-tiled_vs_row() { # FILE: "KxN M tiled row-major" share of copy, graph rows
-  grep -E "weights back to back in a graph" "$1" | grep "^mixed" | sed 's/   */ /g' |
-    awk '{kn=$5 $6; m=$7; r=$(NF-1); if ($0 ~ /row-major/) print kn, m, "row", r; else print kn, m, "tiled", r}' |
-    sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
-}
 {
 nvidia-smi --query-gpu=name,clocks.max.sm,clocks.max.mem --format=csv
 dev-bin/octet selftest --device cuda > $R/selftest.txt 2>&1

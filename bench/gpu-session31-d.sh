@@ -15,11 +15,6 @@ t0=$SECONDS
 gunzip -f dev-bin/*.gz; chmod +x dev-bin/*
 . bench/session12_runs.sh
 R=$OUT/r; mkdir -p $R
-text_md5() { awk '/^weights  matrix bytes/{exit} {print}' "$1" | tr -cd '\11\12\15\40-\176' | md5sum | cut -c1-12; }
-tiled_ratios() {
-  grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | grep -v row-major | sed 's/   */ /g' |
-    awk '{print $5 $6, $7, $(NF-1)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
-}
 {
 dev-bin/octet selftest --device cuda > $R/selftest.txt 2>&1
 echo "selftest rc=$? ($((SECONDS-t0)) s): $(selftest_counts $R/selftest.txt)"

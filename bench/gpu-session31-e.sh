@@ -7,7 +7,6 @@ t0=$SECONDS
 gunzip -f dev-bin/*.gz; chmod +x dev-bin/*
 . bench/session12_runs.sh
 R=$OUT/r; mkdir -p $R
-text_md5() { awk '/^weights  matrix bytes/{exit} {print}' "$1" | tr -cd '\11\12\15\40-\176' | md5sum | cut -c1-12; }
 {
 dev-bin/octet selftest --device cuda > $R/selftest.txt 2>&1
 echo "selftest rc=$? ($((SECONDS-t0)) s): $(selftest_counts $R/selftest.txt)"

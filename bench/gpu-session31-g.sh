@@ -12,10 +12,6 @@ t0=$SECONDS
 gunzip -f dev-bin/*.gz; chmod +x dev-bin/*
 . bench/session12_runs.sh
 R=$OUT/r; mkdir -p $R
-tiled_ratios() {
-  grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | grep -v row-major | sed 's/   */ /g' |
-    awk '{print $5 $6, $7, $(NF-1)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
-}
 {
 for c in 64B 128B 256B; do
   env OCTET_MIXED_L2HINT=$c OCTET_SELFTEST_ONLY=mixed dev-bin/octet selftest --device cuda > "$R/selftest-$c.txt" 2>&1

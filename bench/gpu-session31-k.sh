@@ -7,11 +7,6 @@ t0=$SECONDS
 gunzip -f dev-bin/*.gz; chmod +x dev-bin/*
 . bench/session12_runs.sh
 R=$OUT/r; mkdir -p $R
-tiled_vs_row() {
-  grep -E "weights back to back in a graph" "$1" | grep "^mixed" | sed 's/   */ /g' |
-    awk '{kn=$5 $6; m=$7; r=$(NF-1); if ($0 ~ /row-major/) print kn, m, "row", r; else print kn, m, "tiled", r}' |
-    sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
-}
 {
 dev-bin/octet selftest --device cuda > $R/selftest.txt 2>&1
 echo "selftest rc=$? ($((SECONDS-t0)) s): $(selftest_counts $R/selftest.txt)"

@@ -117,3 +117,20 @@ large_m_old_vs_new() {
     done
   done
 }
+
+# Thirty-first session helpers.
+# text_md5 FILE: md5 (12 hex digits) of `octet generate`'s printed text before its
+# table, without non-ASCII bytes (the echo groups invalid UTF-8 per chunk).
+text_md5() { awk '/^weights  matrix bytes/{exit} {print}' "$1" | tr -cd '\11\12\15\40-\176' | md5sum | cut -c1-12; }
+# tiled_ratios FILE: "KxN M ratio" of the tiled rows back to back in a graph
+# (share of the 1 GiB copy) of `octet bench mixed --device cuda`.
+tiled_ratios() {
+  grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | grep -v row-major | sed 's/   */ /g' |
+    awk '{print $5 $6, $7, $(NF-1)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+}
+# tiled_vs_row FILE: "KxN M tiled|row ratio" of the same rows, both layouts.
+tiled_vs_row() {
+  grep -E "weights back to back in a graph" "$1" | grep "^mixed" | sed 's/   */ /g' |
+    awk '{kn=$5 $6; m=$7; r=$(NF-1); if ($0 ~ /row-major/) print kn, m, "row", r; else print kn, m, "tiled", r}' |
+    sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+}
