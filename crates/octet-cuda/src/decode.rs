@@ -47,7 +47,7 @@ struct Layer {
     attn_norm: CudaSlice<f32>,
     mlp_norm: CudaSlice<f32>,
     /// qkv (stacked), o, gate+up (interleaved by 8 features where the
-    /// width allows, else stacked: `GpuDecoder::gu_group`), down.
+    /// width allows, else stacked: `gu_group`), down.
     mats: Vec<Mat>,
     k_cache: CudaSlice<f32>,
     v_cache: CudaSlice<f32>,
@@ -75,7 +75,7 @@ struct Buffers {
     qkv: CudaSlice<f32>,
     a: CudaSlice<u16>,
     o: CudaSlice<f32>,
-    /// gate and up of each row, in groups of `GpuDecoder::gu_group` features.
+    /// gate and up of each row, in groups of `gu_group` features.
     gu: CudaSlice<f32>,
     act: CudaSlice<u16>,
     /// Each attention run's max score, sum and unnormalised output, `(rows, hq, runs, d + 2)`.
@@ -122,10 +122,6 @@ pub struct GpuDecoder<'g> {
     embed: CudaSlice<f32>,
     /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs, rows)`).
     att_runs: usize,
-    /// How `gate+up` groups its rows: 8 gate rows then the same features' 8
-    /// up rows (`interleave_gate_up`, what the fused SwiGLU product takes),
-    /// or all gates then all ups (`intermediate_size` not a multiple of 8).
-    gu_group: usize,
     /// The rotary tables `(max positions, D/2)`, cos then sin, as the CPU's `Rope` rounds them to f32.
     rope_cos: CudaSlice<f32>,
     rope_sin: CudaSlice<f32>,
@@ -229,7 +225,7 @@ impl<'g> GpuDecoder<'g> {
             cfg.max_position_embeddings,
         );
         let ff = cfg.intermediate_size;
-        let gu_group = if ff.is_multiple_of(8) { 8 } else { ff };
+        let gu_group = gu_group(ff);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
@@ -302,7 +298,6 @@ impl<'g> GpuDecoder<'g> {
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
             att_runs,
-            gu_group,
             rope_cos: gpu.upload(&cos)?,
             rope_sin: gpu.upload(&sin)?,
             layers,
@@ -711,7 +706,7 @@ impl<'g> GpuDecoder<'g> {
             )?;
             match &layer.mats[2] {
                 // Up to SMALL_M rows the product's epilogue applies SwiGLU.
-                Mat::Fp8(w) if rows <= SMALL_M && self.gu_group == 8 => {
+                Mat::Fp8(w) if rows <= SMALL_M && gu_group(ff) == 8 => {
                     gpu.mixed_matmul_swiglu(&b.h, rows, w, &mut b.act)?
                 }
                 m => {
@@ -720,7 +715,7 @@ impl<'g> GpuDecoder<'g> {
                     a.ptr(&b.gu)
                         .ptr_mut(&mut b.act)
                         .i32(ffi)
-                        .i32(self.gu_group as i32);
+                        .i32(gu_group(ff) as i32);
                     unsafe { a.launch(&f.swiglu, rows_of(ff), pdl) }?;
                 }
             }
@@ -779,6 +774,18 @@ fn bf16s(t: &Tensor) -> Vec<half::bf16> {
         .iter()
         .map(|&x| half::bf16::from_f32(x))
         .collect()
+}
+
+/// How the decoder's `gate+up` matrix groups its rows: 8 gate rows, then the
+/// same features' 8 up rows (`interleave_gate_up`, what the fused SwiGLU
+/// product takes), or all gates then all ups when `ff` (intermediate_size)
+/// is not a multiple of 8.
+fn gu_group(ff: usize) -> usize {
+    if ff.is_multiple_of(8) {
+        8
+    } else {
+        ff
+    }
 }
 
 /// `y (rows, N) = x (rows, K) @ W^T`.
