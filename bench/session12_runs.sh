@@ -125,12 +125,25 @@ text_md5() { awk '/^weights  matrix bytes/{exit} {print}' "$1" | tr -cd '\11\12\
 # tiled_ratios FILE: "KxN M ratio" of the tiled rows back to back in a graph
 # (share of the 1 GiB copy) of `octet bench mixed --device cuda`.
 tiled_ratios() {
-  grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | grep -v row-major | sed 's/   */ /g' |
+  grep -E "^mixed.*[0-9] weights back to back in a graph" "$1" | grep -v "row-major\|x f16" | sed 's/   */ /g' |
     awk '{print $5 $6, $7, $(NF-1)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
 }
 # tiled_vs_row FILE: "KxN M tiled|row ratio" of the same rows, both layouts.
 tiled_vs_row() {
   grep -E "weights back to back in a graph" "$1" | grep "^mixed" | sed 's/   */ /g' |
-    awk '{kn=$5 $6; m=$7; r=$(NF-1); if ($0 ~ /row-major/) print kn, m, "row", r; else print kn, m, "tiled", r}' |
+    awk '{kn=$5 $6; m=$7; r=$(NF-1); if ($0 ~ /row-major/) print kn, m, "row", r; else if ($0 ~ /x f16/) print kn, m, "f16", r; else print kn, m, "tiled", r}' |
+    sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+}
+
+# Thirty-second session helpers.
+# f16_ratios FILE: "KxN M ratio" of the f16-x rows back to back in a graph.
+f16_ratios() {
+  grep -E "^mixed.*x f16, [0-9]+ weights back to back in a graph" "$1" | sed 's/   */ /g' |
+    awk '{print $5 $6, $7, $(NF-1)}' | sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+}
+# large_m_rows FILE: the M > 64 rows (ratio against cuBLASLt bf16), one line.
+large_m_rows() {
+  grep -E "^mixed.*M=(256|2048)" "$1" | sed 's/   */ /g' |
+    awk '{t="tiled"; if ($0 ~ /x f16/) t="f16"; else if ($0 ~ /row-major/) t="row"; print $4, $5 $6, $7, t, $(NF-2)}' |
     sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
 }

@@ -227,6 +227,44 @@ __device__ __forceinline__ unsigned int fp8x2_to_bf16x2(unsigned int two) {
     return r;
 }
 
+// E4M3 -> f16x2 in integer code (GPUs without FP8 instructions): the
+// magnitude shifted into an f16's exponent and mantissa is the value times
+// 2^-8 (normal and subnormal codes alike: f16's exponent bias is 8 above
+// E4M3's and its subnormals reach 2^-24), and one f16x2 multiply by 2^8
+// restores it exactly. `WITH_NAN` as for `e4m3x2_to_bf16x2_soft`.
+template <bool WITH_NAN>
+__device__ __forceinline__ unsigned int e4m3x2_to_f16x2_soft(unsigned int two) {
+    unsigned int w, r;
+    asm("prmt.b32 %0, %1, 0, 0x9180;" : "=r"(w) : "r"(two)); // [code 0, sign 0, code 1, sign 1]
+    const unsigned int bits = (w << 7) & 0xbf80bf80u;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(bits), "r"(0x5c005c00u));
+    if (WITH_NAN) {
+        const unsigned int nan = ((w & 0x007f007fu) + 0x00010001u) & 0x00800080u; // magnitude 0x7f
+        r |= (nan >> 7) * 0x7e00u;
+    }
+    return r;
+}
+
+// Two FP8 codes (low byte first) -> f16x2 (low half first), exactly: every
+// E4M3 and E5M2 value is an f16. One instruction where the GPU converts
+// FP8; without, E5M2 is the top byte of an f16 (a byte permute) and E4M3
+// goes through `e4m3x2_to_f16x2_soft`.
+template <int FMT, bool WITH_NAN = true>
+__device__ __forceinline__ unsigned int fp8x2_to_f16x2_exact(unsigned int two) {
+#if OCTET_FP8_HW
+    return fp8x2_to_f16x2<FMT>((unsigned short)two);
+#else
+    if (FMT == FMT_E4M3) return e4m3x2_to_f16x2_soft<WITH_NAN>(two);
+    return __byte_perm(two, 0, 0x1404);
+#endif
+}
+
+// Two FP8 codes -> the activations' 16-bit type, f16 (`XF16`) or bf16.
+template <int FMT, bool XF16>
+__device__ __forceinline__ unsigned int fp8x2_to_x2(unsigned int two) {
+    return XF16 ? fp8x2_to_f16x2_exact<FMT, false>(two) : fp8x2_to_bf16x2<FMT, false>(two);
+}
+
 // ---------------------------------------------------------------- mma.sync
 
 // c (16 x 8 f32) += A (16 x 16 bf16, registers a0..a3 in mma's A-fragment
@@ -241,6 +279,26 @@ __device__ __forceinline__ void mma_bf16(float c[4], unsigned int a0, unsigned i
         "{%8, %9}, {%0, %1, %2, %3};"
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The same with f16 operands.
+__device__ __forceinline__ void mma_f16(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
+                                        unsigned int a3, unsigned int b0, unsigned int b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// `mma_f16` (`XF16`) or `mma_bf16`.
+template <bool XF16>
+__device__ __forceinline__ void mma_x(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
+                                      unsigned int a3, unsigned int b0, unsigned int b1) {
+    if (XF16)
+        mma_f16(c, a0, a1, a2, a3, b0, b1);
+    else
+        mma_bf16(c, a0, a1, a2, a3, b0, b1);
 }
 
 // Word i (0..3) of a 16-byte vector.

@@ -1,8 +1,15 @@
-// Weight-only FP8 products: y (M, N) = x (M, K) @ W^T with x in bf16, W (N, K)
-// stored as FP8 codes (E4M3 or E5M2) and f32 dequantization factors per
-// tensor, per row, or per 128x128 tile. FP8 codes are upcast to bf16 in
-// registers on their way to the tensor cores; the FP8 bytes are all that
+// Weight-only FP8 products: y (M, N) = x (M, K) @ W^T with x in bf16 or f16,
+// W (N, K) stored as FP8 codes (E4M3 or E5M2) and f32 dequantization factors
+// per tensor, per row, or per 128x128 tile. FP8 codes are upcast to x's type
+// in registers on their way to the tensor cores; the FP8 bytes are all that
 // moves from memory for the weight.
+//
+// x's type is a template parameter (`XF16`) of every kernel. Both hold every
+// FP8 value exactly. To f16 a pair of codes is one conversion instruction
+// (FP8 -> f16x2); to bf16 it is four (FP8 -> f16x2, two f16 -> f32, f32x2 ->
+// bf16x2), which is what bounds the small-M kernel at 16 tokens on the
+// smaller weights (BENCHMARKS.md, thirty-second session). This is the
+// trade ComfyUI-FeatherOps makes with f16 activations and E5M2 weights.
 //
 // Two layouts of the codes, both read by every kernel here:
 // - row-major (N, K), as cuBLASLt's FP8 GEMMs take them (the LoRA base);
@@ -44,7 +51,7 @@
 // all inside or all outside K), 16-byte aligned rows. The codes are never NaN
 // (`Fp8Weight` refuses NaN codes, and a `DeviceFp8Weight` is made only from
 // one), so every upcast here skips the NaN fix of the integer conversions
-// (`fp8x2_to_bf16x2<FMT, false>`; GPUs without FP8 instructions).
+// (`fp8x2_to_x2<FMT, XF16>`; GPUs without FP8 instructions).
 
 #define SCALE_TENSOR 0
 #define SCALE_ROW 1
@@ -93,7 +100,7 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // reaches only outputs that are not stored (a row of the mma's A or a column
 // of its B touches only its own outputs). Columns past K are zero-filled in
 // both operands.
-template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED = false>
+template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -225,14 +232,14 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const unsigned int ua = word(wa, s), ub = word(wb, s);
-                const unsigned int a0 = fp8x2_to_bf16x2<FMT, false>(ua & 0xffffu);
-                const unsigned int a1 = fp8x2_to_bf16x2<FMT, false>(ub & 0xffffu);
-                const unsigned int a2 = fp8x2_to_bf16x2<FMT, false>(ua >> 16);
-                const unsigned int a3 = fp8x2_to_bf16x2<FMT, false>(ub >> 16);
+                const unsigned int a0 = fp8x2_to_x2<FMT, XF16>(ua & 0xffffu);
+                const unsigned int a1 = fp8x2_to_x2<FMT, XF16>(ub & 0xffffu);
+                const unsigned int a2 = fp8x2_to_x2<FMT, XF16>(ua >> 16);
+                const unsigned int a3 = fp8x2_to_x2<FMT, XF16>(ub >> 16);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const uint4& xq = xv[j][s >> 1];
-                    mma_bf16(acc[j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
+                    mma_x<XF16>(acc[j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
                 }
             }
         }
@@ -285,24 +292,28 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 }
 
-#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED)                                          \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16)                                    \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
-        mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED>(w, x, factors, y, M, N, K, mode);              \
+        mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16>(w, x, factors, y, M, N, K, mode);        \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES)                                                   \
-    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false)                                              \
-    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true)
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16)                                             \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16)                                        \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16)
+#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S)                                                           \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16)                              \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16)                              \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16)                    \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
 // tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
-// name for row-major codes, and with a `t` appended for tiled codes.
+// name for row-major codes, and with a `t` appended for tiled codes; for
+// bf16 x, and with `_xf16` after the shape's tag for f16 x.
 #define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
-    MIXED_SMALL(mixed_e4m3_##TAG##_f32, FMT_E4M3, NT, float, W, S)                                       \
-    MIXED_SMALL(mixed_e5m2_##TAG##_f32, FMT_E5M2, NT, float, W, S)                                       \
-    MIXED_SMALL(mixed_e4m3_##TAG##_bf16, FMT_E4M3, NT, unsigned short, W, S)                             \
-    MIXED_SMALL(mixed_e5m2_##TAG##_bf16, FMT_E5M2, NT, unsigned short, W, S)
+    MIXED_SMALL_X(TAG, , false, NT, W, S)                                                               \
+    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S)
 MIXED_SMALL_CFG(n4, 1, 8, 3)
 MIXED_SMALL_CFG(n8, 1, 8, 2)
 MIXED_SMALL_CFG(n16, 2, 4, 3)
@@ -330,11 +341,12 @@ extern "C" __global__ void __launch_bounds__(256) read_floor(const uint4* __rest
     if (a == 0x9e3779b9u) sink[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
-// Large M: upcast W to bf16 (exact; block factors applied here, rounding the
-// product to bf16) for a cuBLAS bf16 GEMM, then `mixed_epilogue` applies the
-// tensor or row factor to the f32 GEMM output. One thread per 16 codes.
-// Either layout of the codes (MODE_TILED); the copy is row-major.
-template <int FMT>
+// Large M: upcast W to bf16, or f16 (`XF16`) for f16 x (exact; block
+// factors applied here, rounding the product to bf16 or f16) for a cuBLAS
+// GEMM of x's type, then `mixed_epilogue` applies the tensor or row factor
+// to the f32 GEMM output. One thread per 16 codes. Either layout of the
+// codes (MODE_TILED); the copy is row-major.
+template <int FMT, bool XF16>
 __device__ __forceinline__ void upcast(const unsigned char* __restrict__ w, const float* __restrict__ factors,
                                        unsigned short* __restrict__ out, int N, int K, int mode) {
     const size_t i = ((size_t)blockIdx.x * blockDim.x + threadIdx.x) * 16;
@@ -349,26 +361,29 @@ __device__ __forceinline__ void upcast(const unsigned char* __restrict__ w, cons
         o[2 * q] = fp8x2_to_bf16x2<FMT, false>(word(v, q) & 0xffffu);
         o[2 * q + 1] = fp8x2_to_bf16x2<FMT, false>(word(v, q) >> 16);
     }
-    if (mode == SCALE_BLOCK) {
-        const float f = factors[(row / 128) * ((K + 127) / 128) + col / 128];
+    const float f = mode == SCALE_BLOCK ? factors[(row / 128) * ((K + 127) / 128) + col / 128] : 1.f;
 #pragma unroll
-        for (int q = 0; q < 8; q++) {
-            const float lo = bf16_lo(o[q]) * f, hi = bf16_hi(o[q]) * f;
+    for (int q = 0; q < 8; q++) {
+        // Exact unless a block factor scales the value (bf16 holds every code).
+        const float lo = bf16_lo(o[q]) * f, hi = bf16_hi(o[q]) * f;
+        if (XF16)
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(o[q]) : "f"(hi), "f"(lo));
+        else if (mode == SCALE_BLOCK)
             asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[q]) : "f"(hi), "f"(lo));
-        }
     }
     uint4* dst = reinterpret_cast<uint4*>(out + i);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
     dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
-extern "C" __global__ void upcast_e4m3(const unsigned char* w, const float* factors, unsigned short* out,
-                                       int N, int K, int mode) {
-    upcast<FMT_E4M3>(w, factors, out, N, K, mode);
-}
-extern "C" __global__ void upcast_e5m2(const unsigned char* w, const float* factors, unsigned short* out,
-                                       int N, int K, int mode) {
-    upcast<FMT_E5M2>(w, factors, out, N, K, mode);
-}
+#define UPCAST(NAME, FMT, XF16)                                                                          \
+    extern "C" __global__ void NAME(const unsigned char* w, const float* factors, unsigned short* out, int N, \
+                                    int K, int mode) {                                                     \
+        upcast<FMT, XF16>(w, factors, out, N, K, mode);                                                    \
+    }
+UPCAST(upcast_e4m3, FMT_E4M3, false)
+UPCAST(upcast_e5m2, FMT_E5M2, false)
+UPCAST(upcast_e4m3_xf16, FMT_E4M3, true)
+UPCAST(upcast_e5m2_xf16, FMT_E5M2, true)
 
 // `mode`: the scaling alone (no MODE_TILED).
 template <typename OUT>
@@ -426,36 +441,48 @@ extern "C" __global__ void mixed_epilogue_bf16(const float* acc, const float* fa
 #define MW_XBYTES (MW_TOK * 64 * 2)
 #define MW_STAGE (MW_XBYTES + MW_CH * 64)
 
-// d (64 x 256 f32, accumulator layout) += A (64 x 16 bf16, registers in the
-// A-fragment layout) B^T, B (256 x 16) in shared memory, K-major (descriptor `db`).
+// d (64 x 256 f32, accumulator layout) += A (64 x 16, bf16 or f16 (`XF16`),
+// registers in the A-fragment layout) B^T, B (256 x 16, the same type) in
+// shared memory, K-major (descriptor `db`). The accumulator's 128 registers
+// as the instruction's operand string and as asm operands:
+#define WG_N256_D                                                                                       \
+    "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "\
+    "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "\
+    "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "\
+    "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "\
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "\
+    "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "\
+    "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "\
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127 "
+#define WG_N256_OPS(d)                                                                                  \
+    "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),\
+    "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),\
+    "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),\
+    "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),\
+    "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),\
+    "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),\
+    "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),\
+    "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),\
+    "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),\
+    "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),\
+    "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),\
+    "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),\
+    "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),\
+    "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),\
+    "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),\
+    "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
+template <bool XF16>
 __device__ __forceinline__ void wgmma_rs_n256_kmajor(float d[32][4], const unsigned a[4], unsigned long long db) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "
-                 "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "
-                 "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "
-                 "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, "
-                 "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-                 "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
-                 : "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]),
-                   "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]),
-                   "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]),
-                   "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3]),
-                   "+f"(d[8][0]), "+f"(d[8][1]), "+f"(d[8][2]), "+f"(d[8][3]), "+f"(d[9][0]), "+f"(d[9][1]), "+f"(d[9][2]), "+f"(d[9][3]),
-                   "+f"(d[10][0]), "+f"(d[10][1]), "+f"(d[10][2]), "+f"(d[10][3]), "+f"(d[11][0]), "+f"(d[11][1]), "+f"(d[11][2]), "+f"(d[11][3]),
-                   "+f"(d[12][0]), "+f"(d[12][1]), "+f"(d[12][2]), "+f"(d[12][3]), "+f"(d[13][0]), "+f"(d[13][1]), "+f"(d[13][2]), "+f"(d[13][3]),
-                   "+f"(d[14][0]), "+f"(d[14][1]), "+f"(d[14][2]), "+f"(d[14][3]), "+f"(d[15][0]), "+f"(d[15][1]), "+f"(d[15][2]), "+f"(d[15][3]),
-                   "+f"(d[16][0]), "+f"(d[16][1]), "+f"(d[16][2]), "+f"(d[16][3]), "+f"(d[17][0]), "+f"(d[17][1]), "+f"(d[17][2]), "+f"(d[17][3]),
-                   "+f"(d[18][0]), "+f"(d[18][1]), "+f"(d[18][2]), "+f"(d[18][3]), "+f"(d[19][0]), "+f"(d[19][1]), "+f"(d[19][2]), "+f"(d[19][3]),
-                   "+f"(d[20][0]), "+f"(d[20][1]), "+f"(d[20][2]), "+f"(d[20][3]), "+f"(d[21][0]), "+f"(d[21][1]), "+f"(d[21][2]), "+f"(d[21][3]),
-                   "+f"(d[22][0]), "+f"(d[22][1]), "+f"(d[22][2]), "+f"(d[22][3]), "+f"(d[23][0]), "+f"(d[23][1]), "+f"(d[23][2]), "+f"(d[23][3]),
-                   "+f"(d[24][0]), "+f"(d[24][1]), "+f"(d[24][2]), "+f"(d[24][3]), "+f"(d[25][0]), "+f"(d[25][1]), "+f"(d[25][2]), "+f"(d[25][3]),
-                   "+f"(d[26][0]), "+f"(d[26][1]), "+f"(d[26][2]), "+f"(d[26][3]), "+f"(d[27][0]), "+f"(d[27][1]), "+f"(d[27][2]), "+f"(d[27][3]),
-                   "+f"(d[28][0]), "+f"(d[28][1]), "+f"(d[28][2]), "+f"(d[28][3]), "+f"(d[29][0]), "+f"(d[29][1]), "+f"(d[29][2]), "+f"(d[29][3]),
-                   "+f"(d[30][0]), "+f"(d[30][1]), "+f"(d[30][2]), "+f"(d[30][3]), "+f"(d[31][0]), "+f"(d[31][1]), "+f"(d[31][2]), "+f"(d[31][3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    if (XF16)
+        asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {" WG_N256_D
+                     "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
+                     : WG_N256_OPS(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
+    else
+        asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" WG_N256_D
+                     "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
+                     : WG_N256_OPS(d)
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
 }
 
 // Two floats -> bf16x2 (nearest even), `lo` in the low half.
@@ -465,13 +492,20 @@ __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
     return r;
 }
 
-// Two FP8 codes times a factor -> bf16x2 (rounded to nearest even): the
-// codes go to f32 exactly and are multiplied there, without the bf16 round
-// trip of `fp8x2_to_bf16x2` (same bits, three instructions fewer a pair).
-template <int FMT>
-__device__ __forceinline__ unsigned int fp8x2_to_bf16x2_scaled(unsigned int two, float f) {
+// Two FP8 codes times a factor -> bf16x2, or f16x2 (`XF16`), rounded to
+// nearest even: the codes go to f32 exactly and are multiplied there,
+// without the bf16 round trip of `fp8x2_to_bf16x2` (same bits, three
+// instructions fewer a pair). An f16 beyond 65504 would be infinite: the
+// host refuses f16 x for a block-scaled weight whose factors allow that.
+template <int FMT, bool XF16>
+__device__ __forceinline__ unsigned int fp8x2_to_x2_scaled(unsigned int two, float f) {
     float lo, hi;
     fp8x2_to_f32x2<FMT, false>(two, lo, hi);
+    if (XF16) {
+        unsigned int r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * f), "f"(lo * f));
+        return r;
+    }
     return pack_bf16x2(lo * f, hi * f);
 }
 
@@ -496,7 +530,7 @@ __device__ __forceinline__ void mw_issue(unsigned sm, unsigned bars, const TmaMa
 
 // This thread's A fragments of one stage: rows g and g + 8 of its warp's 16,
 // four 16-column steps, upcast (and scaled by `f` under block scaling).
-template <int FMT, bool BLOCK>
+template <int FMT, bool BLOCK, bool XF16>
 __device__ __forceinline__ void mw_fragments(unsigned buf, int row, int t, float f, unsigned a[4][4]) {
     const unsigned wb = buf + MW_XBYTES;
     const int sh = (t & 1) * 16;
@@ -512,17 +546,17 @@ __device__ __forceinline__ void mw_fragments(unsigned buf, int row, int t, float
             lo = (lo >> sh) & 0xffffu;
             hi = (hi >> sh) & 0xffffu;
             if (BLOCK) {
-                a[s][h] = fp8x2_to_bf16x2_scaled<FMT>(lo, f);
-                a[s][h + 2] = fp8x2_to_bf16x2_scaled<FMT>(hi, f);
+                a[s][h] = fp8x2_to_x2_scaled<FMT, XF16>(lo, f);
+                a[s][h + 2] = fp8x2_to_x2_scaled<FMT, XF16>(hi, f);
             } else {
-                a[s][h] = fp8x2_to_bf16x2<FMT, false>(lo);
-                a[s][h + 2] = fp8x2_to_bf16x2<FMT, false>(hi);
+                a[s][h] = fp8x2_to_x2<FMT, XF16>(lo);
+                a[s][h + 2] = fp8x2_to_x2<FMT, XF16>(hi);
             }
         }
     }
 }
 
-template <int FMT, typename OUT, bool BLOCK>
+template <int FMT, typename OUT, bool BLOCK, bool XF16>
 __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap, const float* __restrict__ factors,
                                          OUT* __restrict__ y, int M, int N, int K, int mode) {
     extern __shared__ __align__(1024) unsigned char mw_smem[];
@@ -558,10 +592,10 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
         const int nx = it + MW_STAGES - 2;
         if (threadIdx.x == 0 && nx < nk) mw_issue(sm, bars, xmap, wmap, nx, tok0, ch0, tiled);
         const unsigned buf = sm + (it % MW_STAGES) * MW_STAGE;
-        mw_fragments<FMT, BLOCK>(buf, row, t, f, a);
+        mw_fragments<FMT, BLOCK, XF16>(buf, row, t, f, a);
         wg_fence();
 #pragma unroll
-        for (int s = 0; s < 4; s++) wgmma_rs_n256_kmajor(acc, a[s], wg_desc(buf + s * 32, 16, 1024));
+        for (int s = 0; s < 4; s++) wgmma_rs_n256_kmajor<XF16>(acc, a[s], wg_desc(buf + s * 32, 16, 1024));
         wg_commit();
         wg_wait<1>();
     };
@@ -631,18 +665,23 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     }
 }
 
-#define MIXED_WG(NAME, FMT, OUT, BLOCK)                                                                   \
+#define MIXED_WG(NAME, FMT, OUT, BLOCK, XF16)                                                             \
     extern "C" __global__ void __launch_bounds__(MW_THREADS, 1)                                            \
         NAME(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap wmap, const float* factors, \
              OUT* y, int M, int N, int K, int mode) {                                                     \
-        mixed_wg<FMT, OUT, BLOCK>(&xmap, &wmap, factors, y, M, N, K, mode);                               \
+        mixed_wg<FMT, OUT, BLOCK, XF16>(&xmap, &wmap, factors, y, M, N, K, mode);                         \
     }
-MIXED_WG(mixed_wg_e4m3_f32, FMT_E4M3, float, false)
-MIXED_WG(mixed_wg_e4m3_bf16, FMT_E4M3, unsigned short, false)
-MIXED_WG(mixed_wg_e5m2_f32, FMT_E5M2, float, false)
-MIXED_WG(mixed_wg_e5m2_bf16, FMT_E5M2, unsigned short, false)
-MIXED_WG(mixed_wg_block_e4m3_f32, FMT_E4M3, float, true)
-MIXED_WG(mixed_wg_block_e4m3_bf16, FMT_E4M3, unsigned short, true)
-MIXED_WG(mixed_wg_block_e5m2_f32, FMT_E5M2, float, true)
-MIXED_WG(mixed_wg_block_e5m2_bf16, FMT_E5M2, unsigned short, true)
+// Names: mixed_wg_[block_]{format}[_xf16]_{out}; `_xf16` takes f16 x.
+#define MIXED_WG_X(X, XF16)                                                                              \
+    MIXED_WG(mixed_wg_e4m3##X##_f32, FMT_E4M3, float, false, XF16)                                         \
+    MIXED_WG(mixed_wg_e4m3##X##_bf16, FMT_E4M3, unsigned short, false, XF16)                               \
+    MIXED_WG(mixed_wg_e5m2##X##_f32, FMT_E5M2, float, false, XF16)                                         \
+    MIXED_WG(mixed_wg_e5m2##X##_bf16, FMT_E5M2, unsigned short, false, XF16)                               \
+    MIXED_WG(mixed_wg_block_e4m3##X##_f32, FMT_E4M3, float, true, XF16)                                    \
+    MIXED_WG(mixed_wg_block_e4m3##X##_bf16, FMT_E4M3, unsigned short, true, XF16)                          \
+    MIXED_WG(mixed_wg_block_e5m2##X##_f32, FMT_E5M2, float, true, XF16)                                    \
+    MIXED_WG(mixed_wg_block_e5m2##X##_bf16, FMT_E5M2, unsigned short, true, XF16)
+MIXED_WG_X(, false)
+MIXED_WG_X(_xf16, true)
+
 #endif

@@ -530,7 +530,8 @@ pub fn bench_linear(gpu: &Gpu, shapes: &[(usize, usize, usize)]) -> Result<Vec<B
 /// same shape, for each weight `(K, N)` and row count `M`. The weights' codes
 /// are tiled, as `octet generate` uploads them; the rows marked "codes
 /// row-major" time the per-channel product over row-major codes (the LoRA
-/// base's layout) in the same round.
+/// base's layout) in the same round, and the rows marked "x f16" the
+/// per-channel product with f16 activations (`Gpu::mixed_matmul_x`).
 /// Weight GB/s counts the weight bytes once (the floor at small `M`); the
 /// copy figure is read + write of a 1 GiB device-to-device copy.
 ///
@@ -643,6 +644,13 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         }
         for &m in ms {
             let dx = gpu.upload(&bf16_bits(&random_bf16(m * k, 12, 1.0)))?;
+            let dx16: CudaSlice<u16> = gpu.upload(
+                &random_f32(m * k, 12, 1.0)
+                    .iter()
+                    .map(|&v| half::f16::from_f32(v).to_bits())
+                    .collect::<Vec<u16>>(),
+            )?;
+            let f16x = crate::XType::F16;
             let mut y: CudaSlice<u16> = gpu.alloc_zeros(m * n, "y")?;
             // Every product of this M in turn within each repetition. Large
             // M: per-tensor and 128x128-block factors too (on the upcast path
@@ -657,7 +665,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 let mut ten = |g: &Gpu| g.mixed_matmul(&dx, m, &dwt, *y.borrow_mut());
                 let mut blk = |g: &Gpu| g.mixed_matmul(&dx, m, &dwk, *y.borrow_mut());
                 let mut row = |g: &Gpu| g.mixed_matmul(&dx, m, &dwr, *y.borrow_mut());
-                let mut fs: Vec<Enqueue<'_>> = vec![&mut ch, &mut bf, &mut row];
+                let mut x16 = |g: &Gpu| g.mixed_matmul_x(&dx16, f16x, m, &dw, *y.borrow_mut());
+                let mut fs: Vec<Enqueue<'_>> = vec![&mut ch, &mut bf, &mut row, &mut x16];
                 if large {
                     fs.push(&mut ten);
                     fs.push(&mut blk);
@@ -702,6 +711,8 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
             rows.extend(pair("", mixed, bf));
             let [row_major, _] = pair(", codes row-major", times[2], bf);
             rows.push(row_major);
+            let [x16, _] = pair(", x f16", times[3], bf);
+            rows.push(x16);
             if m <= crate::mixed::SMALL_M {
                 let per = |total: f64| total / copies as f64;
                 let mixed = per(time_graph_ms(gpu, 2, 10, |g| {
@@ -730,6 +741,17 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                     bf,
                 );
                 rows.push(row_major);
+                let x16 = per(time_graph_ms(gpu, 2, 10, |g| {
+                    stream_w
+                        .iter()
+                        .try_for_each(|w| g.mixed_matmul_x(&dx16, f16x, m, w, &mut y))
+                })?);
+                let [x16, _] = pair(
+                    &format!(", x f16, {copies} weights back to back in a graph"),
+                    x16,
+                    bf,
+                );
+                rows.push(x16);
                 let rate = gbs(dwr.bytes(), mixed);
                 rows.push(BenchRow {
                     name: format!(
@@ -743,7 +765,7 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                 });
             }
             if large {
-                for (what, t) in [("per-tensor", times[3]), ("block128", times[4])] {
+                for (what, t) in [("per-tensor", times[4]), ("block128", times[5])] {
                     rows.push(BenchRow {
                         name: format!("mixed fp8 e4m3 {what} K={k} N={n} M={m}"),
                         ms: t,

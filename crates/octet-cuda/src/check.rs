@@ -984,9 +984,14 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// Weight-only products against the f64 product of the bf16 input and the
 /// dequantized weight. Bound per element: `(K + 16) 2^-24 sum |x w|`, a bound
 /// for f32 sums in any order; the large-M path under block scaling adds the
-/// bf16 rounding of each scaled weight (unit roundoff `2^-8`: `2^-8 sum |x w|`);
-/// a bf16 output adds `2^-8 |y|`. The outputs are poisoned with NaN first.
+/// rounding of each scaled weight to x's type: `2^-8 sum |x w|` for bf16
+/// (unit roundoff `2^-8`), `2^-11 sum |x w| + 2^-25 sum |x|` for f16 (unit
+/// roundoff `2^-11`, and half the spacing of its subnormals); a bf16 output
+/// adds `2^-8 |y|`. x takes values that bf16 and f16 both hold exactly
+/// (`f16_exact`), so one f64 reference serves both x types. The outputs are
+/// poisoned with NaN first.
 fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::XType;
     use octet_tensor::mixed::{Fp8Weight, WeightScaling};
     let shapes = [
         (1usize, 200usize, 336usize),
@@ -1027,10 +1032,18 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 let w = Fp8Weight::quantize(&wf, n, k, format, scaling)
                     .map_err(|e| Error::Shape(e.to_string()))?;
                 let wd = w.dequantize();
-                let xb = random_bf16(m * k, seed + 7, 2.0);
+                let xb: Vec<bf16> = random_bf16(m * k, seed + 7, 2.0)
+                    .into_iter()
+                    .map(f16_exact)
+                    .collect();
                 let dw = gpu.upload_fp8_weight(&w)?;
                 let dwt = gpu.upload_fp8_weight_tiled(&w)?;
-                let dx = gpu.upload(&bf16_bits(&xb))?;
+                let dx_bf16 = gpu.upload(&bf16_bits(&xb))?;
+                let dx_f16 = gpu.upload(
+                    &xb.iter()
+                        .map(|v| half::f16::from_f32(v.to_f32()).to_bits())
+                        .collect::<Vec<u16>>(),
+                )?;
                 // The f64 product of the dequantized weight and the sum of
                 // |terms| that bounds the f32 accumulation's error.
                 let mut reference = vec![(0f64, 0f64); m * n];
@@ -1045,7 +1058,16 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                         reference[i * n + j] = (sum, abs);
                     }
                 }
-                for bf16_out in [false, true] {
+                let x_abs: Vec<f64> = xb
+                    .chunks_exact(k)
+                    .map(|r| r.iter().map(|v| v.to_f64().abs()).sum())
+                    .collect();
+                for (xt, dx, bf16_out) in [
+                    (XType::Bf16, &dx_bf16, false),
+                    (XType::Bf16, &dx_bf16, true),
+                    (XType::F16, &dx_f16, false),
+                    (XType::F16, &dx_f16, true),
+                ] {
                     if bf16_out && ![5, 17, 100, 300, 520].contains(&m) {
                         continue;
                     }
@@ -1054,11 +1076,11 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     let product = |dw: &crate::DeviceFp8Weight| -> Result<Vec<f32>> {
                         Ok(if bf16_out {
                             let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
-                            gpu.mixed_matmul(&dx, m, dw, &mut y)?;
+                            gpu.mixed_matmul_x(dx, xt, m, dw, &mut y)?;
                             download_f32(gpu, &y)?
                         } else {
                             let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
-                            gpu.mixed_matmul(&dx, m, dw, &mut y)?;
+                            gpu.mixed_matmul_x(dx, xt, m, dw, &mut y)?;
                             gpu.download(&y)?
                         })
                     };
@@ -1071,10 +1093,13 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                         .count();
                     let mut bad = 0;
                     let mut worst = 0f64;
-                    for (g, &(sum, abs)) in got.iter().zip(&reference) {
+                    for (e, (g, &(sum, abs))) in got.iter().zip(&reference).enumerate() {
                         let mut bound = (k + 16) as f64 * 2f64.powi(-24) * abs;
                         if m > crate::mixed::SMALL_M && scaling == WeightScaling::Block128 {
-                            bound += 2f64.powi(-8) * abs;
+                            bound += match xt {
+                                XType::Bf16 => 2f64.powi(-8) * abs,
+                                XType::F16 => 2f64.powi(-11) * abs + 2f64.powi(-25) * x_abs[e / n],
+                            };
                         }
                         if bf16_out {
                             bound += 2f64.powi(-8) * sum.abs();
@@ -1087,8 +1112,9 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     }
                     out.push(CaseResult {
                         name: format!(
-                            "mixed {} {scaling:?} m={m} n={n} k={k} -> {}, row-major and tiled codes",
+                            "mixed {} {scaling:?} m={m} n={n} k={k}, x {} -> {}, row-major and tiled codes",
                             format.name(),
+                            if xt == XType::F16 { "f16" } else { "bf16" },
                             if bf16_out { "bf16" } else { "f32" }
                         ),
                         pass: bad == 0 && differ == 0,
@@ -1117,7 +1143,48 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "mixed product with x of 2x47 for K=48 -> shape error",
         r,
     ));
+    // f16 x above SMALL_M rows rounds each scaled code to f16: a block-scaled
+    // weight reaching past 65504 is refused there, and taken at SMALL_M rows
+    // (the small-M kernel scales f32 partial sums). Two 128-column blocks: a
+    // weight of one block is per-tensor scaled.
+    let (n, k) = (16, 256);
+    let big: Vec<f32> = random_f32(n * k, 6, 1.0)
+        .iter()
+        .map(|v| v * 1.0e5)
+        .collect();
+    let w = Fp8Weight::quantize(&big, n, k, Format::E4M3, WeightScaling::Block128)
+        .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight(&w)?;
+    for m in [crate::mixed::SMALL_M + 1, crate::mixed::SMALL_M] {
+        let dx = gpu.upload(&vec![0x3c00u16; m * k])?; // 1.0 in f16
+        let mut y: CudaSlice<f32> = gpu.alloc_zeros(m * n, "y")?;
+        let r = gpu.mixed_matmul_x(&dx, XType::F16, m, &dw, &mut y);
+        if m > crate::mixed::SMALL_M {
+            out.push(shape_error(
+                format!("mixed f16 x, {m} rows, block-scaled |W| up to 1e5 -> shape error"),
+                r,
+            ));
+        } else {
+            let finite = r.is_ok() && download_f32(gpu, &y)?.iter().all(|v| v.is_finite());
+            out.push(CaseResult {
+                name: format!("mixed f16 x, {m} rows, block-scaled |W| up to 1e5 -> finite"),
+                pass: finite,
+                worst: r.err().map_or("ok".into(), |e| e.to_string()),
+            });
+        }
+    }
     Ok(())
+}
+
+/// `v` moved to a value both bf16 and f16 hold exactly: a bf16 of magnitude
+/// at least 2^-14 (f16's smallest normal) and at most 65504 is one; smaller
+/// ones become +-2^-14.
+fn f16_exact(v: bf16) -> bf16 {
+    let a = v.to_f32().abs();
+    if a == 0.0 || a >= 2f32.powi(-14) {
+        return v;
+    }
+    bf16::from_f32(2f32.powi(-14).copysign(v.to_f32()))
 }
 
 /// The case "`name` -> shape error": passes when `r` is `Error::Shape`.

@@ -58,6 +58,12 @@ pub enum Kind {
         /// Output type.
         out: OutType,
     },
+    /// f16 x f16, `b` stored `(n, k)` (TN), for the weight-only products' f16
+    /// activations (`Gpu::mixed_matmul_x`).
+    F16 {
+        /// Output type.
+        out: OutType,
+    },
     /// FP8 x FP8 with per-tensor scale pointers: `(a format, b format, fast accumulation, output)`.
     Fp8(Format, Format, bool, OutType),
     /// FP8 x FP8 with one scale per row of each operand (outer-vector scaling).
@@ -71,6 +77,7 @@ impl Kind {
     fn out(self) -> OutType {
         match self {
             Kind::Bf16 { out, .. }
+            | Kind::F16 { out }
             | Kind::Fp8(_, _, _, out)
             | Kind::Fp8Outer(_, _, out)
             | Kind::Fp8Block(_, _, _, _, out) => out,
@@ -185,7 +192,7 @@ impl Blas {
     }
 
     fn plan(&mut self, kind: Kind, m: usize, n: usize, k: usize) -> Result<&Plan> {
-        if !self.fp8 && !matches!(kind, Kind::Bf16 { .. }) {
+        if !self.fp8 && !matches!(kind, Kind::Bf16 { .. } | Kind::F16 { .. }) {
             return Err(Error::Unsupported(
                 "FP8 GEMMs need FP8 tensor cores (compute capability 8.9 or later). On this GPU \
                  train without an FP8 recipe (bf16), or use the weight-only FP8 products \
@@ -210,6 +217,7 @@ impl Blas {
                 sys::cudaDataType::CUDA_R_16BF,
                 sys::cudaDataType::CUDA_R_16BF,
             ),
+            Kind::F16 { .. } => (sys::cudaDataType::CUDA_R_16F, sys::cudaDataType::CUDA_R_16F),
             // cuBLAS A is our b, cuBLAS B is our a.
             Kind::Fp8(fa, fb, _, _) | Kind::Fp8Outer(fa, fb, _) | Kind::Fp8Block(fa, fb, ..) => {
                 (dtype(fb)?, dtype(fa)?)
@@ -226,7 +234,9 @@ impl Blas {
         // cuBLAS A := our b, cuBLAS B := our a. cublasOperation_t: N = 0, T = 1 (int32).
         let (our_ta, our_tb) = match kind {
             Kind::Bf16 { ta, tb, .. } => (ta, tb),
-            Kind::Fp8(..) | Kind::Fp8Outer(..) | Kind::Fp8Block(..) => (false, true),
+            Kind::F16 { .. } | Kind::Fp8(..) | Kind::Fp8Outer(..) | Kind::Fp8Block(..) => {
+                (false, true)
+            }
         };
         let t: i32 = i32::from(our_tb);
         let nop: i32 = i32::from(our_ta);
@@ -426,6 +436,32 @@ impl Blas {
             out: D::OUT,
         };
         self.run(kind, m, n, k, a, b, d, None, (alpha, beta))
+    }
+
+    /// `d (m, n) = a (m, k) @ b (n, k)^T` with f16 operands (raw `u16` bits),
+    /// f32 accumulation.
+    pub fn gemm_f16<D: GemmOut>(
+        &mut self,
+        a: &impl DevicePtr<u16>,
+        b: &impl DevicePtr<u16>,
+        d: &mut impl GemmDst<D>,
+        (m, n, k): (usize, usize, usize),
+    ) -> Result<()> {
+        check_dims(m, n, k)?;
+        check_len(a.len(), m * k, "a")?;
+        check_len(b.len(), n * k, "b")?;
+        check_len(d.len(), m * n, "d")?;
+        self.run(
+            Kind::F16 { out: D::OUT },
+            m,
+            n,
+            k,
+            a,
+            b,
+            d,
+            None,
+            (1.0, 0.0),
+        )
     }
 
     /// `d (m, n) = diag(a_scale) (a (m, k) @ b (n, k)^T) diag(b_scale)` from

@@ -41,7 +41,7 @@ mod tma;
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};
 pub use gemm::{AddTo, GemmDst, GemmOut, OutType};
-pub use mixed::{tile_codes, CodeLayout, DeviceFp8Weight};
+pub use mixed::{tile_codes, CodeLayout, DeviceFp8Weight, XType};
 pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput, TensorAmax};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};

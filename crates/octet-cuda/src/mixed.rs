@@ -1,5 +1,9 @@
 //! Weight-only FP8 products on the GPU: `y (M, N) = x (M, K) @ W^T` with `x`
-//! in bf16 and `W` kept in FP8 on the device (see `kernels/mixed.cu`). They
+//! in bf16 (or f16, [`XType`], [`Gpu::mixed_matmul_x`]) and `W` kept in FP8
+//! on the device (see `kernels/mixed.cu`). Every path below takes either
+//! type of `x`, the codes upcast to it: one instruction a pair of codes to
+//! f16 against four to bf16, worth up to +0.05 of copy bandwidth at 16
+//! tokens on the smaller weights (BENCHMARKS.md, thirty-second session). They
 //! need no FP8 hardware: on Ampere (sm_80, sm_86, sm_87) the codes are upcast
 //! by integer code, four instructions a pair as with the FP8 instructions
 //! (`kernels/common.cuh`). On an H100 under `OCTET_FP8_CONVERT=soft` that
@@ -59,17 +63,17 @@ use octet_fp8::Format;
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
 use std::sync::Arc;
 
-/// The compiled weight-only kernels.
+/// The compiled weight-only kernels. `[x type]` is [`XType`]'s order.
 pub(crate) struct MixedKernels {
-    /// `[format][SMALL_CFG row][layout][out f32 / bf16]`.
-    small: [[ByLayout; 3]; 2],
-    /// `[format]`.
-    upcast: [CudaFunction; 2],
+    /// `[x type][format][SMALL_CFG row][layout][out f32 / bf16]`.
+    small: [[[ByLayout; 3]; 2]; 2],
+    /// `[x type][format]`.
+    upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
     epilogue: [CudaFunction; 2],
-    /// The wgmma kernel for large M, `[block scaling][format][out f32 / bf16]`:
-    /// on `sm_90a` only, and absent under `OCTET_MIXED=upcast`.
-    wg: Option<[[[CudaFunction; 2]; 2]; 2]>,
+    /// The wgmma kernel for large M, `[x type][block scaling][format][out
+    /// f32 / bf16]`: on `sm_90a` only, and absent under `OCTET_MIXED=upcast`.
+    wg: Option<[[[[CudaFunction; 2]; 2]; 2]; 2]>,
     /// Launch the small-M kernel as a programmatic dependent of the previous
     /// kernel: on sm_90 and later, unless `OCTET_MIXED_PDL=0` (for comparisons).
     pdl: bool,
@@ -82,8 +86,32 @@ pub(crate) struct MixedKernels {
     /// The read-only calibration pass of `octet bench mixed`.
     read_floor: CudaFunction,
     /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels
-    /// `[format][layout][out]`.
-    tune: Option<(SmallCfg, [ByLayout; 2])>,
+    /// `[x type][format][layout][out]`.
+    tune: Option<(SmallCfg, [[ByLayout; 2]; 2])>,
+}
+
+/// The element type of the activations `x` of a weight-only product on the
+/// GPU ([`Gpu::mixed_matmul_x`]). Both hold every FP8 value exactly, so the
+/// products are the same numbers; the cost differs. A pair of codes becomes
+/// f16x2 in one instruction and bf16x2 in four, which bounds the small-M
+/// kernel at 16 tokens on the smaller weights (BENCHMARKS.md,
+/// thirty-second session).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum XType {
+    /// bfloat16 bits.
+    Bf16 = 0,
+    /// IEEE binary16 bits.
+    F16 = 1,
+}
+
+impl XType {
+    /// The suffix of the kernels' names (`_xf16` for f16 x).
+    fn tag(self) -> &'static str {
+        match self {
+            XType::Bf16 => "",
+            XType::F16 => "_xf16",
+        }
+    }
 }
 
 /// A small-M kernel for each layout of the codes and each output,
@@ -299,16 +327,20 @@ impl MixedKernels {
                 func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
                 Ok(func)
             };
-            let by_fmt = |block: &str, fmt: &str| -> Result<[CudaFunction; 2]> {
+            let by_fmt = |block: &str, fmt: &str, x: XType| -> Result<[CudaFunction; 2]> {
+                let x = x.tag();
                 Ok([
-                    k(format!("mixed_wg_{block}{fmt}_f32"))?,
-                    k(format!("mixed_wg_{block}{fmt}_bf16"))?,
+                    k(format!("mixed_wg_{block}{fmt}{x}_f32"))?,
+                    k(format!("mixed_wg_{block}{fmt}{x}_bf16"))?,
                 ])
             };
-            Some([
-                [by_fmt("", "e4m3")?, by_fmt("", "e5m2")?],
-                [by_fmt("block_", "e4m3")?, by_fmt("block_", "e5m2")?],
-            ])
+            let by_x = |x: XType| -> Result<[[[CudaFunction; 2]; 2]; 2]> {
+                Ok([
+                    [by_fmt("", "e4m3", x)?, by_fmt("", "e5m2", x)?],
+                    [by_fmt("block_", "e4m3", x)?, by_fmt("block_", "e5m2", x)?],
+                ])
+            };
+            Some([by_x(XType::Bf16)?, by_x(XType::F16)?])
         } else {
             None
         };
@@ -333,14 +365,17 @@ impl MixedKernels {
                 ],
             ])
         };
-        let small = |fmt: &str| -> Result<[ByLayout; 3]> {
-            let by_cfg = |c: &SmallCfg| by_layout(&format!("mixed_{fmt}_n{}", c.tokens), c);
+        let small = |fmt: &str, x: XType| -> Result<[ByLayout; 3]> {
+            let by_cfg =
+                |c: &SmallCfg| by_layout(&format!("mixed_{fmt}_n{}{}", c.tokens, x.tag()), c);
             Ok([
                 by_cfg(&SMALL_CFG[0])?,
                 by_cfg(&SMALL_CFG[1])?,
                 by_cfg(&SMALL_CFG[2])?,
             ])
         };
+        let small_x =
+            |x: XType| -> Result<[[ByLayout; 3]; 2]> { Ok([small("e4m3", x)?, small("e5m2", x)?]) };
         let tune = match tune {
             None => None,
             Some(SmallTune(c)) => {
@@ -355,16 +390,22 @@ impl MixedKernels {
                         smem.per_block
                     )));
                 }
-                let fns = [
-                    by_layout("mixed_e4m3_tune", &c)?,
-                    by_layout("mixed_e5m2_tune", &c)?,
-                ];
+                let by_x = |x: XType| -> Result<[ByLayout; 2]> {
+                    Ok([
+                        by_layout(&format!("mixed_e4m3_tune{}", x.tag()), &c)?,
+                        by_layout(&format!("mixed_e5m2_tune{}", x.tag()), &c)?,
+                    ])
+                };
+                let fns = [by_x(XType::Bf16)?, by_x(XType::F16)?];
                 Some((c, fns))
             }
         };
         Ok(MixedKernels {
-            small: [small("e4m3")?, small("e5m2")?],
-            upcast: [f("upcast_e4m3")?, f("upcast_e5m2")?],
+            small: [small_x(XType::Bf16)?, small_x(XType::F16)?],
+            upcast: [
+                [f("upcast_e4m3")?, f("upcast_e5m2")?],
+                [f("upcast_e4m3_xf16")?, f("upcast_e5m2_xf16")?],
+            ],
             epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
             wg,
             pdl: !arch.starts_with("sm_8")
@@ -403,6 +444,10 @@ pub struct DeviceFp8Weight {
     /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
     /// host as well: the large-M path passes it to the GEMM as its alpha.
     pub tensor_factor: f32,
+    /// A bound on `|W|`: the largest factor times the format's largest
+    /// value. Above `M = 64` with f16 x a block-scaled weight is rounded to
+    /// f16 code by code, which this must keep finite.
+    pub max_abs: f32,
 }
 
 impl DeviceFp8Weight {
@@ -523,6 +568,7 @@ impl Gpu {
                 WeightScaling::Tensor => w.factors().first().copied().unwrap_or(1.0),
                 _ => 1.0,
             },
+            max_abs: w.factors().iter().fold(0f32, |a, f| a.max(f.abs())) * w.format().max(),
             codes: match layout {
                 CodeLayout::RowMajor => self.upload(w.codes())?,
                 CodeLayout::Tiled => self.upload(&tile_codes(w.codes(), n, k)?)?,
@@ -537,6 +583,24 @@ impl Gpu {
     pub fn mixed_matmul<D: GemmOut>(
         &self,
         x: &CudaSlice<u16>,
+        m: usize,
+        w: &DeviceFp8Weight,
+        y: &mut CudaSlice<D>,
+    ) -> Result<()> {
+        self.mixed_matmul_x(x, XType::Bf16, m, w, y)
+    }
+
+    /// `y (m, N) = x (m, K) @ W^T` with `x` bf16 or f16 bits (`xt`), `y` f32
+    /// or bf16 bits. The same paths as [`Gpu::mixed_matmul`], with the codes
+    /// upcast to `xt`. One combination is refused: f16 x above
+    /// [`SMALL_M`] rows with a block-scaled weight whose dequantized values
+    /// may pass f16's largest, 65504 ([`DeviceFp8Weight::max_abs`]); there
+    /// each code times its factor is rounded to f16 before the product (to
+    /// bf16 for bf16 x, which cannot overflow).
+    pub fn mixed_matmul_x<D: GemmOut>(
+        &self,
+        x: &CudaSlice<u16>,
+        xt: XType,
         m: usize,
         w: &DeviceFp8Weight,
         y: &mut CudaSlice<D>,
@@ -561,8 +625,20 @@ impl Gpu {
         let tiled = w.layout == CodeLayout::Tiled;
         let dims = [m as i32, n as i32, k as i32, mode_bits(w)];
         let (mi, ni, ki, md) = (dims[0], dims[1], dims[2], dims[3]);
+        let xi = xt as usize;
         if m <= SMALL_M {
-            return self.small_m(fmt, out, w, x, y, &dims);
+            return self.small_m(xi, fmt, out, w, x, y, &dims);
+        }
+        if xt == XType::F16
+            && w.scaling == WeightScaling::Block128
+            && (w.max_abs.is_nan() || w.max_abs > 65504.0)
+        {
+            return Err(Error::Shape(format!(
+                "mixed product with f16 x above {SMALL_M} rows: this 128x128-block-scaled weight \
+                 reaches |W| = {:e}, beyond f16's 65504, and each code times its factor is \
+                 rounded to x's type there; use bf16 x, or at most {SMALL_M} rows a call",
+                w.max_abs
+            )));
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
@@ -589,7 +665,7 @@ impl Gpu {
             } else {
                 TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?
             };
-            let mut b = self.stream.launch_builder(&wg[block][fmt][out]);
+            let mut b = self.stream.launch_builder(&wg[xi][block][fmt][out]);
             b.arg(&xmap).arg(&wmap);
             push_tail(&mut b, &w.factors, y, &dims);
             // SAFETY: argument types match the kernel; shapes were checked above,
@@ -598,18 +674,19 @@ impl Gpu {
             unsafe { b.launch(cfg) }?;
             return Ok(());
         }
-        // Large M: exact upcast (block factors applied), then a bf16 GEMM with
-        // the tensor factor as its alpha, or into f32 for a pass applying row factors.
+        // Large M: exact upcast to x's type (block factors applied), then a
+        // bf16 GEMM with the tensor factor as its alpha, or into f32 for a
+        // pass applying the row (or, for f16 x, any) factors.
         // SAFETY: uninitialised, and every element is written by the upcast below.
         let mut wb = unsafe { self.stream.alloc::<u16>(n * k) }
-            .map_err(|e| crate::oom(e, 2 * n * k, "mixed: bf16 copy of the weight"))?;
+            .map_err(|e| crate::oom(e, 2 * n * k, "mixed: 16-bit copy of the weight"))?;
         let threads = (n * k / 16) as u32;
         let cfg = LaunchConfig {
             grid_dim: (threads.div_ceil(256), 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let mut b = self.stream.launch_builder(&self.k.mixed.upcast[fmt]);
+        let mut b = self.stream.launch_builder(&self.k.mixed.upcast[xi][fmt]);
         b.arg(&w.codes)
             .arg(&w.factors)
             .arg(&mut wb)
@@ -618,7 +695,7 @@ impl Gpu {
             .arg(&md);
         // SAFETY: types match; one thread per 16 codes, guarded by N * K.
         unsafe { b.launch(cfg) }?;
-        if w.scaling != WeightScaling::Channel {
+        if xt == XType::Bf16 && w.scaling != WeightScaling::Channel {
             let alpha = match w.scaling {
                 WeightScaling::Tensor => w.tensor_factor,
                 _ => 1.0,
@@ -628,7 +705,10 @@ impl Gpu {
         // SAFETY: uninitialised, and every element is written by the GEMM (beta = 0).
         let mut acc = unsafe { self.stream.alloc::<f32>(m * n) }
             .map_err(|e| crate::oom(e, 4 * m * n, "mixed: f32 accumulator"))?;
-        self.gemm_bf16(x, &wb, &mut acc, (m, n, k))?;
+        match xt {
+            XType::Bf16 => self.gemm_bf16(x, &wb, &mut acc, (m, n, k))?,
+            XType::F16 => self.blas()?.gemm_f16(x, &wb, &mut acc, (m, n, k))?,
+        }
         let cfg = LaunchConfig {
             grid_dim: ((m * n).div_ceil(256) as u32, 1, 1),
             block_dim: (256, 1, 1),
@@ -674,13 +754,15 @@ impl Gpu {
             )));
         }
         let dims = [m as i32, n as i32, k as i32, mode_bits(w) | MODE_SWIGLU];
-        self.small_m(format_index(w)?, 1, w, x, act, &dims)
+        self.small_m(XType::Bf16 as usize, format_index(w)?, 1, w, x, act, &dims)
     }
 
     /// The small-M kernel for `dims = [M, N, K, mode]` (`M <= SMALL_M`): the
     /// table's shape for the tokens, or the one under trial.
+    #[allow(clippy::too_many_arguments)]
     fn small_m<D: GemmOut>(
         &self,
+        xi: usize,
         fmt: usize,
         out: usize,
         w: &DeviceFp8Weight,
@@ -702,10 +784,10 @@ impl Gpu {
             .unwrap_or(SMALL_CFG.len() - 1);
         if let Some((t, fns)) = &self.k.mixed.tune {
             if t.group() == SMALL_CFG[c].group() {
-                return self.launch_small(&fns[fmt][lay][out], t, w, x, y, dims);
+                return self.launch_small(&fns[xi][fmt][lay][out], t, w, x, y, dims);
             }
         }
-        let f = &self.k.mixed.small[fmt][c][lay][out];
+        let f = &self.k.mixed.small[xi][fmt][c][lay][out];
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
     }
 
