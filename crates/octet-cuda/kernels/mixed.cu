@@ -124,10 +124,34 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     unsigned char* ring = smem + warp * STAGES * SLOT;
     const unsigned ring_s = smem_addr(ring);
 
+    // Stepped copies (tiled codes, one group of 8 tokens): each lane's
+    // pieces sit at fixed offsets from a per-lane base, 512 bytes apart, on
+    // both sides, and only the block steps. Codes: piece p of lane l is row
+    // l / 8 + 4p, chunk l % 8 (one swizzle parity per lane); x: row l / 16 +
+    // 2p, chunk l % 16. The compiler otherwise rederives every address from
+    // the lane id in each block. Measured on the H100 (thirty-second
+    // session, call c), against the per-piece addresses below: the 4-token
+    // loop 304 -> 247 SASS instructions, 4096x4096 at 1-4 tokens 0.88-0.89
+    // -> 0.90-0.92 of copy, 4096x14336 at 1 token 0.94 -> 0.98, 8 tokens
+    // level, decode +1.1%. For 16 tokens (424 -> 333 instructions) it read
+    // 4096x4096 +0.03 but 4096x14336 -0.08 and 8192x28672 -0.03, so two
+    // groups keep the per-piece addresses.
+    constexpr bool STEP = TILED && NT == 1;
+    const unsigned char* wl = w + ((size_t)blockIdx.y * kblocks + warp) * WBYTES + lane * 16;
+    const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
+    const unsigned xdl = WBYTES + (lane >> 4) * 256 + (((lane & 15) ^ ((lane >> 4) & 1)) << 4);
+    const unsigned short* xl = x + (size_t)(lane >> 4) * K + (lane & 15) * 8;
+    const int xrow = lane >> 4;
     // Copies of the warp's i-th block (k block warp + i * WARPS) into slot i % STAGES.
     auto copy_w = [&](int i) {
         const int kb = warp + i * WARPS;
         const unsigned dst = ring_s + (i % STAGES) * SLOT;
+        if (STEP) {
+            const unsigned char* src = wl + (size_t)i * (WARPS * WBYTES);
+#pragma unroll
+            for (int p = 0; p < 4; p++) cp_async16(dst + wdl + 512 * p, src + 512 * p, 16);
+            return;
+        }
         if (TILED) {
             // Tile (blockIdx.y, kb): 2 KiB, row r's chunk c at 16 (8 r + c).
             const unsigned char* src = w + ((size_t)blockIdx.y * kblocks + kb) * WBYTES;
@@ -149,6 +173,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     };
     auto copy_x = [&](int i) {
         const int kb = warp + i * WARPS;
+        if (STEP) {
+            const unsigned dst = ring_s + (i % STAGES) * SLOT + xdl;
+            const bool in = kb * 128 + (lane & 15) * 8 < K;
+            const unsigned short* src = in ? xl + kb * 128 : xl;
+#pragma unroll
+            for (int p = 0; p < NT * 4; p++)
+                if (xrow + 2 * p < M) cp_async16(dst + 512 * p, src + (size_t)p * 2 * K, in ? 16 : 0);
+            return;
+        }
         const unsigned dst = ring_s + (i % STAGES) * SLOT + WBYTES;
 #pragma unroll
         for (int p = 0; p < NT * 4; p++) {
