@@ -267,38 +267,32 @@ __device__ __forceinline__ unsigned int fp8x2_to_x2(unsigned int two) {
 
 // ---------------------------------------------------------------- mma.sync
 
-// c (16 x 8 f32) += A (16 x 16 bf16, registers a0..a3 in mma's A-fragment
-// layout) B (16 x 8 bf16, b0, b1): thread (g = lane / 4, t = lane % 4) holds
-// A[g][2t, 2t+1] (a0), A[g+8][2t, 2t+1] (a1), A[g][2t+8, 2t+9] (a2),
-// A[g+8][2t+8, 2t+9] (a3), B[2t, 2t+1][g] (b0), B[2t+8, 2t+9][g] (b1), and
-// c[0..1] = C[g][2t, 2t+1], c[2..3] = C[g+8][2t, 2t+1].
-__device__ __forceinline__ void mma_bf16(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                         unsigned int a3, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// The same with f16 operands.
-__device__ __forceinline__ void mma_f16(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
-                                        unsigned int a3, unsigned int b0, unsigned int b1) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// `mma_f16` (`XF16`) or `mma_bf16`.
+// c (16 x 8 f32) += A (16 x 16, registers a0..a3 in mma's A-fragment
+// layout) B (16 x 8, b0, b1), A and B in f16 (`XF16`) or bf16: thread (g =
+// lane / 4, t = lane % 4) holds A[g][2t, 2t+1] (a0), A[g+8][2t, 2t+1] (a1),
+// A[g][2t+8, 2t+9] (a2), A[g+8][2t+8, 2t+9] (a3), B[2t, 2t+1][g] (b0),
+// B[2t+8, 2t+9][g] (b1), and c[0..1] = C[g][2t, 2t+1], c[2..3] = C[g+8][2t, 2t+1].
+#define MMA_16816(TY)                                                                                    \
+    "mma.sync.aligned.m16n8k16.row.col.f32." TY "." TY ".f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "         \
+    "{%8, %9}, {%0, %1, %2, %3};"
+#define MMA_16816_OPERANDS                                                                               \
+    : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])                                                     \
+    : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1)
 template <bool XF16>
 __device__ __forceinline__ void mma_x(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
                                       unsigned int a3, unsigned int b0, unsigned int b1) {
     if (XF16)
-        mma_f16(c, a0, a1, a2, a3, b0, b1);
+        asm volatile(MMA_16816("f16") MMA_16816_OPERANDS);
     else
-        mma_bf16(c, a0, a1, a2, a3, b0, b1);
+        asm volatile(MMA_16816("bf16") MMA_16816_OPERANDS);
+}
+#undef MMA_16816
+#undef MMA_16816_OPERANDS
+
+// The bf16 product (`mma_x<false>`).
+__device__ __forceinline__ void mma_bf16(float c[4], unsigned int a0, unsigned int a1, unsigned int a2,
+                                         unsigned int a3, unsigned int b0, unsigned int b1) {
+    mma_x<false>(c, a0, a1, a2, a3, b0, b1);
 }
 
 // Word i (0..3) of a 16-byte vector.
