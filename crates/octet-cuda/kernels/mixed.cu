@@ -350,6 +350,9 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 MIXED_SMALL_CFG(n4, 1, 8, 3)
 MIXED_SMALL_CFG(n8, 1, 8, 2)
 MIXED_SMALL_CFG(n16, 2, 4, 3)
+// f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
+// stages (`SMALL_F16_FEW` in mixed.rs).
+MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3)
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,
 // four loads in flight per thread) and fold them into one word per thread,

@@ -67,6 +67,8 @@ use std::sync::Arc;
 pub(crate) struct MixedKernels {
     /// `[x type][format][SMALL_CFG row][layout][out f32 / bf16]`.
     small: [[[ByLayout; 3]; 2]; 2],
+    /// `SMALL_F16_FEW`'s kernels, `[format][layout][out]`.
+    small_f16_few: [ByLayout; 2],
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
@@ -305,6 +307,19 @@ const SMALL_CFG: [SmallCfg; 3] = [
     },
 ];
 
+/// The 16-token shape for f16 x when the launch has at most two blocks an
+/// SM (4096 weight rows on the H100): 6 warps x 3 stages. With one
+/// conversion a pair of codes the warps are lighter, and a launch of few
+/// blocks reads more with more of them: 4096x4096 at 12-16 tokens 0.82-0.83
+/// -> 0.85-0.86 of copy, where 4096x14336 (896 blocks) read 0.83 against
+/// 0.86-0.87 with the table's 4 x 3; bf16 x gained nothing from it
+/// (BENCHMARKS.md, thirty-second session, calls a and b).
+const SMALL_F16_FEW: SmallCfg = SmallCfg {
+    tokens: 16,
+    warps: 6,
+    stages: 3,
+};
+
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
 /// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
 const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
@@ -402,6 +417,10 @@ impl MixedKernels {
         };
         Ok(MixedKernels {
             small: [small_x(XType::Bf16)?, small_x(XType::F16)?],
+            small_f16_few: [
+                by_layout("mixed_e4m3_n16w6_xf16", &SMALL_F16_FEW)?,
+                by_layout("mixed_e5m2_n16w6_xf16", &SMALL_F16_FEW)?,
+            ],
             upcast: [
                 [f("upcast_e4m3")?, f("upcast_e5m2")?],
                 [f("upcast_e4m3_xf16")?, f("upcast_e5m2_xf16")?],
@@ -787,6 +806,11 @@ impl Gpu {
                 return self.launch_small(&fns[xi][fmt][lay][out], t, w, x, y, dims);
             }
         }
+        let blocks = (m as u32).div_ceil(SMALL_CFG[c].group()) * n.div_ceil(16) as u32;
+        if xi == XType::F16 as usize && c == 2 && blocks <= 2 * self.sm_count as u32 {
+            let f = &self.k.mixed.small_f16_few[fmt][lay][out];
+            return self.launch_small(f, &SMALL_F16_FEW, w, x, y, dims);
+        }
         let f = &self.k.mixed.small[xi][fmt][c][lay][out];
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
     }
@@ -943,6 +967,13 @@ mod tests {
             assert!(totals <= smem, "{xrows} tokens: totals {totals} > {smem}");
         }
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
+        let few = &super::SMALL_F16_FEW;
+        let line = format!(
+            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {})",
+            few.warps, few.stages
+        );
+        assert!(include_str!("../kernels/mixed.cu").contains(&line));
+        assert_eq!(few.group(), SMALL_CFG[2].group());
     }
 
     /// Blocks that fit an SM side by side with `smem` dynamic bytes each (the
