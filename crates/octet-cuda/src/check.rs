@@ -1181,7 +1181,8 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 
 /// `v` moved to a value both bf16 and f16 hold exactly: a bf16 of magnitude
 /// at least 2^-14 (f16's smallest normal) and at most 65504 is one; smaller
-/// ones become +-2^-14.
+/// ones become +-2^-14 (the selftest's x stay far below 65504; larger ones
+/// are not changed).
 fn f16_exact(v: bf16) -> bf16 {
     let a = v.to_f32().abs();
     if a == 0.0 || a >= 2f32.powi(-14) {

@@ -67,8 +67,9 @@ use std::sync::Arc;
 pub(crate) struct MixedKernels {
     /// `[x type][format][SMALL_CFG row][layout][out f32 / bf16]`.
     small: [[[ByLayout; 3]; 2]; 2],
-    /// `SMALL_F16_FEW`'s kernels, `[format][layout][out]`.
-    small_f16_few: [ByLayout; 2],
+    /// `SMALL_F16_FEW`'s kernels, `[format][layout][out]`: only where two
+    /// of its blocks fit an SM (`few_fits`; not on sm_80/86/89/120).
+    small_f16_few: Option<[ByLayout; 2]>,
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
@@ -320,6 +321,15 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     stages: 3,
 };
 
+/// Whether two `SMALL_F16_FEW` blocks (108 KiB each at 16 tokens) fit one
+/// SM, which its rule assumes: on the H100 and H200 (228 KiB an SM), not on
+/// sm_80/87 (164 KiB) nor sm_86/89/120 (100 KiB, less than one block may
+/// take), which keep the table's shape.
+fn few_fits(lim: SmemLimits) -> bool {
+    let need = SMALL_F16_FEW.smem(SMALL_F16_FEW.tokens);
+    need <= lim.per_block && 2 * (need + lim.reserved) <= lim.per_sm
+}
+
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
 /// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
 const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
@@ -417,10 +427,14 @@ impl MixedKernels {
         };
         Ok(MixedKernels {
             small: [small_x(XType::Bf16)?, small_x(XType::F16)?],
-            small_f16_few: [
-                by_layout("mixed_e4m3_n16w6_xf16", &SMALL_F16_FEW)?,
-                by_layout("mixed_e5m2_n16w6_xf16", &SMALL_F16_FEW)?,
-            ],
+            small_f16_few: if few_fits(smem) {
+                Some([
+                    by_layout("mixed_e4m3_n16w6_xf16", &SMALL_F16_FEW)?,
+                    by_layout("mixed_e5m2_n16w6_xf16", &SMALL_F16_FEW)?,
+                ])
+            } else {
+                None
+            },
             upcast: [
                 [f("upcast_e4m3")?, f("upcast_e5m2")?],
                 [f("upcast_e4m3_xf16")?, f("upcast_e5m2_xf16")?],
@@ -464,9 +478,9 @@ pub struct DeviceFp8Weight {
     /// host as well: the large-M path passes it to the GEMM as its alpha.
     pub tensor_factor: f32,
     /// A bound on `|W|`: the largest factor times the format's largest
-    /// value. Above `M = 64` with f16 x a block-scaled weight is rounded to
-    /// f16 code by code, which this must keep finite.
-    pub max_abs: f32,
+    /// value (NaN if a factor is). Above `M = 64` with f16 x a block-scaled
+    /// weight is rounded to f16 code by code, which this must keep finite.
+    pub(crate) max_abs: f32,
 }
 
 impl DeviceFp8Weight {
@@ -490,6 +504,12 @@ impl DeviceFp8Weight {
                  (upload_fp8_weight_tiled), for mixed_matmul only"
             ))),
         }
+    }
+
+    /// A bound on `|W|`: the largest dequantization factor times the
+    /// format's largest value.
+    pub fn max_abs(&self) -> f32 {
+        self.max_abs
     }
 
     /// The dequantization factors (1, `N`, or one per 128x128 tile).
@@ -587,7 +607,13 @@ impl Gpu {
                 WeightScaling::Tensor => w.factors().first().copied().unwrap_or(1.0),
                 _ => 1.0,
             },
-            max_abs: w.factors().iter().fold(0f32, |a, f| a.max(f.abs())) * w.format().max(),
+            max_abs: w.factors().iter().fold(0f32, |a, f| {
+                if a.is_nan() || f.is_nan() {
+                    f32::NAN
+                } else {
+                    a.max(f.abs())
+                }
+            }) * w.format().max(),
             codes: match layout {
                 CodeLayout::RowMajor => self.upload(w.codes())?,
                 CodeLayout::Tiled => self.upload(&tile_codes(w.codes(), n, k)?)?,
@@ -807,9 +833,10 @@ impl Gpu {
             }
         }
         let blocks = (m as u32).div_ceil(SMALL_CFG[c].group()) * n.div_ceil(16) as u32;
-        if xi == XType::F16 as usize && c == 2 && blocks <= 2 * self.sm_count as u32 {
-            let f = &self.k.mixed.small_f16_few[fmt][lay][out];
-            return self.launch_small(f, &SMALL_F16_FEW, w, x, y, dims);
+        if let Some(few) = &self.k.mixed.small_f16_few {
+            if xi == XType::F16 as usize && c == 2 && blocks <= 2 * self.sm_count as u32 {
+                return self.launch_small(&few[fmt][lay][out], &SMALL_F16_FEW, w, x, y, dims);
+            }
         }
         let f = &self.k.mixed.small[xi][fmt][c][lay][out];
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
@@ -987,6 +1014,20 @@ mod tests {
     /// `ceil(blocks / SMs)` blocks where that is fewer than would fit, and
     /// leaves launches of many blocks alone; on the H100's limits and on an
     /// sm_86-like device (100 KiB an SM).
+    /// The few-block f16 shape is loaded only where two of its blocks fit an
+    /// SM: the H100's 228 KiB, not sm_80's 164 or sm_86's 100.
+    #[test]
+    fn few_block_f16_shape_needs_two_blocks_an_sm() {
+        let lim = |per_sm, per_block| SmemLimits {
+            per_sm,
+            per_block,
+            reserved: 1024,
+        };
+        assert!(super::few_fits(lim(233_472, 232_448)));
+        assert!(!super::few_fits(lim(167_936, 166_912)));
+        assert!(!super::few_fits(lim(102_400, 101_376)));
+    }
+
     #[test]
     fn small_smem_spreads_few_blocks() {
         let h100 = SmemLimits {
