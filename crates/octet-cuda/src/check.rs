@@ -774,13 +774,22 @@ fn bf16_outside(got: &[f32], want: &[f32], atol: f64) -> (usize, f64) {
     let mut worst = 0f64;
     for (&g, &w) in got.iter().zip(want) {
         let bound = (w as f64).abs() / 256.0 + atol;
-        let r = ((g as f64) - (w as f64)).abs() / bound;
-        if r.is_nan() || r > 1.0 {
-            bad += 1;
-        }
-        worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+        tally(
+            ((g as f64) - (w as f64)).abs() / bound,
+            &mut bad,
+            &mut worst,
+        );
     }
     (bad, worst)
+}
+
+/// One element's ratio of error to bound: counted as outside when above 1
+/// or NaN, and the worst ratio kept (NaN as infinity).
+fn tally(r: f64, bad: &mut usize, worst: &mut f64) {
+    if r.is_nan() || r > 1.0 {
+        *bad += 1;
+    }
+    *worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
 }
 
 fn rms(v: &[f32]) -> f64 {
@@ -1108,10 +1117,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                             bound += 2f64.powi(-8) * sum.abs();
                         }
                         let r = (*g as f64 - sum).abs() / (bound + f64::MIN_POSITIVE);
-                        if r.is_nan() || r > 1.0 {
-                            bad += 1;
-                        }
-                        worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+                        tally(r, &mut bad, &mut worst);
                     }
                     out.push(CaseResult {
                         name: format!(
@@ -1267,10 +1273,7 @@ fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> R
                             let want = a / (1.0 + (-a).exp()) * u;
                             let r = (got[t * ff + f] as f64 - want).abs()
                                 / (2f64.powi(-7) * want.abs() + 1e-30);
-                            if r.is_nan() || r > 1.0 {
-                                bad += 1;
-                            }
-                            worst = worst.max(if r.is_nan() { f64::INFINITY } else { r });
+                            tally(r, &mut bad, &mut worst);
                         }
                     }
                     out.push(CaseResult {
