@@ -37,7 +37,8 @@
 // {2t, 2t+1, 2t+8, 2t+9} are taken as the physical columns 16t + 4s + {0, 1,
 // 2, 3} of step s: contiguous 16-byte reads for W and x alike. Each 128-column
 // block's partial sum enters the total with one FMA by its block factor (1 for
-// tensor and row scales, which apply at the end). The warps' totals are summed
+// tensor and row scales, which apply at the end; bf16 x at 16 tokens skips
+// the partial sums there, see `PER_BLOCK`). The warps' totals are summed
 // in warp order through shared memory. On sm_90 and later the host launches it
 // as a programmatic dependent of the previous kernel, and its first copies of
 // codes (and, over tiled codes, its row factors) overlap that kernel's tail.
@@ -56,6 +57,8 @@
 #define SCALE_TENSOR 0
 #define SCALE_ROW 1
 #define SCALE_BLOCK 2
+// The bits of `mode` that hold the scale kind.
+#define SCALE_BITS 3
 // OR-ed into `mode`: the codes are tiled (see above), not row-major.
 #define MODE_TILED 4
 // OR-ed into `mode` (small-M kernels with bf16 output only): the weight is a
@@ -100,7 +103,13 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // reaches only outputs that are not stored (a row of the mma's A or a column
 // of its B touches only its own outputs). Columns past K are zero-filled in
 // both operands.
-template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16>
+//
+// PER_BLOCK: each 128-column block's products go to a zeroed partial sum that
+// enters the total with one FMA by the block's factor (1 unless the scales
+// are 128x128 blocks). Without it the mma accumulates into the total
+// directly. The entry point below takes that path for tensor and row scales
+// with bf16 x and two token groups only; see there.
+template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -241,11 +250,14 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         __syncwarp();
         const unsigned char* ws = ring + (i % STAGES) * SLOT;
         const unsigned char* xs_base = ws + WBYTES;
-        float acc[NT][4];
+        float part[NT][4];
+        float (&acc)[NT][4] = PER_BLOCK ? part : tot;
+        if (PER_BLOCK) {
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+                for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
@@ -276,11 +288,13 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
                 }
             }
         }
-        const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
+        if (PER_BLOCK) {
+            const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
 #pragma unroll
-        for (int j = 0; j < NT; j++)
+            for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) tot[j][e] = fmaf(acc[j][e], f, tot[j][e]);
+                for (int e = 0; e < 4; e++) tot[j][e] = fmaf(acc[j][e], f, tot[j][e]);
+        }
         // Every lane is done with this slot before a later copy refills it.
         __syncwarp();
     }
@@ -325,11 +339,25 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
 }
 
+// The entry point runs the body without the per-block partial sums
+// (PER_BLOCK = false) for bf16 x at two token groups when the scales are per
+// tensor or per row: their zeroing and FMA by 1 go, and ptxas schedules the
+// 16-token loop in 390 SASS instructions instead of 424 at the same 65
+// registers. Measured on the H100 (thirty-third session, call d, three
+// rounds against HEAD): 4096x4096 at 12-16 tokens 0.76-0.77 -> 0.80-0.81 of
+// copy, the larger weights level. Where it is not used: one token group
+// (4096x14336 at 1 token 0.98 -> 0.95, decode -1.8%) and f16 x (4096x4096
+// at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products
+// to the running total rather than to a fresh zero, so outputs can differ
+// from the other path in the last bits (accumulation order only).
 #define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16)                                    \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
-        mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16>(w, x, factors, y, M, N, K, mode);        \
+        if (NT == 2 && !XF16 && (mode & SCALE_BITS) != SCALE_BLOCK)                                      \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false>(w, x, factors, y, M, N, K, mode); \
+        else                                                                                             \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true>(w, x, factors, y, M, N, K, mode); \
     }
 #define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16)                                             \
     MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16)                                        \
