@@ -117,6 +117,17 @@ impl XType {
     }
 }
 
+/// `[f(Bf16), f(F16)]`: one value per x type, indexed by `XType as usize`.
+fn per_x<T>(f: impl Fn(XType) -> Result<T>) -> Result<[T; 2]> {
+    Ok([f(XType::Bf16)?, f(XType::F16)?])
+}
+
+/// `[f("e4m3"), f("e5m2")]`: one value per format (kernel-name part),
+/// indexed as `format_index` does.
+fn per_fmt<T>(f: impl Fn(&str) -> Result<T>) -> Result<[T; 2]> {
+    Ok([f("e4m3")?, f("e5m2")?])
+}
+
 /// A small-M kernel for each layout of the codes and each output,
 /// `[CodeLayout as usize][out f32 / bf16]`.
 type ByLayout = [[CudaFunction; 2]; 2];
@@ -343,10 +354,10 @@ impl MixedKernels {
         smem: SmemLimits,
         tune: Option<SmallTune>,
     ) -> Result<MixedKernels> {
+        use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
         let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
         let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
         {
-            use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
             let k = |name: String| -> Result<CudaFunction> {
                 let func = f(&name)?;
                 func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
@@ -359,17 +370,15 @@ impl MixedKernels {
                     k(format!("mixed_wg_{block}{fmt}{x}_bf16"))?,
                 ])
             };
-            let by_x = |x: XType| -> Result<[[[CudaFunction; 2]; 2]; 2]> {
+            Some(per_x(|x| {
                 Ok([
-                    [by_fmt("", "e4m3", x)?, by_fmt("", "e5m2", x)?],
-                    [by_fmt("block_", "e4m3", x)?, by_fmt("block_", "e5m2", x)?],
+                    per_fmt(|fmt| by_fmt("", fmt, x))?,
+                    per_fmt(|fmt| by_fmt("block_", fmt, x))?,
                 ])
-            };
-            Some([by_x(XType::Bf16)?, by_x(XType::F16)?])
+            })?)
         } else {
             None
         };
-        use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
         // A small-M kernel built for `c`, allowed up to the most a block may
         // take (`small_smem`).
         let sized = |name: String, c: &SmallCfg| -> Result<CudaFunction> {
@@ -399,8 +408,6 @@ impl MixedKernels {
                 by_cfg(&SMALL_CFG[2])?,
             ])
         };
-        let small_x =
-            |x: XType| -> Result<[[ByLayout; 3]; 2]> { Ok([small("e4m3", x)?, small("e5m2", x)?]) };
         let tune = match tune {
             None => None,
             Some(SmallTune(c)) => {
@@ -415,30 +422,22 @@ impl MixedKernels {
                         smem.per_block
                     )));
                 }
-                let by_x = |x: XType| -> Result<[ByLayout; 2]> {
-                    Ok([
-                        by_layout(&format!("mixed_e4m3_tune{}", x.tag()), &c)?,
-                        by_layout(&format!("mixed_e5m2_tune{}", x.tag()), &c)?,
-                    ])
-                };
-                let fns = [by_x(XType::Bf16)?, by_x(XType::F16)?];
+                let fns = per_x(|x| {
+                    per_fmt(|fmt| by_layout(&format!("mixed_{fmt}_tune{}", x.tag()), &c))
+                })?;
                 Some((c, fns))
             }
         };
         Ok(MixedKernels {
-            small: [small_x(XType::Bf16)?, small_x(XType::F16)?],
+            small: per_x(|x| per_fmt(|fmt| small(fmt, x)))?,
             small_f16_few: if few_fits(smem) {
-                Some([
-                    by_layout("mixed_e4m3_n16w6_xf16", &SMALL_F16_FEW)?,
-                    by_layout("mixed_e5m2_n16w6_xf16", &SMALL_F16_FEW)?,
-                ])
+                Some(per_fmt(|fmt| {
+                    by_layout(&format!("mixed_{fmt}_n16w6_xf16"), &SMALL_F16_FEW)
+                })?)
             } else {
                 None
             },
-            upcast: [
-                [f("upcast_e4m3")?, f("upcast_e5m2")?],
-                [f("upcast_e4m3_xf16")?, f("upcast_e5m2_xf16")?],
-            ],
+            upcast: per_x(|x| per_fmt(|fmt| f(&format!("upcast_{fmt}{}", x.tag()))))?,
             epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
             wg,
             pdl: !arch.starts_with("sm_8")
