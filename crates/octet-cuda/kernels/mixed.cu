@@ -144,7 +144,10 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // -> 0.90-0.92 of copy, 4096x14336 at 1 token 0.94 -> 0.98, 8 tokens
     // level, decode +1.1%. For 16 tokens (424 -> 333 instructions) it read
     // 4096x4096 +0.03 but 4096x14336 -0.08 and 8192x28672 -0.03, so two
-    // groups keep the per-piece addresses.
+    // groups keep the per-piece addresses. The loss is inside the kernel,
+    // not in the overlap with the previous one: without PDL it stays, and
+    // ncu shows the burst of copies doubling the warps' long-scoreboard
+    // stalls (thirty-fourth session, call a).
     constexpr bool STEP = TILED && NT == 1;
     const unsigned char* wl = w + ((size_t)blockIdx.y * kblocks + warp) * WBYTES + lane * 16;
     const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
@@ -405,6 +408,30 @@ extern "C" __global__ void __launch_bounds__(256) read_floor(const uint4* __rest
     if (a == 0x9e3779b9u) sink[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
 
+// Two floats -> bf16x2 (nearest even), `lo` in the low half.
+__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
+    unsigned int r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// Two FP8 codes times a factor -> bf16x2, or f16x2 (`XF16`), rounded to
+// nearest even: the codes go to f32 exactly and are multiplied there,
+// without the bf16 round trip of `fp8x2_to_bf16x2` (same bits, three
+// instructions fewer a pair). An f16 beyond 65504 would be infinite: the
+// host refuses f16 x for a block-scaled weight whose factors allow that.
+template <int FMT, bool XF16>
+__device__ __forceinline__ unsigned int fp8x2_to_x2_scaled(unsigned int two, float f) {
+    float lo, hi;
+    fp8x2_to_f32x2<FMT, false>(two, lo, hi);
+    if (XF16) {
+        unsigned int r;
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * f), "f"(lo * f));
+        return r;
+    }
+    return pack_bf16x2(lo * f, hi * f);
+}
+
 // Large M: upcast W to bf16, or f16 (`XF16`) for f16 x (exact; block
 // factors applied here, rounding the product to bf16 or f16) for a cuBLAS
 // GEMM of x's type, then `mixed_epilogue` applies the tensor or row factor
@@ -420,20 +447,21 @@ __device__ __forceinline__ void upcast(const unsigned char* __restrict__ w, cons
     mode &= ~MODE_TILED;
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(w + src));
     unsigned int o[8];
+    if (mode == SCALE_BLOCK) {
+        // Rounded once, after the block factor.
+        const float f = factors[(row / 128) * ((K + 127) / 128) + col / 128];
 #pragma unroll
-    for (int q = 0; q < 4; q++) {
-        o[2 * q] = fp8x2_to_bf16x2<FMT, false>(word(v, q) & 0xffffu);
-        o[2 * q + 1] = fp8x2_to_bf16x2<FMT, false>(word(v, q) >> 16);
-    }
-    const float f = mode == SCALE_BLOCK ? factors[(row / 128) * ((K + 127) / 128) + col / 128] : 1.f;
+        for (int q = 0; q < 4; q++) {
+            o[2 * q] = fp8x2_to_x2_scaled<FMT, XF16>(word(v, q) & 0xffffu, f);
+            o[2 * q + 1] = fp8x2_to_x2_scaled<FMT, XF16>(word(v, q) >> 16, f);
+        }
+    } else {
+        // Exact: bf16 and f16 hold every code.
 #pragma unroll
-    for (int q = 0; q < 8; q++) {
-        // Exact unless a block factor scales the value (bf16 holds every code).
-        const float lo = bf16_lo(o[q]) * f, hi = bf16_hi(o[q]) * f;
-        if (XF16)
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(o[q]) : "f"(hi), "f"(lo));
-        else if (mode == SCALE_BLOCK)
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(o[q]) : "f"(hi), "f"(lo));
+        for (int q = 0; q < 4; q++) {
+            o[2 * q] = fp8x2_to_x2<FMT, XF16>(word(v, q) & 0xffffu);
+            o[2 * q + 1] = fp8x2_to_x2<FMT, XF16>(word(v, q) >> 16);
+        }
     }
     uint4* dst = reinterpret_cast<uint4*>(out + i);
     dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
@@ -547,30 +575,6 @@ __device__ __forceinline__ void wgmma_rs_n256_kmajor(float d[32][4], const unsig
                      "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 0;\n"
                      : WG_N256_OPS(d)
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db));
-}
-
-// Two floats -> bf16x2 (nearest even), `lo` in the low half.
-__device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
-    unsigned int r;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-// Two FP8 codes times a factor -> bf16x2, or f16x2 (`XF16`), rounded to
-// nearest even: the codes go to f32 exactly and are multiplied there,
-// without the bf16 round trip of `fp8x2_to_bf16x2` (same bits, three
-// instructions fewer a pair). An f16 beyond 65504 would be infinite: the
-// host refuses f16 x for a block-scaled weight whose factors allow that.
-template <int FMT, bool XF16>
-__device__ __forceinline__ unsigned int fp8x2_to_x2_scaled(unsigned int two, float f) {
-    float lo, hi;
-    fp8x2_to_f32x2<FMT, false>(two, lo, hi);
-    if (XF16) {
-        unsigned int r;
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi * f), "f"(lo * f));
-        return r;
-    }
-    return pack_bf16x2(lo * f, hi * f);
 }
 
 // Stage `st` (columns [64 st, 64 st + 64)) of x and W into its buffer, by
