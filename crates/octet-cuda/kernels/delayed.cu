@@ -3,7 +3,9 @@
 //   delayed_record: pending = max(pending, amax of the last quantize);
 //   delayed_update: push pending into the circular history (length H), reset
 //     it, and set scale = scale_from_amax(max of the history | most recent,
-//     fmax) * 2^-margin, the CPU's DelayedState::update bit for bit.
+//     fmax) * 2^-margin, the CPU's DelayedState::update bit for bit. While
+//     that amax is not finite (an inf or NaN recorded: their bits order above
+//     every finite value), the scale is left as it was.
 // One thread each: the state is a few dozen bytes.
 
 // state[0] = entries filled (<= H), state[1] = next slot.
@@ -24,11 +26,17 @@ extern "C" __global__ void delayed_update(float* history, unsigned int* state, u
     if (state[0] < (unsigned int)H) state[0] += 1;
     *pending_bits = 0u;
     float amax = 0.f;
+    bool finite = true;
     if (most_recent) {
         amax = pending;
+        finite = !nonfinite_f32(pending);
     } else {
-        for (unsigned int i = 0; i < state[0]; i++) amax = fmaxf(amax, history[i]);
+        for (unsigned int i = 0; i < state[0]; i++) {
+            finite = finite && !nonfinite_f32(history[i]);
+            amax = fmaxf(amax, history[i]);
+        }
     }
+    if (!finite) return;
     float s;
     if (amax == 0.f) {
         s = 1.f;

@@ -31,9 +31,18 @@ __device__ __forceinline__ unsigned int e2m1_encode(float x, int stochastic, uns
         const int exp32 = (int)(abs >> 23);
         const unsigned int m = exp32 == 0 ? abs : ((abs & 0x7fffffu) | 0x800000u);
         const int e = max(exp32, 1) - 127;
-        const unsigned int shift = (unsigned int)min(22 + max(-e, 0), 31);
-        const unsigned int mask = (1u << shift) - 1u;
-        const unsigned int q = (m + (r & mask)) >> shift;
+        // As the CPU's stochastic_code: up to 31 dropped bits the low bits
+        // of r decide; beyond, the value rounds up with probability
+        // floor(m 2^(32 - shift)) / 2^32.
+        const unsigned int shift = (unsigned int)(22 + max(-e, 0));
+        unsigned int q;
+        if (shift <= 31u) {
+            const unsigned int mask = (1u << shift) - 1u;
+            q = (m + (r & mask)) >> shift;
+        } else {
+            const unsigned long long t = shift < 64u ? ((unsigned long long)m << 32) >> shift : 0ull;
+            q = (unsigned int)((t + r) >> 32);
+        }
         code = ((unsigned int)max(e, 0) << 1) + q;
     }
     if (code > 7u) code = 7u;
@@ -78,7 +87,10 @@ extern "C" __global__ void nv_scales(const unsigned short* x, int src_rows, int 
     const unsigned int code = cvt_fp8x2<FMT_E4M3>(__fmul_rn(__fdiv_rn(m, 6.f), g), 0.f) & 0xffu;
     const float d = e4m3_decode(code);
     codes[b] = (unsigned char)code;
-    muls[b] = d == 0.f ? 0.f : __fdiv_rn(g, d);
+    // Capped at the largest float, as Transformer Engine does: with a tiny
+    // amax the global is capped too, and g / d would be infinite (0 * inf =
+    // NaN, which E2M1 saturates).
+    muls[b] = d == 0.f ? 0.f : fminf(__fdiv_rn(g, d), 3.402823466e38f);
 }
 
 // One thread per output byte (two codes) of the copy; index of element (r, c)

@@ -1700,6 +1700,17 @@ fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 cpu.record(want.amax);
                 gpu.delayed_record(&mut dev, &q.amax_bits)?;
             }
+            // An overflow upstream: an infinite amax at step 5, a NaN at step
+            // 8. Both keep the scale while they are in the window.
+            let bad = match step {
+                5 => Some(f32::INFINITY),
+                8 => Some(f32::NAN),
+                _ => None,
+            };
+            if let Some(a) = bad {
+                cpu.record(a);
+                gpu.delayed_record(&mut dev, &gpu.upload(&[a.to_bits()])?)?;
+            }
             cpu.update();
             gpu.delayed_update(&mut dev)?;
             if gpu.download(&dev.scale)?[0].to_bits() != cpu.scale().to_bits() {
@@ -1707,7 +1718,7 @@ fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             }
         }
         out.push(CaseResult {
-            name: format!("delayed scaling on the device, {algo:?} history {hist} margin {margin} {}: 12 steps x 2 quantizes", format.name()),
+            name: format!("delayed scaling on the device, {algo:?} history {hist} margin {margin} {}: 12 steps x 2 quantizes, an inf and a NaN amax", format.name()),
             pass: scale_bad == 0 && code_bad == 0,
             worst: format!("{scale_bad} of 12 scales differ, {code_bad} of 24 quantizes differ"),
         });
@@ -2174,19 +2185,22 @@ fn mx_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// scale codes and the per-tensor scale of both copies, for 1x16 blocks with
 /// nearest and stochastic rounding and for 16x16 blocks.
 fn nvfp4_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
-    for (i, &(rows, cols)) in [
-        (256usize, 512usize),
-        (217, 300),
-        (1, 16),
-        (333, 1000),
-        (64, 130),
+    // The last shape again with a tensor amax near 1e-36: the per-tensor
+    // scale and the block multipliers are capped at the largest f32.
+    for (i, &(rows, cols, mag)) in [
+        (256usize, 512usize, 1f32),
+        (217, 300, 1.0),
+        (1, 16, 1.0),
+        (333, 1000, 1.0),
+        (64, 130, 1.0),
+        (64, 130, 1e-37),
     ]
     .iter()
     .enumerate()
     {
         let xb: Vec<bf16> = random_wide_f32(rows * cols, 1400 + i as u64)
             .iter()
-            .map(|&v| bf16::from_f32(v))
+            .map(|&v| bf16::from_f32(v * mag))
             .collect();
         for (br, rounding, label) in [
             (1usize, Rounding::NearestEven, "1x16 nearest"),
@@ -2230,7 +2244,7 @@ fn nvfp4_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 ));
             }
             out.push(CaseResult {
-                name: format!("quantize nvfp4 {label} {rows}x{cols} wide"),
+                name: format!("quantize nvfp4 {label} {rows}x{cols} wide x {mag:e}"),
                 pass,
                 worst: text.join("; "),
             });

@@ -323,8 +323,16 @@ fn stochastic_code(abs: u32, s: &Spec, r: u32) -> u32 {
     };
     let e = exp32.max(1) - 127;
     let emin = 1 - s.bias;
-    let shift = (23 - s.man_bits as i32 + (emin - e).max(0)).min(31) as u32;
-    let q = round_shift(m, shift, Some(r));
+    let shift = (23 - s.man_bits as i32 + (emin - e).max(0)) as u32;
+    // Up to 31 dropped bits, the low `shift` bits of `r` decide (exact).
+    // Beyond, the value is below one quantum: it rounds up with probability
+    // floor(m 2^(32 - shift)) / 2^32, within 2^-32 of the exact m / 2^shift.
+    // (Clamping the shift to 31 instead made that probability m / 2^31 at
+    // any size: 2^11 times too large at 2^-20 in E2M1.)
+    let near = round_shift(m, shift.min(31), Some(r));
+    let t = (u64::from(m) << 32).checked_shr(shift).unwrap_or(0);
+    let tiny = ((t + u64::from(r)) >> 32) as u32;
+    let q = if shift > 31 { tiny } else { near };
     (((e + s.bias - 1).max(0) as u32) << s.man_bits) + q
 }
 

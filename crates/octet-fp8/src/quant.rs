@@ -476,7 +476,8 @@ fn quantize_copy<T: ToF32>(
                     (s, Stored::F32(1.0 / s))
                 }
                 ScaleRule::Fixed(s) => {
-                    if !(s.is_finite() && s > 0.0) {
+                    // Its inverse is stored: below about 2.9e-39 that is infinite.
+                    if !(s.is_finite() && s > 0.0 && (1.0 / s).is_finite()) {
                         return Err(Error::BadScale(s));
                     }
                     (s, Stored::F32(1.0 / s))
@@ -489,7 +490,15 @@ fn quantize_copy<T: ToF32>(
                     let code = Format::E4M3
                         .encode_rne(bmax / Format::E2M1.max() * global, Overflow::Saturate);
                     let d = Format::E4M3.decode(code);
-                    (if d == 0.0 { 0.0 } else { global / d }, Stored::Code(code))
+                    // Capped at the largest f32, as Transformer Engine does:
+                    // with a tiny amax `global` is capped too, and global / d
+                    // would be infinite (0 * inf = NaN, which E2M1 saturates).
+                    let mul = if d == 0.0 {
+                        0.0
+                    } else {
+                        (global / d).min(f32::MAX)
+                    };
+                    (mul, Stored::Code(code))
                 }
             })
         })

@@ -491,24 +491,39 @@ impl DelayedState {
         self.history.iter().copied()
     }
 
-    /// Report an amax seen this step (the step's amax is the max of the reports).
+    /// Report an amax seen this step (the step's amax is the max of the
+    /// reports). An infinite or NaN amax (an overflow upstream) makes the
+    /// step's amax non-finite; see [`DelayedState::update`].
     pub fn record(&mut self, amax: f32) {
-        self.pending = self.pending.max(amax);
+        self.pending = if amax.is_nan() || self.pending.is_nan() {
+            f32::NAN
+        } else {
+            self.pending.max(amax)
+        };
     }
 
-    /// End of step: push the step's amax, drop the oldest beyond the window, recompute the scale.
-    /// A non-finite amax cannot be recorded (quantization rejects such inputs), so the scale stays finite.
+    /// End of step: push the step's amax, drop the oldest beyond the window,
+    /// recompute the scale. While the amax it uses (the window's max, or the
+    /// most recent) is not finite, the scale stays what it was, as in
+    /// Transformer Engine: an overflow does not reset it to 1 (or to 0, which
+    /// would flush every later value).
     pub fn update(&mut self) {
         self.history.push_back(self.pending);
         while self.history.len() > self.len {
             self.history.pop_front();
         }
         self.pending = 0.0;
-        let amax = match self.algo {
-            AmaxAlgo::Max => self.history.iter().copied().fold(0f32, f32::max),
-            AmaxAlgo::MostRecent => self.history.back().copied().unwrap_or(0.0),
+        let window: &[f32] = match self.algo {
+            AmaxAlgo::Max => self.history.make_contiguous(),
+            AmaxAlgo::MostRecent => {
+                let n = self.history.len();
+                &self.history.make_contiguous()[n.saturating_sub(1)..]
+            }
         };
-        self.scale = scale_from_amax(amax, self.format, self.margin, false).unwrap_or(1.0);
+        if window.iter().all(|a| a.is_finite()) {
+            let amax = window.iter().copied().fold(0f32, f32::max);
+            self.scale = scale_from_amax(amax, self.format, self.margin, false).unwrap_or(1.0);
+        }
     }
 }
 

@@ -416,3 +416,36 @@ fn oracle_helper_agrees_with_itself() {
     assert_eq!(expected(Format::E8M0, 1.5, Overflow::Cast), 128);
     assert_eq!(expected(Format::E8M0, 1.49, Overflow::Cast), 127);
 }
+
+/// Far below the smallest subnormal (more than 31 bits dropped), a value still
+/// rounds up with probability x / quantum, not a probability clamped at 2^-31
+/// of the mantissa (which made E[q] 8-16x too large at 2^-10 to 2^-12 of a
+/// quantum).
+#[test]
+fn stochastic_rounding_is_unbiased_far_below_the_smallest_subnormal() {
+    let n = 1u64 << 20;
+    for f in [Format::E4M3, Format::E5M2, Format::E2M1] {
+        // The smallest positive value: code 1.
+        let quantum = f.decode(1) as f64;
+        for k in [6, 10, 12] {
+            for frac in [1.0f64, 0.75] {
+                let x = (quantum * frac * (2f64).powi(-k)) as f32;
+                let p = x as f64 / quantum;
+                let seed = 0x5eed ^ (k as u64) << 8;
+                let ups = (0..n)
+                    .filter(|&i| {
+                        let c = f.encode(x, Overflow::Saturate, Rounding::Stochastic { seed }, i);
+                        assert!(c == 0 || c == 1, "{f}: {x} -> code {c}");
+                        c == 1
+                    })
+                    .count() as f64;
+                let (want, sd) = (n as f64 * p, (n as f64 * p * (1.0 - p)).sqrt());
+                // Five sigma (fixed seeds: always passes or always fails).
+                assert!(
+                    (ups - want).abs() <= 5.0 * sd,
+                    "{f}: x = {x:e} rounded up {ups} times in {n}, expected {want:.1} +- {sd:.1}"
+                );
+            }
+        }
+    }
+}

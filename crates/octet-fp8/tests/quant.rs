@@ -7,8 +7,8 @@ use octet_fp8::tolerance::{
     assert_bytes_eq, sqnr_db, SQNR_CAST_E2M1, SQNR_CAST_E4M3, SQNR_CAST_E5M2,
 };
 use octet_fp8::{
-    quantize, Error, Format, Layout, Overflow, QuantData, QuantSpec, Recipe, Role, Rounding,
-    ScaleRule, Scales, Usage,
+    quantize, Error, Format, Granularity, Layout, Overflow, QuantData, QuantSpec, Recipe, Role,
+    Rounding, ScaleRule, Scales, Usage,
 };
 use rand::{Rng, SeedableRng};
 use rand_distr::StandardNormal;
@@ -379,6 +379,89 @@ fn current_scaling_never_saturates() {
                 "{name} {role:?}: {:?}",
                 q.telemetry()
             );
+        }
+    }
+}
+
+/// NVFP4 with a tensor amax so small that the per-tensor scale is capped: zeros
+/// stay zero and nothing becomes NaN or saturates (the block multiplier
+/// global / d overflowed to inf, and 0 * inf = NaN encoded as +-6).
+#[test]
+fn nvfp4_with_a_tiny_amax_keeps_zeros_and_stays_finite() {
+    let spec = Recipe::from_name("nvfp4")
+        .unwrap()
+        .spec(Role::Input, Layout::Rowwise, None, 0)
+        .unwrap();
+    for tiny in [1e-39f32, 1e-36, 3e-33] {
+        let mut x = vec![0f32; 32];
+        x[0] = tiny;
+        x[17] = -tiny / 2.0;
+        let q = quantize(&x, 2, 16, &spec, &spec, Usage::ROW, None).unwrap();
+        let y = q.dequantize().unwrap();
+        for (i, (&a, &b)) in x.iter().zip(&y).enumerate() {
+            assert!(b.is_finite(), "{tiny:e}: element {i} dequantized to {b}");
+            if a == 0.0 {
+                assert_eq!(b, 0.0, "{tiny:e}: zero element {i} dequantized to {b:e}");
+            } else {
+                // Below the grid a value may flush to zero, never flip sign.
+                assert!(
+                    b == 0.0 || b.signum() == a.signum(),
+                    "{tiny:e}: element {i}: {a:e} -> {b:e}"
+                );
+            }
+        }
+    }
+}
+
+/// A given scale whose inverse is not a finite f32 is refused, not stored as inf.
+#[test]
+fn a_fixed_scale_without_a_finite_inverse_is_refused() {
+    let x = [0f32, 1.0];
+    for s in [1e-39f32, f32::MIN_POSITIVE / 4.0] {
+        let spec = QuantSpec {
+            format: Format::E4M3,
+            granularity: Granularity::Tensor,
+            rule: ScaleRule::Fixed(s),
+            rounding: Rounding::NearestEven,
+        };
+        let r = quantize(&x, 1, 2, &spec, &spec, Usage::ROW, None);
+        assert!(
+            matches!(r, Err(octet_fp8::Error::BadScale(_))),
+            "{s:e}: {r:?}"
+        );
+    }
+}
+
+/// An infinite or NaN amax (an overflow upstream) keeps the delayed scale
+/// while it is in the window, as Transformer Engine does, instead of
+/// resetting it to 1; once it leaves the window the scale follows the amax again.
+#[test]
+fn a_non_finite_amax_keeps_the_delayed_scale() {
+    use octet_fp8::{AmaxAlgo, DelayedState};
+    for bad in [f32::INFINITY, f32::NAN] {
+        for algo in [AmaxAlgo::Max, AmaxAlgo::MostRecent] {
+            let mut st = DelayedState::new(3, algo, 0, Format::E4M3);
+            st.record(2.0);
+            st.update();
+            let before = st.scale();
+            assert_eq!(before, 448.0 / 2.0);
+            // The bad report poisons the step whatever comes after it.
+            st.record(bad);
+            st.record(1.0);
+            st.update();
+            assert_eq!(st.scale(), before, "{bad} {algo:?}");
+            st.record(4.0);
+            st.update();
+            let want = match algo {
+                AmaxAlgo::Max => before, // still in the window
+                AmaxAlgo::MostRecent => 448.0 / 4.0,
+            };
+            assert_eq!(st.scale(), want, "{bad} {algo:?}");
+            st.record(4.0);
+            st.update();
+            st.record(4.0);
+            st.update();
+            assert_eq!(st.scale(), 448.0 / 4.0, "{bad} {algo:?}: out of the window");
         }
     }
 }

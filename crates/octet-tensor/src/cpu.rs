@@ -298,7 +298,8 @@ pub fn sum_rows(x: &Tensor) -> Result<Tensor> {
     let (r, c) = x.dims2()?;
     fn sum<T: Real>(v: &[T], r: usize, c: usize) -> Vec<T> {
         let mut out = vec![T::zero(); c];
-        for row in v.chunks_exact(c).take(r) {
+        // `max(1)`: no columns, no sums (and no zero-sized chunks).
+        for row in v.chunks_exact(c.max(1)).take(r) {
             for (o, &e) in out.iter_mut().zip(row) {
                 *o = *o + e;
             }
@@ -322,7 +323,8 @@ pub fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
         )));
     }
     fn add<T: Real>(mut v: Vec<T>, b: &[T]) -> Vec<T> {
-        for row in v.chunks_exact_mut(b.len()) {
+        // `max(1)`: no columns, nothing to add (and no zero-sized chunks).
+        for row in v.chunks_exact_mut(b.len().max(1)) {
             for (o, &e) in row.iter_mut().zip(b) {
                 *o = *o + e;
             }

@@ -377,21 +377,7 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
     if m == 0 {
         return Err(Error::Shape("empty input: M = 0".into()));
     }
-    match w {
-        WeightRef::Bf16(v, ..) if n.checked_mul(k) != Some(v.len()) => {
-            return Err(Error::Shape(format!(
-                "bf16 weight of {} values is not ({n}, {k})",
-                v.len()
-            )))
-        }
-        WeightRef::F32(v, ..) if n.checked_mul(k) != Some(v.len()) => {
-            return Err(Error::Shape(format!(
-                "f32 weight of {} values is not ({n}, {k})",
-                v.len()
-            )))
-        }
-        _ => {}
-    }
+    check_values(w)?;
     let xs: Vec<f32> = match (x.as_f32(), x.as_bf16()) {
         (Some(v), _) => v.to_vec(),
         (_, Some(v)) => v.iter().map(|b| b.to_f32()).collect(),
@@ -432,6 +418,7 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
     if m == 0 {
         return Err(Error::Shape("empty gradient: M = 0".into()));
     }
+    check_values(w)?;
     let g = dy.to_f32_vec();
     let stripes = k.div_ceil(BLOCK);
     let row_groups = m.div_ceil(8);
@@ -467,6 +454,23 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
         }
     }
     Tensor::from_f32(&[m, k], dx)
+}
+
+/// A bf16 or f32 weight holds exactly the `N x K` values its dims say (an
+/// FP8 weight is checked when it is built).
+fn check_values(w: &WeightRef<'_>) -> Result<()> {
+    let (n, k) = w.dims();
+    let (kind, len) = match w {
+        WeightRef::Bf16(v, ..) => ("bf16", v.len()),
+        WeightRef::F32(v, ..) => ("f32", v.len()),
+        WeightRef::Fp8(_) => return Ok(()),
+    };
+    if n.checked_mul(k) != Some(len) {
+        return Err(Error::Shape(format!(
+            "{kind} weight of {len} values is not ({n}, {k})"
+        )));
+    }
+    Ok(())
 }
 
 /// Decode columns `k0..k0 + buf.len()` of weight row `j` (unscaled) into `buf`.

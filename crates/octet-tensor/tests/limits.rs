@@ -42,3 +42,15 @@ fn gemm_asserts_do_not_pass_a_wrapped_product() {
 fn gemm_serial_asserts_do_not_pass_a_wrapped_product() {
     gemm_serial(1, 1 << 62, 4, &[0.0; 4], &[]);
 }
+
+/// A matrix with rows but no columns is valid: its column sums and a bias
+/// of no elements give empty results, not a zero-sized-chunk panic.
+#[test]
+fn row_sums_and_bias_of_a_matrix_without_columns() {
+    let x = Tensor::from_f32(&[3, 0], vec![]).unwrap();
+    let s = octet_tensor::cpu::sum_rows(&x).unwrap();
+    assert_eq!(s.shape(), &[0]);
+    let b = Tensor::from_f32(&[0], vec![]).unwrap();
+    let y = octet_tensor::cpu::add_bias(&x, &b).unwrap();
+    assert_eq!(y.shape(), &[3, 0]);
+}

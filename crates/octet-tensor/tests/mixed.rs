@@ -124,6 +124,16 @@ fn bad_input_is_an_error() {
     assert!(WeightScaling::from_name("columns").is_err());
     let empty = Tensor::from_f32(&[0, 32], vec![]).unwrap();
     assert!(mixed_matmul(&empty, &q).is_err());
+    // A bf16 or f32 weight shorter than its dims: an error from either
+    // product, not a slice index out of range.
+    let short = [1f32; 3];
+    let dy = Tensor::from_f32(&[1, 2], vec![1.0; 2]).unwrap();
+    let e = octet_tensor::mixed::matmul_weights_t(&dy, &WeightRef::F32(&short, 2, 4))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("3 values"), "{e}");
+    let x4 = Tensor::from_f32(&[1, 4], vec![1.0; 4]).unwrap();
+    assert!(matmul_weights(&x4, &WeightRef::F32(&short, 2, 4)).is_err());
 }
 
 #[test]
