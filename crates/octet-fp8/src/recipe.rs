@@ -410,15 +410,78 @@ impl fmt::Display for Recipe {
 /// Each quantization uses [`DelayedState::scale`] and reports the amax it saw
 /// with [`DelayedState::record`]; once per step [`DelayedState::update`]
 /// pushes the step's amax into the history and derives the next scale.
+///
+/// It serializes (checkpoints) with an inf or NaN amax as the strings `"inf"`,
+/// `"-inf"` or `"nan"`, which JSON numbers cannot hold.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct DelayedState {
+    #[serde(with = "amax_json::many")]
     history: VecDeque<f32>,
     len: usize,
     algo: AmaxAlgo,
     margin: i32,
     format: Format,
     scale: f32,
+    #[serde(with = "amax_json")]
     pending: f32,
+}
+
+/// An amax in JSON: a number when finite, else `"inf"`, `"-inf"` or `"nan"`.
+mod amax_json {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    #[derive(Serialize, Deserialize)]
+    #[serde(untagged)]
+    enum Amax {
+        Number(f32),
+        Word(String),
+    }
+
+    fn to(v: f32) -> Amax {
+        match v {
+            v if v.is_finite() => Amax::Number(v),
+            v if v.is_nan() => Amax::Word("nan".into()),
+            v if v > 0.0 => Amax::Word("inf".into()),
+            _ => Amax::Word("-inf".into()),
+        }
+    }
+
+    fn from<E: serde::de::Error>(a: Amax) -> Result<f32, E> {
+        match a {
+            Amax::Number(v) => Ok(v),
+            Amax::Word(w) => match w.as_str() {
+                "inf" => Ok(f32::INFINITY),
+                "-inf" => Ok(f32::NEG_INFINITY),
+                "nan" => Ok(f32::NAN),
+                _ => Err(E::custom(format!(
+                    "amax {w:?} is not a number, \"inf\", \"-inf\" or \"nan\""
+                ))),
+            },
+        }
+    }
+
+    pub fn serialize<S: Serializer>(v: &f32, s: S) -> Result<S::Ok, S::Error> {
+        to(*v).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f32, D::Error> {
+        from(Amax::deserialize(d)?)
+    }
+
+    /// The same for a history.
+    pub mod many {
+        use super::{from, to, Amax};
+        use serde::{Deserialize, Deserializer, Serializer};
+        use std::collections::VecDeque;
+
+        pub fn serialize<S: Serializer>(v: &VecDeque<f32>, s: S) -> Result<S::Ok, S::Error> {
+            s.collect_seq(v.iter().map(|&a| to(a)))
+        }
+
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<f32>, D::Error> {
+            Vec::<Amax>::deserialize(d)?.into_iter().map(from).collect()
+        }
+    }
 }
 
 impl DelayedState {

@@ -465,3 +465,33 @@ fn a_non_finite_amax_keeps_the_delayed_scale() {
         }
     }
 }
+
+/// A state holding an inf and a NaN amax survives a JSON round trip (a
+/// checkpoint), which plain JSON numbers cannot carry.
+#[test]
+fn a_delayed_state_with_non_finite_amaxes_round_trips_through_json() {
+    use octet_fp8::{AmaxAlgo, DelayedState};
+    let mut st = DelayedState::new(4, AmaxAlgo::Max, 0, Format::E4M3);
+    for a in [3.0, f32::INFINITY, f32::NAN, 0.5] {
+        st.record(a);
+        st.update();
+    }
+    st.record(f32::NAN);
+    let text = serde_json::to_string(&st).unwrap();
+    let back: DelayedState = serde_json::from_str(&text).unwrap();
+    let bits = |s: &DelayedState| -> Vec<u32> {
+        s.history()
+            .chain([s.pending(), s.scale()])
+            .map(|v| if v.is_nan() { 0x7fc0_0000 } else { v.to_bits() })
+            .collect()
+    };
+    assert_eq!(bits(&back), bits(&st), "{text}");
+    assert_eq!(back.config(), st.config());
+    // Old checkpoints (finite numbers only) still load.
+    let mut fine = DelayedState::new(2, AmaxAlgo::Max, 0, Format::E4M3);
+    fine.record(2.0);
+    fine.update();
+    let back: DelayedState = serde_json::from_str(&serde_json::to_string(&fine).unwrap()).unwrap();
+    assert_eq!(back, fine);
+    assert!(serde_json::from_str::<DelayedState>(&text.replace("\"nan\"", "\"nope\"")).is_err());
+}
