@@ -2,7 +2,7 @@
 //! block matrices stored as FP8 (upcast inside the product), bf16 or f32.
 
 use anyhow::Context;
-use octet_nn::decode::{sample, DecodeModel, WeightStorage};
+use octet_nn::decode::{check_logits, check_sampling, sample, DecodeModel, WeightStorage};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
@@ -100,6 +100,26 @@ fn check_positions(prompt: usize, max_tokens: usize, positions: usize) -> anyhow
     Ok(())
 }
 
+/// Check the arguments that need no model, before anything loads or
+/// decodes: the names of `--weights` and `--compare`, and a finite
+/// `--temperature`.
+fn check_args(a: &GenerateArgs) -> anyhow::Result<()> {
+    WeightStorage::from_name(&a.weights).context("--weights")?;
+    if let Some(other) = &a.compare {
+        WeightStorage::from_name(other).context("--compare")?;
+    }
+    check_sampling(a.temperature).context("--temperature")?;
+    Ok(())
+}
+
+/// Write `text` to stdout at once. An error (a closed pipe: `| head`) ends
+/// the generation; `main` exits quietly on a broken pipe.
+fn echo_text(text: &str) -> std::io::Result<()> {
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
 fn run_one_gpu(
     a: &GenerateArgs,
     gpu: &octet_cuda::Gpu,
@@ -125,33 +145,41 @@ fn run_one_gpu(
     let mut last = dec.prefill(&prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(a.max_tokens);
-    let show = |t: &[u32]| {
+    let show = |t: &[u32]| -> std::io::Result<()> {
         if echo {
-            print!("{}", tok.decode(t));
-            std::io::stdout().flush().ok();
+            echo_text(&tok.decode(t))?;
         }
+        Ok(())
     };
     let t1 = Instant::now();
     if a.max_tokens > 0 && !a.host_sampling && dec.samples_on_device() {
         // The first token from the prompt's logits here, the rest on the
         // device: step i samples token i + 1 with the seed's (i + 1)-th draw,
         // as the loop below would; the last step's token is not kept.
+        check_logits(&last, 0)?;
         let first = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
-        show(&[first]);
+        show(&[first])?;
         out.push(first);
         let u: Vec<f64> = (0..a.max_tokens).map(|_| rng.random::<f64>()).collect();
         let mut left = a.max_tokens - 1;
+        let mut failed = None;
         let rest = dec.generate(first, &u, a.temperature, a.top_k, |t| {
             let keep = &t[..t.len().min(left)];
             left -= keep.len();
-            show(keep);
+            if failed.is_none() {
+                failed = show(keep).err();
+            }
         })?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
         out.extend(&rest[..a.max_tokens - 1]);
     } else {
-        for _ in 0..a.max_tokens {
+        for step in 0..a.max_tokens {
+            check_logits(&last, step)?;
             let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
             out.push(next);
-            show(&[next]);
+            show(&[next])?;
             last = dec.step(next)?;
         }
     }
@@ -231,12 +259,12 @@ fn run_one(
     let mut last = logits[logits.len() - v..].to_vec();
     let mut out = Vec::with_capacity(a.max_tokens);
     let t1 = Instant::now();
-    for _ in 0..a.max_tokens {
+    for step in 0..a.max_tokens {
+        check_logits(&last, step)?;
         let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
         out.push(next);
         if echo {
-            print!("{}", tok.decode(&[next]));
-            std::io::stdout().flush().ok();
+            echo_text(&tok.decode(&[next]))?;
         }
         last = model.forward(&[next])?;
     }
@@ -250,8 +278,12 @@ fn run_one(
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
+    check_args(&a)?; // a bad argument is an error before anything loads
     let (cfg, w, source) = load(&a)?;
-    WeightStorage::from_name(&a.weights)?; // a bad name is an error before anything loads
+    // The decoders build from these names; a config that disagrees with the
+    // tensors (a dropped layer, a tied head with its own matrix) is an error
+    // on the CPU and the GPU alike.
+    Llama::check_weights(&cfg, &w).with_context(|| source.clone())?;
     check_positions(
         tokenizer(&a, &cfg)?.encode(&a.prompt).len(),
         a.max_tokens,
@@ -259,31 +291,38 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     )?;
     let gpu = crate::gpu::open(&a.device)?;
     let device = match &gpu {
-        Some(g) => g.info()?,
+        Some(g) => {
+            // f32 weights run on the CPU only: refuse them before any decoding.
+            gpu_weights(&a.weights).context("--weights")?;
+            if let Some(other) = &a.compare {
+                gpu_weights(other).context("--compare")?;
+            }
+            g.info()?
+        }
         None => format!("CPU, {} threads", rayon::current_num_threads()),
     };
-    println!(
-        "{source}: {} parameters; block matrices as {}; {device}\n",
+    echo_text(&format!(
+        "{source}: {} parameters; block matrices as {}; {device}\n\n",
         cfg.num_params(),
         a.weights,
-    );
+    ))?;
     let one = |name: &str, echo: bool| -> anyhow::Result<Run> {
         match &gpu {
             Some(g) => run_one_gpu(&a, g, &cfg, &w, name, echo),
             None => run_one(&a, &cfg, &w, WeightStorage::from_name(name)?, echo),
         }
     };
-    print!("{}", a.prompt);
+    echo_text(&a.prompt)?;
     let first = one(&a.weights, true)?;
-    println!("\n");
+    echo_text("\n\n")?;
     let mut rows = vec![(a.weights.clone(), first)];
     if let Some(other) = &a.compare {
         let r = one(other, false)?;
         if r.text != rows[0].1.text {
-            println!(
-                "(the {other} weights sampled a different continuation: {:?}...)\n",
+            echo_text(&format!(
+                "(the {other} weights sampled a different continuation: {:?}...)\n\n",
                 r.text.chars().take(60).collect::<String>()
-            );
+            ))?;
         }
         rows.push((other.clone(), r));
     }

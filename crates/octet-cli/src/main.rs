@@ -49,7 +49,43 @@ enum Cmd {
     },
 }
 
+/// Whether a panic message is the standard library's for a write to a
+/// closed stdout (`println!` when the reader of a pipe has gone, as in
+/// `octet info | head -1`).
+fn is_broken_pipe_panic(msg: &str) -> bool {
+    msg.starts_with("failed printing to stdout")
+        && (msg.contains("Broken pipe") || msg.contains("os error 32)"))
+}
+
+/// Whether `e` comes from a write to a closed pipe.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
+/// A closed stdout ends the program quietly with status 0, as a pipe into
+/// `head` expects, wherever the output was printed: a `println!` that fails
+/// panics (caught by this hook), a write that returns the error ends in
+/// `main`. Every other panic goes to the default hook.
+fn exit_quietly_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let msg = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied());
+        if msg.is_some_and(is_broken_pipe_panic) {
+            std::process::exit(0);
+        }
+        default(info);
+    }));
+}
+
 fn main() {
+    exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     let cmd = match cli.cmd {
         Some(c) => Ok(c),
@@ -72,7 +108,36 @@ fn main() {
         },
     });
     if let Err(e) = result {
+        if is_broken_pipe(&e) {
+            return;
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_broken_pipe, is_broken_pipe_panic};
+
+    #[test]
+    fn a_broken_pipe_is_recognised() {
+        // The message `println!` panics with when stdout's reader has gone.
+        let e = std::io::Error::from(std::io::ErrorKind::BrokenPipe);
+        assert!(is_broken_pipe_panic(
+            "failed printing to stdout: Broken pipe (os error 32)"
+        ));
+        #[cfg(target_os = "linux")]
+        assert!(is_broken_pipe_panic(&format!(
+            "failed printing to stdout: {}",
+            std::io::Error::from_raw_os_error(32)
+        )));
+        assert!(!is_broken_pipe_panic(
+            "failed printing to stdout: No space left on device"
+        ));
+        assert!(!is_broken_pipe_panic("index out of bounds"));
+        let wrapped = anyhow::Error::from(e).context("writing the sample");
+        assert!(is_broken_pipe(&wrapped));
+        assert!(!is_broken_pipe(&anyhow::anyhow!("Broken pipe")));
     }
 }

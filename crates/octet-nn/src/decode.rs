@@ -123,27 +123,20 @@ pub struct DecodeModel {
 
 impl DecodeModel {
     /// Build from named weights (Hugging Face names, as [`crate::Llama::params`] gives
-    /// or a checkpoint holds), storing the block matrices as `storage`.
+    /// or a checkpoint holds), storing the block matrices as `storage`. The
+    /// weights must match `cfg` exactly, as [`crate::Llama::check_weights`]
+    /// says: a missing, misshapen or left-over tensor is an error, and so is
+    /// an `lm_head.weight` unlike the embedding under `tie_word_embeddings`.
     pub fn new(
         cfg: &LlamaConfig,
         weights: &HashMap<String, Tensor>,
         storage: WeightStorage,
     ) -> Result<DecodeModel> {
-        cfg.validate()?;
-        let shapes: HashMap<String, Vec<usize>> =
-            crate::Llama::param_shapes(cfg).into_iter().collect();
+        crate::Llama::check_weights(cfg, weights)?;
         let get = |name: &str| -> Result<&Tensor> {
-            let t = weights
+            weights
                 .get(name)
-                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
-            match shapes.get(name) {
-                Some(s) if s.as_slice() == t.shape() => Ok(t),
-                Some(s) => Err(Error::Config(format!(
-                    "tensor {name} has shape {:?}, expected {s:?}",
-                    t.shape()
-                ))),
-                None => Err(Error::Config(format!("unexpected tensor {name}"))),
-            }
+                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))
         };
         let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
@@ -360,6 +353,33 @@ fn attend(
         }
     }
     out
+}
+
+/// Check the sampling parameters of [`sample`] before decoding: the
+/// temperature must be finite (a NaN one would turn every share into NaN,
+/// and [`sample`] would always pick the last kept token).
+pub fn check_sampling(temperature: f32) -> Result<()> {
+    if temperature.is_finite() {
+        Ok(())
+    } else {
+        Err(Error::NonFinite(format!(
+            "temperature {temperature}: expected a finite number (0 = greedy)"
+        )))
+    }
+}
+
+/// Check the logits row that [`sample`] is about to read: every value must
+/// be finite, or the model's output is garbage (e.g. a NaN weight). `step`
+/// names the token being generated in the error (0: the first, from the
+/// prompt's logits).
+pub fn check_logits(logits: &[f32], step: usize) -> Result<()> {
+    match logits.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::NonFinite(format!(
+            "the model produced non-finite logits at step {step} (token {i}: {}); are its weights finite?",
+            logits[i]
+        ))),
+    }
 }
 
 /// Pick the next token from `logits`: greedy at temperature 0, else softmax

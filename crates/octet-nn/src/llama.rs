@@ -550,33 +550,89 @@ impl Llama {
         Llama::from_weights(cfg, weights, recipe)
     }
 
-    /// A model from named weights (e.g. a checkpoint); every tensor must be
-    /// present with its exact shape, and no unknown tensor may remain.
-    pub fn from_weights(
-        cfg: &LlamaConfig,
-        mut w: HashMap<String, Tensor>,
-        recipe: Option<Recipe>,
-    ) -> Result<Llama> {
+    /// Check named weights (e.g. a checkpoint's) against `cfg`, as
+    /// [`Llama::from_weights`] and [`crate::decode::DecodeModel::new`] do
+    /// before building: `cfg` must be valid, every tensor of
+    /// [`Llama::param_shapes`] present with its exact shape, and no other
+    /// tensor left over (all of them are named in the error). Under
+    /// `tie_word_embeddings`, an `lm_head.weight` is accepted only if it
+    /// equals `model.embed_tokens.weight` (some exporters write the shared
+    /// matrix twice).
+    pub fn check_weights(cfg: &LlamaConfig, w: &HashMap<String, Tensor>) -> Result<()> {
         cfg.validate()?;
-        let mut take = |name: &str, shape: &[usize]| -> Result<Tensor> {
+        let shapes = Llama::param_shapes(cfg);
+        for (name, shape) in &shapes {
             let t = w
-                .remove(name)
+                .get(name)
                 .ok_or_else(|| Error::Config(format!("missing tensor {name}")))?;
-            if t.shape() != shape {
+            if t.shape() != shape.as_slice() {
                 return Err(Error::Config(format!(
                     "tensor {name} has shape {:?}, expected {shape:?}",
                     t.shape()
                 )));
             }
-            Ok(t)
+        }
+        const HEAD: &str = "lm_head.weight";
+        const EMBED: &str = "model.embed_tokens.weight";
+        if cfg.tie_word_embeddings {
+            if let (Some(head), Some(embed)) = (w.get(HEAD), w.get(EMBED)) {
+                if head != embed {
+                    return Err(Error::Config(format!(
+                        "tie_word_embeddings is set but {HEAD} differs from {EMBED}"
+                    )));
+                }
+            }
+        }
+        let known: std::collections::HashSet<&str> =
+            shapes.iter().map(|(n, _)| n.as_str()).collect();
+        let mut extra: Vec<&str> = w
+            .keys()
+            .map(String::as_str)
+            .filter(|&n| {
+                let tied_head = cfg.tie_word_embeddings && n == HEAD;
+                !known.contains(n) && !tied_head
+            })
+            .collect();
+        extra.sort_unstable();
+        match extra.as_slice() {
+            [] => Ok(()),
+            [one] => Err(Error::Config(format!(
+                "unexpected tensor {one} for this config"
+            ))),
+            many => {
+                const SHOWN: usize = 12;
+                let mut list = many[..many.len().min(SHOWN)].join(", ");
+                if many.len() > SHOWN {
+                    list.push_str(&format!(" and {} more", many.len() - SHOWN));
+                }
+                Err(Error::Config(format!(
+                    "{} unexpected tensors for this config: {list}",
+                    many.len()
+                )))
+            }
+        }
+    }
+
+    /// A model from named weights (e.g. a checkpoint); every tensor must be
+    /// present with its exact shape, and no unknown tensor may remain
+    /// ([`Llama::check_weights`]).
+    pub fn from_weights(
+        cfg: &LlamaConfig,
+        mut w: HashMap<String, Tensor>,
+        recipe: Option<Recipe>,
+    ) -> Result<Llama> {
+        Llama::check_weights(cfg, &w)?;
+        let mut take = |name: &str| -> Result<Tensor> {
+            w.remove(name)
+                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))
         };
         let shapes = Llama::param_shapes(cfg);
         let mut it = shapes.iter();
         let mut next = || -> Result<Tensor> {
-            let (n, s) = it
+            let (n, _) = it
                 .next()
                 .ok_or_else(|| Error::Config("parameter list exhausted".into()))?;
-            take(n, s)
+            take(n)
         };
         let eps = cfg.rms_norm_eps;
         let lin = |t: Tensor| Linear::new(t, None, recipe, true).map(Proj::Full);
@@ -602,21 +658,6 @@ impl Llama {
             next()?
         };
         let lm_head = Linear::new(head_weight, None, None, true)?;
-        if cfg.tie_word_embeddings {
-            // Some exporters write the shared matrix twice: accept it only if it is the same.
-            if let Some(t) = w.remove("lm_head.weight") {
-                if t != embed.weight {
-                    return Err(Error::Config(
-                        "tie_word_embeddings is set but lm_head.weight differs from model.embed_tokens.weight".into(),
-                    ));
-                }
-            }
-        }
-        if let Some(extra) = w.keys().next() {
-            return Err(Error::Config(format!(
-                "unexpected tensor {extra} for this config"
-            )));
-        }
         let rope = Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)?;
         Ok(Llama {
             cfg: cfg.clone(),

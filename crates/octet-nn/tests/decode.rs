@@ -1,7 +1,9 @@
 //! Generation with a KV cache against the training forward.
 
 use octet_fp8::tolerance::sqnr_db;
-use octet_nn::decode::{sample, sample_shares, DecodeModel, WeightStorage};
+use octet_nn::decode::{
+    check_logits, check_sampling, sample, sample_shares, DecodeModel, WeightStorage,
+};
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
@@ -148,4 +150,86 @@ fn sample_shares_are_the_running_softmax_of_the_kept_logits_in_order() {
     // Greedy: no shares.
     assert!(sample_shares(&logits, 0.0, 3).1.is_none());
     assert!(sample_shares(&[2.0], 1.0, 0).1.is_none());
+}
+
+#[test]
+fn a_config_that_disagrees_with_the_weights_is_refused() {
+    let (cfg, _, w) = model(2);
+    assert_eq!(cfg.num_hidden_layers, 2);
+    // One layer in the config, two in the weights: layer 1 is not dropped.
+    let mut one = cfg.clone();
+    one.num_hidden_layers = 1;
+    let e = DecodeModel::new(&one, &w, WeightStorage::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("9 unexpected tensors"), "{e}");
+    for n in [
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.self_attn.q_proj.weight",
+        "model.layers.1.mlp.down_proj.weight",
+    ] {
+        assert!(e.contains(n), "{n} not named in: {e}");
+    }
+    // The training model refuses the same weights with the same error.
+    let e2 = Llama::from_weights(&one, w.clone(), None)
+        .unwrap_err()
+        .to_string();
+    assert_eq!(e, e2);
+    // A single left-over tensor is named too.
+    let mut extra = w.clone();
+    extra.insert(
+        "model.rotary.inv_freq".into(),
+        w["model.norm.weight"].clone(),
+    );
+    let e = DecodeModel::new(&cfg, &extra, WeightStorage::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unexpected tensor model.rotary.inv_freq"), "{e}");
+    // A tied config with its own (different) lm_head.weight: not the embedding's logits.
+    let mut tied = cfg.clone();
+    tied.tie_word_embeddings = true;
+    let e = DecodeModel::new(&tied, &w, WeightStorage::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("lm_head.weight differs"), "{e}");
+    // ... but an lm_head.weight equal to the embedding is the tied head, written twice.
+    let mut dup = w.clone();
+    dup.insert(
+        "lm_head.weight".into(),
+        w["model.embed_tokens.weight"].clone(),
+    );
+    assert!(DecodeModel::new(&tied, &dup, WeightStorage::F32).is_ok());
+    dup.remove("lm_head.weight");
+    assert!(DecodeModel::new(&tied, &dup, WeightStorage::F32).is_ok());
+}
+
+#[test]
+fn non_finite_sampling_parameters_and_logits_are_errors() {
+    for t in [0.0, 0.8, 2.0] {
+        assert!(check_sampling(t).is_ok(), "{t}");
+    }
+    for t in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let e = check_sampling(t).unwrap_err().to_string();
+        assert!(e.contains("temperature"), "{e}");
+    }
+    assert!(check_logits(&[0.5, -3.0, 1e30], 0).is_ok());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        let e = check_logits(&[0.5, bad, 1.0], 7).unwrap_err().to_string();
+        assert!(e.contains("non-finite logits at step 7"), "{e}");
+    }
+    // A NaN weight makes every logit NaN; the check catches it on the row
+    // the sampler reads.
+    let (cfg, _, mut w) = model(4);
+    let n = &w["model.norm.weight"];
+    let mut g = n.to_f32_vec();
+    g[3] = f32::NAN;
+    w.insert(
+        "model.norm.weight".into(),
+        Tensor::from_f32(n.shape(), g).unwrap(),
+    );
+    let mut m = DecodeModel::new(&cfg, &w, WeightStorage::F32).unwrap();
+    let logits = m.forward(&[1, 2, 3]).unwrap();
+    let last = &logits[logits.len() - cfg.vocab_size..];
+    let e = check_logits(last, 0).unwrap_err().to_string();
+    assert!(e.contains("non-finite logits at step 0"), "{e}");
 }
