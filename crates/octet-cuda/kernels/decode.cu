@@ -323,14 +323,19 @@ extern "C" __global__ void swiglu_bf16(const float* gu, unsigned short* out, int
 // a boundary.
 // `gen` = (step n, top_k, temperature as f32 bits): takes u = uniforms[n],
 // writes tokens[n], advances n, and makes the token the next step's input
-// (state[1]) at the next position (state[0] + 1). One block of 1024 threads,
-// V <= SAMPLE_MAX (the host checks).
+// (state[1]) at the next position (state[0] + 1). A row with an inf or NaN
+// logit writes -1 to tokens[n] (the host stops there with an error) and
+// feeds token 0 onward, so later queued steps stay in bounds. One block of
+// 1024 threads, V <= SAMPLE_MAX (the host checks).
 #define SAMPLE_MAX 2048
 extern "C" __global__ void __launch_bounds__(1024) sample_token(const float* logits, int V, const double* uniforms,
                                                                 int* gen, int* state, int* tokens) {
     __shared__ unsigned long long key[SAMPLE_MAX];
     __shared__ double w[SAMPLE_MAX];
     __shared__ double total;
+    __shared__ int nonfinite;
+    if (threadIdx.x == 0) nonfinite = 0;
+    __syncthreads();
     int P = 1;
     while (P < V) P <<= 1;
     // Key: the total-order image of the bits (ascending as unsigned) above
@@ -340,6 +345,7 @@ extern "C" __global__ void __launch_bounds__(1024) sample_token(const float* log
         unsigned long long c = 0;
         if (i < V) {
             const unsigned b = __float_as_uint(logits[i]);
+            if ((b & 0x7f800000u) == 0x7f800000u) nonfinite = 1;
             const unsigned k = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
             c = ((unsigned long long)k << 32) | (0xffffffffu - (unsigned)i);
         }
@@ -391,9 +397,9 @@ extern "C" __global__ void __launch_bounds__(1024) sample_token(const float* log
         }
     }
     if (threadIdx.x == 0) {
-        tokens[n] = pick;
+        tokens[n] = nonfinite ? -1 : pick;
         gen[0] = n + 1;
         state[0] += 1;
-        state[1] = pick;
+        state[1] = nonfinite ? 0 : pick;
     }
 }

@@ -1516,6 +1516,26 @@ fn sample_cases(
             worst: format!("{bad} differ, {near} within 1e-12 of a boundary; {worst}"),
         });
     }
+    // An inf or NaN logit anywhere in the row: an error, not a token.
+    let mut refused = 0;
+    for (i, x) in [
+        (0, f32::NAN),
+        (v / 2, f32::INFINITY),
+        (v - 1, f32::NEG_INFINITY),
+    ] {
+        let mut logits = random.clone();
+        logits[i] = x;
+        for &(t, k) in &SAMPLINGS {
+            if let Err(Error::NonFiniteLogits { step: 0 }) = dec.sample_alone(&logits, t, k, 0.5) {
+                refused += 1;
+            }
+        }
+    }
+    out.push(CaseResult {
+        name: format!("sample on the device ({preset}): a NaN, +inf or -inf logit is refused"),
+        pass: refused == 3 * SAMPLINGS.len(),
+        worst: format!("{refused} of {} refused", 3 * SAMPLINGS.len()),
+    });
     Ok(())
 }
 

@@ -498,6 +498,10 @@ impl<'g> GpuDecoder<'g> {
                 self.len += 1;
             }
             let got = s.clone_dtoh(&self.tokens.slice(done..done + c))?;
+            // `sample_token` writes -1 for a row with an inf or NaN logit.
+            if let Some(i) = got.iter().position(|&t| t < 0) {
+                return Err(Error::NonFiniteLogits { step: done + i });
+            }
             let got: Vec<u32> = got.into_iter().map(|t| t as u32).collect();
             on_tokens(&got);
             out.extend(got);
@@ -537,7 +541,8 @@ impl<'g> GpuDecoder<'g> {
             let mut u0 = self.uniforms.slice_mut(0..1);
             s.memcpy_htod(&[u], &mut u0)?;
             self.launch_sample(&mut b, logits.len())?;
-            Ok(s.clone_dtoh(&self.tokens.slice(0..1))?[0] as u32)
+            let t = s.clone_dtoh(&self.tokens.slice(0..1))?[0];
+            u32::try_from(t).map_err(|_| Error::NonFiniteLogits { step: 0 })
         })();
         self.buf = Some(b);
         r

@@ -86,6 +86,12 @@ pub enum Error {
     /// Shapes or arguments the kernels cannot take.
     #[error("shape: {0}")]
     Shape(String),
+    /// A decoding step whose logits held an inf or NaN (sampling on the device).
+    #[error("the model produced non-finite logits at step {step}; are its weights finite?")]
+    NonFiniteLogits {
+        /// The step (0: the first generated token).
+        step: usize,
+    },
     /// NaN/inf in a tensor that needs a finite amax.
     #[error("non-finite values in the input: FP8 scales need finite data (look for the NaN/inf upstream)")]
     NonFinite,
