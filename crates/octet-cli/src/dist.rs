@@ -19,7 +19,8 @@ use std::time::Instant;
 /// What rank 0 reports at the end.
 struct Summary {
     final_loss: f64,
-    val_loss: f64,
+    /// `None` with `--eval-batches 0`.
+    val_loss: Option<f64>,
     tokens_per_s: f64,
     fp8_gather_bytes: u64,
     hp_gather_bytes: u64,
@@ -51,7 +52,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         None => cfg.init_weights()?,
     };
     let dir = cfg.out_dir.join(&cfg.name);
-    std::fs::create_dir_all(&dir)?;
+    octet_train::create_dir_all(&dir)?;
     let metrics = Mutex::new(MetricsWriter::open(&dir.join("metrics.jsonl"))?);
     let obs = Mutex::new(bar(&format!("train x{n}")));
     let trainer_json = serde_json::to_string(cfg)?;
@@ -113,7 +114,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 .bytes(octet_dist::CollectiveKind::AllGather)
                 .saturating_sub(out.block_gather_bytes);
             let done = step + 1;
-            if cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps {
+            if cfg.save && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps {
                 // Gathering is a collective: every rank takes part, rank 0 writes.
                 let full = rank.gathered_model(comm)?;
                 let opt = rank.gather_optimizer(comm)?;
@@ -150,20 +151,32 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 }
             }
         }
-        // Evaluation and the checkpoint on the gathered model (collectives: every rank).
-        let mut full = rank.gathered_model(comm)?;
-        let opt = rank.gather_optimizer(comm)?;
+        // Evaluation and the checkpoint on the gathered model (collectives:
+        // every rank, or none where there is neither: the same on every rank).
+        let gathered = match cfg.save || cfg.eval_batches > 0 {
+            true => Some((rank.gathered_model(comm)?, rank.gather_optimizer(comm)?)),
+            false => None,
+        };
         if comm.rank() == 0 {
-            let val = evaluate(&mut full, &data, cfg, cfg.eval_batches)
-                .map_err(|e| dist_err(e.to_string()))?;
-            checkpoint::save_checkpoint(
-                &dir.join("checkpoints"),
-                &format!("step_{:06}", cfg.steps),
-                &full,
-                &opt,
-                &trainer_json,
-            )
-            .map_err(|e| dist_err(e.to_string()))?;
+            let mut val = None;
+            if let Some((mut full, opt)) = gathered {
+                if cfg.eval_batches > 0 {
+                    val = Some(
+                        evaluate(&mut full, &data, cfg, cfg.eval_batches)
+                            .map_err(|e| dist_err(e.to_string()))?,
+                    );
+                }
+                if cfg.save {
+                    checkpoint::save_checkpoint(
+                        &dir.join("checkpoints"),
+                        &format!("step_{:06}", cfg.steps),
+                        &full,
+                        &opt,
+                        &trainer_json,
+                    )
+                    .map_err(|e| dist_err(e.to_string()))?;
+                }
+            }
             if let Ok(mut s) = summary.lock() {
                 *s = Some(Summary {
                     final_loss: last,
@@ -188,10 +201,10 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         .flatten()
         .ok_or_else(|| anyhow::anyhow!("rank 0 reported nothing"))?;
     println!(
-        "\n{n} ranks (threads), recipe {}: final train loss {:.4}, val {:.4}, {:.0} tokens/s over {} steps",
+        "\n{n} ranks (threads), recipe {}: final train loss {:.4}, val {}, {:.0} tokens/s over {} steps",
         recipe.map_or("bf16".into(), |r| r.to_string()),
         s.final_loss,
-        s.val_loss,
+        s.val_loss.map_or("-".into(), |v| format!("{v:.4}")),
         s.tokens_per_s,
         s.steps
     );
@@ -205,9 +218,16 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         },
         s.hp_gather_bytes
     );
-    println!(
-        "wrote {}/metrics.jsonl and checkpoints/ (a single-file checkpoint, loads at any N)",
-        dir.display()
-    );
+    if cfg.save {
+        println!(
+            "wrote {}/metrics.jsonl and checkpoints/ (a single-file checkpoint, loads at any N)",
+            dir.display()
+        );
+    } else {
+        println!(
+            "wrote {}/metrics.jsonl (no checkpoint: --no-save)",
+            dir.display()
+        );
+    }
     Ok(())
 }

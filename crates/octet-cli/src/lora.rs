@@ -20,19 +20,25 @@ use std::path::PathBuf;
 pub struct LoraArgs {
     #[command(subcommand)]
     cmd: Option<LoraCmd>,
-    /// Base checkpoint directory (config.json + model.safetensors). Default: the
-    /// latest checkpoint of `runs/default` if there is one, else a random base.
+    /// Base checkpoint directory (config.json + model.safetensors). Default:
+    /// with `--resume`, the base the adapter records (a directory, or a
+    /// random base); else the latest checkpoint of `runs/default` if there is
+    /// one, else a random base. A resume on a base other than the recorded
+    /// one is an error.
     #[arg(long)]
     base: Option<PathBuf>,
-    /// Adapter rank.
-    #[arg(long, default_value_t = 16)]
-    rank: usize,
-    /// Adapter alpha (output scaled by alpha / rank).
-    #[arg(long, default_value_t = 32.0)]
-    alpha: f64,
-    /// Targeted projections.
-    #[arg(long, default_value = "q,k,v,o,gate,up,down")]
-    targets: String,
+    /// Adapter rank [default: 16; with `--resume`, the checkpoint's, and
+    /// another value is an error].
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Adapter alpha, output scaled by alpha / rank [default: 32; with
+    /// `--resume`, the checkpoint's, and another value is an error].
+    #[arg(long)]
+    alpha: Option<f64>,
+    /// Targeted projections [default: q,k,v,o,gate,up,down; with `--resume`,
+    /// the checkpoint's, and others are an error].
+    #[arg(long)]
+    targets: Option<String>,
     /// How the frozen base is stored: fp8-tensorwise, fp8-rowwise, fp8-block, bf16.
     #[arg(long, default_value = "fp8-tensorwise")]
     base_format: String,
@@ -95,17 +101,60 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         c.warmup = 20;
         c.backward = "dequantized".into();
     })?;
-    let base = a.base.clone().or_else(default_base);
+    // A resumed adapter keeps what it was trained with: the flags not given
+    // take the checkpoint's values, and `check_resume` refuses the others.
+    let resume = a.train.resume.as_deref();
+    let trained = match resume {
+        Some(ck) => {
+            let not_lora = || {
+                format!(
+                    "--resume {}: not a LoRA checkpoint (adapter_config.json)",
+                    ck.display()
+                )
+            };
+            let (r, alpha, targets) = checkpoint::load_adapter_config(ck).with_context(not_lora)?;
+            let base = checkpoint::load_adapter_base(ck).with_context(not_lora)?;
+            Some((r, alpha, targets, base))
+        }
+        None => None,
+    };
+    let defaults = LoraSettings::default();
+    let base = match (&a.base, trained.as_ref().and_then(|t| t.3.as_deref())) {
+        (Some(b), _) => Some(b.clone()),
+        (None, Some(checkpoint::RANDOM_BASE)) => None,
+        (None, Some(recorded)) => Some(PathBuf::from(recorded)),
+        // No record (an adapter saved before octet wrote one).
+        (None, None) => default_base(),
+    };
+    let targets: Vec<String> = match (&a.targets, &trained) {
+        (Some(t), _) => t.split(',').map(|t| t.trim().to_string()).collect(),
+        // PEFT's module names (`q_proj`) as the flag gives them (`q`).
+        (None, Some(t)) => {
+            t.2.iter()
+                .map(|m| m.trim_end_matches("_proj").to_string())
+                .collect()
+        }
+        (None, None) => defaults.targets.clone(),
+    };
+    let rank = a
+        .rank
+        .or(trained.as_ref().map(|t| t.0))
+        .unwrap_or(defaults.rank);
+    let alpha = a
+        .alpha
+        .or(trained.as_ref().map(|t| t.1))
+        .unwrap_or(defaults.alpha);
     cfg.lora = Some(LoraSettings {
         base: base.clone(),
-        rank: a.rank,
-        alpha: a.alpha,
-        targets: a.targets.split(',').map(|t| t.trim().to_string()).collect(),
+        rank,
+        alpha,
+        targets: targets.clone(),
         base_format: a.base_format.clone(),
         compute: a.compute.clone(),
         dropout: a.lora_dropout,
     });
     cfg.validate()?;
+    cfg.check_resume(resume)?;
     let gpu = crate::gpu::open_for(
         &a.train.device,
         (a.compute == "fp8").then_some("--compute fp8"),
@@ -119,9 +168,9 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         base.as_ref().map_or(format!("random {} model", cfg.model), |p| p.display().to_string()),
         a.base_format,
         a.compute,
-        a.rank,
-        a.alpha,
-        a.targets,
+        rank,
+        alpha,
+        targets.join(","),
         cfg.backward,
         cfg.steps,
         cfg.batch,
@@ -143,7 +192,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     };
     let mut runs = Vec::new();
     let mut obs = bar("lora");
-    let s = run(&cfg, a.train.resume.as_deref(), &mut obs)?;
+    let s = run(&cfg, resume, &mut obs)?;
     obs.bar.finish();
     println!("\nsample:\n{}\n", s.sample);
     runs.push(s);
@@ -233,12 +282,18 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
     let merged = merge_adapter(&m.base, &m.adapter, &m.base_format)?;
     let (r, alpha, base) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
-    std::fs::create_dir_all(&m.out)?;
+    std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;
     match dtype {
         Some(dtype) => {
             for (_, t) in full.params_mut() {
                 *t = t.to_dtype(dtype);
             }
+            // Finite f32 values near f32's largest round to infinity in bf16.
+            let params = full.params();
+            let named = params.iter().map(|(n, t)| (n.as_str(), *t));
+            octet_train::trainer::check_finite(named).map_err(|e| {
+                anyhow::anyhow!("merged weights in {}: {e}; nothing is written", m.dtype)
+            })?;
             checkpoint::save_model(&m.out, &full)?;
         }
         None => {

@@ -11,7 +11,8 @@ use std::path::PathBuf;
 /// Flags of `octet train`; each one given overrides the config file and the defaults.
 #[derive(clap::Args, Clone)]
 pub struct TrainArgs {
-    /// A TOML file with any TrainConfig fields (flags override it).
+    /// A TOML file with any TrainConfig fields (flags override it); a key
+    /// that is not one of them is an error.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Run name (outputs in `runs/NAME`).
@@ -55,10 +56,10 @@ pub struct TrainArgs {
     /// Warmup steps (default 30; 100 for `--model 1b`).
     #[arg(long)]
     warmup: Option<u64>,
-    /// AdamW weight decay.
+    /// AdamW weight decay (a finite number of at least 0).
     #[arg(long)]
     weight_decay: Option<f32>,
-    /// Gradient clipping norm (0 disables).
+    /// Gradient clipping norm: a finite number of at least 0; 0 disables clipping.
     #[arg(long)]
     grad_clip: Option<f32>,
     /// Seed.
@@ -302,14 +303,17 @@ pub fn summary_table(runs: &[RunSummary]) {
         "peak saved MiB",
         "peak device GiB",
     ]);
+    // No validation loss (`--eval-batches 0`): "-", not NaN.
+    let val = |v: f64| v.is_finite().then_some(v);
     for r in runs {
         t.row(vec![
             r.recipe.clone(),
             format!("{:.4}", r.final_loss),
-            format!("{:.4}", r.final_val_loss),
-            base.map_or("-".into(), |b| {
-                format!("{:+.2}%", 100.0 * (r.final_val_loss / b - 1.0))
-            }),
+            val(r.final_val_loss).map_or("-".into(), |v| format!("{v:.4}")),
+            match (base.and_then(val), val(r.final_val_loss)) {
+                (Some(b), Some(v)) => format!("{:+.2}%", 100.0 * (v / b - 1.0)),
+                _ => "-".into(),
+            },
             format!("{:.0}", r.tokens_per_s),
             format!("{:.2}", r.peak_saved_bytes as f64 / (1 << 20) as f64),
             if r.peak_device_bytes > 0 {
@@ -511,6 +515,32 @@ mod tests {
         };
         assert!(parse(&["train"]).fp8_fast_accum);
         assert!(!parse(&["train", "--no-fast-accum"]).fp8_fast_accum);
+    }
+
+    #[test]
+    fn a_config_file_with_an_unknown_key_or_a_bad_float_is_an_error_naming_it() {
+        let path = std::env::temp_dir().join(format!("octet-config-{}.toml", std::process::id()));
+        let adamw = "[adamw]\nbeta2 = 0.95\neps = 1e-8\nweight_decay = 0.1\ngrad_clip = 1.0\n";
+        for (text, want) in [
+            ("steps = 2\nstep = 2\n".to_string(), "unknown field `step`"),
+            (
+                "resume = \"runs/x\"\n".to_string(),
+                "unknown field `resume`",
+            ),
+            ("min_lr = nan\n".to_string(), "min_lr = NaN"),
+            (format!("{adamw}beta1 = 1.0\n"), "adamw.beta1 = 1"),
+        ] {
+            std::fs::write(&path, &text).expect("write the config");
+            let mut a = TrainArgs::bare().expect("bare args");
+            a.config = Some(path.clone());
+            let e = format!("{:#}", a.config().expect_err(&text));
+            assert!(e.contains(want), "{text}: {e}");
+        }
+        std::fs::write(&path, "steps = 2\n").expect("write the config");
+        let mut a = TrainArgs::bare().expect("bare args");
+        a.config = Some(path.clone());
+        assert_eq!(a.config().expect("a good config").steps, 2);
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -366,9 +366,60 @@ pub fn write_config(dir: &Path, model_cfg: &LlamaConfig, dtype: DType) -> Result
     write_atomic(&dir.join("config.json"), text.as_bytes())
 }
 
+/// What `base_model_name_or_path` records for an adapter trained on a
+/// random-initialised base (no `--base`).
+pub const RANDOM_BASE: &str = "random";
+
+/// The `base_model_name_or_path` of an adapter trained on `base` (`None`: a
+/// random base, [`RANDOM_BASE`]): the directory made absolute where it can
+/// be, so that a resume from another working directory still matches it.
+pub fn base_record(base: Option<&Path>) -> String {
+    match base {
+        None => RANDOM_BASE.to_string(),
+        Some(p) => std::fs::canonicalize(p)
+            .unwrap_or_else(|_| p.to_path_buf())
+            .display()
+            .to_string(),
+    }
+}
+
+/// Whether an adapter whose config records the base `recorded` (as
+/// [`base_record`] writes it) was trained on `base` (`None`: random).
+/// Paths compare after both are made absolute where they exist.
+pub fn same_base(recorded: &str, base: Option<&Path>) -> bool {
+    match base {
+        None => recorded == RANDOM_BASE,
+        Some(_) if recorded == RANDOM_BASE => false,
+        Some(p) => {
+            let rec = Path::new(recorded);
+            let canon = |q: &Path| std::fs::canonicalize(q).unwrap_or_else(|_| q.to_path_buf());
+            rec == p || canon(rec) == canon(p)
+        }
+    }
+}
+
+/// The base an adapter directory records (`base_model_name_or_path` of its
+/// `adapter_config.json`): `None` where it is null or missing (adapters
+/// saved before octet recorded it, and PEFT's saved without one).
+pub fn load_adapter_base(dir: &Path) -> Result<Option<String>> {
+    let p = dir.join("adapter_config.json");
+    let bad = |m: String| Error::Checkpoint(format!("{}: {m}", p.display()));
+    let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    match &v["base_model_name_or_path"] {
+        serde_json::Value::Null => Ok(None),
+        serde_json::Value::String(s) => Ok(Some(s.clone())),
+        other => Err(bad(format!(
+            "base_model_name_or_path = {other}: expected a string or null"
+        ))),
+    }
+}
+
 /// Write a LoRA model's adapter in PEFT's layout: `adapter_model.safetensors`
-/// (`base_model.model.<module>.lora_A/lora_B.weight`) and `adapter_config.json`.
-pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&Path>) -> Result<()> {
+/// (`base_model.model.<module>.lora_A/lora_B.weight`) and `adapter_config.json`
+/// recording `base` as `base_model_name_or_path` (see [`base_record`]; `None`
+/// writes null: the base is not known).
+pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&str>) -> Result<()> {
     let (r, alpha, targets) = model
         .lora_summary()
         .ok_or_else(|| Error::Checkpoint("the model has no LoRA adapter".into()))?;
@@ -386,12 +437,14 @@ pub fn save_adapter(dir: &Path, model: &Llama, base: Option<&Path>) -> Result<()
 }
 
 /// Write adapter tensors (PEFT names) in PEFT's layout, with their rank,
-/// alpha, target module names (`q_proj`, ...) and the dropout they trained with.
+/// alpha, target module names (`q_proj`, ...), the dropout they trained with
+/// and the base they trained on (`base_model_name_or_path`, as
+/// [`save_adapter`] takes it).
 pub fn write_adapter(
     dir: &Path,
     tensors: &[(String, Tensor)],
     (r, alpha, targets, dropout): (usize, f64, &[String], f64),
-    base: Option<&Path>,
+    base: Option<&str>,
 ) -> Result<()> {
     std::fs::create_dir_all(dir)
         .map_err(|e| Error::Checkpoint(format!("{}: {e}", dir.display())))?;
@@ -413,7 +466,7 @@ pub fn write_adapter(
         "bias": "none",
         "fan_in_fan_out": false,
         "inference_mode": true,
-        "base_model_name_or_path": base.map(|p| p.display().to_string()),
+        "base_model_name_or_path": base,
     });
     let text = serde_json::to_string_pretty(&cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
     write_atomic(&dir.join("adapter_config.json"), text.as_bytes())
@@ -455,6 +508,11 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
     let alpha = v["lora_alpha"]
         .as_f64()
         .ok_or_else(|| bad("missing lora_alpha"))?;
+    if !(alpha.is_finite() && alpha > 0.0) {
+        return Err(bad(&format!(
+            "lora_alpha = {alpha}: a LoRA alpha must be a finite number above 0"
+        )));
+    }
     let targets = v["target_modules"]
         .as_array()
         .ok_or_else(|| bad("missing target_modules"))?
@@ -675,6 +733,10 @@ pub fn load_optimizer_for(
         .get("adamw")
         .and_then(|s| serde_json::from_str(s).ok())
         .ok_or_else(|| bad("missing adamw config".into()))?;
+    cfg.validate().map_err(|e| match e {
+        Error::Train(m) => bad(m),
+        e => e,
+    })?;
     let mut states = Vec::new();
     for (name, shape) in params {
         let mut take = |suffix: &str| -> Result<Vec<f32>> {
@@ -729,25 +791,366 @@ pub fn save_checkpoint(
     })
 }
 
+/// [`save_checkpoint`] for a model in LoRA mode, its adapter recording the
+/// base it trains on (`base`: the `base_model_name_or_path` to write, see
+/// [`base_record`]), so that a resume can refuse another base.
+pub fn save_lora_checkpoint(
+    parent: &Path,
+    name: &str,
+    model: &Llama,
+    opt: &AdamW,
+    trainer: &str,
+    base: &str,
+) -> Result<PathBuf> {
+    save_checkpoint_with(parent, name, |tmp| {
+        save_adapter(tmp, model, Some(base))?;
+        write_config(tmp, &model.cfg, DType::F32)?;
+        let scaling = serde_json::to_string(&model.scaling_state())
+            .map_err(|e| Error::Checkpoint(e.to_string()))?;
+        save_optimizer(tmp, opt, trainer, &scaling)
+    })
+}
+
 /// Write a checkpoint `parent/name` whose files `write` puts into the
-/// directory it is given, so that it appears only whole: a temporary sibling
-/// directory renamed at the end, then `parent/latest` rewritten.
+/// directory it is given, so that it appears only whole and an existing
+/// `parent/name` is replaced without a moment with no valid checkpoint there:
+///
+/// 1. the files go to a temporary sibling directory `.name.tmp.<pid>.<n>`
+///    (removed again if `write` or anything after it fails);
+/// 2. on Linux the two directories are swapped in one step
+///    (`renameat2(RENAME_EXCHANGE)`); where the filesystem cannot, the old
+///    directory is renamed aside (`.name.old.<pid>.<n>`) and the new one
+///    renamed into place right after (put back if that fails);
+/// 3. the parent directory is fsynced, the old checkpoint removed, and only
+///    then `parent/latest` rewritten to name `name`.
+///
+/// Leftovers of a run killed while saving are handled first: a `.name.old.*`
+/// directory whose `name` is missing is renamed back to `name` (the kill fell
+/// between the two renames of step 2), and temporary or aside directories of
+/// processes no longer alive are removed (of this process too, for `name`
+/// itself: one process saves one name at a time).
 pub fn save_checkpoint_with(
     parent: &Path,
     name: &str,
     write: impl FnOnce(&Path) -> Result<()>,
 ) -> Result<PathBuf> {
-    let io = |e: std::io::Error| Error::Checkpoint(format!("{}: {e}", parent.display()));
-    std::fs::create_dir_all(parent).map_err(io)?;
-    let tmp = parent.join(format!(".{name}.tmp.{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(io)?;
-    write(&tmp)?;
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        Error::Checkpoint(format!("{what} {}: {e}", p.display()))
+    };
+    std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+    clean_leftovers(parent, name);
+    let tag = unique_tag();
+    let tmp = parent.join(format!(".{name}.tmp.{tag}"));
     let dst = parent.join(name);
-    if dst.exists() {
-        std::fs::remove_dir_all(&dst).map_err(io)?;
+    let written = std::fs::create_dir(&tmp)
+        .map_err(|e| io("creating", &tmp, e))
+        .and_then(|()| write(&tmp))
+        .and_then(|()| replace_dir(&tmp, &dst, &parent.join(format!(".{name}.old.{tag}"))));
+    let old = match written {
+        Ok(old) => old,
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e);
+        }
+    };
+    sync_dir(parent);
+    if let Some(old) = old {
+        // The new checkpoint is in place: a failure here leaves a hidden
+        // directory that the next save removes, not a broken checkpoint.
+        let _ = std::fs::remove_dir_all(old);
     }
-    std::fs::rename(&tmp, &dst).map_err(io)?;
     write_atomic(&parent.join("latest"), name.as_bytes())?;
     Ok(dst)
+}
+
+/// fsync a directory (its entries' renames); not every filesystem allows it.
+fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// `<pid>.<n>`: unique among this process's saves.
+fn unique_tag() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}.{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Put the complete directory `new` at `dst`. Returns where the checkpoint
+/// `dst` held before now is (to be removed), `None` if there was none. `aside`
+/// is the name the old one takes where the filesystem cannot swap them.
+fn replace_dir(new: &Path, dst: &Path, aside: &Path) -> Result<Option<PathBuf>> {
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        Error::Checkpoint(format!("{what} {}: {e}", p.display()))
+    };
+    match std::fs::symlink_metadata(dst) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::rename(new, dst).map_err(|e| io("renaming into", dst, e))?;
+            return Ok(None);
+        }
+        Err(e) => return Err(io("reading", dst, e)),
+        Ok(_) => {}
+    }
+    match exchange(new, dst) {
+        // `new` now names the old checkpoint.
+        Ok(true) => return Ok(Some(new.to_path_buf())),
+        Ok(false) => {}
+        Err(e) => return Err(io("swapping in", dst, e)),
+    }
+    std::fs::rename(dst, aside).map_err(|e| io("moving aside", dst, e))?;
+    if let Err(e) = std::fs::rename(new, dst) {
+        let _ = std::fs::rename(aside, dst);
+        return Err(io("renaming into", dst, e));
+    }
+    Ok(Some(aside.to_path_buf()))
+}
+
+/// Swap the directories `a` and `b` in one step. `Ok(false)`: this system or
+/// filesystem cannot (the caller falls back to two renames).
+#[cfg(target_os = "linux")]
+fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        std::ffi::CString::new(p.as_os_str().as_bytes())
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))
+    };
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: both paths are NUL-terminated C strings that outlive the call;
+    // renameat2 only reads them.
+    let rc = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if rc == 0 {
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Swap the directories `a` and `b` in one step: not available here.
+#[cfg(not(target_os = "linux"))]
+fn exchange(_: &Path, _: &Path) -> std::io::Result<bool> {
+    Ok(false)
+}
+
+/// Whether the process `pid` may still be running: `false` only where
+/// `/proc` shows it is not (without `/proc`, every process may be).
+fn may_be_alive(pid: u32) -> bool {
+    let proc = Path::new("/proc");
+    !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
+/// Leftovers of saves that were killed (see [`save_checkpoint_with`]): in
+/// `parent`, `.<ckpt>.tmp.<pid>.<n>` and `.<ckpt>.old.<pid>.<n>` directories
+/// of processes no longer alive (and this process's for `name`) are removed,
+/// after an aside copy of a checkpoint that is missing is renamed back. Best
+/// effort: a leftover that cannot be handled is left where it is.
+fn clean_leftovers(parent: &Path, name: &str) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    let me = std::process::id();
+    let mut stale: Vec<(String, bool, PathBuf)> = Vec::new();
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix('.') else {
+            continue;
+        };
+        // `<ckpt>.(tmp|old).<pid>.<n>`, the checkpoint's name may hold dots.
+        let mut parts = rest.rsplitn(4, '.');
+        let (Some(n), Some(pid), Some(kind), Some(ckpt)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let (Ok(_), Ok(pid)) = (n.parse::<u64>(), pid.parse::<u32>()) else {
+            continue;
+        };
+        if !matches!(kind, "tmp" | "old") || ckpt.is_empty() || ckpt.contains('/') {
+            continue;
+        }
+        let dead = if pid == me {
+            ckpt == name
+        } else {
+            !may_be_alive(pid)
+        };
+        if dead && entry.file_type().is_ok_and(|t| t.is_dir()) {
+            stale.push((ckpt.to_string(), kind == "old", entry.path()));
+        }
+    }
+    // A checkpoint that is missing gets an aside copy back (there is one
+    // unless several saves of it were killed between their two renames).
+    for (ckpt, is_old, path) in &stale {
+        let dst = parent.join(ckpt);
+        if *is_old
+            && std::fs::symlink_metadata(&dst).is_err()
+            && std::fs::rename(path, &dst).is_ok()
+        {
+            sync_dir(parent);
+        }
+    }
+    for (_, _, path) in &stale {
+        if path.exists() {
+            let _ = std::fs::remove_dir_all(path);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("octet-ckpt-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    /// A checkpoint writer of `n` small files holding `text`.
+    fn files(n: usize, text: &'static str) -> impl FnOnce(&Path) -> Result<()> {
+        move |dir| {
+            for i in 0..n {
+                std::fs::write(dir.join(format!("f{i}")), text)?;
+            }
+            Ok(())
+        }
+    }
+
+    fn entries(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn a_failed_save_keeps_the_old_checkpoint_and_leaves_no_temporary_directory() {
+        let parent = tmpdir("failed");
+        save_checkpoint_with(&parent, "step_000001", files(3, "old")).unwrap();
+        let e = save_checkpoint_with(&parent, "step_000001", |dir| {
+            std::fs::write(dir.join("f0"), "new")?;
+            Err(Error::Checkpoint("disk full".into()))
+        })
+        .unwrap_err();
+        assert!(e.to_string().contains("disk full"), "{e}");
+        let e = save_checkpoint_with(&parent, "step_000002", |_| {
+            Err(Error::Checkpoint("disk full".into()))
+        });
+        assert!(e.is_err());
+        assert_eq!(entries(&parent), ["latest", "step_000001"]);
+        let dst = parent.join("step_000001");
+        assert_eq!(std::fs::read_to_string(dst.join("f0")).unwrap(), "old");
+        assert_eq!(
+            std::fs::read_to_string(parent.join("latest")).unwrap(),
+            "step_000001"
+        );
+        // A good save replaces it whole and leaves nothing beside it.
+        save_checkpoint_with(&parent, "step_000001", files(2, "new")).unwrap();
+        assert_eq!(entries(&dst), ["f0", "f1"]);
+        assert_eq!(std::fs::read_to_string(dst.join("f0")).unwrap(), "new");
+        assert_eq!(entries(&parent), ["latest", "step_000001"]);
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    /// A reader polling a checkpoint while it is replaced again and again
+    /// never finds it missing or partial (where the filesystem can swap
+    /// directories in one step; elsewhere the fallback has a short gap).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_replaced_checkpoint_is_never_missing() {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        let parent = tmpdir("swap");
+        save_checkpoint_with(&parent, "step_000001", files(8, "0")).unwrap();
+        let (a, b) = (parent.join("probe-a"), parent.join("probe-b"));
+        std::fs::create_dir(&a).unwrap();
+        std::fs::create_dir(&b).unwrap();
+        let swaps = exchange(&a, &b).unwrap_or(false);
+        std::fs::remove_dir(&a).unwrap();
+        std::fs::remove_dir(&b).unwrap();
+        if !swaps {
+            eprintln!("this filesystem cannot swap directories: not checked");
+            let _ = std::fs::remove_dir_all(&parent);
+            return;
+        }
+        let dst = parent.join("step_000001");
+        let (stop, missing, polls) = (
+            AtomicBool::new(false),
+            AtomicUsize::new(0),
+            AtomicUsize::new(0),
+        );
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(Ordering::Relaxed) {
+                    if !(0..8).all(|i| dst.join(format!("f{i}")).exists()) {
+                        missing.fetch_add(1, Ordering::Relaxed);
+                    }
+                    polls.fetch_add(1, Ordering::Relaxed);
+                }
+            });
+            for i in 0..100 {
+                let text = if i % 2 == 0 { "a" } else { "b" };
+                save_checkpoint_with(&parent, "step_000001", files(8, text)).unwrap();
+            }
+            stop.store(true, Ordering::Relaxed);
+        });
+        assert!(polls.load(Ordering::Relaxed) > 0);
+        assert_eq!(
+            missing.load(Ordering::Relaxed),
+            0,
+            "the checkpoint went missing"
+        );
+        assert_eq!(entries(&parent), ["latest", "step_000001"]);
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    /// A save killed between moving the old checkpoint aside and renaming
+    /// the new one into place: the next save puts the old one back, and
+    /// removes the dead process's temporary directories.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn leftovers_of_a_killed_save_are_put_back_or_removed() {
+        let parent = tmpdir("leftovers");
+        std::fs::create_dir_all(&parent).unwrap();
+        // No process has this id (Linux's pid_max is at most 2^22).
+        let dead = 4_000_000_000u32;
+        let aside = parent.join(format!(".step_000002.old.{dead}.0"));
+        std::fs::create_dir(&aside).unwrap();
+        std::fs::write(aside.join("f0"), "two").unwrap();
+        let tmp = parent.join(format!(".step_000002.tmp.{dead}.0"));
+        std::fs::create_dir(&tmp).unwrap();
+        std::fs::write(tmp.join("f0"), "partial").unwrap();
+        std::fs::write(parent.join("latest"), "step_000002").unwrap();
+        // A live process's directory (this one's, for another checkpoint) stays.
+        let live = parent.join(format!(".step_000009.tmp.{}.99", std::process::id()));
+        std::fs::create_dir(&live).unwrap();
+        save_checkpoint_with(&parent, "step_000003", files(1, "three")).unwrap();
+        let restored = parent.join("step_000002").join("f0");
+        assert_eq!(std::fs::read_to_string(restored).unwrap(), "two");
+        assert_eq!(
+            entries(&parent),
+            [
+                format!(".step_000009.tmp.{}.99", std::process::id()).as_str(),
+                "latest",
+                "step_000002",
+                "step_000003"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&parent);
+    }
 }

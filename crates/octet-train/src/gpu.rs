@@ -216,7 +216,7 @@ fn save_lora(
                 tmp,
                 &tensors,
                 (r, alpha, &targets, l.dropout),
-                l.base.as_deref(),
+                Some(&checkpoint::base_record(l.base.as_deref())),
             )?;
             checkpoint::write_config(tmp, &model.cfg, DType::F32)?;
             checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")
@@ -280,7 +280,7 @@ pub fn train_gpu_ranked(
     let recipe_name = cfg.run_label()?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
-    std::fs::create_dir_all(&dir)?;
+    crate::create_dir_all(&dir)?;
     let mut model = match (resume, &cfg.lora) {
         (_, Some(l)) => lora_model(gpu, cfg, l, resume, obs)?,
         (Some(ck), None) => {

@@ -1,6 +1,6 @@
 //! Metrics as JSON lines: one object per logged step or evaluation.
 
-use crate::Result;
+use crate::{Error, Result};
 use std::io::Write;
 use std::path::Path;
 
@@ -43,26 +43,31 @@ pub struct StepMetrics {
 /// Appends JSON lines to a file.
 pub struct MetricsWriter {
     file: std::fs::File,
+    path: std::path::PathBuf,
 }
 
 impl MetricsWriter {
-    /// Open (append) `path`, creating its directory.
+    /// Open (append) `path`, creating its directory; errors name the path.
     pub fn open(path: &Path) -> Result<MetricsWriter> {
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
+        if let Some(d) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            crate::create_dir_all(d)?;
         }
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(path)?;
-        Ok(MetricsWriter { file })
+            .open(path)
+            .map_err(Error::file("opening", path))?;
+        Ok(MetricsWriter {
+            file,
+            path: path.to_path_buf(),
+        })
     }
 
-    /// Write one record.
+    /// Write one record; an error names the file.
     pub fn write<T: serde::Serialize>(&mut self, record: &T) -> Result<()> {
-        let line = serde_json::to_string(record).map_err(|e| crate::Error::Train(e.to_string()))?;
-        writeln!(self.file, "{line}")?;
-        self.file.flush()?;
-        Ok(())
+        let line = serde_json::to_string(record).map_err(|e| Error::Train(e.to_string()))?;
+        writeln!(self.file, "{line}")
+            .and_then(|()| self.file.flush())
+            .map_err(Error::file("writing", &self.path))
     }
 }

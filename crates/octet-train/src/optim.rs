@@ -4,8 +4,9 @@
 use crate::{Error, Result};
 use octet_tensor::Tensor;
 
-/// AdamW hyper-parameters.
+/// AdamW hyper-parameters (unknown keys are errors when read from a file).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct AdamWConfig {
     /// First-moment decay.
     pub beta1: f32,
@@ -15,8 +16,44 @@ pub struct AdamWConfig {
     pub eps: f32,
     /// Decoupled weight decay (applied to matrices only, not to norm gains).
     pub weight_decay: f32,
-    /// Clip the global gradient norm to this value (0 disables).
+    /// Clip the global gradient norm to this value; 0 disables clipping
+    /// (a negative or non-finite value is an error, not "off").
     pub grad_clip: f32,
+}
+
+impl AdamWConfig {
+    /// Check every value: `beta1` and `beta2` in `[0, 1)`, `eps` finite and
+    /// positive, `weight_decay` and `grad_clip` finite and at least 0 (a
+    /// `grad_clip` of 0 disables clipping). The error names the setting (its
+    /// flag where it has one, and its key under `[adamw]`) and the value.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |name: &str, v: f32, want: &str| {
+            Err(Error::Train(format!("{name} = {v}: expected {want}")))
+        };
+        for (name, v) in [("adamw.beta1", self.beta1), ("adamw.beta2", self.beta2)] {
+            if !(0.0..1.0).contains(&v) {
+                return bad(name, v, "a value in [0, 1)");
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return bad("adamw.eps", self.eps, "a finite number above 0");
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(
+                "--weight-decay (adamw.weight_decay)",
+                self.weight_decay,
+                "a finite number of at least 0",
+            );
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return bad(
+                "--grad-clip (adamw.grad_clip)",
+                self.grad_clip,
+                "a finite norm of at least 0 (0 disables clipping)",
+            );
+        }
+        Ok(())
+    }
 }
 
 impl Default for AdamWConfig {
@@ -218,6 +255,88 @@ mod tests {
         assert_eq!(opt.states[0].master, before, "nothing moves");
         opt.step = i32::MAX as u64 - 1;
         assert!(opt.step(&[("w".into(), w)], 0.1).is_ok());
+    }
+
+    #[test]
+    fn bad_hyper_parameters_are_errors_that_name_the_setting_and_value() {
+        assert!(AdamWConfig::default().validate().is_ok());
+        let off = AdamWConfig {
+            grad_clip: 0.0,
+            weight_decay: 0.0,
+            beta1: 0.0,
+            ..Default::default()
+        };
+        assert!(off.validate().is_ok(), "0 disables clipping");
+        let cases: [(AdamWConfig, &str, &str); 8] = [
+            (
+                AdamWConfig {
+                    grad_clip: f32::NAN,
+                    ..Default::default()
+                },
+                "--grad-clip",
+                "NaN",
+            ),
+            (
+                AdamWConfig {
+                    grad_clip: -1.0,
+                    ..Default::default()
+                },
+                "--grad-clip",
+                "-1",
+            ),
+            (
+                AdamWConfig {
+                    grad_clip: f32::INFINITY,
+                    ..Default::default()
+                },
+                "--grad-clip",
+                "inf",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: f32::NAN,
+                    ..Default::default()
+                },
+                "--weight-decay",
+                "NaN",
+            ),
+            (
+                AdamWConfig {
+                    weight_decay: f32::INFINITY,
+                    ..Default::default()
+                },
+                "--weight-decay",
+                "inf",
+            ),
+            (
+                AdamWConfig {
+                    beta1: 1.0,
+                    ..Default::default()
+                },
+                "adamw.beta1",
+                "= 1",
+            ),
+            (
+                AdamWConfig {
+                    beta2: -0.5,
+                    ..Default::default()
+                },
+                "adamw.beta2",
+                "-0.5",
+            ),
+            (
+                AdamWConfig {
+                    eps: 0.0,
+                    ..Default::default()
+                },
+                "adamw.eps",
+                "= 0",
+            ),
+        ];
+        for (cfg, name, value) in cases {
+            let e = cfg.validate().expect_err(name).to_string();
+            assert!(e.contains(name) && e.contains(value), "{e}");
+        }
     }
 
     #[test]

@@ -34,9 +34,14 @@ pub const MAX_STEP_TOKENS: u64 = 1 << 32;
 /// raises `beta` to the step as a 32-bit power.
 pub const MAX_STEPS: u64 = i32::MAX as u64;
 
-/// Everything a run is configured by (serialised into checkpoints).
+/// The share of a data file's tokens held out for validation (the last ones).
+pub const DATA_VAL_FRACTION: f64 = 0.1;
+
+/// Everything a run is configured by (serialised into checkpoints). Read
+/// from a file (`octet train --config`), a key it does not have is an error
+/// that names the key: a misspelt setting is not silently left at its default.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
     /// Run name: outputs go to `out_dir/name`.
     pub name: String,
@@ -121,9 +126,10 @@ pub struct TrainConfig {
     pub fp8_fast_accum: bool,
 }
 
-/// What `octet lora` adds to a run: the base, the adapter, how the base is stored and run.
+/// What `octet lora` adds to a run: the base, the adapter, how the base is
+/// stored and run (unknown keys are errors, as in [`TrainConfig`]).
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LoraSettings {
     /// Base checkpoint directory; `None`: a random-initialised base of the run's model preset.
     pub base: Option<PathBuf>,
@@ -174,6 +180,12 @@ impl LoraSettings {
                 self.rank
             )));
         }
+        if !(self.alpha.is_finite() && self.alpha > 0.0) {
+            return Err(Error::Train(format!(
+                "--alpha (lora.alpha) = {}: a LoRA alpha must be a finite number above 0",
+                self.alpha
+            )));
+        }
         if !(0.0..1.0).contains(&self.dropout) {
             return Err(Error::Train(format!(
                 "--lora-dropout {}: expected a probability in [0, 1)",
@@ -194,6 +206,71 @@ impl LoraSettings {
             seed,
             dropout: self.dropout,
         })
+    }
+
+    /// Check that a resume from the adapter checkpoint `ckpt` continues it as
+    /// it was trained: the same rank, alpha and targets (`q` and `q_proj`
+    /// alike, in any order) as its `adapter_config.json`, and the same base as
+    /// it records (`base_model_name_or_path`: a directory, or
+    /// [`checkpoint::RANDOM_BASE`]; a null record, from adapters saved before
+    /// octet wrote it, is not checked). Errors name the setting, both values,
+    /// and the flag that gives the checkpoint's.
+    pub fn check_resume(&self, ckpt: &Path) -> Result<()> {
+        let (r, alpha, targets) = checkpoint::load_adapter_config(ckpt)?;
+        let ck = ckpt.display();
+        if r != self.rank {
+            return Err(Error::Train(format!(
+                "--rank {}: the adapter of {ck} has rank {r}; a resumed adapter keeps it (give --rank {r})",
+                self.rank
+            )));
+        }
+        // JSON's parse of a float may be an ulp off the value written.
+        if self.alpha.is_nan() || (alpha - self.alpha).abs() > 1e-12 * alpha.abs() {
+            return Err(Error::Train(format!(
+                "--alpha {}: the adapter of {ck} was trained with alpha {alpha}; a resumed adapter keeps it (give --alpha {alpha})",
+                self.alpha
+            )));
+        }
+        let norm = |t: &[String]| {
+            let mut v: Vec<String> = t
+                .iter()
+                .map(|s| s.trim().trim_end_matches("_proj").to_string())
+                .collect();
+            v.sort();
+            v.dedup();
+            v
+        };
+        let (have, want) = (norm(&targets), norm(&self.targets));
+        if have != want {
+            return Err(Error::Train(format!(
+                "--targets {}: the adapter of {ck} targets {}; a resumed adapter keeps them (give --targets {})",
+                want.join(","),
+                have.join(","),
+                have.join(",")
+            )));
+        }
+        if let Some(rec) = checkpoint::load_adapter_base(ckpt)? {
+            if !checkpoint::same_base(&rec, self.base.as_deref()) {
+                let this = match &self.base {
+                    Some(p) => format!("this run's --base is {}", p.display()),
+                    None => "this run has no --base (a random base)".to_string(),
+                };
+                let fix = if rec == checkpoint::RANDOM_BASE {
+                    "resume without --base".to_string()
+                } else {
+                    format!("give --base {rec}")
+                };
+                let was = if rec == checkpoint::RANDOM_BASE {
+                    "a random base".to_string()
+                } else {
+                    format!("the base {rec}")
+                };
+                return Err(Error::Train(format!(
+                    "the adapter of {ck} was trained on {was}; {this}: an adapter resumed on another base trains something else ({fix})"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The frozen base model in LoRA mode, from the checkpoint or random.
@@ -246,7 +323,14 @@ pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<M
     model
         .load_params(tensors)
         .map_err(|e| Error::Checkpoint(format!("adapter {}: {e}", adapter.display())))?;
-    let weights = model.merged_weights()?.into_iter().collect();
+    let weights: HashMap<String, Tensor> = model.merged_weights()?.into_iter().collect();
+    check_finite(weights.iter().map(|(n, t)| (n.as_str(), t))).map_err(|m| {
+        Error::NonFinite(format!(
+            "merging {} (r={rank}, lora_alpha={alpha:?}) onto {}: {m}; nothing is written",
+            adapter.display(),
+            base.display()
+        ))
+    })?;
     Ok(Merged {
         cfg,
         weights,
@@ -254,6 +338,22 @@ pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<M
         alpha,
         base: spec.base,
     })
+}
+
+/// `Err` naming the first tensor (by name order) holding a NaN or an infinity
+/// and how many of its values are.
+pub fn check_finite<'a>(
+    weights: impl IntoIterator<Item = (&'a str, &'a Tensor)>,
+) -> std::result::Result<(), String> {
+    let mut sorted: Vec<(&str, &Tensor)> = weights.into_iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(b.0));
+    for (name, t) in sorted {
+        let bad = t.to_f32_vec().iter().filter(|v| !v.is_finite()).count();
+        if bad > 0 {
+            return Err(format!("{name} holds {bad} non-finite values"));
+        }
+    }
+    Ok(())
 }
 
 /// The `(peak lr, final lr, warmup steps)` of a model preset whose schedule
@@ -382,25 +482,63 @@ impl TrainConfig {
     }
 
     /// The run's data (`data`, or the embedded corpus) by its tokenizer, for
-    /// a model of `vocab` ids: a tokenizer with more ids than the model is an
-    /// error here, before anything trains.
+    /// a model of `vocab` ids. Checked here, before anything trains: a
+    /// tokenizer with more ids than the model, and splits too short for a
+    /// batch ([`TrainConfig::check_splits`]).
     pub fn dataset(&self, vocab: usize) -> Result<Dataset> {
         let tok = self.tokenizer()?;
         tok.check_fits(vocab)?;
-        match &self.data {
-            Some(p) => Dataset::load_with(p, tok, vocab, 0.1),
-            None => Ok(Dataset::default_corpus_with(tok)),
+        let data = match &self.data {
+            Some(p) => Dataset::load_with(p, tok, vocab, DATA_VAL_FRACTION)?,
+            None => Dataset::default_corpus_with(tok),
+        };
+        self.check_splits(&data)?;
+        Ok(data)
+    }
+
+    /// An error unless every split the run draws batches from holds a
+    /// window of `seq + 2` tokens: the training split always, the validation
+    /// split when the run evaluates (`eval_batches > 0`). Without this a
+    /// short validation split would fail the run at its first evaluation,
+    /// after the steps before it (and, at the end, before the final checkpoint).
+    pub fn check_splits(&self, data: &Dataset) -> Result<()> {
+        let need = self.seq.saturating_add(2);
+        let source = self
+            .data
+            .as_ref()
+            .map_or("the embedded corpus".to_string(), |p| {
+                p.display().to_string()
+            });
+        if data.train.len() < need {
+            return Err(Error::Data(format!(
+                "{source}: the training split has {} tokens; batches of --seq {} need at least {need} (seq + 2); lower --seq or add data",
+                data.train.len(),
+                self.seq
+            )));
         }
+        if self.eval_batches > 0 && data.val.len() < need {
+            return Err(Error::Data(format!(
+                "{source}: the validation split (the last {:.0}% of the tokens) has {} tokens; evaluating batches of --seq {} needs at least {need} (seq + 2); lower --seq, add data, or give --eval-batches 0",
+                100.0 * DATA_VAL_FRACTION,
+                data.val.len(),
+                self.seq
+            )));
+        }
+        Ok(())
     }
 
     /// Check a run resumed from `resume` (a checkpoint directory) before
-    /// anything loads: its `config.json` is valid and it has steps left (the
-    /// checkpoint's optimizer step must be below `steps`).
+    /// anything loads: its `config.json` is valid, it has steps left (the
+    /// checkpoint's optimizer step must be below `steps`), and a LoRA run
+    /// continues the adapter as it was trained ([`LoraSettings::check_resume`]).
     pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
         let Some(dir) = resume else {
             return Ok(());
         };
         checkpoint::load_config(dir)?;
+        if let Some(l) = &self.lora {
+            l.check_resume(dir)?;
+        }
         let step = checkpoint::read_step(dir)?;
         if step >= self.steps {
             return Err(Error::Train(format!(
@@ -500,10 +638,17 @@ impl TrainConfig {
         }
         if !(self.lr > 0.0 && self.lr.is_finite()) {
             return Err(Error::Train(format!(
-                "learning rate {} must be positive",
+                "--lr (lr) = {}: the learning rate must be a finite number above 0",
                 self.lr
             )));
         }
+        if !(self.min_lr >= 0.0 && self.min_lr.is_finite()) {
+            return Err(Error::Train(format!(
+                "min_lr = {}: the final learning rate must be a finite number of at least 0",
+                self.min_lr
+            )));
+        }
+        self.adamw.validate()?;
         self.tokenizer()?;
         if !matches!(self.saved_activations.as_str(), "full" | "fp8") {
             return Err(Error::Train(format!(
@@ -720,7 +865,7 @@ pub fn train(
     let recipe_name = cfg.run_label()?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
-    std::fs::create_dir_all(&dir)?;
+    crate::create_dir_all(&dir)?;
     let (mut model, mut opt) = match (resume, &cfg.lora) {
         (Some(ck), Some(l)) => {
             let mut model = l.build(cfg)?;
@@ -868,13 +1013,18 @@ pub fn train(
         }
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last) {
-            let p = checkpoint::save_checkpoint(
-                &dir.join("checkpoints"),
-                &format!("step_{:06}", opt.step),
-                &model,
-                &opt,
-                &trainer_json,
-            )?;
+            let (parent, name) = (dir.join("checkpoints"), format!("step_{:06}", opt.step));
+            let p = match &cfg.lora {
+                Some(l) => checkpoint::save_lora_checkpoint(
+                    &parent,
+                    &name,
+                    &model,
+                    &opt,
+                    &trainer_json,
+                    &checkpoint::base_record(l.base.as_deref()),
+                )?,
+                None => checkpoint::save_checkpoint(&parent, &name, &model, &opt, &trainer_json)?,
+            };
             obs.note(&format!("checkpoint {}", p.display()));
         }
     }

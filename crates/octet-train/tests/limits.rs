@@ -184,3 +184,154 @@ fn resuming_a_finished_run_is_an_error_not_an_empty_run() {
     assert!(s.final_loss.is_finite());
     let _ = std::fs::remove_dir_all(&out);
 }
+
+#[test]
+fn non_finite_and_out_of_range_floats_are_errors_naming_the_setting_and_value() {
+    let ok = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    let adamw = |f: &dyn Fn(&mut AdamWConfig)| {
+        let mut c = ok.clone();
+        f(&mut c.adamw);
+        c
+    };
+    let lora = |alpha: f64| TrainConfig {
+        lora: Some(LoraSettings {
+            alpha,
+            ..Default::default()
+        }),
+        ..ok.clone()
+    };
+    let cases: Vec<(TrainConfig, &str, &str)> = vec![
+        (
+            TrainConfig {
+                min_lr: f32::NAN,
+                ..ok.clone()
+            },
+            "min_lr",
+            "NaN",
+        ),
+        (
+            TrainConfig {
+                lr: f32::INFINITY,
+                ..ok.clone()
+            },
+            "--lr",
+            "inf",
+        ),
+        (
+            adamw(&|a| a.weight_decay = f32::NAN),
+            "--weight-decay",
+            "NaN",
+        ),
+        (
+            adamw(&|a| a.weight_decay = f32::INFINITY),
+            "--weight-decay",
+            "inf",
+        ),
+        (adamw(&|a| a.grad_clip = f32::NAN), "--grad-clip", "NaN"),
+        (adamw(&|a| a.grad_clip = -1.0), "--grad-clip", "-1"),
+        (adamw(&|a| a.beta1 = 1.0), "adamw.beta1", "= 1"),
+        (adamw(&|a| a.beta2 = f32::NAN), "adamw.beta2", "NaN"),
+        (lora(f64::NAN), "--alpha", "NaN"),
+        (lora(f64::INFINITY), "--alpha", "inf"),
+    ];
+    for (cfg, name, value) in cases {
+        let e = err(&cfg);
+        assert!(e.contains(name) && e.contains(value), "{name}: {e}");
+    }
+    // 0 disables clipping, and is no error.
+    assert!(adamw(&|a| a.grad_clip = 0.0).validate().is_ok());
+}
+
+#[test]
+fn a_checkpoints_adamw_settings_are_checked_when_it_loads() {
+    let dir = tmpdir("beta1");
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let model = Llama::new_random(&cfg, DType::F32, None, 1).unwrap();
+    let adamw = AdamWConfig {
+        beta1: 1.0,
+        ..Default::default()
+    };
+    let opt = AdamW::new(&model.params(), adamw);
+    checkpoint::save_optimizer(&dir, &opt, "{}", "[]").unwrap();
+    let params: Vec<(String, Vec<usize>)> = model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec()))
+        .collect();
+    let e = checkpoint::load_optimizer_for(&dir, &params)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("optimizer.safetensors") && e.contains("adamw.beta1 = 1"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn unknown_config_keys_are_errors_naming_the_key() {
+    for (text, key) in [
+        (r#"{"step": 2}"#, "step"),
+        (r#"{"resume": "runs/x/checkpoints/step_000010"}"#, "resume"),
+        (r#"{"lora": {"rnak": 8}}"#, "rnak"),
+        (
+            r#"{"adamw": {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "weight_decay": 0.1, "grad_clip": 1.0, "clip": 2}}"#,
+            "clip",
+        ),
+    ] {
+        let e = serde_json::from_str::<TrainConfig>(text)
+            .expect_err(text)
+            .to_string();
+        assert!(e.contains(&format!("unknown field `{key}`")), "{e}");
+    }
+    let c: TrainConfig = serde_json::from_str(r#"{"steps": 2}"#).unwrap();
+    assert_eq!(c.steps, 2);
+}
+
+#[test]
+fn a_validation_split_too_short_for_a_batch_fails_before_the_first_step() {
+    let out = tmpdir("short-val");
+    std::fs::create_dir_all(&out).unwrap();
+    let data = out.join("small.txt");
+    std::fs::write(&data, &octet_train::data::DEFAULT_CORPUS[..300]).unwrap();
+    let cfg = TrainConfig {
+        name: "short".into(),
+        out_dir: out.clone(),
+        model: "tiny".into(),
+        data: Some(data.clone()),
+        batch: 2,
+        seq: 32,
+        steps: 40,
+        sample_tokens: 0,
+        ..Default::default()
+    };
+    let e = train(&cfg, None, &mut Quiet).unwrap_err().to_string();
+    assert!(
+        e.contains("validation split") && e.contains("--seq 32") && e.contains("small.txt"),
+        "{e}"
+    );
+    assert!(
+        !out.join("short").join("metrics.jsonl").exists(),
+        "steps ran before the error"
+    );
+    // Without evaluation the training split (270 tokens) is enough.
+    let no_eval = TrainConfig {
+        eval_batches: 0,
+        ..cfg.clone()
+    };
+    assert!(no_eval.dataset(256).is_ok());
+    // A training split too short is found as early.
+    let long = TrainConfig {
+        seq: 300,
+        eval_batches: 0,
+        ..cfg.clone()
+    };
+    let e = long.dataset(256).unwrap_err().to_string();
+    assert!(e.contains("training split"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}

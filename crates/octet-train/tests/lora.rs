@@ -187,3 +187,129 @@ fn a_lora_dropout_outside_zero_to_one_is_an_error_naming_the_flag() {
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A short full-training run to fine-tune: its final checkpoint.
+fn base_checkpoint(out: &std::path::Path, name: &str) -> std::path::PathBuf {
+    let cfg = TrainConfig {
+        name: name.into(),
+        out_dir: out.to_path_buf(),
+        model: "tiny".into(),
+        recipe: "bf16".into(),
+        batch: 2,
+        seq: 16,
+        steps: 1,
+        eval_batches: 0,
+        sample_tokens: 0,
+        ..Default::default()
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    out.join(name).join("checkpoints/step_000001")
+}
+
+/// A two-step LoRA run (rank 4, alpha 8, q/v/up) on `base`: its checkpoint.
+fn lora_checkpoint(
+    out: &std::path::Path,
+    name: &str,
+    base: Option<&std::path::Path>,
+) -> (TrainConfig, std::path::PathBuf) {
+    let cfg = TrainConfig {
+        steps: 2,
+        seq: 16,
+        eval_batches: 0,
+        ckpt_every: 0,
+        ..run(name, out, base, "bf16", ("bf16", 0.0))
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    (cfg, out.join(name).join("checkpoints/step_000002"))
+}
+
+#[test]
+fn a_lora_resume_refuses_other_settings_and_another_base() {
+    let out = tmpdir("resume-check");
+    let base = base_checkpoint(&out, "base");
+    let other = base_checkpoint(&out, "other");
+    let (cfg, ck) = lora_checkpoint(&out, "on-base", Some(&base));
+    // The adapter records its base (absolute).
+    let recorded = checkpoint::load_adapter_base(&ck).unwrap().unwrap();
+    assert!(std::path::Path::new(&recorded).is_absolute(), "{recorded}");
+    assert!(checkpoint::same_base(&recorded, Some(&base)));
+    let resumed = TrainConfig {
+        steps: 3,
+        ..cfg.clone()
+    };
+    assert!(resumed.check_resume(Some(&ck)).is_ok());
+    let with = |f: &dyn Fn(&mut LoraSettings)| {
+        let mut c = resumed.clone();
+        f(c.lora.as_mut().unwrap());
+        c
+    };
+    // The same targets in another order and spelling are the same.
+    let same = with(&|l| l.targets = vec!["up_proj".into(), "q".into(), "v".into()]);
+    assert!(same.check_resume(Some(&ck)).is_ok());
+    for (c, want) in [
+        (with(&|l| l.alpha = 1000.0), "--alpha 1000"),
+        (with(&|l| l.rank = 8), "--rank 8"),
+        (with(&|l| l.targets = vec!["q".into()]), "--targets q"),
+        (with(&|l| l.base = None), "a random base"),
+        (with(&|l| l.base = Some(other.clone())), "give --base"),
+    ] {
+        let e = train(&c, Some(&ck), &mut Quiet).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("step_000002"), "{want}: {e}");
+    }
+    // On a random base, "random" is recorded and a directory refused.
+    let (rcfg, rck) = lora_checkpoint(&out, "on-random", None);
+    assert_eq!(
+        checkpoint::load_adapter_base(&rck).unwrap().as_deref(),
+        Some(checkpoint::RANDOM_BASE)
+    );
+    let mut on_dir = TrainConfig {
+        steps: 3,
+        ..rcfg.clone()
+    };
+    on_dir.lora.as_mut().unwrap().base = Some(base.clone());
+    let e = on_dir.check_resume(Some(&rck)).unwrap_err().to_string();
+    assert!(
+        e.contains("random base") && e.contains("without --base"),
+        "{e}"
+    );
+    let s = train(
+        &TrainConfig {
+            steps: 3,
+            ..rcfg.clone()
+        },
+        Some(&rck),
+        &mut Quiet,
+    )
+    .unwrap();
+    assert_eq!(s.losses.len(), 1);
+    // An adapter saved before the base was recorded (null) is not checked.
+    let cfg_path = rck.join("adapter_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    v["base_model_name_or_path"] = serde_json::Value::Null;
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    assert!(on_dir.check_resume(Some(&rck)).is_ok());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn merging_an_adapter_whose_alpha_overflows_writes_nothing() {
+    let out = tmpdir("merge-alpha");
+    let base = base_checkpoint(&out, "base");
+    let (_, ck) = lora_checkpoint(&out, "lora", Some(&base));
+    assert!(octet_train::trainer::merge_adapter(&base, &ck, "bf16").is_ok());
+    let cfg_path = ck.join("adapter_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    v["lora_alpha"] = serde_json::json!(1e308);
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+        .err()
+        .expect("a merge to infinities is refused")
+        .to_string();
+    assert!(
+        e.contains("non-finite") && e.contains("lora_alpha=1e308"),
+        "{e}"
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

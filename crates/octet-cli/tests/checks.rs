@@ -1,0 +1,163 @@
+//! Errors found before training, by the `octet` binary: an output directory
+//! that cannot be made (named once, with its path), bad floating-point
+//! flags, a LoRA resume with other settings or another base; and the
+//! CPU-sharded run's `--no-save` and `--eval-batches 0`.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A fresh, empty temporary directory for test `tag`.
+fn tmpdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("octet-checks-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).expect("temp dir");
+    d
+}
+
+/// Run `octet ARGS` in `cwd`: whether it succeeded, and its stdout and stderr.
+fn octet(cwd: &Path, args: &[&str]) -> (bool, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_octet"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("the octet binary runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// A quick CPU run's flags.
+const QUICK: [&str; 12] = [
+    "--device",
+    "cpu",
+    "--model",
+    "tiny",
+    "--batch",
+    "2",
+    "--seq",
+    "16",
+    "--sample-tokens",
+    "0",
+    "--eval-batches",
+    "0",
+];
+
+#[test]
+fn an_output_directory_that_cannot_be_made_is_named_once() {
+    let dir = tmpdir("io");
+    std::fs::write(dir.join("file"), "a file, not a directory").expect("file");
+    let out = dir.join("file").join("runs");
+    let out = out.to_str().expect("utf-8 path");
+    let mut args = vec!["train", "--steps", "1", "--out-dir", out];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(!ok, "{text}");
+    let os = std::io::Error::from_raw_os_error(20).to_string(); // ENOTDIR
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("error:"))
+        .unwrap_or_default();
+    assert!(line.contains(out), "no path in: {line}");
+    assert_eq!(line.matches(&os).count(), 1, "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn bad_floating_point_flags_are_errors_naming_the_flag_and_value() {
+    let dir = tmpdir("floats");
+    let out = dir.to_str().expect("utf-8 path");
+    for (cmd, flag, value) in [
+        ("train", "--weight-decay", "nan"),
+        ("train", "--weight-decay", "inf"),
+        ("train", "--grad-clip", "nan"),
+        ("train", "--grad-clip", "-1"),
+        ("lora", "--alpha", "nan"),
+        ("lora", "--alpha", "inf"),
+    ] {
+        let given = format!("{flag}={value}");
+        let mut args = vec![cmd, "--steps", "1", given.as_str(), "--out-dir", out];
+        args.extend(QUICK);
+        let (ok, text) = octet(&dir, &args);
+        assert!(!ok, "{given} was accepted:\n{text}");
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("error:"))
+            .unwrap_or_default()
+            .to_lowercase();
+        assert!(
+            line.contains(flag) && line.contains(value),
+            "{given}: {line}"
+        );
+    }
+    assert!(!dir.join("default").exists() && !dir.join("lora").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_lora_resume_takes_the_adapters_settings_and_refuses_others() {
+    let dir = tmpdir("lora-resume");
+    let out = dir.to_str().expect("utf-8 path");
+    let lora = |extra: &[&str]| {
+        let mut args = vec!["lora", "--out-dir", out];
+        args.extend(QUICK);
+        args.extend(extra);
+        octet(&dir, &args)
+    };
+    let (ok, text) = lora(&[
+        "--steps",
+        "2",
+        "--rank",
+        "4",
+        "--alpha",
+        "8",
+        "--targets",
+        "q,v",
+    ]);
+    assert!(ok, "{text}");
+    let ck = dir.join("lora/checkpoints/step_000002");
+    let ck = ck.to_str().expect("utf-8 path");
+    // No --rank, --alpha, --targets or --base: the checkpoint's.
+    let (ok, text) = lora(&["--steps", "3", "--resume", ck]);
+    assert!(ok, "{text}");
+    assert!(text.contains("rank 4 alpha 8 on q,v"), "{text}");
+    let (ok, text) = lora(&["--steps", "3", "--resume", ck, "--alpha", "1000"]);
+    assert!(!ok && text.contains("--alpha 1000"), "{text}");
+    let (ok, text) = lora(&["--steps", "3", "--resume", ck, "--rank", "8"]);
+    assert!(!ok && text.contains("--rank 8"), "{text}");
+    // Trained on a random base: another base is refused.
+    let (ok, text) = lora(&["--steps", "3", "--resume", ck, "--base", "elsewhere"]);
+    assert!(!ok && text.contains("random base"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn sharded_cpu_runs_respect_no_save_and_report_no_val_without_evaluation() {
+    let dir = tmpdir("nproc");
+    let out = dir.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "train",
+        "--nproc",
+        "2",
+        "--steps",
+        "2",
+        "--no-save",
+        "--out-dir",
+        out,
+    ];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(ok, "{text}");
+    assert!(dir.join("default/metrics.jsonl").exists(), "{text}");
+    assert!(
+        !dir.join("default/checkpoints").exists(),
+        "--no-save wrote a checkpoint:\n{text}"
+    );
+    assert!(
+        text.contains("val -,") && !text.contains("val 0.0000"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
