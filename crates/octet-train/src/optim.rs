@@ -267,73 +267,19 @@ mod tests {
             ..Default::default()
         };
         assert!(off.validate().is_ok(), "0 disables clipping");
-        let cases: [(AdamWConfig, &str, &str); 8] = [
-            (
-                AdamWConfig {
-                    grad_clip: f32::NAN,
-                    ..Default::default()
-                },
-                "--grad-clip",
-                "NaN",
-            ),
-            (
-                AdamWConfig {
-                    grad_clip: -1.0,
-                    ..Default::default()
-                },
-                "--grad-clip",
-                "-1",
-            ),
-            (
-                AdamWConfig {
-                    grad_clip: f32::INFINITY,
-                    ..Default::default()
-                },
-                "--grad-clip",
-                "inf",
-            ),
-            (
-                AdamWConfig {
-                    weight_decay: f32::NAN,
-                    ..Default::default()
-                },
-                "--weight-decay",
-                "NaN",
-            ),
-            (
-                AdamWConfig {
-                    weight_decay: f32::INFINITY,
-                    ..Default::default()
-                },
-                "--weight-decay",
-                "inf",
-            ),
-            (
-                AdamWConfig {
-                    beta1: 1.0,
-                    ..Default::default()
-                },
-                "adamw.beta1",
-                "= 1",
-            ),
-            (
-                AdamWConfig {
-                    beta2: -0.5,
-                    ..Default::default()
-                },
-                "adamw.beta2",
-                "-0.5",
-            ),
-            (
-                AdamWConfig {
-                    eps: 0.0,
-                    ..Default::default()
-                },
-                "adamw.eps",
-                "= 0",
-            ),
+        let cases: [(fn(&mut AdamWConfig), &str, &str); 8] = [
+            (|c| c.grad_clip = f32::NAN, "--grad-clip", "NaN"),
+            (|c| c.grad_clip = -1.0, "--grad-clip", "-1"),
+            (|c| c.grad_clip = f32::INFINITY, "--grad-clip", "inf"),
+            (|c| c.weight_decay = f32::NAN, "--weight-decay", "NaN"),
+            (|c| c.weight_decay = f32::INFINITY, "--weight-decay", "inf"),
+            (|c| c.beta1 = 1.0, "adamw.beta1", "= 1"),
+            (|c| c.beta2 = -0.5, "adamw.beta2", "-0.5"),
+            (|c| c.eps = 0.0, "adamw.eps", "= 0"),
         ];
-        for (cfg, name, value) in cases {
+        for (set, name, value) in cases {
+            let mut cfg = AdamWConfig::default();
+            set(&mut cfg);
             let e = cfg.validate().expect_err(name).to_string();
             assert!(e.contains(name) && e.contains(value), "{e}");
         }

@@ -124,11 +124,7 @@ fn checkpoint_files_with_absurd_numbers_are_errors_naming_the_field() {
     checkpoint::save_optimizer(&dir, &opt, "{}", "").unwrap();
     let e = checkpoint::read_step(&dir).unwrap_err().to_string();
     assert!(e.contains("step 2147483648") && e.contains("limit"), "{e}");
-    let params: Vec<(String, Vec<usize>)> = model
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.shape().to_vec()))
-        .collect();
+    let params = param_shapes(&model);
     let e = checkpoint::load_optimizer_for(&dir, &params)
         .unwrap_err()
         .to_string();
@@ -258,11 +254,7 @@ fn a_checkpoints_adamw_settings_are_checked_when_it_loads() {
     };
     let opt = AdamW::new(&model.params(), adamw);
     checkpoint::save_optimizer(&dir, &opt, "{}", "[]").unwrap();
-    let params: Vec<(String, Vec<usize>)> = model
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.shape().to_vec()))
-        .collect();
+    let params = param_shapes(&model);
     let e = checkpoint::load_optimizer_for(&dir, &params)
         .unwrap_err()
         .to_string();
@@ -334,4 +326,13 @@ fn a_validation_split_too_short_for_a_batch_fails_before_the_first_step() {
     let e = long.dataset(256).unwrap_err().to_string();
     assert!(e.contains("training split"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
+}
+
+/// Every parameter's name and shape, as `load_optimizer_for` takes them.
+fn param_shapes(model: &Llama) -> Vec<(String, Vec<usize>)> {
+    model
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.shape().to_vec()))
+        .collect()
 }
