@@ -267,7 +267,9 @@ mod tests {
             ..Default::default()
         };
         assert!(off.validate().is_ok(), "0 disables clipping");
-        let cases: [(fn(&mut AdamWConfig), &str, &str); 8] = [
+        // A change to the defaults, the setting the error must name, and its value.
+        type Case = (fn(&mut AdamWConfig), &'static str, &'static str);
+        let cases: [Case; 8] = [
             (|c| c.grad_clip = f32::NAN, "--grad-clip", "NaN"),
             (|c| c.grad_clip = -1.0, "--grad-clip", "-1"),
             (|c| c.grad_clip = f32::INFINITY, "--grad-clip", "inf"),
