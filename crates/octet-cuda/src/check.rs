@@ -2543,6 +2543,46 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             pass,
             worst: format!("loss {el:.2e}, worst grad {eg:.2e} ({gname}){note}"),
         });
+        if recipe_name == "delayed" {
+            // Evaluation forwards (keep = false) between steps leave the
+            // delayed scales as they were: validation batches used to enter
+            // the amax history.
+            let other: Vec<u32> = toks
+                .iter()
+                .map(|&x| (x * 7 + 3) % cfg.vocab_size as u32)
+                .collect();
+            let run = |evaluate: bool| -> Result<Vec<u32>> {
+                let mut m = GpuLlama::new(gpu, &cfg, &w, recipe)?;
+                for _ in 0..2 {
+                    m.zero_grad()?;
+                    let (_, s) = m.forward(&toks, &tgts, (b, t), grad_scale, true)?;
+                    m.backward(s.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
+                    m.adamw_step(AdamParams {
+                        lr: 1e-3,
+                        beta1: 0.9,
+                        beta2: 0.95,
+                        eps: 1e-8,
+                        weight_decay: 0.1,
+                        grad_clip: 1.0,
+                    })?;
+                    if evaluate {
+                        m.forward(&other, &tgts, (b, t), grad_scale, false)?;
+                    }
+                }
+                Ok(m.scaling_state()?
+                    .iter()
+                    .flat_map(|(_, _, st)| st.history().chain([st.scale()]).collect::<Vec<_>>())
+                    .map(f32::to_bits)
+                    .collect())
+            };
+            let (plain, evaluated) = (run(false)?, run(true)?);
+            let differ = plain.iter().zip(&evaluated).filter(|(a, b)| a != b).count();
+            out.push(CaseResult {
+                name: "Llama delayed: evaluation forwards between steps leave the amax histories and scales as they were".into(),
+                pass: !plain.is_empty() && plain.len() == evaluated.len() && differ == 0,
+                worst: format!("{differ} of {} history entries and scales differ", plain.len()),
+            });
+        }
         if recipe_name == "bf16" || recipe_name == "tensorwise" {
             saved_fp8_cases(gpu, &cfg, &w, (&toks, &tgts, b, t), recipe, out, |g| {
                 worst_grad(g).0

@@ -142,6 +142,11 @@ pub struct GpuLinear {
     grad_calls: u64,
     /// Record numerics telemetry of each quantization (see [`GpuLinear::telemetry`]).
     pub telemetry_on: bool,
+    /// Forwards record their amax into the delayed-scaling history (on by
+    /// default). The model turns it off for an evaluation forward, so that
+    /// validation batches do not set the scales of the training steps that
+    /// follow (as the CPU `Linear::set_recording`). Backward always records.
+    pub recording: bool,
     /// The forward's per-tensor FP8 product accumulates in the tensor cores'
     /// own precision (cuBLASLt's fast accumulation, the forward default of
     /// Transformer Engine and torchao); the gradients' products always
@@ -277,6 +282,7 @@ impl GpuLinear {
             recipe,
             grad_calls: 0,
             telemetry_on: false,
+            recording: true,
             fast_accum: true,
             tele: [None, None, None],
             external: false,
@@ -472,6 +478,7 @@ impl GpuLinear {
         role: usize,
         rounding: octet_fp8::Rounding,
         known: Option<TensorAmax>,
+        record: bool,
     ) -> Result<Quant> {
         let weight = role == 1;
         Ok(match kind {
@@ -488,7 +495,9 @@ impl GpuLinear {
                     .ok_or_else(|| Error::Shape("delayed scaling state missing".into()))?;
                 let mut q = gpu.alloc_fp8(rows, cols, format)?;
                 gpu.quantize_given_scale_into(x, &st.scale, &mut q, false)?;
-                gpu.delayed_record(st, &q.amax_bits)?;
+                if record {
+                    gpu.delayed_record(st, &q.amax_bits)?;
+                }
                 Quant::Tensor(q)
             }
             Kind::Tensorwise => Quant::Tensor(match known {
@@ -846,6 +855,7 @@ impl GpuLinear {
             0,
             rx,
             x_amax,
+            self.recording,
         )?;
         let tele = if self.telemetry_on {
             Some(self.record(gpu, 0, &x, &xq, Format::E4M3)?)
@@ -956,6 +966,7 @@ impl GpuLinear {
                 1,
                 rw,
                 self.weight_amax.take(),
+                self.recording,
             )?
         };
         if self.telemetry_on {
@@ -1065,6 +1076,7 @@ impl GpuLinear {
                     2,
                     rg,
                     dy_amax,
+                    true,
                 )?;
                 if self.telemetry_on {
                     self.tele[2] = Some(self.record(gpu, 2, dy, &gq, Format::E5M2)?);

@@ -33,6 +33,9 @@ struct ScaleStates {
     grad_output: Option<DelayedState>,
     /// Telemetry of the last quantization of each role (input, weight, grad_output).
     telemetry: [Option<Telemetry>; 3],
+    /// Forwards leave the histories and the telemetry as they are (an
+    /// evaluation: see [`Linear::set_recording`]).
+    paused: bool,
 }
 
 impl ScaleStates {
@@ -167,9 +170,15 @@ impl Linear {
     }
 
     /// Replace the delayed-scaling state of `role` (restoring a checkpoint); an
-    /// error if the layer's recipe is not delayed.
+    /// error if the layer's recipe is not delayed, or if `state` was made for
+    /// another history length, algorithm, margin or format than the role's.
     pub fn set_delayed_state(&mut self, role: Role, state: DelayedState) -> Result<()> {
         match self.states.get(role) {
+            Some(s) if s.config() != state.config() => Err(Error::Shape(format!(
+                "a delayed-scaling state for {:?} does not fit {role:?}, which has {:?}",
+                state.config(),
+                s.config()
+            ))),
             Some(s) => {
                 *s = state;
                 Ok(())
@@ -183,6 +192,15 @@ impl Linear {
     /// Amax, saturated and underflowed shares of the last quantization of `role` (FP8 recipes only).
     pub fn telemetry(&self, role: Role) -> Option<Telemetry> {
         self.states.telemetry[role as usize]
+    }
+
+    /// Whether forwards record what they quantize: the amax into the
+    /// delayed-scaling history and the telemetry (on by default).
+    /// [`crate::llama::Llama::logits`] turns it off while it evaluates, so
+    /// that validation batches do not set the scales of the training steps
+    /// that follow. Backward always records its gradients.
+    pub fn set_recording(&mut self, on: bool) {
+        self.states.paused = !on;
     }
 
     /// End of an optimizer step: roll the delayed-scaling histories into new scales (no-op otherwise).
@@ -290,10 +308,12 @@ impl Linear {
                                 "the quantized weight lacks the column-wise copy the quantized backward needs".into(),
                             ));
                         }
-                        if let Some(s) = states.get(Role::Weight) {
-                            s.record(q.amax);
+                        if !states.paused {
+                            if let Some(s) = states.get(Role::Weight) {
+                                s.record(q.amax);
+                            }
+                            states.telemetry[Role::Weight as usize] = Some(q.telemetry());
                         }
-                        states.telemetry[Role::Weight as usize] = Some(q.telemetry());
                         (q.clone(), true)
                     }
                     None => {
@@ -343,6 +363,12 @@ impl Linear {
     /// Backward from `dy (M, N)`: `d_input = dy @ W`, `d_weight = dy^T @ x`, `d_bias = sum_rows(dy)`.
     pub fn backward(&mut self, saved: LinearSaved, dy: &Tensor) -> Result<LinearGrads> {
         let (m, n, k) = (saved.m, self.out_features(), saved.k);
+        if k != self.in_features() {
+            return Err(Error::Shape(format!(
+                "the saved state is of an input with {k} features; this layer takes {}",
+                self.in_features()
+            )));
+        }
         if dy.dims2()? != (m, n) {
             return Err(Error::Shape(format!(
                 "grad_output is {:?}, expected ({m}, {n})",
@@ -449,9 +475,12 @@ fn quantize_role(
     let row = recipe.spec(role, Layout::Rowwise, scale, *calls)?;
     let col = recipe.spec(role, Layout::Colwise, scale, *calls)?;
     let q = cpu::quantize(x, &row, &col, usage, None)?;
-    if let Some(s) = states.get(role) {
-        s.record(q.amax);
+    // A paused layer (an evaluation forward) records nothing; backward always does.
+    if !states.paused || role == Role::GradOutput {
+        if let Some(s) = states.get(role) {
+            s.record(q.amax);
+        }
+        states.telemetry[role as usize] = Some(q.telemetry());
     }
-    states.telemetry[role as usize] = Some(q.telemetry());
     Ok(q)
 }

@@ -1108,8 +1108,18 @@ impl Llama {
         }
     }
 
-    /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward).
+    /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward). An
+    /// evaluation: the linears record no amax or telemetry
+    /// ([`Linear::set_recording`]), so it leaves the training's delayed
+    /// scales as they were.
     pub fn logits(&mut self, tokens: &[u32], b: usize, t: usize) -> Result<Tensor> {
+        self.set_recording(false);
+        let r = self.eval_logits(tokens, b, t);
+        self.set_recording(true);
+        r
+    }
+
+    fn eval_logits(&mut self, tokens: &[u32], b: usize, t: usize) -> Result<Tensor> {
         self.check_tokens(tokens, b, t)?;
         self.sync_tied_head();
         let mut x = self.embed.forward(tokens)?;
@@ -1119,6 +1129,14 @@ impl Llama {
         }
         let (h, _) = self.norm.forward(&x)?;
         Ok(self.lm_head.forward(&h, false)?.0)
+    }
+
+    /// [`Linear::set_recording`] on every linear of the model.
+    fn set_recording(&mut self, on: bool) {
+        self.named_linears_mut()
+            .into_iter()
+            .for_each(|(_, l)| l.set_recording(on));
+        self.lm_head.set_recording(on);
     }
 
     /// Backward of the loss: gradients in [`Llama::params`] order (f32, or f64 for an f64 model).

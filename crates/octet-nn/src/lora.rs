@@ -384,6 +384,8 @@ pub struct LoraLinear {
 #[derive(Clone, Debug)]
 pub struct LoraSaved {
     m: usize,
+    /// The input's features (checked against the layer in backward).
+    k: usize,
     dtype: DType,
     input_requires_grad: bool,
     /// The adapter's input, original (`x`) or FP8 (`x_q`).
@@ -508,6 +510,7 @@ impl LoraLinear {
         }
         let mut saved = LoraSaved {
             m,
+            k,
             dtype: x.dtype(),
             input_requires_grad,
             x: None,
@@ -576,6 +579,24 @@ impl LoraLinear {
     pub fn backward(&mut self, saved: LoraSaved, dy: &Tensor) -> Result<LoraGrads> {
         let (n, k) = self.dims();
         let m = saved.m;
+        if saved.k != k {
+            return Err(Error::Shape(format!(
+                "the saved state is of an input with {} features; this layer takes {k}",
+                saved.k
+            )));
+        }
+        let rank = self
+            .adapter
+            .as_ref()
+            .and_then(|ad| ad.a.shape().first().copied());
+        let h_rank = saved.h.as_ref().and_then(|h| h.shape().get(1).copied());
+        if let (Some(r), Some(hr)) = (rank, h_rank) {
+            if r != hr {
+                return Err(Error::Shape(format!(
+                    "the saved state is of an adapter of rank {hr}; this layer's has rank {r}"
+                )));
+            }
+        }
         if dy.dims2()? != (m, n) {
             return Err(Error::Shape(format!(
                 "grad_output is {:?}, expected ({m}, {n})",

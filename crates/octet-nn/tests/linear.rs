@@ -469,3 +469,62 @@ fn an_externally_quantized_weight_gives_the_same_results_as_quantizing_locally()
     );
     assert!(l.forward(&x, false).is_ok());
 }
+
+fn tensor(shape: &[usize], seed: u64) -> Tensor {
+    Tensor::from_f32(shape, gaussian(shape.iter().product(), seed, 1.0)).unwrap()
+}
+
+/// A saved state of another layer (same N, other K) is a shape error in
+/// every backward mode, not gradients of the other layer's shapes.
+#[test]
+fn a_saved_state_from_another_layer_is_an_error() {
+    let mut recipes = vec![None];
+    for m in BackwardMode::ALL {
+        recipes.push(Some(
+            Recipe::from_name("tensorwise")
+                .unwrap()
+                .with_backward(m)
+                .unwrap(),
+        ));
+    }
+    for r in recipes {
+        let mut a = Linear::new(tensor(&[8, 16], 1), None, r, true).unwrap();
+        let mut b = Linear::new(tensor(&[8, 32], 2), None, r, true).unwrap();
+        let (_, saved) = a.forward(&tensor(&[4, 16], 3), true).unwrap();
+        let e = b
+            .backward(saved, &tensor(&[4, 8], 4))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16 features") && e.contains("32"), "{r:?}: {e}");
+    }
+}
+
+/// A delayed-scaling state made for another format (or history, algorithm,
+/// margin) than the role's is refused; a matching one is taken.
+#[test]
+fn a_delayed_state_made_for_another_role_is_refused() {
+    use octet_fp8::{AmaxAlgo, DelayedState, Format};
+    let mut l = Linear::new(
+        tensor(&[16, 64], 1),
+        None,
+        Recipe::from_name("delayed").ok(),
+        true,
+    )
+    .unwrap();
+    let fits = l.delayed_state(Role::Input).unwrap().clone();
+    let (len, algo, margin, format) = fits.config();
+    assert_eq!(format, Format::E4M3);
+    for other in [
+        DelayedState::new(len, algo, margin, Format::E5M2),
+        DelayedState::new(len + 1, algo, margin, format),
+        DelayedState::new(len, AmaxAlgo::MostRecent, margin, format),
+        DelayedState::new(len, algo, margin + 1, format),
+    ] {
+        let e = l
+            .set_delayed_state(Role::Input, other)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("does not fit"), "{e}");
+    }
+    assert!(l.set_delayed_state(Role::Input, fits).is_ok());
+}

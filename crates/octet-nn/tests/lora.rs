@@ -570,3 +570,32 @@ fn dropout_lanes_of_one_hash_are_independent() {
         assert!((same - 0.5).abs() < 0.005, "lag {lag}: {same}");
     }
 }
+
+/// A saved state of another LoRA layer (other K, other rank) is a shape
+/// error, not adapter gradients of the other layer's shapes.
+#[test]
+fn a_saved_state_from_another_lora_layer_is_an_error() {
+    let t = |shape: &[usize], seed| {
+        Tensor::from_f32(shape, gaussian(shape.iter().product(), seed, 1.0)).unwrap()
+    };
+    for mode in [BackwardMode::HighPrecision, BackwardMode::Dequantized] {
+        let r = Recipe::from_name("tensorwise")
+            .unwrap()
+            .with_backward(mode)
+            .unwrap();
+        let layer = |k: usize, rank: usize| {
+            let base = Base::new(&t(&[8, k], 1), BaseFormat::Bf16).unwrap();
+            let ad = Adapter::init(8, k, rank, 8.0, 1).unwrap();
+            LoraLinear::new(base, Some(ad), Compute::Bf16, r).unwrap()
+        };
+        let (mut a, mut b, mut c) = (layer(16, 4), layer(32, 2), layer(16, 2));
+        let (_, saved) = a.forward(&t(&[4, 16], 3), true).unwrap();
+        let e = b
+            .backward(saved.clone(), &t(&[4, 8], 4))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("16 features"), "{mode:?}: {e}");
+        let e = c.backward(saved, &t(&[4, 8], 4)).unwrap_err().to_string();
+        assert!(e.contains("rank 4"), "{mode:?}: {e}");
+    }
+}

@@ -121,3 +121,46 @@ fn recomputed_blocks_draw_the_same_lora_dropout_masks() {
     }
     same_gradients(lora, "LoRA, FP8 base, dropout 0.25");
 }
+
+/// Evaluation (`Llama::logits`) between training steps leaves delayed
+/// scaling as it was: the same scales and bit-identical gradients as
+/// training without it (validation batches used to enter the amax history).
+#[test]
+fn evaluation_between_steps_leaves_delayed_scaling_as_it_was() {
+    use octet_fp8::Recipe;
+    use octet_nn::{Llama, LlamaConfig};
+    use octet_tensor::DType;
+    let cfg = LlamaConfig::preset("tiny").unwrap();
+    let rec = Recipe::from_name("delayed").unwrap();
+    let (b, t) = (2, 16);
+    let tok: Vec<u32> = (0..b * t).map(|i| ((i * 37 + 11) % 256) as u32).collect();
+    let tgt: Vec<u32> = (0..b * t).map(|i| ((i * 53 + 7) % 256) as u32).collect();
+    let other: Vec<u32> = (0..b * t).map(|i| ((i * 101 + 5) % 256) as u32).collect();
+    let run = |evaluate: bool| {
+        let mut m = Llama::new_random(&cfg, DType::F32, Some(rec), 3).unwrap();
+        let mut grads = Vec::new();
+        for _ in 0..3 {
+            let (_, s) = m.forward(&tok, &tgt, b, t).unwrap();
+            grads = m.backward(s).unwrap();
+            m.update_scales();
+            if evaluate {
+                m.logits(&other, b, t).unwrap();
+            }
+        }
+        let scales: Vec<u32> = m
+            .scaling_state()
+            .iter()
+            .map(|(_, _, s)| s.scale().to_bits())
+            .collect();
+        let bits: Vec<u32> = grads
+            .iter()
+            .flat_map(|(_, g)| g.to_f32_vec())
+            .map(f32::to_bits)
+            .collect();
+        (scales, bits)
+    };
+    let (plain, evaluated) = (run(false), run(true));
+    assert!(!plain.0.is_empty());
+    assert_eq!(plain.0, evaluated.0, "delayed scales");
+    assert!(plain.1 == evaluated.1, "gradients differ");
+}
