@@ -96,6 +96,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         };
         let first = rank.step_count();
         let (mut fp8_bytes, mut hp_bytes, mut time, mut last) = (0u64, 0u64, 0f64, f64::NAN);
+        let mut last_val = None;
         let t0 = Instant::now();
         for step in first..cfg.steps {
             let ts = Instant::now();
@@ -114,26 +115,44 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 .bytes(octet_dist::CollectiveKind::AllGather)
                 .saturating_sub(out.block_gather_bytes);
             let done = step + 1;
-            if cfg.save && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps {
-                // Gathering is a collective: every rank takes part, rank 0 writes.
-                let full = rank.gathered_model(comm)?;
-                let opt = rank.gather_optimizer(comm)?;
-                if comm.rank() == 0 {
-                    checkpoint::save_checkpoint(
-                        &dir.join("checkpoints"),
-                        &format!("step_{done:06}"),
-                        &full,
-                        &opt,
-                        &trainer_json,
-                    )
-                    .map_err(|e| dist_err(e.to_string()))?;
+            let ckpt =
+                cfg.save && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps;
+            // Evaluation at the steps the single-process trainer takes: every
+            // --eval-every steps and the last one (with --eval-batches > 0).
+            let eval_now = cfg.eval_batches > 0
+                && ((cfg.eval_every > 0 && done % cfg.eval_every == 0) || done == cfg.steps);
+            let mut val_loss = None;
+            if ckpt || eval_now {
+                // Gathering is a collective: every rank takes part, rank 0 writes and evaluates.
+                let mut full = rank.gathered_model(comm)?;
+                if ckpt {
+                    let opt = rank.gather_optimizer(comm)?;
+                    if comm.rank() == 0 {
+                        checkpoint::save_checkpoint(
+                            &dir.join("checkpoints"),
+                            &format!("step_{done:06}"),
+                            &full,
+                            &opt,
+                            &trainer_json,
+                        )
+                        .map_err(|e| dist_err(e.to_string()))?;
+                    }
+                }
+                if eval_now && comm.rank() == 0 {
+                    let v = evaluate(&mut full, &data, cfg, cfg.eval_batches)
+                        .map_err(|e| dist_err(e.to_string()))?;
+                    val_loss = Some(v);
+                    last_val = Some(v);
+                    if let Ok(mut o) = obs.lock() {
+                        o.note(&format!("step {done}: val loss {v:.4}"));
+                    }
                 }
             }
             if comm.rank() == 0 {
                 let m = StepMetrics {
                     step: step + 1,
                     loss: out.loss,
-                    val_loss: None,
+                    val_loss,
                     lr,
                     grad_norm: out.grad_norm,
                     tokens_per_s: (cfg.batch * cfg.seq) as f64 / dt,
@@ -151,16 +170,18 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 }
             }
         }
-        // Evaluation and the checkpoint on the gathered model (collectives:
-        // every rank, or none where there is neither: the same on every rank).
-        let gathered = match cfg.save || cfg.eval_batches > 0 {
+        // The final checkpoint, and the evaluation where the loop took no
+        // last step (a run resumed at its end), on the gathered model
+        // (collectives: every rank, or none: the same on every rank).
+        let final_eval = cfg.eval_batches > 0 && first >= cfg.steps;
+        let gathered = match cfg.save || final_eval {
             true => Some((rank.gathered_model(comm)?, rank.gather_optimizer(comm)?)),
             false => None,
         };
         if comm.rank() == 0 {
-            let mut val = None;
+            let mut val = last_val;
             if let Some((mut full, opt)) = gathered {
-                if cfg.eval_batches > 0 {
+                if final_eval {
                     val = Some(
                         evaluate(&mut full, &data, cfg, cfg.eval_batches)
                             .map_err(|e| dist_err(e.to_string()))?,

@@ -134,6 +134,54 @@ fn a_lora_resume_takes_the_adapters_settings_and_refuses_others() {
 }
 
 #[test]
+fn sharded_cpu_runs_evaluate_every_eval_every_steps_as_one_process_does() {
+    let dir = tmpdir("nproc-eval");
+    let out = dir.to_str().expect("utf-8 path");
+    let args = [
+        "train",
+        "--nproc",
+        "2",
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "1",
+        "--no-save",
+        "--out-dir",
+        out,
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--batch",
+        "2",
+        "--seq",
+        "16",
+        "--sample-tokens",
+        "0",
+    ];
+    let (ok, text) = octet(&dir, &args);
+    assert!(ok, "{text}");
+    let lines = std::fs::read_to_string(dir.join("default/metrics.jsonl")).expect("metrics");
+    let mut val_steps = Vec::new();
+    let mut last_val = None;
+    for line in lines.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+        if let Some(val) = v.get("val_loss").and_then(serde_json::Value::as_f64) {
+            assert!(val.is_finite() && val > 0.0, "{line}");
+            val_steps.push(v["step"].as_u64().expect("step"));
+            last_val = Some(val);
+        }
+    }
+    assert_eq!(val_steps, [2, 4], "{lines}");
+    // The summary reports the last step's evaluation.
+    let last_val = last_val.expect("a val_loss");
+    assert!(text.contains(&format!("val {last_val:.4},")), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn sharded_cpu_runs_respect_no_save_and_report_no_val_without_evaluation() {
     let dir = tmpdir("nproc");
     let out = dir.to_str().expect("utf-8 path");

@@ -376,6 +376,11 @@ impl FsdpRank {
     ) -> Result<StepOutput> {
         let start = comm.stats();
         let block_gather_bytes = self.gather_weights(comm)?;
+        // Stochastic rounding: this rank's share is micro-batch `rank` of
+        // `world` in gradient accumulation, whose backward comes after
+        // `step * world + rank` others in one process.
+        self.model
+            .set_grad_round(self.opt.step * self.world as u64 + self.rank as u64);
         let (loss, saved) = self.model.forward(tokens, targets, b, t)?;
         let grads = self.model.backward(saved)?;
         let mut l = [loss];

@@ -2,7 +2,8 @@
 //! on one opaque blob, the NCCL unique id (128 bytes, made by rank 0 with
 //! `ncclGetUniqueId`) that every rank passes to `ncclCommInitRank`.
 //!
-//! Rank 0 listens on `master_addr:master_port`; every other rank connects
+//! Rank 0 listens on `master_port` of every address of its host (the
+//! unspecified address of `master_addr`'s family); every other rank connects
 //! (retrying until the deadline: rank 0 may start later) and sends a hello
 //! `(magic, world, rank)`; rank 0 checks each hello (the same world size, a
 //! rank in range, no rank twice) and, once all `world - 1` have arrived, sends
@@ -15,7 +16,7 @@
 
 use crate::{Error, Result};
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 const MAGIC: &[u8; 4] = b"OCT1";
@@ -66,6 +67,19 @@ impl Rendezvous {
             })
     }
 
+    /// Where rank 0 listens: the unspecified address of the master
+    /// address's family (`0.0.0.0`, or `[::]` for IPv6) on `master_port`, so
+    /// that other hosts reach it even where `master_addr` names this host by
+    /// a loopback address (a hostname in `/etc/hosts` as `127.0.1.1`).
+    /// `master_addr` must still resolve.
+    fn listen_addr(&self) -> Result<SocketAddr> {
+        let ip: IpAddr = match self.addr()? {
+            SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        Ok(SocketAddr::new(ip, self.master_port))
+    }
+
     /// Rank 0: serve `blob` to every other rank and return it. Other ranks:
     /// fetch it from rank 0. Every rank returns the same bytes, or an error
     /// (timeout naming the ranks that never came, a rejected hello, a
@@ -82,9 +96,10 @@ impl Rendezvous {
                     blob.len()
                 )));
             }
-            let listener = TcpListener::bind(self.addr()?).map_err(|e| {
+            let at = self.listen_addr()?;
+            let listener = TcpListener::bind(at).map_err(|e| {
                 Error::Config(format!(
-                    "rank 0 cannot listen on {}:{}: {e}",
+                    "rank 0 cannot listen on {at} (master address {}:{}): {e}",
                     self.master_addr, self.master_port
                 ))
             })?;
@@ -308,6 +323,35 @@ mod tests {
         for h in handles {
             assert_eq!(h.join().unwrap().unwrap(), blob);
         }
+    }
+
+    #[test]
+    fn rank_zero_listens_on_the_unspecified_address_of_the_masters_family() {
+        let mut r = rv(29500, 2, 0, 100);
+        let v4: SocketAddr = "0.0.0.0:29500".parse().unwrap();
+        assert_eq!(r.listen_addr().unwrap(), v4);
+        r.master_addr = "localhost".into();
+        assert!(r.listen_addr().unwrap().ip().is_unspecified());
+        r.master_addr = "::1".into();
+        let v6: SocketAddr = "[::]:29500".parse().unwrap();
+        assert_eq!(r.listen_addr().unwrap(), v6);
+    }
+
+    /// Rank 0 told 127.0.0.1 is reached at another address of the host
+    /// (all of 127/8 is loopback on Linux): it does not listen on 127.0.0.1 only.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn other_ranks_reach_rank_zero_at_another_address_of_its_host() {
+        let port = free_port();
+        let blob = b"shared".to_vec();
+        let zero = {
+            let blob = blob.clone();
+            std::thread::spawn(move || rv(port, 2, 0, 5000).exchange(Some(&blob[..])))
+        };
+        let mut one = rv(port, 2, 1, 5000);
+        one.master_addr = "127.0.0.2".into();
+        assert_eq!(one.exchange(None).unwrap(), blob);
+        assert_eq!(zero.join().unwrap().unwrap(), blob);
     }
 
     #[test]

@@ -145,6 +145,23 @@ impl Linear {
         })
     }
 
+    /// Gradient quantizations so far: the count that salts the stochastic
+    /// rounding of `grad_output` (each quantized backward counts one up,
+    /// then rounds with the new count as its salt).
+    pub fn grad_calls(&self) -> u64 {
+        self.grad_calls
+    }
+
+    /// Set the count of gradient quantizations so far, so that the next
+    /// backward rounds `grad_output` with the salt `n + 1`. Sharded data
+    /// parallel sets it to the index of the micro-batch that gradient
+    /// accumulation in one process would give this rank's share, so that the
+    /// ranks round with the random bits of those micro-batches rather than
+    /// all with the same ones.
+    pub fn set_grad_calls(&mut self, n: u64) {
+        self.grad_calls = n;
+    }
+
     /// The recipe, if any.
     pub fn recipe(&self) -> Option<&Recipe> {
         self.recipe.as_ref()

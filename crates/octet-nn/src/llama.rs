@@ -295,6 +295,13 @@ impl Proj {
         }
     }
 
+    fn set_grad_calls(&mut self, n: u64) {
+        match self {
+            Proj::Full(l) => l.set_grad_calls(n),
+            Proj::Lora(l) => l.set_grad_calls(n),
+        }
+    }
+
     /// The trainable [`Linear`], if this is one.
     pub fn linear(&self) -> Option<&Linear> {
         match self {
@@ -818,6 +825,23 @@ impl Llama {
     /// uninterrupted one would.
     pub fn set_dropout_round(&mut self, round: u64) {
         self.dropout_round = round;
+    }
+
+    /// Set which backward comes next, for the salts of stochastic rounding:
+    /// every linear layer (the block projections, LoRA or not, and the LM
+    /// head) counts its gradient quantizations, one per [`Llama::backward`],
+    /// and salts its rounding with that count. This sets each count to
+    /// `round`, the number of backwards before this one. One process doing
+    /// gradient accumulation reaches `step * grad_accum + micro` by itself;
+    /// sharded data parallel sets `step * world + rank`, so that its ranks
+    /// round with exactly the bits of those micro-batches.
+    pub fn set_grad_round(&mut self, round: u64) {
+        for b in &mut self.blocks {
+            for p in b.projs_mut() {
+                p.set_grad_calls(round);
+            }
+        }
+        self.lm_head.set_grad_calls(round);
     }
 
     /// Activation recomputation of the first `blocks` blocks (all of them

@@ -472,6 +472,18 @@ impl LoraLinear {
         self.base.dims()
     }
 
+    /// Backward calls so far: the count that salts stochastic rounding (each
+    /// backward counts one up, then rounds with the new count as its salt).
+    pub fn grad_calls(&self) -> u64 {
+        self.calls
+    }
+
+    /// Set the count of backward calls so far, so that the next backward
+    /// rounds with the salt `n + 1` (see [`crate::Linear::set_grad_calls`]).
+    pub fn set_grad_calls(&mut self, n: u64) {
+        self.calls = n;
+    }
+
     /// The backward mode.
     pub fn backward_mode(&self) -> BackwardMode {
         self.backward

@@ -943,6 +943,9 @@ pub fn train(
                 step * cfg.grad_accum as u64 + micro as u64,
             )?;
             model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
+            // The salts of stochastic rounding follow the micro-step too (as
+            // sharded data parallel sets them), also after a resume.
+            model.set_grad_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
                 // The step and (inside `e`) the block; checkpoints already written stay as they are.
                 Error::Train(format!(

@@ -160,7 +160,7 @@ fn bits(run: &Run) -> Vec<(String, Vec<u32>)> {
 
 #[test]
 fn n_ranks_match_gradient_accumulation_bit_for_bit() {
-    let cases: [(Option<&str>, BackwardMode); 7] = [
+    let cases: [(Option<&str>, BackwardMode); 8] = [
         (None, BackwardMode::Quantized),
         (Some("tensorwise"), BackwardMode::Quantized),
         // The high-precision backward reads the layer's weight: gathered in f32, quantized locally.
@@ -169,6 +169,9 @@ fn n_ranks_match_gradient_accumulation_bit_for_bit() {
         (Some("rowwise"), BackwardMode::Quantized),
         (Some("blockwise"), BackwardMode::Dequantized),
         (Some("mxfp8"), BackwardMode::Quantized),
+        // Stochastic rounding of grad_output: each rank takes the salts of
+        // its micro-batch in gradient accumulation, not all the same ones.
+        (Some("nvfp4"), BackwardMode::Quantized),
     ];
     for (recipe, bwd) in cases {
         // Two ranks also with activation recomputation (of both blocks, and
