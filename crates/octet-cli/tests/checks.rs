@@ -137,30 +137,10 @@ fn a_lora_resume_takes_the_adapters_settings_and_refuses_others() {
 fn sharded_cpu_runs_evaluate_every_eval_every_steps_as_one_process_does() {
     let dir = tmpdir("nproc-eval");
     let out = dir.to_str().expect("utf-8 path");
-    let args = [
-        "train",
-        "--nproc",
-        "2",
-        "--steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--eval-batches",
-        "1",
-        "--no-save",
-        "--out-dir",
-        out,
-        "--device",
-        "cpu",
-        "--model",
-        "tiny",
-        "--batch",
-        "2",
-        "--seq",
-        "16",
-        "--sample-tokens",
-        "0",
-    ];
+    // QUICK's flags but its `--eval-batches 0` (the last two).
+    let mut args = vec!["train", "--nproc", "2", "--steps", "4", "--eval-every", "2"];
+    args.extend(&QUICK[..QUICK.len() - 2]);
+    args.extend(["--eval-batches", "1", "--no-save", "--out-dir", out]);
     let (ok, text) = octet(&dir, &args);
     assert!(ok, "{text}");
     let lines = std::fs::read_to_string(dir.join("default/metrics.jsonl")).expect("metrics");

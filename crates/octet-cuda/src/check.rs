@@ -2557,14 +2557,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                     m.zero_grad()?;
                     let (_, s) = m.forward(&toks, &tgts, (b, t), grad_scale, true)?;
                     m.backward(s.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
-                    m.adamw_step(AdamParams {
-                        lr: 1e-3,
-                        beta1: 0.9,
-                        beta2: 0.95,
-                        eps: 1e-8,
-                        weight_decay: 0.1,
-                        grad_clip: 1.0,
-                    })?;
+                    m.adamw_step(TEST_ADAM)?;
                     if evaluate {
                         m.forward(&other, &tgts, (b, t), grad_scale, false)?;
                     }
