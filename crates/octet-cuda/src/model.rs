@@ -1500,6 +1500,15 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
+    /// [`GpuLinear::recording`] on every block linear.
+    fn set_recording(&mut self, on: bool) {
+        for blk in &mut self.blocks {
+            for l in &mut blk.lin {
+                l.recording = on;
+            }
+        }
+    }
+
     /// Forward and mean cross-entropy on `tokens (B, T)` with `targets (B, T)`.
     /// `grad_scale` multiplies the logits' gradient (`1 / (B T)` for the mean,
     /// further divided by the number of accumulated micro-batches); with
@@ -1512,34 +1521,10 @@ impl<'g> GpuLlama<'g> {
         grad_scale: f32,
         keep: bool,
     ) -> Result<(f64, Option<GpuLlamaSaved>)> {
-        if keep {
-            return self.run_forward(tokens, targets, (b, t), grad_scale, keep);
-        }
-        // An evaluation: the linears record no amax (`GpuLinear::recording`),
-        // so validation batches leave the training's delayed scales alone.
-        self.set_recording(false);
-        let r = self.run_forward(tokens, targets, (b, t), grad_scale, keep);
-        self.set_recording(true);
-        r
-    }
-
-    /// [`GpuLinear::recording`] on every block linear.
-    fn set_recording(&mut self, on: bool) {
-        for blk in &mut self.blocks {
-            for l in &mut blk.lin {
-                l.recording = on;
-            }
-        }
-    }
-
-    fn run_forward(
-        &mut self,
-        tokens: &[u32],
-        targets: &[u32],
-        (b, t): (usize, usize),
-        grad_scale: f32,
-        keep: bool,
-    ) -> Result<(f64, Option<GpuLlamaSaved>)> {
+        // An evaluation (`keep = false`) records no amax (`GpuLinear::recording`),
+        // so validation batches leave the training's delayed scales alone;
+        // every forward sets it, so an early error leaves nothing stale.
+        self.set_recording(keep);
         let cfg = self.cfg.clone();
         let (c, v) = (cfg.hidden_size, cfg.vocab_size);
         let n = b * t;
