@@ -2070,6 +2070,43 @@ fn linear_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             worst: format!("y {ey:.2e}, d_input {edx:.2e}, d_weight {edw:.2e}"),
         });
     }
+    // The salts of NVFP4's stochastic rounding of grad_output follow the count
+    // of backwards: a layer set to count 1 rounds as a layer's second backward
+    // does (what a resumed run relies on), bit for bit, and unlike its first.
+    let recipe = Recipe::from_name("nvfp4")?.with_backward(BackwardMode::Quantized)?;
+    if !skip_without_fp8_gemm(
+        gpu,
+        crate::recipe_uses_fp8_gemm("nvfp4"),
+        "linear nvfp4 salts",
+        out,
+    ) {
+        let (x, g) = (gpu.upload(&bf16_bits(&xb))?, gpu.upload(&bf16_bits(&gb))?);
+        let grads = |layer: &mut GpuLinear| -> Result<(Vec<f32>, Vec<f32>)> {
+            let (_, saved) = layer.forward(gpu, &x, m)?;
+            // SAFETY: backward overwrites every element of dw.
+            let mut dw: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * k, "d_weight")? };
+            let dx = layer.backward(gpu, saved, &g, None, &mut dw)?;
+            Ok((gpu.download(&dx)?, gpu.download(&dw)?))
+        };
+        let mut run = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
+        let first = grads(&mut run)?;
+        let second = grads(&mut run)?;
+        let mut resumed = GpuLinear::new(gpu, gpu.upload(&bf16_bits(&wb))?, n, k, Some(recipe))?;
+        resumed.set_grad_calls(1);
+        let again = grads(&mut resumed)?;
+        let same = f32_bits_equal(&again.0, &second.0) && f32_bits_equal(&again.1, &second.1);
+        let differ = first
+            .1
+            .iter()
+            .zip(&second.1)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        out.push(CaseResult {
+            name: format!("linear nvfp4 quantized {m}x{k}x{n}: a layer set to 1 gradient quantization rounds as a second backward, bit for bit, and not as a first"),
+            pass: same && differ > 0 && resumed.grad_calls() == 2,
+            worst: format!("same as the second backward {same}; d_weight elements differing between the first and second {differ} of {}", n * k),
+        });
+    }
     // Delayed scaling over 4 steps: the scales come from the previous steps' amaxes
     // (step 1 uses scale 1), updated on the device on one side, on the host on the other.
     let recipe = Recipe::from_name("delayed")?;

@@ -429,6 +429,17 @@ impl GpuLinear {
             .collect()
     }
 
+    /// Set the count of gradient quantizations so far, the salt of the next
+    /// backward's stochastic rounding (as the CPU `Linear::set_grad_calls`).
+    pub fn set_grad_calls(&mut self, n: u64) {
+        self.grad_calls = n;
+    }
+
+    /// The count of gradient quantizations so far.
+    pub fn grad_calls(&self) -> u64 {
+        self.grad_calls
+    }
+
     /// The delayed-scaling step amaxes so far (f32 bits on the device) of the
     /// input, weight and grad_output; none for other recipes. Sharded data
     /// parallel max-reduces them over the ranks before

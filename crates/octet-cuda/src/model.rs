@@ -3086,6 +3086,21 @@ impl<'g> GpuLlama<'g> {
         }
     }
 
+    /// Set which backward comes next, for the salts of stochastic rounding
+    /// (NVFP4 gradients), as `octet_nn::llama::Llama::set_grad_round`: every
+    /// block linear counts its gradient quantizations, one a backward, and
+    /// salts its rounding with the count; this sets each count to `round`.
+    /// The trainer sets it every micro-step, so that a resumed run draws the
+    /// bits an uninterrupted one draws, and ranks of sharded data parallel
+    /// draw different ones. LoRA adapters round to nearest and count nothing.
+    pub fn set_grad_round(&mut self, round: u64) {
+        for blk in &mut self.blocks {
+            for l in &mut blk.lin {
+                l.set_grad_calls(round);
+            }
+        }
+    }
+
     /// LoRA mode: rank, alpha and the targeted module names (`q_proj`, ...).
     pub fn lora_summary(&self) -> Option<(usize, f64, Vec<String>)> {
         self.lora

@@ -380,6 +380,12 @@ pub fn train_gpu_ranked(
             )?;
             let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
             model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
+            // The salts of stochastic rounding: the micro-step's (as the CPU
+            // trainer's, also after a resume), one apiece for the ranks, whose
+            // rows of the batch differ.
+            model.set_grad_round(
+                (step * cfg.grad_accum as u64 + micro as u64) * world as u64 + rank as u64,
+            );
             let (loss, saved) = match model.forward(&x, &y, (local_b, cfg.seq), grad_scale, true) {
                 Err(octet_cuda::Error::NonFinite) => {
                     // Run the batch again checking every block's output, to name

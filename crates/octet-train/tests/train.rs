@@ -161,7 +161,7 @@ fn small_run(name: &str, out: &std::path::Path, recipe: &str) -> TrainConfig {
 #[test]
 fn resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit() {
     let out = tmpdir("resume");
-    for recipe in ["bf16", "tensorwise", "delayed"] {
+    for recipe in ["bf16", "tensorwise", "delayed", "nvfp4"] {
         let full = train(
             &small_run(&format!("full-{recipe}"), &out, recipe),
             None,
