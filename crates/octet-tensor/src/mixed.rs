@@ -118,7 +118,9 @@ impl Fp8Weight {
     }
 
     /// Wrap the row-wise copy of a quantized weight (f32 scale factors per
-    /// tensor, row, or 128x128 tile), e.g. an FP8 checkpoint's tensor.
+    /// tensor, row, or 128x128 tile), e.g. an FP8 checkpoint's tensor. Each
+    /// factor must be positive, and finite times the format's largest value
+    /// (so that every code dequantizes to a finite f32); no code may be NaN.
     pub fn from_quant_data(q: QuantData) -> Result<Fp8Weight> {
         let (n, k) = (q.rows, q.cols);
         if !matches!(q.format, Format::E4M3 | Format::E5M2) {
@@ -156,6 +158,22 @@ impl Fp8Weight {
                 q.data.len(),
                 factors.len(),
                 n as u128 * k as u128
+            )));
+        }
+        // A zero, negative or non-finite factor is no scale; and the kernels
+        // fold E4M3's 2^8 (see the module docs) into the factor, which must
+        // stay finite: `quantize` never gives a factor whose largest code
+        // overflows f32, nor may a file.
+        let max = q.format.max();
+        if let Some((i, f)) = factors
+            .iter()
+            .enumerate()
+            .find(|(_, &f)| !(f > 0.0 && (f * max).is_finite()))
+        {
+            return Err(Error::Unsupported(format!(
+                "weight scale factor {i} is {f:e}: a factor must be positive, and finite times \
+                 {}'s largest value {max}",
+                q.format.name()
             )));
         }
         if let Some(i) = q.data.iter().position(|&c| q.format.is_nan(c)) {

@@ -199,3 +199,50 @@ fn the_transposed_product_is_the_input_gradient() {
     .unwrap();
     assert!(mixed_matmul_t(&Tensor::from_f32(&[2, 15], vec![1.0; 30]).unwrap(), &q).is_err());
 }
+
+/// Factors that are no scale (zero, negative, NaN, infinite) or that
+/// overflow f32 on the format's largest code are refused when the weight is
+/// built, for every scale kind: a factor of 1e37 on E4M3 codes used to give
+/// an infinite product where the dequantized weight's is finite.
+#[test]
+fn bad_factors_are_refused() {
+    use octet_fp8::{QuantData, Scales};
+    let (n, k) = (3, 130);
+    let weight = |format: Format, block: (usize, usize), factors: Vec<f32>| {
+        Fp8Weight::from_quant_data(QuantData {
+            rows: n,
+            cols: k,
+            format,
+            // 0x38: 1.0 in E4M3, 0.5 in E5M2.
+            data: vec![0x38; n * k],
+            block,
+            scales: Scales::F32(factors),
+            saturated: 0,
+            underflowed: 0,
+        })
+    };
+    for format in [Format::E4M3, Format::E5M2] {
+        for (block, count) in [((n, k), 1), ((1, k), n), ((128, 128), 2)] {
+            let ok = weight(format, block, vec![0.5; count]).unwrap();
+            let x = Tensor::from_f32(&[1, k], vec![1.0; k]).unwrap();
+            assert!(mixed_matmul(&x, &ok).unwrap().to_f32_vec()[0].is_finite());
+            for bad in [
+                0.0,
+                -0.0,
+                -1.0,
+                f32::NAN,
+                f32::INFINITY,
+                -f32::INFINITY,
+                1e37,
+            ] {
+                let mut factors = vec![0.5; count];
+                factors[count - 1] = bad;
+                let e = weight(format, block, factors).unwrap_err().to_string();
+                assert!(
+                    e.contains(&format!("factor {} is", count - 1)),
+                    "{format:?} {block:?} {bad}: {e}"
+                );
+            }
+        }
+    }
+}

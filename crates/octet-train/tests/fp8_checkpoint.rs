@@ -131,6 +131,16 @@ fn bad_fp8_tensors_are_named() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("non-finite"), "{err}");
+    // Zero and negative factors are no scales: refused, not loaded.
+    for bad in [0.0, -2.0] {
+        let err = write(Some(("w.weight_scale", vec![4], vec![1.0, 1.0, bad, 1.0])))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("tensor w.weight") && err.contains("factor 2 is"),
+            "{err}"
+        );
+    }
     // E4M3's NaN code (0x7F) in the matrix.
     let mut nan = codes.clone();
     nan[9] = 0x7f;
