@@ -129,6 +129,11 @@ impl Fp8Weight {
                 q.format.name()
             )));
         }
+        if n == 0 || k == 0 {
+            return Err(Error::Shape(format!(
+                "weight ({n}, {k}) is empty: a weight needs rows and columns"
+            )));
+        }
         let factors = match &q.scales {
             Scales::F32(v) => v,
             _ => {

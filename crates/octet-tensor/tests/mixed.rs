@@ -200,6 +200,38 @@ fn the_transposed_product_is_the_input_gradient() {
     assert!(mixed_matmul_t(&Tensor::from_f32(&[2, 15], vec![1.0; 30]).unwrap(), &q).is_err());
 }
 
+/// A weight without rows or columns is refused when it is built, as
+/// `quantize` refuses one (it used to give an all-zero or empty product).
+#[test]
+fn empty_weights_are_refused() {
+    use octet_fp8::{QuantData, Scales};
+    for (n, k, block) in [
+        (0, 4, (1, 1)),
+        (3, 0, (3, 1)),
+        (3, 0, (1, 1)),
+        (0, 0, (1, 1)),
+    ] {
+        let factors = if block == (1, 1) && n != 0 {
+            vec![1.0; n]
+        } else {
+            vec![1.0]
+        };
+        let e = Fp8Weight::from_quant_data(QuantData {
+            rows: n,
+            cols: k,
+            format: Format::E4M3,
+            data: vec![],
+            block,
+            scales: Scales::F32(factors),
+            saturated: 0,
+            underflowed: 0,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains(&format!("({n}, {k}) is empty")), "{e}");
+    }
+}
+
 /// Factors that are no scale (zero, negative, NaN, infinite) or that
 /// overflow f32 on the format's largest code are refused when the weight is
 /// built, for every scale kind: a factor of 1e37 on E4M3 codes used to give
