@@ -23,7 +23,8 @@
 //! skips the conversion: the byte sign-extended, shifted and masked into an
 //! f32 is `value * 2^-120`, multiplied against `x * 2^112` (the same
 //! products, see `scaled_input`). These tricks turn the NaN codes into finite
-//! numbers, so [`Fp8Weight`] refuses weights with NaN codes when it is built.
+//! numbers, so [`Fp8Weight`] refuses weights with NaN codes (and E5M2's
+//! infinities) when it is built.
 //!
 //! Accumulation is f32 in a fixed order per output (8 lanes over `K`, then the
 //! lanes summed), so results do not depend on the thread count. Against the
@@ -120,7 +121,8 @@ impl Fp8Weight {
     /// Wrap the row-wise copy of a quantized weight (f32 scale factors per
     /// tensor, row, or 128x128 tile), e.g. an FP8 checkpoint's tensor. Each
     /// factor must be positive, and finite times the format's largest value
-    /// (so that every code dequantizes to a finite f32); no code may be NaN.
+    /// (so that every code dequantizes to a finite f32); no code may be NaN
+    /// or infinite.
     pub fn from_quant_data(q: QuantData) -> Result<Fp8Weight> {
         let (n, k) = (q.rows, q.cols);
         if !matches!(q.format, Format::E4M3 | Format::E5M2) {
@@ -181,9 +183,21 @@ impl Fp8Weight {
                 q.format.name()
             )));
         }
-        if let Some(i) = q.data.iter().position(|&c| q.format.is_nan(c)) {
+        // E5M2's infinities too: `mixed_matmul_t` skips zero gradients, which
+        // would hide the NaN of 0 * inf that the dequantized product has.
+        let table = q.format.table();
+        if let Some(i) = q
+            .data
+            .iter()
+            .position(|&c| q.format.is_nan(c) || table[c as usize].is_infinite())
+        {
+            let what = if q.format.is_nan(q.data[i]) {
+                "NaN"
+            } else {
+                "infinite"
+            };
             return Err(Error::Unsupported(format!(
-                "weight element ({}, {}) is NaN",
+                "weight element ({}, {}) is {what}",
                 i / k,
                 i % k
             )));

@@ -278,3 +278,28 @@ fn bad_factors_are_refused() {
         }
     }
 }
+
+/// E5M2's infinite codes are refused when the weight is built, as NaN codes
+/// are: `mixed_matmul_t` skips zero gradients, so a zero gradient against an
+/// infinite weight gave 1.0 where the dequantized product is 0 * inf = NaN.
+#[test]
+fn infinite_codes_are_refused() {
+    use octet_fp8::{QuantData, Scales};
+    for inf in [0x7cu8, 0xfc] {
+        let mut data = vec![0x3cu8; 2 * 4];
+        data[5] = inf;
+        let e = Fp8Weight::from_quant_data(QuantData {
+            rows: 2,
+            cols: 4,
+            format: Format::E5M2,
+            data,
+            block: (2, 4),
+            scales: Scales::F32(vec![1.0]),
+            saturated: 0,
+            underflowed: 0,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("(1, 1) is infinite"), "{inf:#x}: {e}");
+    }
+}
