@@ -519,6 +519,29 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
         .iter()
         .filter_map(|t| t.as_str().map(String::from))
         .collect();
+    // PEFT options that change what the adapter computes: read as plain
+    // LoRA (`W + (alpha/r) B A`, one r and alpha) they would merge and train
+    // something else without a word.
+    for key in ["use_rslora", "use_dora", "fan_in_fan_out"] {
+        if v[key] == serde_json::Value::Bool(true) {
+            return Err(bad(&format!(
+                "{key} = true is not supported: octet reads plain LoRA adapters (W + (alpha/r) B A)"
+            )));
+        }
+    }
+    for key in ["rank_pattern", "alpha_pattern"] {
+        let set = match &v[key] {
+            serde_json::Value::Null => false,
+            serde_json::Value::Object(o) => !o.is_empty(),
+            _ => true,
+        };
+        if set {
+            return Err(bad(&format!(
+                "{key} = {}: per-module ranks and alphas are not supported (one r and lora_alpha for every module)",
+                v[key]
+            )));
+        }
+    }
     Ok((r, alpha, targets))
 }
 

@@ -313,3 +313,41 @@ fn merging_an_adapter_whose_alpha_overflows_writes_nothing() {
     );
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// PEFT options that change the adapter's arithmetic (rsLoRA's alpha /
+/// sqrt(r), DoRA, per-module ranks and alphas) are refused by name: read as
+/// plain LoRA they merged with another scaling and no error.
+#[test]
+fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
+    let out = tmpdir("peft-options");
+    let base = base_checkpoint(&out, "base");
+    let (_, ck) = lora_checkpoint(&out, "lora", Some(&base));
+    let cfg_path = ck.join("adapter_config.json");
+    let plain: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
+    for (key, value) in [
+        ("use_rslora", serde_json::json!(true)),
+        ("use_dora", serde_json::json!(true)),
+        ("fan_in_fan_out", serde_json::json!(true)),
+        ("alpha_pattern", serde_json::json!({"q_proj": 64})),
+        ("rank_pattern", serde_json::json!({"q_proj": 8})),
+    ] {
+        let mut v = plain.clone();
+        v[key] = value;
+        std::fs::write(&cfg_path, v.to_string()).unwrap();
+        let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+            .err()
+            .unwrap_or_else(|| panic!("{key} should be refused"))
+            .to_string();
+        assert!(e.contains(key) && e.contains("not supported"), "{e}");
+    }
+    // PEFT writes the off values; those read as plain LoRA.
+    let mut v = plain.clone();
+    v["use_rslora"] = serde_json::json!(false);
+    v["use_dora"] = serde_json::json!(false);
+    v["alpha_pattern"] = serde_json::json!({});
+    v["rank_pattern"] = serde_json::json!({});
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    assert!(octet_train::trainer::merge_adapter(&base, &ck, "bf16").is_ok());
+    let _ = std::fs::remove_dir_all(&out);
+}
