@@ -871,7 +871,9 @@ pub fn train(
             let mut model = l.build(cfg)?;
             let (adapter, ..) = checkpoint::load_adapter(ck)?;
             model.load_params(adapter)?;
-            let (opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+            let (mut opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+            // This run's AdamW settings, as the GPU and sharded trainers take them.
+            opt.cfg = cfg.adamw;
             opt.write_back(model.params_mut())?;
             obs.note(&format!(
                 "resumed LoRA from {} at step {}",
@@ -895,7 +897,10 @@ pub fn train(
             let mcfg = checkpoint::load_config(ck)?;
             let weights = checkpoint::load_weights(ck, DType::F32)?;
             let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
-            let (opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+            let (mut opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
+            // This run's AdamW settings (`--weight-decay`, `--grad-clip`, the
+            // config file's), as the GPU and sharded trainers take them.
+            opt.cfg = cfg.adamw;
             opt.write_back(model.params_mut())?;
             obs.note(&format!(
                 "resumed from {} at step {}",

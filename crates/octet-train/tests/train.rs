@@ -385,3 +385,39 @@ fn a_recomputing_run_gives_the_same_losses_with_less_saved() {
     assert!(e.contains("give one"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A resumed run trains with its own AdamW settings (`--weight-decay`,
+/// `--grad-clip`), as the GPU and sharded trainers do, not the checkpoint's
+/// while its metadata records the new ones.
+#[test]
+fn a_resumed_run_takes_its_own_adamw_settings() {
+    let out = tmpdir("resume-adamw");
+    let cfg = TrainConfig {
+        name: "first".into(),
+        out_dir: out.clone(),
+        model: "tiny".into(),
+        recipe: "bf16".into(),
+        batch: 2,
+        seq: 16,
+        steps: 2,
+        eval_batches: 0,
+        sample_tokens: 0,
+        ..Default::default()
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    let ck = out.join("first").join("checkpoints").join("step_000002");
+    let mut again = TrainConfig {
+        name: "again".into(),
+        steps: 3,
+        ..cfg.clone()
+    };
+    again.adamw.weight_decay = 0.5;
+    again.adamw.grad_clip = 0.25;
+    train(&again, Some(&ck), &mut Quiet).unwrap();
+    let ck3 = out.join("again").join("checkpoints").join("step_000003");
+    let mcfg = checkpoint::load_config(&ck3).unwrap();
+    let params: Vec<(String, Vec<usize>)> = Llama::param_shapes(&mcfg);
+    let (opt, _, _) = checkpoint::load_optimizer_for(&ck3, &params).unwrap();
+    assert_eq!(opt.cfg, again.adamw);
+    let _ = std::fs::remove_dir_all(&out);
+}
