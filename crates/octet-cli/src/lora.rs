@@ -12,7 +12,7 @@ use octet_train::checkpoint;
 use octet_train::plot::{line_plot, Series};
 use octet_train::trainer::{merge_adapter, train, LoraSettings};
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// Flags of `octet lora`.
 #[derive(clap::Args)]
@@ -82,11 +82,24 @@ struct MergeArgs {
     dtype: String,
 }
 
-fn default_base() -> Option<PathBuf> {
-    let parent = PathBuf::from("runs/default/checkpoints");
-    let latest = std::fs::read_to_string(parent.join("latest")).ok()?;
-    let dir = parent.join(latest.trim());
-    dir.join("model.safetensors").exists().then_some(dir)
+/// The base a LoRA run takes without `--base`: the checkpoint that
+/// `parent/latest` names, `None` (a random base) where there is no `latest`.
+/// A `latest` that cannot be read or names no full checkpoint is an error,
+/// not a random base.
+fn default_base(parent: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let latest = parent.join("latest");
+    let text = match std::fs::read(&latest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        r => r.with_context(|| format!("reading {}", latest.display()))?,
+    };
+    let name = String::from_utf8_lossy(&text).trim().to_string();
+    let dir = parent.join(&name);
+    anyhow::ensure!(
+        !name.is_empty() && dir.join("model.safetensors").is_file(),
+        "{} names '{name}', which is not a checkpoint with a model.safetensors: pass --base DIR (or remove it for a random base)",
+        latest.display()
+    );
+    Ok(Some(dir))
 }
 
 pub fn run(a: LoraArgs) -> anyhow::Result<()> {
@@ -124,7 +137,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         (None, Some(checkpoint::RANDOM_BASE)) => None,
         (None, Some(recorded)) => Some(PathBuf::from(recorded)),
         // No record (an adapter saved before octet wrote one).
-        (None, None) => default_base(),
+        (None, None) => default_base(Path::new("runs/default/checkpoints"))?,
     };
     let targets: Vec<String> = match (&a.targets, &trained) {
         (Some(t), _) => t.split(',').map(|t| t.trim().to_string()).collect(),
@@ -314,4 +327,29 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
         m.dtype
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_base;
+
+    /// A `latest` naming a checkpoint that is not there is an error, not a
+    /// LoRA run on a random base; no `latest` at all is a random base.
+    #[test]
+    fn a_latest_that_names_no_checkpoint_is_an_error_not_a_random_base() {
+        let parent = std::env::temp_dir().join(format!("octet-lora-latest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).expect("create the directory");
+        assert!(default_base(&parent).expect("no latest").is_none());
+        std::fs::write(parent.join("latest"), "step_000999\n").expect("write latest");
+        let e = default_base(&parent)
+            .expect_err("a dangling latest")
+            .to_string();
+        assert!(e.contains("latest") && e.contains("step_000999"), "{e}");
+        let ck = parent.join("step_000999");
+        std::fs::create_dir_all(&ck).expect("create the checkpoint");
+        std::fs::write(ck.join("model.safetensors"), b"").expect("write the model");
+        assert_eq!(default_base(&parent).expect("a checkpoint"), Some(ck));
+        let _ = std::fs::remove_dir_all(&parent);
+    }
 }
