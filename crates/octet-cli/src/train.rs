@@ -370,11 +370,19 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         );
         return crate::dist::run(&cfg, a.nproc, a.resume.as_deref());
     }
-    let mcfg = cfg.llama_config()?;
+    // A resumed run trains the checkpoint's model, not `--model`'s.
+    let (mcfg, label) = match a.resume.as_deref() {
+        Some(ck) => (
+            octet_train::checkpoint::load_config(ck)?,
+            format!("model of {}", ck.display()),
+        ),
+        None if cfg.init.is_some() => (cfg.llama_config()?, "model of --init".to_string()),
+        None => (cfg.llama_config()?, cfg.model.clone()),
+    };
     let header = |device: String| {
         println!(
             "octet train: {} ({} params, d={} L={} H={}/{}), recipe {}, backward {}, batch {}x{} tokens, {} steps, device {device}",
-            cfg.model,
+            label,
             mcfg.num_params(),
             mcfg.hidden_size,
             mcfg.num_hidden_layers,

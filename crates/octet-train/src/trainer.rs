@@ -528,14 +528,28 @@ impl TrainConfig {
     }
 
     /// Check a run resumed from `resume` (a checkpoint directory) before
-    /// anything loads: its `config.json` is valid, it has steps left (the
+    /// anything loads: its `config.json` is valid, the tokenizer's ids and
+    /// `seq` fit its dimensions (full training), it has steps left (the
     /// checkpoint's optimizer step must be below `steps`), and a LoRA run
     /// continues the adapter as it was trained ([`LoraSettings::check_resume`]).
     pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
         let Some(dir) = resume else {
             return Ok(());
         };
-        checkpoint::load_config(dir)?;
+        let mcfg = checkpoint::load_config(dir)?;
+        if self.lora.is_none() {
+            // A resumed model keeps the checkpoint's dimensions (not
+            // `--model`'s): the tokens and the sequence must fit them.
+            self.tokenizer()?.check_fits(mcfg.vocab_size)?;
+            if self.seq > mcfg.max_position_embeddings {
+                return Err(Error::Train(format!(
+                    "--seq {} exceeds the max_position_embeddings {} of the checkpoint {}; a resumed model keeps its dimensions",
+                    self.seq,
+                    mcfg.max_position_embeddings,
+                    dir.display()
+                )));
+            }
+        }
         if let Some(l) = &self.lora {
             l.check_resume(dir)?;
         }

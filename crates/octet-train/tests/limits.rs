@@ -336,3 +336,51 @@ fn param_shapes(model: &Llama) -> Vec<(String, Vec<usize>)> {
         .map(|(n, t)| (n, t.shape().to_vec()))
         .collect()
 }
+
+/// A resumed run trains the checkpoint's model, whatever `--model` says: a
+/// tokenizer with more ids than its vocabulary, or a `--seq` beyond its
+/// positions, is an error before anything trains (it was an error at the
+/// first step, after the data loaded, or with `--model`'s larger vocabulary
+/// passing the tokenizer check).
+#[test]
+fn a_resume_checks_the_tokenizer_and_seq_against_the_checkpoint() {
+    let out = tmpdir("resume-dims");
+    let cfg = TrainConfig {
+        name: "tiny".into(),
+        out_dir: out.clone(),
+        model: "tiny".into(),
+        recipe: "bf16".into(),
+        batch: 2,
+        seq: 16,
+        steps: 1,
+        eval_batches: 0,
+        sample_tokens: 0,
+        ..Default::default()
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    let ck = out.join("tiny").join("checkpoints").join("step_000001");
+    let more = TrainConfig {
+        name: "more".into(),
+        model: "small".into(),
+        steps: 2,
+        ..cfg.clone()
+    };
+    assert!(more.check_resume(Some(&ck)).is_ok());
+    let gpt2 = TrainConfig {
+        tokenizer: "gpt2".into(),
+        ..more.clone()
+    };
+    let e = gpt2.check_resume(Some(&ck)).unwrap_err().to_string();
+    assert!(e.contains("gpt2") && e.contains("vocab_size is 256"), "{e}");
+    // tiny has 64 positions, small 256.
+    let long = TrainConfig {
+        seq: 128,
+        ..more.clone()
+    };
+    let e = long.check_resume(Some(&ck)).unwrap_err().to_string();
+    assert!(e.contains("--seq 128") && e.contains("64"), "{e}");
+    let e = train(&long, Some(&ck), &mut Quiet).unwrap_err().to_string();
+    assert!(e.contains("--seq 128"), "{e}");
+    assert!(!out.join("more").join("metrics.jsonl").exists());
+    let _ = std::fs::remove_dir_all(&out);
+}
