@@ -21,7 +21,7 @@ pub struct GenerateArgs {
     checkpoint: Option<PathBuf>,
     /// Use a randomly initialised model of this preset instead of a checkpoint
     /// (tiny, small, medium, 1b): for speed measurements only.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "checkpoint")]
     random_model: Option<String>,
     /// A LoRA adapter (PEFT layout, as `octet lora` writes it) merged onto
     /// the checkpoint's weights before they are stored as `--weights`.
@@ -342,7 +342,25 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::check_positions;
+    use super::{check_positions, GenerateArgs};
+
+    /// `--checkpoint` and `--random-model` together are an error: the
+    /// random model was sampled and the checkpoint silently ignored.
+    #[test]
+    fn a_checkpoint_and_a_random_model_together_are_an_error() {
+        use clap::{Args, FromArgMatches};
+        let parse = |argv: &[&str]| {
+            GenerateArgs::augment_args(clap::Command::new("generate"))
+                .try_get_matches_from(argv)
+                .and_then(|m| GenerateArgs::from_arg_matches(&m))
+        };
+        assert!(parse(&["generate", "--random-model", "tiny"]).is_ok());
+        assert!(parse(&["generate", "--checkpoint", "ck"]).is_ok());
+        let e = parse(&["generate", "--checkpoint", "ck", "--random-model", "tiny"])
+            .err()
+            .expect("contradictory flags are refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
 
     #[test]
     fn a_token_budget_that_overflows_is_an_error() {
