@@ -285,6 +285,31 @@ fn requantize_block_matrices(
     Ok(out)
 }
 
+/// `octet lora merge --out` must be a directory of its own: not the base
+/// (whose weights the merge would replace, leaving its optimizer state
+/// beside weights it does not belong to), not the adapter, and not another
+/// training checkpoint (an `optimizer.safetensors` there would make the
+/// merged model look resumable with another run's moments).
+fn check_merge_out(out: &Path, base: &Path, adapter: &Path) -> anyhow::Result<()> {
+    let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        _ => false,
+    };
+    for (what, dir) in [("the base checkpoint", base), ("the adapter", adapter)] {
+        anyhow::ensure!(
+            !same(out, dir),
+            "--out {} is {what}: the merge writes model.safetensors there; choose a new directory",
+            out.display()
+        );
+    }
+    anyhow::ensure!(
+        !out.join("optimizer.safetensors").exists(),
+        "--out {} holds a training checkpoint (optimizer.safetensors); choose a new directory",
+        out.display()
+    );
+    Ok(())
+}
+
 fn merge(m: MergeArgs) -> anyhow::Result<()> {
     let dtype = match m.dtype.as_str() {
         "bf16" => Some(DType::Bf16),
@@ -292,6 +317,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
         "fp8" => None,
         other => anyhow::bail!("--dtype {other}: expected bf16, f32 or fp8"),
     };
+    check_merge_out(&m.out, &m.base, &m.adapter)?;
     let merged = merge_adapter(&m.base, &m.adapter, &m.base_format)?;
     let (r, alpha, base) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
@@ -331,7 +357,31 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::default_base;
+    use super::{check_merge_out, default_base};
+
+    /// The merge's output may not be the base, the adapter or another
+    /// training checkpoint; a new directory (or an empty one) is fine.
+    #[test]
+    fn a_merge_refuses_to_write_over_the_base_the_adapter_or_a_checkpoint() {
+        let root = std::env::temp_dir().join(format!("octet-merge-out-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (base, adapter, other) = (root.join("base"), root.join("ad"), root.join("other"));
+        for d in [&base, &adapter, &other] {
+            std::fs::create_dir_all(d).expect("create a directory");
+        }
+        std::fs::write(other.join("optimizer.safetensors"), b"").expect("write");
+        let err = |out: &std::path::Path| {
+            check_merge_out(out, &base, &adapter)
+                .expect_err("should be refused")
+                .to_string()
+        };
+        assert!(err(&base).contains("the base checkpoint"));
+        assert!(err(&root.join("base/../base")).contains("the base checkpoint"));
+        assert!(err(&adapter).contains("the adapter"));
+        assert!(err(&other).contains("optimizer.safetensors"));
+        assert!(check_merge_out(&root.join("merged"), &base, &adapter).is_ok());
+        let _ = std::fs::remove_dir_all(&root);
+    }
 
     /// A `latest` naming a checkpoint that is not there is an error, not a
     /// LoRA run on a random base; no `latest` at all is a random base.

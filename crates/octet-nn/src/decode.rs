@@ -359,11 +359,11 @@ fn attend(
 /// temperature must be finite (a NaN one would turn every share into NaN,
 /// and [`sample`] would always pick the last kept token).
 pub fn check_sampling(temperature: f32) -> Result<()> {
-    if temperature.is_finite() {
+    if temperature.is_finite() && temperature >= 0.0 {
         Ok(())
     } else {
         Err(Error::NonFinite(format!(
-            "temperature {temperature}: expected a finite number (0 = greedy)"
+            "temperature {temperature}: expected a finite number, 0 or above (0 = greedy)"
         )))
     }
 }

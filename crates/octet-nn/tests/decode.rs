@@ -208,7 +208,8 @@ fn non_finite_sampling_parameters_and_logits_are_errors() {
     for t in [0.0, 0.8, 2.0] {
         assert!(check_sampling(t).is_ok(), "{t}");
     }
-    for t in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+    // A negative temperature is refused, not read as greedy.
+    for t in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, -1e-30] {
         let e = check_sampling(t).unwrap_err().to_string();
         assert!(e.contains("temperature"), "{e}");
     }

@@ -517,8 +517,12 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
         .as_array()
         .ok_or_else(|| bad("missing target_modules"))?
         .iter()
-        .filter_map(|t| t.as_str().map(String::from))
-        .collect();
+        .map(|t| {
+            t.as_str()
+                .map(String::from)
+                .ok_or_else(|| bad(&format!("target_modules entry {t}: expected a module name")))
+        })
+        .collect::<Result<Vec<_>>>()?;
     // PEFT options that change what the adapter computes: read as plain
     // LoRA (`W + (alpha/r) B A`, one r and alpha) they would merge and train
     // something else without a word.

@@ -341,6 +341,15 @@ fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
             .to_string();
         assert!(e.contains(key) && e.contains("not supported"), "{e}");
     }
+    // A target that is not a module name is an error, not dropped.
+    let mut v = plain.clone();
+    v["target_modules"] = serde_json::json!(["q_proj", 7]);
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+        .err()
+        .expect("a numeric target should be refused")
+        .to_string();
+    assert!(e.contains("target_modules entry 7"), "{e}");
     // PEFT writes the off values; those read as plain LoRA.
     let mut v = plain.clone();
     v["use_rslora"] = serde_json::json!(false);
