@@ -567,9 +567,10 @@ impl DelayedState {
 
     /// End of step: push the step's amax, drop the oldest beyond the window,
     /// recompute the scale. While the amax it uses (the window's max, or the
-    /// most recent) is not finite, the scale stays what it was, as in
-    /// Transformer Engine: an overflow does not reset it to 1 (or to 0, which
-    /// would flush every later value).
+    /// most recent) is not finite, or is 0 (a step of zeros, or with no
+    /// report), the scale stays what it was, as in Transformer Engine: an
+    /// overflow does not reset it to 1 (or to 0, which would flush every later
+    /// value), and neither does an empty step (1 would flush small gradients).
     pub fn update(&mut self) {
         self.history.push_back(self.pending);
         while self.history.len() > self.len {
@@ -585,7 +586,9 @@ impl DelayedState {
         };
         if window.iter().all(|a| a.is_finite()) {
             let amax = window.iter().copied().fold(0f32, f32::max);
-            self.scale = scale_from_amax(amax, self.format, self.margin, false).unwrap_or(1.0);
+            if amax > 0.0 {
+                self.scale = scale_from_amax(amax, self.format, self.margin, false).unwrap_or(1.0);
+            }
         }
     }
 }
@@ -695,7 +698,7 @@ mod tests {
         r.record(3.5);
         r.update();
         assert_eq!(r.scale(), 57344.0 / 3.5);
-        r.update(); // a step with no data: amax 0 gives scale 1
-        assert_eq!(r.scale(), 1.0);
+        r.update(); // a step with no data: amax 0 keeps the scale (as TE)
+        assert_eq!(r.scale(), 57344.0 / 3.5);
     }
 }

@@ -495,3 +495,31 @@ fn a_delayed_state_with_non_finite_amaxes_round_trips_through_json() {
     assert_eq!(back, fine);
     assert!(serde_json::from_str::<DelayedState>(&text.replace("\"nan\"", "\"nope\"")).is_err());
 }
+
+/// A step whose amax is 0 (a tensor of zeros, or no report at all) keeps the
+/// delayed scale, as Transformer Engine's update does (`isfinite(amax) &&
+/// amax > 0`, else the previous scale): a reset to 1 would flush the next step's
+/// small values (gradients of 1e-6 are below E5M2's smallest subnormal at scale 1).
+#[test]
+fn a_zero_amax_keeps_the_delayed_scale() {
+    use octet_fp8::{AmaxAlgo, DelayedState};
+    for algo in [AmaxAlgo::Max, AmaxAlgo::MostRecent] {
+        let mut st = DelayedState::new(1, algo, 0, Format::E5M2);
+        st.record(1e-6);
+        st.update();
+        let before = st.scale();
+        assert_eq!(before, 57344.0 / 1e-6);
+        st.record(0.0);
+        st.update();
+        assert_eq!(st.scale(), before, "{algo:?}: recorded zero");
+        st.update();
+        assert_eq!(st.scale(), before, "{algo:?}: no report");
+        st.record(2e-6);
+        st.update();
+        assert_eq!(st.scale(), 57344.0 / 2e-6, "{algo:?}");
+    }
+    // A fresh state still starts (and stays, without data) at 1.
+    let mut st = DelayedState::new(4, AmaxAlgo::Max, 0, Format::E4M3);
+    st.update();
+    assert_eq!(st.scale(), 1.0);
+}

@@ -528,3 +528,48 @@ fn a_delayed_state_made_for_another_role_is_refused() {
     }
     assert!(l.set_delayed_state(Role::Input, fits).is_ok());
 }
+
+/// Delayed scaling across a step whose grad_output is all zeros (a batch whose
+/// loss is fully masked): the next step's quantized gradients must still use
+/// the scale fitted to the earlier steps (Transformer Engine keeps the scale
+/// when the amax is 0). Reset to 1, E5M2 flushes gradients of 1e-6 (its
+/// smallest subnormal is 2^-16) and d_weight comes back all zero. The floor is
+/// the crate's SQNR_GRAD for FP8 gradients.
+#[test]
+fn delayed_scaling_survives_a_step_of_zero_gradients() {
+    let c = case(16, 64, 32, 12);
+    let scaling = Scaling::Delayed {
+        history_len: 1,
+        algo: octet_fp8::AmaxAlgo::MostRecent,
+        margin: 0,
+    };
+    let r = Recipe::new(
+        scaling,
+        octet_fp8::Format::E4M3,
+        octet_fp8::Format::E5M2,
+        BackwardMode::Quantized,
+    )
+    .unwrap();
+    let mut l = layer(&c, Some(r), true, false);
+    let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+    let small: Vec<f32> = c.dy.iter().map(|v| v * 1e-3).collect(); // ~1e-6
+    let dy = Tensor::from_f32(&[c.m, c.n], small.clone()).unwrap();
+    let zero = Tensor::from_f32(&[c.m, c.n], vec![0.0; c.m * c.n]).unwrap();
+    for g in [&dy, &zero] {
+        let (_, saved) = l.forward(&x, true).unwrap();
+        l.backward(saved, g).unwrap();
+        l.update_scales();
+    }
+    let (_, saved) = l.forward(&x, true).unwrap();
+    let g = l.backward(saved, &dy).unwrap();
+    let c_small = Case {
+        dy: small,
+        ..case(16, 64, 32, 12)
+    };
+    let (_, _, dw_ref) = reference(&c_small);
+    let s = sqnr_db(&dw_ref, &f64s(g.d_weight.as_ref().unwrap()));
+    assert!(
+        s >= SQNR_GRAD,
+        "d_weight after a zero-gradient step: {s:.1} dB"
+    );
+}
