@@ -16,7 +16,8 @@ use crate::format::Format;
 ///
 /// With `power_of_two`, the scale is rounded *down* to a power of two, so
 /// `amax * scale` still fits the format and `scale_inv` is exact.
-/// `margin` divides the scale by `2^margin` (delayed scaling's headroom).
+/// `margin` divides the scale by `2^margin` (delayed scaling's headroom),
+/// applied to `max` before the division as Transformer Engine does.
 pub fn scale_from_amax(amax: f32, format: Format, margin: i32, power_of_two: bool) -> Option<f32> {
     if !amax.is_finite() || amax < 0.0 {
         return None;
@@ -24,10 +25,11 @@ pub fn scale_from_amax(amax: f32, format: Format, margin: i32, power_of_two: boo
     if amax == 0.0 {
         return Some(1.0);
     }
-    let mut scale = format.max() / amax;
-    if margin != 0 {
-        scale *= pow2(-margin);
-    }
+    // As Transformer Engine: `(max * 2^-margin) / amax`, so the margin is
+    // applied before the f32 cap (dividing first overflows for amaxes the
+    // margin brings back into range, and the cap then loses the margin).
+    // The product is exact for any margin a recipe uses.
+    let mut scale = (format.max() * pow2(-margin)) / amax;
     if !scale.is_finite() {
         scale = f32::MAX;
     }

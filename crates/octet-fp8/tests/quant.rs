@@ -523,3 +523,41 @@ fn a_zero_amax_keeps_the_delayed_scale() {
     st.update();
     assert_eq!(st.scale(), 1.0);
 }
+
+/// The delayed margin survives a tiny amax. Transformer Engine divides
+/// `max * 2^-margin` by the amax, so the scale only hits the f32 cap when
+/// that quotient itself overflows; dividing `max / amax` first overflowed
+/// for amaxes the margin brings back into range, and the cap then gave
+/// `amax * scale` far above `max * 2^-margin`: values within the margin's
+/// headroom saturated on the next step.
+#[test]
+fn a_margin_is_kept_when_max_over_amax_alone_overflows() {
+    use octet_fp8::{AmaxAlgo, DelayedState};
+    for (format, amax) in [(Format::E4M3, 5e-37f32), (Format::E5M2, 6e-35)] {
+        let margin = 2;
+        let want = format.max() * 0.25 / amax; // exact product, one rounding: TE's order
+        assert!(want.is_finite() && (format.max() / amax).is_infinite());
+        assert_eq!(scale_from_amax(amax, format, margin, false), Some(want));
+        let mut st = DelayedState::new(1, AmaxAlgo::Max, margin, format);
+        st.record(amax);
+        st.update();
+        assert_eq!(st.scale(), want, "{format}");
+        // Values up to 2^margin x the amax fit without saturating.
+        let x = vec![amax * 3.9, -amax, amax * 0.5, 0.0];
+        let spec = QuantSpec {
+            format,
+            granularity: Granularity::Tensor,
+            rule: ScaleRule::Fixed(st.scale()),
+            rounding: Rounding::NearestEven,
+        };
+        let q = quantize(&x, 1, 4, &spec, &spec, Usage::ROW, None).unwrap();
+        assert_eq!(q.rowwise.unwrap().saturated, 0, "{format}");
+    }
+    // Unchanged where no overflow is involved (power-of-two margins are exact).
+    for amax in [1e-30f32, 3.0, 1e30] {
+        for m in [1, 3] {
+            let old = Format::E4M3.max() / amax * pow2(-m);
+            assert_eq!(scale_from_amax(amax, Format::E4M3, m, false), Some(old));
+        }
+    }
+}
