@@ -378,7 +378,7 @@ fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 let (total, bad) = every_code_product(gpu, format, block128, m)?;
                 out.push(CaseResult {
                     name: format!(
-                        "weight-only product, every {format} code at every position, {}, M={m}",
+                        "weight-only product, every finite {format} code at every position, {}, M={m}",
                         if block128 { "128x128 blocks" } else { "tensor" }
                     ),
                     pass: bad.is_none(),
@@ -392,10 +392,10 @@ fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 
 /// The weight-only product of a weight whose 256 rows hold codes
 /// `(j + p) % 256` at column `p` (every code at each of the 16 positions of a
-/// 16-byte load; NaN codes, which a weight may not hold, replaced by zero;
-/// factors 1, per tensor or per 128x128 tile) with `m` one-hot token rows
-/// (token `i` at column `i % 16`). Each output is one decoded code, or the
-/// inf / NaN that 0 x inf makes, so it must equal the f64 product exactly.
+/// 16-byte load; NaN codes and E5M2's infinities, which a weight may not
+/// hold, replaced by zero; factors 1, per tensor or per 128x128 tile) with
+/// `m` one-hot token rows (token `i` at column `i % 16`). Each output is one
+/// decoded code, so it must equal the f64 product exactly.
 /// Returns the outputs checked and, if any differs, a line on the first.
 pub(crate) fn every_code_product(
     gpu: &Gpu,
@@ -409,7 +409,8 @@ pub(crate) fn every_code_product(
     for j in 0..n {
         for p in 0..k {
             let c = ((j + p) % 256) as u8;
-            w[j * k + p] = if format.is_nan(c) { 0 } else { c };
+            let finite = !format.is_nan(c) && format.decode(c).is_finite();
+            w[j * k + p] = if finite { c } else { 0 };
         }
     }
     let (block, nf) = if block128 {
@@ -1737,10 +1738,23 @@ fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 scale_bad += 1;
             }
         }
+        // Then steps that record only an amax: zeros (the window's amax 0 keeps
+        // the scale), and amaxes so small that max / amax alone overflows f32
+        // (the margin applies before the division and the cap).
+        let tail = [0.0f32, 0.0, 5e-37, 5e-37, 5e-37, 5e-37, 6e-35, 0.0];
+        for a in tail {
+            cpu.record(a);
+            gpu.delayed_record(&mut dev, &gpu.upload(&[a.to_bits()])?)?;
+            cpu.update();
+            gpu.delayed_update(&mut dev)?;
+            if gpu.download(&dev.scale)?[0].to_bits() != cpu.scale().to_bits() {
+                scale_bad += 1;
+            }
+        }
         out.push(CaseResult {
-            name: format!("delayed scaling on the device, {algo:?} history {hist} margin {margin} {}: 12 steps x 2 quantizes, an inf and a NaN amax", format.name()),
+            name: format!("delayed scaling on the device, {algo:?} history {hist} margin {margin} {}: 12 steps x 2 quantizes, an inf and a NaN amax, then amaxes of 0 and below 1e-34", format.name()),
             pass: scale_bad == 0 && code_bad == 0,
-            worst: format!("{scale_bad} of 12 scales differ, {code_bad} of 24 quantizes differ"),
+            worst: format!("{scale_bad} of {} scales differ, {code_bad} of 24 quantizes differ", 12 + tail.len()),
         });
     }
     Ok(())
