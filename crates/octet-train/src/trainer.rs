@@ -540,15 +540,7 @@ impl TrainConfig {
         if self.lora.is_none() {
             // A resumed model keeps the checkpoint's dimensions (not
             // `--model`'s): the tokens and the sequence must fit them.
-            self.tokenizer()?.check_fits(mcfg.vocab_size)?;
-            if self.seq > mcfg.max_position_embeddings {
-                return Err(Error::Train(format!(
-                    "--seq {} exceeds the max_position_embeddings {} of the checkpoint {}; a resumed model keeps its dimensions",
-                    self.seq,
-                    mcfg.max_position_embeddings,
-                    dir.display()
-                )));
-            }
+            self.check_fits(&mcfg, dir, "a resumed model")?;
         }
         if let Some(l) = &self.lora {
             l.check_resume(dir)?;
@@ -559,6 +551,22 @@ impl TrainConfig {
                 "checkpoint {} is at step {step}; --steps {} leaves nothing to train; raise --steps",
                 dir.display(),
                 self.steps
+            )));
+        }
+        Ok(())
+    }
+
+    /// The tokenizer's ids and `seq` fit the dimensions of the checkpoint in
+    /// `dir` (`config.json`), which `what` (a resumed model, one started from
+    /// `--init`) keeps instead of `--model`'s.
+    fn check_fits(&self, mcfg: &LlamaConfig, dir: &Path, what: &str) -> Result<()> {
+        self.tokenizer()?.check_fits(mcfg.vocab_size)?;
+        if self.seq > mcfg.max_position_embeddings {
+            return Err(Error::Train(format!(
+                "--seq {} exceeds the max_position_embeddings {} of the checkpoint {}; {what} keeps its dimensions",
+                self.seq,
+                mcfg.max_position_embeddings,
+                dir.display()
             )));
         }
         Ok(())
@@ -617,6 +625,13 @@ impl TrainConfig {
         }
         if let Some(adapter) = &self.init_adapter {
             checkpoint::load_adapter_config(adapter)?;
+        }
+        if let Some(dir) = &self.init {
+            self.check_fits(
+                &checkpoint::load_config(dir)?,
+                dir,
+                "a model started from --init",
+            )?;
         }
         if self.init.is_some() && self.lora.is_some() {
             return Err(Error::Train(

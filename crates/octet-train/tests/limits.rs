@@ -382,5 +382,27 @@ fn a_resume_checks_the_tokenizer_and_seq_against_the_checkpoint() {
     let e = train(&long, Some(&ck), &mut Quiet).unwrap_err().to_string();
     assert!(e.contains("--seq 128"), "{e}");
     assert!(!out.join("more").join("metrics.jsonl").exists());
+    // A run started from --init keeps the checkpoint's dimensions too.
+    let init = TrainConfig {
+        init: Some(ck.clone()),
+        ..more.clone()
+    };
+    assert!(init.validate().is_ok());
+    let e = TrainConfig {
+        seq: 128,
+        ..init.clone()
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("--seq 128") && e.contains("--init"), "{e}");
+    let e = TrainConfig {
+        tokenizer: "gpt2".into(),
+        ..init
+    }
+    .validate()
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("gpt2"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
