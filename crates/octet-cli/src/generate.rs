@@ -211,10 +211,9 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
         Some(d) => d.clone(),
         None => {
             let parent = PathBuf::from("runs/default/checkpoints");
-            let latest = std::fs::read_to_string(parent.join("latest")).with_context(|| {
+            octet_train::checkpoint::latest_checkpoint(&parent)?.with_context(|| {
                 "no --checkpoint given and runs/default/checkpoints/latest is missing: run `octet train` first, or pass --checkpoint DIR or --random-model PRESET"
-            })?;
-            parent.join(latest.trim())
+            })?
         }
     };
     if let Some(adapter) = &a.adapter {

@@ -82,26 +82,6 @@ struct MergeArgs {
     dtype: String,
 }
 
-/// The base a LoRA run takes without `--base`: the checkpoint that
-/// `parent/latest` names, `None` (a random base) where there is no `latest`.
-/// A `latest` that cannot be read or names no full checkpoint is an error,
-/// not a random base.
-fn default_base(parent: &Path) -> anyhow::Result<Option<PathBuf>> {
-    let latest = parent.join("latest");
-    let text = match std::fs::read(&latest) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        r => r.with_context(|| format!("reading {}", latest.display()))?,
-    };
-    let name = String::from_utf8_lossy(&text).trim().to_string();
-    let dir = parent.join(&name);
-    anyhow::ensure!(
-        !name.is_empty() && dir.join("model.safetensors").is_file(),
-        "{} names '{name}', which is not a checkpoint with a model.safetensors: pass --base DIR (or remove it for a random base)",
-        latest.display()
-    );
-    Ok(Some(dir))
-}
-
 pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     if let Some(LoraCmd::Merge(m)) = a.cmd {
         return merge(m);
@@ -137,7 +117,12 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         (None, Some(checkpoint::RANDOM_BASE)) => None,
         (None, Some(recorded)) => Some(PathBuf::from(recorded)),
         // No record (an adapter saved before octet wrote one).
-        (None, None) => default_base(Path::new("runs/default/checkpoints"))?,
+        // A random base where there is no `latest` (an error where it names no
+        // checkpoint).
+        (None, None) => checkpoint::latest_checkpoint(Path::new("runs/default/checkpoints"))
+            .context(
+                "the default base (pass --base DIR; with no latest file the base is random)",
+            )?,
     };
     let targets: Vec<String> = match (&a.targets, &trained) {
         (Some(t), _) => t.split(',').map(|t| t.trim().to_string()).collect(),
@@ -357,7 +342,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::{check_merge_out, default_base};
+    use super::check_merge_out;
 
     /// The merge's output may not be the base, the adapter or another
     /// training checkpoint; a new directory (or an empty one) is fine.
@@ -381,25 +366,5 @@ mod tests {
         assert!(err(&other).contains("optimizer.safetensors"));
         assert!(check_merge_out(&root.join("merged"), &base, &adapter).is_ok());
         let _ = std::fs::remove_dir_all(&root);
-    }
-
-    /// A `latest` naming a checkpoint that is not there is an error, not a
-    /// LoRA run on a random base; no `latest` at all is a random base.
-    #[test]
-    fn a_latest_that_names_no_checkpoint_is_an_error_not_a_random_base() {
-        let parent = std::env::temp_dir().join(format!("octet-lora-latest-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&parent);
-        std::fs::create_dir_all(&parent).expect("create the directory");
-        assert!(default_base(&parent).expect("no latest").is_none());
-        std::fs::write(parent.join("latest"), "step_000999\n").expect("write latest");
-        let e = default_base(&parent)
-            .expect_err("a dangling latest")
-            .to_string();
-        assert!(e.contains("latest") && e.contains("step_000999"), "{e}");
-        let ck = parent.join("step_000999");
-        std::fs::create_dir_all(&ck).expect("create the checkpoint");
-        std::fs::write(ck.join("model.safetensors"), b"").expect("write the model");
-        assert_eq!(default_base(&parent).expect("a checkpoint"), Some(ck));
-        let _ = std::fs::remove_dir_all(&parent);
     }
 }

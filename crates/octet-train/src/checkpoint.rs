@@ -549,6 +549,28 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
     Ok((r, alpha, targets))
 }
 
+/// The checkpoint that `parent/latest` names (what the trainer writes beside
+/// its `step_N` directories): `None` where there is no `latest`; an error,
+/// naming the file and what it holds, where it cannot be read or names no
+/// directory with a `model.safetensors`.
+pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
+    let latest = parent.join("latest");
+    let text = match std::fs::read(&latest) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::file("reading", &latest)(e)),
+        Ok(t) => t,
+    };
+    let name = String::from_utf8_lossy(&text).trim().to_string();
+    let dir = parent.join(&name);
+    if name.is_empty() || !dir.join("model.safetensors").is_file() {
+        return Err(Error::Checkpoint(format!(
+            "{} names '{name}', which is not a checkpoint with a model.safetensors",
+            latest.display()
+        )));
+    }
+    Ok(Some(dir))
+}
+
 /// Read `config.json` from a checkpoint directory and check its dimensions
 /// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
@@ -1040,6 +1062,29 @@ fn clean_leftovers(parent: &Path, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A `latest` naming a checkpoint that is not there is an error, not a
+    /// silent default; no `latest` at all is `None`.
+    #[test]
+    fn a_latest_that_names_no_checkpoint_is_an_error() {
+        let parent = std::env::temp_dir().join(format!("octet-latest-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&parent);
+        std::fs::create_dir_all(&parent).expect("create the directory");
+        assert!(latest_checkpoint(&parent).expect("no latest").is_none());
+        std::fs::write(parent.join("latest"), "step_000999\n").expect("write latest");
+        let e = latest_checkpoint(&parent)
+            .expect_err("a dangling latest")
+            .to_string();
+        assert!(e.contains("latest") && e.contains("step_000999"), "{e}");
+        std::fs::write(parent.join("latest"), "").expect("write latest");
+        assert!(latest_checkpoint(&parent).is_err());
+        std::fs::write(parent.join("latest"), "step_000999\n").expect("write latest");
+        let ck = parent.join("step_000999");
+        std::fs::create_dir_all(&ck).expect("create the checkpoint");
+        std::fs::write(ck.join("model.safetensors"), b"").expect("write the model");
+        assert_eq!(latest_checkpoint(&parent).expect("a checkpoint"), Some(ck));
+        let _ = std::fs::remove_dir_all(&parent);
+    }
 
     fn tmpdir(tag: &str) -> PathBuf {
         let d = std::env::temp_dir().join(format!("octet-ckpt-{tag}-{}", std::process::id()));
