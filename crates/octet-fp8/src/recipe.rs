@@ -571,6 +571,9 @@ impl DelayedState {
     /// report), the scale stays what it was, as in Transformer Engine: an
     /// overflow does not reset it to 1 (or to 0, which would flush every later
     /// value), and neither does an empty step (1 would flush small gradients).
+    /// One difference: Transformer Engine's max over the window skips a NaN
+    /// entry (`fmaxf`) and scales from the others; here a NaN anywhere in the
+    /// window keeps the scale, as an infinity does, until it leaves.
     pub fn update(&mut self) {
         self.history.push_back(self.pending);
         while self.history.len() > self.len {
