@@ -1685,6 +1685,24 @@ fn rowwise_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
 /// the history rolled on the device, against the CPU's `DelayedState` fed the
 /// same tensors: the scale after every step bit for bit, and the codes of
 /// every quantize against the CPU quantized with the CPU's scale.
+/// End a delayed-scaling step on both sides, first recording `extra` (an
+/// amax with no quantize behind it) if given: whether the new scales are the
+/// same bits.
+fn delayed_step(
+    gpu: &Gpu,
+    cpu: &mut octet_fp8::DelayedState,
+    dev: &mut crate::delayed::DeviceDelayed,
+    extra: Option<f32>,
+) -> Result<bool> {
+    if let Some(a) = extra {
+        cpu.record(a);
+        gpu.delayed_record(dev, &gpu.upload(&[a.to_bits()])?)?;
+    }
+    cpu.update();
+    gpu.delayed_update(dev)?;
+    Ok(gpu.download(&dev.scale)?[0].to_bits() == cpu.scale().to_bits())
+}
+
 fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use octet_fp8::{AmaxAlgo, DelayedState};
     let (rows, cols) = (128, 256);
@@ -1728,13 +1746,7 @@ fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 8 => Some(f32::NAN),
                 _ => None,
             };
-            if let Some(a) = bad {
-                cpu.record(a);
-                gpu.delayed_record(&mut dev, &gpu.upload(&[a.to_bits()])?)?;
-            }
-            cpu.update();
-            gpu.delayed_update(&mut dev)?;
-            if gpu.download(&dev.scale)?[0].to_bits() != cpu.scale().to_bits() {
+            if !delayed_step(gpu, &mut cpu, &mut dev, bad)? {
                 scale_bad += 1;
             }
         }
@@ -1743,11 +1755,7 @@ fn delayed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         // (the margin applies before the division and the cap).
         let tail = [0.0f32, 0.0, 5e-37, 5e-37, 5e-37, 5e-37, 6e-35, 0.0];
         for a in tail {
-            cpu.record(a);
-            gpu.delayed_record(&mut dev, &gpu.upload(&[a.to_bits()])?)?;
-            cpu.update();
-            gpu.delayed_update(&mut dev)?;
-            if gpu.download(&dev.scale)?[0].to_bits() != cpu.scale().to_bits() {
+            if !delayed_step(gpu, &mut cpu, &mut dev, Some(a))? {
                 scale_bad += 1;
             }
         }

@@ -2,6 +2,8 @@
 //! flag or field and its limit, never a wrapped product, a panic or a
 //! run that trains nothing.
 
+mod common;
+
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::DType;
 use octet_train::checkpoint;
@@ -139,16 +141,8 @@ fn checkpoint_files_with_absurd_numbers_are_errors_naming_the_field() {
 fn resuming_a_finished_run_is_an_error_not_an_empty_run() {
     let out = tmpdir("resume");
     let cfg = TrainConfig {
-        name: "done".into(),
-        out_dir: out.clone(),
-        model: "tiny".into(),
-        recipe: "bf16".into(),
-        batch: 2,
-        seq: 16,
-        steps: 2,
         eval_batches: 1,
-        sample_tokens: 0,
-        ..Default::default()
+        ..common::quick_run("done", &out, 2)
     };
     train(&cfg, None, &mut Quiet).unwrap();
     let ck = out.join("done").join("checkpoints").join("step_000002");
@@ -345,18 +339,7 @@ fn param_shapes(model: &Llama) -> Vec<(String, Vec<usize>)> {
 #[test]
 fn a_resume_checks_the_tokenizer_and_seq_against_the_checkpoint() {
     let out = tmpdir("resume-dims");
-    let cfg = TrainConfig {
-        name: "tiny".into(),
-        out_dir: out.clone(),
-        model: "tiny".into(),
-        recipe: "bf16".into(),
-        batch: 2,
-        seq: 16,
-        steps: 1,
-        eval_batches: 0,
-        sample_tokens: 0,
-        ..Default::default()
-    };
+    let cfg = common::quick_run("tiny", &out, 1);
     train(&cfg, None, &mut Quiet).unwrap();
     let ck = out.join("tiny").join("checkpoints").join("step_000001");
     let more = TrainConfig {

@@ -1,6 +1,8 @@
 //! The model's gradients against finite differences in f64, checkpoint round
 //! trips and corruption, and bit-exact resume.
 
+mod common;
+
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
@@ -392,18 +394,7 @@ fn a_recomputing_run_gives_the_same_losses_with_less_saved() {
 #[test]
 fn a_resumed_run_takes_its_own_adamw_settings() {
     let out = tmpdir("resume-adamw");
-    let cfg = TrainConfig {
-        name: "first".into(),
-        out_dir: out.clone(),
-        model: "tiny".into(),
-        recipe: "bf16".into(),
-        batch: 2,
-        seq: 16,
-        steps: 2,
-        eval_batches: 0,
-        sample_tokens: 0,
-        ..Default::default()
-    };
+    let cfg = common::quick_run("first", &out, 2);
     train(&cfg, None, &mut Quiet).unwrap();
     let ck = out.join("first").join("checkpoints").join("step_000002");
     let mut again = TrainConfig {
