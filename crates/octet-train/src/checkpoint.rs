@@ -573,13 +573,48 @@ pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
 
 /// Read `config.json` from a checkpoint directory and check its dimensions
 /// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
+/// Hugging Face fields that change the forward and that the model does not
+/// implement are errors, not dropped: a `rope_scaling` other than `null` or
+/// `{"rope_type": "default"}` (Llama 3.1+'s `llama3`, `linear`, `dynamic`,
+/// `yarn` ...), a non-zero `attention_dropout`, a `hidden_act` other than
+/// `silu`.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
     let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
-    let cfg: LlamaConfig = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    unsupported_hf_fields(&raw).map_err(bad)?;
+    let cfg: LlamaConfig = serde_json::from_value(raw).map_err(|e| bad(e.to_string()))?;
     cfg.validate().map_err(|e| bad(e.to_string()))?;
     Ok(cfg)
+}
+
+/// The first Hugging Face `config.json` field that would change the forward
+/// in a way [`LlamaConfig`] does not model (see [`load_config`]).
+fn unsupported_hf_fields(raw: &serde_json::Value) -> std::result::Result<(), String> {
+    use serde_json::Value;
+    match raw.get("rope_scaling") {
+        None | Some(Value::Null) => {}
+        Some(rs) => {
+            let kind = rs.get("rope_type").or_else(|| rs.get("type"));
+            if kind.and_then(Value::as_str) != Some("default") {
+                return Err(format!(
+                    "rope_scaling {rs} is not supported (only unscaled RoPE with rope_theta)"
+                ));
+            }
+        }
+    }
+    if let Some(p) = raw.get("attention_dropout") {
+        if !(p.is_null() || p.as_f64() == Some(0.0)) {
+            return Err(format!("attention_dropout {p} is not supported (only 0)"));
+        }
+    }
+    if let Some(act) = raw.get("hidden_act") {
+        if !(act.is_null() || act.as_str() == Some("silu")) {
+            return Err(format!("hidden_act {act} is not supported (only silu)"));
+        }
+    }
+    Ok(())
 }
 
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
@@ -1084,6 +1119,48 @@ mod tests {
         std::fs::write(ck.join("model.safetensors"), b"").expect("write the model");
         assert_eq!(latest_checkpoint(&parent).expect("a checkpoint"), Some(ck));
         let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    /// Hugging Face config fields that change the forward and that the model
+    /// does not implement (RoPE scaling, attention dropout, another
+    /// activation) are errors naming the field, not silently dropped; their
+    /// no-op values load.
+    #[test]
+    fn unsupported_hugging_face_config_fields_are_errors() {
+        let dir = tmpdir("hf-config");
+        std::fs::create_dir_all(&dir).expect("create the directory");
+        let base = r#""vocab_size": 16, "hidden_size": 8, "intermediate_size": 12,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 500000.0"#;
+        let load = |extra: &str| {
+            let text = format!("{{{base}{extra}}}");
+            std::fs::write(dir.join("config.json"), text).expect("write config.json");
+            load_config(&dir)
+        };
+        for ok in [
+            "",
+            r#", "rope_scaling": null"#,
+            r#", "rope_scaling": {"rope_type": "default"}"#,
+            r#", "attention_dropout": 0.0, "hidden_act": "silu""#,
+        ] {
+            assert!(load(ok).is_ok(), "{ok}: {:?}", load(ok));
+        }
+        for (bad, field) in [
+            (
+                r#", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
+                "rope_scaling",
+            ),
+            (
+                r#", "rope_scaling": {"type": "linear", "factor": 2.0}"#,
+                "rope_scaling",
+            ),
+            (r#", "attention_dropout": 0.1"#, "attention_dropout"),
+            (r#", "hidden_act": "gelu""#, "hidden_act"),
+        ] {
+            let e = load(bad).expect_err(bad).to_string();
+            assert!(e.contains(field) && e.contains("config.json"), "{e}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     fn tmpdir(tag: &str) -> PathBuf {
