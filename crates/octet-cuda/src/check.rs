@@ -1322,9 +1322,19 @@ fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> R
 /// 200, past the attention kernel's 8-warp stride many times over.
 fn decode_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for (preset, steps) in [("tiny", 48u32), ("small", 200)] {
-        decode_model_cases(gpu, preset, steps, out)?;
+        decode_model_cases(gpu, preset, None, steps, out)?;
     }
-    Ok(())
+    // Llama 3's RoPE scaling, stretched so that 200 positions turn most of
+    // the small model's 16 frequencies differently from plain RoPE: the GPU
+    // decoder's rotary tables must follow the CPU's.
+    let llama3 = octet_nn::llama::RopeScaling {
+        rope_type: "llama3".into(),
+        factor: Some(8.0),
+        low_freq_factor: Some(1.0),
+        high_freq_factor: Some(8.0),
+        original_max_position_embeddings: Some(64),
+    };
+    decode_model_cases(gpu, "small", Some(llama3), 200, out)
 }
 
 /// Signal-to-noise ratio of `got` against `want`, in dB.
@@ -1344,6 +1354,7 @@ fn logits_sqnr(got: &[f32], want: &[f32]) -> f64 {
 fn decode_model_cases(
     gpu: &Gpu,
     preset: &str,
+    rope_scaling: Option<octet_nn::llama::RopeScaling>,
     steps: u32,
     out: &mut Vec<CaseResult>,
 ) -> Result<()> {
@@ -1351,7 +1362,17 @@ fn decode_model_cases(
     use octet_nn::decode::{DecodeModel, WeightStorage};
     use octet_nn::llama::{Llama, LlamaConfig};
     let shape = |e: octet_nn::Error| Error::Shape(e.to_string());
-    let cfg = LlamaConfig::preset(preset).map_err(shape)?;
+    let scaled = rope_scaling.is_some();
+    let cfg = LlamaConfig {
+        rope_scaling,
+        ..LlamaConfig::preset(preset).map_err(shape)?
+    };
+    cfg.validate().map_err(shape)?;
+    let preset = if scaled {
+        format!("{preset} (llama3 RoPE scaling)")
+    } else {
+        preset.to_string()
+    };
     let model = Llama::new_random(&cfg, octet_tensor::DType::F32, None, 17).map_err(shape)?;
     let w: std::collections::HashMap<String, octet_tensor::Tensor> = model
         .params()
@@ -1429,9 +1450,9 @@ fn decode_model_cases(
                 "logits differ".into()
             },
         });
-        generate_cases(gpu, preset, label, (&cfg, &w, gw), &tokens, out)?;
+        generate_cases(gpu, &preset, label, (&cfg, &w, gw), &tokens, out)?;
     }
-    sample_cases(gpu, preset, &cfg, &w, out)
+    sample_cases(gpu, &preset, &cfg, &w, out)
 }
 
 /// How far `u` is from the nearest running share at which the host's
@@ -3100,6 +3121,7 @@ pub(crate) fn test_config(
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         tie_word_embeddings: false,
+        rope_scaling: None,
     }
 }
 

@@ -289,8 +289,8 @@ impl<'g> GpuDecoder<'g> {
             get("lm_head.weight")?
         };
         let buf = Buffers::new(gpu, cfg, 1, att_runs)?;
-        let rope = octet_nn::rope::Rope::new(d, cfg.max_position_embeddings, cfg.rope_theta)
-            .map_err(|e| Error::Shape(e.to_string()))?;
+        let rope =
+            octet_nn::rope::Rope::for_config(cfg).map_err(|e| Error::Shape(e.to_string()))?;
         let (cos, sin) = rope.tables_f32();
         Ok(GpuDecoder {
             gpu,

@@ -743,9 +743,7 @@ fn block_matrix_slots(i: usize) -> [usize; 7] {
 
 /// The rotary tables `(cos, sin)` of `cfg` on the device.
 fn rope_tables(gpu: &Gpu, cfg: &LlamaConfig) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
-    let rope =
-        octet_nn::rope::Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)
-            .map_err(|e| Error::Shape(e.to_string()))?;
+    let rope = octet_nn::rope::Rope::for_config(cfg).map_err(|e| Error::Shape(e.to_string()))?;
     let (cos, sin) = rope.tables_f32();
     Ok((gpu.upload(&cos)?, gpu.upload(&sin)?))
 }

@@ -235,15 +235,15 @@ impl DecodeModel {
             x.extend_from_slice(&self.embed[t * c..(t + 1) * c]);
         }
         let eps = cfg.rms_norm_eps;
-        let theta = cfg.rope_theta;
+        let inv_freq = cfg.rope_inv_freq();
         let start = self.len;
         for blk in &mut self.blocks {
             let h = rms_norm(&x, &blk.attn_norm, eps);
             let mut q = blk.q.apply(&h, m)?;
             let mut k = blk.k.apply(&h, m)?;
             let vv = blk.v.apply(&h, m)?;
-            rope(&mut q, m, hq, d, start, theta);
-            rope(&mut k, m, hkv, d, start, theta);
+            rope(&mut q, m, hq, d, start, &inv_freq);
+            rope(&mut k, m, hkv, d, start, &inv_freq);
             blk.k_cache.extend_from_slice(&k);
             blk.v_cache.extend_from_slice(&vv);
             let a = attend(&q, &blk.k_cache, &blk.v_cache, m, start, hq, hkv, d);
@@ -286,12 +286,12 @@ fn rms_norm(x: &[f32], g: &[f32], eps: f64) -> Vec<f32> {
 
 /// Rotary embedding of `(m, heads, d)` rows at positions `start..start+m`
 /// (the same rotation as [`crate::rope::Rope`]: pairs `(i, i + d/2)`).
-fn rope(x: &mut [f32], m: usize, heads: usize, d: usize, start: usize, theta: f64) {
+fn rope(x: &mut [f32], m: usize, heads: usize, d: usize, start: usize, inv_freq: &[f64]) {
     let half = d / 2;
     for t in 0..m {
         let pos = (start + t) as f64;
-        for i in 0..half {
-            let a = pos * theta.powf(-2.0 * i as f64 / d as f64);
+        for (i, &f) in inv_freq.iter().enumerate().take(half) {
+            let a = pos * f;
             let (c, s) = (a.cos() as f32, a.sin() as f32);
             for h in 0..heads {
                 let base = (t * heads + h) * d;

@@ -69,6 +69,71 @@ pub struct LlamaConfig {
     /// Whether the LM head shares the embedding matrix (then there is no `lm_head.weight`).
     #[serde(default)]
     pub tie_word_embeddings: bool,
+    /// Hugging Face's `rope_scaling`: how the rotary frequencies are
+    /// stretched for long contexts (`None`: plain `rope_theta`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rope_scaling: Option<RopeScaling>,
+}
+
+/// Hugging Face's `rope_scaling` entry of `config.json`, for the kinds this
+/// model implements ([`LlamaConfig::rope_inv_freq`]): `default` (none),
+/// `linear` (every frequency divided by `factor`) and `llama3` (Llama 3.1 and
+/// later: long wavelengths divided by `factor`, short ones kept, a smooth
+/// blend between). Any other kind is refused by [`LlamaConfig::validate`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RopeScaling {
+    /// `default`, `linear` or `llama3` (older configs call the key `type`).
+    #[serde(alias = "type")]
+    pub rope_type: String,
+    /// How much longer the context is than the one trained (linear, llama3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub factor: Option<f64>,
+    /// llama3: wavelengths above `original_max_position_embeddings / low_freq_factor` are divided by `factor`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub low_freq_factor: Option<f64>,
+    /// llama3: wavelengths below `original_max_position_embeddings / high_freq_factor` are kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_freq_factor: Option<f64>,
+    /// llama3: the context length of the model before scaling.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_max_position_embeddings: Option<usize>,
+}
+
+/// A `rope_scaling` this model implements, with the numbers its kind needs:
+/// `default`; `linear` with a finite `factor` above 0; `llama3` with a
+/// `factor`, `low_freq_factor` below `high_freq_factor` (all finite, above
+/// 0) and an `original_max_position_embeddings` above 0.
+fn check_rope_scaling(rs: &RopeScaling) -> Result<()> {
+    let positive = |name: &str, v: Option<f64>| match v {
+        Some(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(Error::Config(format!(
+            "rope_scaling {} needs {name} finite and above 0, got {v:?}",
+            rs.rope_type
+        ))),
+    };
+    match rs.rope_type.as_str() {
+        "default" => Ok(()),
+        "linear" => positive("factor", rs.factor).map(|_| ()),
+        "llama3" => {
+            positive("factor", rs.factor)?;
+            let low = positive("low_freq_factor", rs.low_freq_factor)?;
+            let high = positive("high_freq_factor", rs.high_freq_factor)?;
+            if low >= high {
+                return Err(Error::Config(format!(
+                    "rope_scaling llama3 needs low_freq_factor {low} below high_freq_factor {high}"
+                )));
+            }
+            match rs.original_max_position_embeddings {
+                Some(n) if n > 0 => Ok(()),
+                n => Err(Error::Config(format!(
+                    "rope_scaling llama3 needs original_max_position_embeddings above 0, got {n:?}"
+                ))),
+            }
+        }
+        other => Err(Error::Config(format!(
+            "rope_scaling type '{other}' is not supported (default, linear, llama3)"
+        ))),
+    }
 }
 
 impl LlamaConfig {
@@ -96,9 +161,53 @@ impl LlamaConfig {
             rms_norm_eps: 1e-5,
             rope_theta: 10000.0,
             tie_word_embeddings: false,
+            rope_scaling: None,
         };
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// The rotary inverse frequencies, `D / 2` of them: `rope_theta^(-2i / D)`,
+    /// then `rope_scaling`'s stretch as Hugging Face's `transformers` computes
+    /// it (`linear`: divided by `factor`; `llama3`: a wavelength `2 pi / f`
+    /// above `original / low_freq_factor` divided by `factor`, one below
+    /// `original / high_freq_factor` kept, and between them
+    /// `(1 - s) f / factor + s f` with `s = (original / wavelength -
+    /// low_freq_factor) / (high_freq_factor - low_freq_factor)`). The scaling
+    /// is checked by [`LlamaConfig::validate`]; an unchecked unknown kind
+    /// leaves the frequencies plain.
+    pub fn rope_inv_freq(&self) -> Vec<f64> {
+        let d = self.head_dim();
+        let plain = (0..d / 2).map(|i| self.rope_theta.powf(-2.0 * i as f64 / d as f64));
+        let Some(rs) = &self.rope_scaling else {
+            return plain.collect();
+        };
+        let factor = rs.factor.unwrap_or(1.0);
+        match rs.rope_type.as_str() {
+            "linear" => plain.map(|f| f / factor).collect(),
+            "llama3" => {
+                let (low, high) = (
+                    rs.low_freq_factor.unwrap_or(1.0),
+                    rs.high_freq_factor.unwrap_or(1.0),
+                );
+                let original = rs.original_max_position_embeddings.unwrap_or(1) as f64;
+                let (low_wavelen, high_wavelen) = (original / low, original / high);
+                plain
+                    .map(|f| {
+                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        if wavelen < high_wavelen {
+                            f
+                        } else if wavelen > low_wavelen {
+                            f / factor
+                        } else {
+                            let s = (original / wavelen - low) / (high - low);
+                            (1.0 - s) * f / factor + s * f
+                        }
+                    })
+                    .collect()
+            }
+            _ => plain.collect(),
+        }
     }
 
     /// Head dimension `D = C / Hq`.
@@ -144,6 +253,9 @@ impl LlamaConfig {
                 "rms_norm_eps {} must be finite and not negative",
                 self.rms_norm_eps
             ));
+        }
+        if let Some(rs) = &self.rope_scaling {
+            check_rope_scaling(rs)?;
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
             return bad(format!(
@@ -665,7 +777,7 @@ impl Llama {
             next()?
         };
         let lm_head = Linear::new(head_weight, None, None, true)?;
-        let rope = Rope::new(cfg.head_dim(), cfg.max_position_embeddings, cfg.rope_theta)?;
+        let rope = Rope::for_config(cfg)?;
         Ok(Llama {
             cfg: cfg.clone(),
             embed,

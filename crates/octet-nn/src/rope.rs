@@ -24,12 +24,38 @@ impl Rope {
     /// `max_seq * head_dim / 2` may not exceed
     /// [`MAX_ROPE_ENTRIES`](crate::llama::MAX_ROPE_ENTRIES).
     pub fn new(head_dim: usize, max_seq: usize, theta: f64) -> Result<Rope> {
+        let inv_freq: Vec<f64> = (0..head_dim / 2)
+            .map(|i| theta.powf(-2.0 * i as f64 / head_dim as f64))
+            .collect();
+        Rope::with_inv_freq(head_dim, max_seq, &inv_freq)
+    }
+
+    /// Tables for a model: its head dimension, `max_position_embeddings`
+    /// positions and [`LlamaConfig::rope_inv_freq`](crate::llama::LlamaConfig::rope_inv_freq)
+    /// (`rope_theta` with any `rope_scaling`).
+    pub fn for_config(cfg: &crate::llama::LlamaConfig) -> Result<Rope> {
+        Rope::with_inv_freq(
+            cfg.head_dim(),
+            cfg.max_position_embeddings,
+            &cfg.rope_inv_freq(),
+        )
+    }
+
+    /// Tables whose pair `i` turns by angle `t * inv_freq[i]` at position
+    /// `t` (`inv_freq` holds `head_dim / 2` frequencies).
+    pub fn with_inv_freq(head_dim: usize, max_seq: usize, inv_freq: &[f64]) -> Result<Rope> {
         if head_dim == 0 || !head_dim.is_multiple_of(2) || max_seq == 0 {
             return Err(Error::Shape(format!(
                 "RoPE needs an even head_dim and max_seq > 0, got {head_dim}, {max_seq}"
             )));
         }
         let half = head_dim / 2;
+        if inv_freq.len() != half {
+            return Err(Error::Shape(format!(
+                "RoPE needs head_dim / 2 = {half} frequencies, got {}",
+                inv_freq.len()
+            )));
+        }
         let max = crate::llama::MAX_ROPE_ENTRIES;
         let entries = match max_seq.checked_mul(half) {
             Some(n) if n <= max => n,
@@ -41,8 +67,8 @@ impl Rope {
         };
         let (mut cos, mut sin) = (Vec::with_capacity(entries), Vec::with_capacity(entries));
         for t in 0..max_seq {
-            for i in 0..half {
-                let a = t as f64 * theta.powf(-2.0 * i as f64 / head_dim as f64);
+            for &f in inv_freq {
+                let a = t as f64 * f;
                 cos.push(a.cos());
                 sin.push(a.sin());
             }

@@ -4,12 +4,15 @@ use octet_fp8::tolerance::sqnr_db;
 use octet_nn::decode::{
     check_logits, check_sampling, sample, sample_shares, DecodeModel, WeightStorage,
 };
-use octet_nn::llama::{Llama, LlamaConfig};
+use octet_nn::llama::{Llama, LlamaConfig, RopeScaling};
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
 
 fn model(seed: u64) -> (LlamaConfig, Llama, HashMap<String, Tensor>) {
-    let cfg = LlamaConfig::preset("tiny").unwrap();
+    model_of(LlamaConfig::preset("tiny").unwrap(), seed)
+}
+
+fn model_of(cfg: LlamaConfig, seed: u64) -> (LlamaConfig, Llama, HashMap<String, Tensor>) {
     let m = Llama::new_random(&cfg, DType::F32, None, seed).unwrap();
     let w = m
         .params()
@@ -30,9 +33,76 @@ fn rms(a: &[f32]) -> f64 {
     (a.iter().map(|&x| (x as f64).powi(2)).sum::<f64>() / a.len() as f64).sqrt()
 }
 
+/// The tiny model with Llama 3's RoPE scaling, its four frequencies (1, 0.1,
+/// 0.01, 0.001) one in each band: kept, kept, blended, divided.
+fn llama3_tiny() -> LlamaConfig {
+    LlamaConfig {
+        rope_scaling: Some(RopeScaling {
+            rope_type: "llama3".into(),
+            factor: Some(8.0),
+            low_freq_factor: Some(1.0),
+            high_freq_factor: Some(16.0),
+            original_max_position_embeddings: Some(1024),
+        }),
+        ..LlamaConfig::preset("tiny").unwrap()
+    }
+}
+
+#[test]
+fn llama3_rope_scaling_stretches_the_long_wavelengths_as_hugging_face_does() {
+    let cfg = llama3_tiny();
+    cfg.validate().unwrap();
+    let f = cfg.rope_inv_freq();
+    // Wavelengths 2 pi / f: 6.3 and 63 are below 1024 / 16 = 64 (kept), 6283
+    // is above 1024 / 1 (divided by 8), 628 is between: the blend with
+    // s = (1024 / 628.3 - 1) / (16 - 1).
+    let s = (1024.0 * 0.01 / (2.0 * std::f64::consts::PI) - 1.0) / 15.0;
+    let want = [1.0, 0.1, 0.01 * ((1.0 - s) / 8.0 + s), 0.001 / 8.0];
+    assert_eq!(f.len(), 4);
+    for (i, (g, w)) in f.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= 1e-15 * w, "frequency {i}: {g} vs {w}");
+    }
+    // Linear scaling divides every frequency.
+    let linear = LlamaConfig {
+        rope_scaling: Some(RopeScaling {
+            rope_type: "linear".into(),
+            factor: Some(4.0),
+            low_freq_factor: None,
+            high_freq_factor: None,
+            original_max_position_embeddings: None,
+        }),
+        ..LlamaConfig::preset("tiny").unwrap()
+    };
+    let plain = LlamaConfig::preset("tiny").unwrap().rope_inv_freq();
+    for (g, p) in linear.rope_inv_freq().iter().zip(&plain) {
+        assert_eq!(*g, p / 4.0);
+    }
+    // Kinds not implemented, and llama3 without its numbers, are refused.
+    for bad in ["yarn", "dynamic", "longrope"] {
+        let mut c = llama3_tiny();
+        if let Some(rs) = c.rope_scaling.as_mut() {
+            rs.rope_type = bad.into();
+        }
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains(bad), "{e}");
+    }
+    let mut c = llama3_tiny();
+    if let Some(rs) = c.rope_scaling.as_mut() {
+        rs.low_freq_factor = Some(32.0);
+    }
+    assert!(c.validate().is_err());
+}
+
 #[test]
 fn prefill_and_cached_steps_match_the_training_forward() {
-    let (cfg, mut train, w) = model(3);
+    prefill_and_cached_steps_match(model(3));
+    // The decoder's rotary angles follow the model's under RoPE scaling too.
+    prefill_and_cached_steps_match(model_of(llama3_tiny(), 3));
+}
+
+fn prefill_and_cached_steps_match(
+    (cfg, mut train, w): (LlamaConfig, Llama, HashMap<String, Tensor>),
+) {
     let tokens: Vec<u32> = (0..23u32).map(|i| (i * 37 + 5) % 256).collect();
     let want = train.logits(&tokens, 1, tokens.len()).unwrap().to_f32_vec();
     // Prefill of the whole prompt.

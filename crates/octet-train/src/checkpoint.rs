@@ -574,10 +574,10 @@ pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
 /// Read `config.json` from a checkpoint directory and check its dimensions
 /// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
 /// Hugging Face fields that change the forward and that the model does not
-/// implement are errors, not dropped: a `rope_scaling` other than `null` or
-/// `{"rope_type": "default"}` (Llama 3.1+'s `llama3`, `linear`, `dynamic`,
-/// `yarn` ...), a non-zero `attention_dropout`, a `hidden_act` other than
-/// `silu`.
+/// implement are errors, not dropped: a `rope_scaling` kind other than
+/// `default`, `linear` and `llama3` (Llama 3.1+; see
+/// [`LlamaConfig::rope_inv_freq`]), a non-zero `attention_dropout`, a
+/// `hidden_act` other than `silu`.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
@@ -592,18 +592,8 @@ pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
 /// The first Hugging Face `config.json` field that would change the forward
 /// in a way [`LlamaConfig`] does not model (see [`load_config`]).
 fn unsupported_hf_fields(raw: &serde_json::Value) -> std::result::Result<(), String> {
-    use serde_json::Value;
-    match raw.get("rope_scaling") {
-        None | Some(Value::Null) => {}
-        Some(rs) => {
-            let kind = rs.get("rope_type").or_else(|| rs.get("type"));
-            if kind.and_then(Value::as_str) != Some("default") {
-                return Err(format!(
-                    "rope_scaling {rs} is not supported (only unscaled RoPE with rope_theta)"
-                ));
-            }
-        }
-    }
+    // `rope_scaling` is a field of `LlamaConfig`, whose `validate` refuses
+    // the kinds it does not implement.
     if let Some(p) = raw.get("attention_dropout") {
         if !(p.is_null() || p.as_f64() == Some(0.0)) {
             return Err(format!("attention_dropout {p} is not supported (only 0)"));
@@ -1141,17 +1131,23 @@ mod tests {
             "",
             r#", "rope_scaling": null"#,
             r#", "rope_scaling": {"rope_type": "default"}"#,
+            r#", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
+            r#", "rope_scaling": {"type": "linear", "factor": 2.0}"#,
             r#", "attention_dropout": 0.0, "hidden_act": "silu""#,
         ] {
             assert!(load(ok).is_ok(), "{ok}: {:?}", load(ok));
         }
         for (bad, field) in [
             (
-                r#", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
+                r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
                 "rope_scaling",
             ),
             (
-                r#", "rope_scaling": {"type": "linear", "factor": 2.0}"#,
+                r#", "rope_scaling": {"rope_type": "llama3", "factor": 32.0}"#,
+                "rope_scaling",
+            ),
+            (
+                r#", "rope_scaling": {"type": "linear", "factor": -2.0}"#,
                 "rope_scaling",
             ),
             (r#", "attention_dropout": 0.1"#, "attention_dropout"),

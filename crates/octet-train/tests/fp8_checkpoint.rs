@@ -23,6 +23,7 @@ fn cfg() -> LlamaConfig {
         rms_norm_eps: 1e-5,
         rope_theta: 10000.0,
         tie_word_embeddings: false,
+        rope_scaling: None,
     }
 }
 
