@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Thirty-sixth session, call d ($OUT set; carry dev-bin: octet.gz = HEAD, after the
+# review's fixes and RoPE scaling: LlamaConfig applies Hugging Face's linear and
+# llama3 rope_scaling, the GPU model and decoder through Rope::for_config). The
+# full selftest (new: decode cases of the small model under llama3 scaling
+# against the CPU decoder), the trainer smoke test of the thirty-fifth session's
+# call e, and decode speed (FP8 against bf16 weights, same run).
+set -uo pipefail
+t0=$SECONDS
+gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/*
+. bench/session12_runs.sh
+R=/tmp/r36d; mkdir -p $R
+B=$PWD/dev-bin/octet
+{
+timeout 400 $B selftest --device cuda > $R/selftest.txt 2>&1
+echo "selftest rc=$? ($((SECONDS-t0)) s): $(selftest_counts $R/selftest.txt)"
+grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
+grep -a "llama3" $R/selftest.txt | tr -s ' ' | cut -c1-200
+O=$R/runs
+(cd $R
+$B train --device cuda --model tiny --steps 6 --out-dir $O --name pre > pre.txt 2>&1
+echo "train rc=$? ($((SECONDS-t0)) s): $(tail -2 pre.txt | tr -s ' ' | paste -sd' ' | cut -c1-300)"
+CK=$O/pre/checkpoints/$(cat $O/pre/checkpoints/latest)
+$B lora --device cuda --base $CK --model tiny --steps 4 --out-dir $O --name ad > lora.txt 2>&1
+echo "lora rc=$? ($((SECONDS-t0)) s): $(tail -2 lora.txt | tr -s ' ' | paste -sd' ' | cut -c1-300)"
+$B generate --device cuda --checkpoint $CK --prompt "ROMEO:" --max-tokens 40 > gen.txt 2>&1
+echo "generate rc=$? ($((SECONDS-t0)) s): $(tail -3 gen.txt | tr -s ' ' | paste -sd' ' | cut -c1-300)"
+)
+timeout 200 $B generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 --temperature 0 > $R/decode.txt 2>&1
+echo "decode 1b rc=$? ($((SECONDS-t0)) s): $(generate_rows $R/decode.txt)"
+echo "done ($((SECONDS-t0)) s)"
+} 2>&1 | tee $OUT/summary.txt
+gzip -c $R/selftest.txt > $OUT/selftest.txt.gz
+cp $R/decode.txt $OUT/
