@@ -53,6 +53,27 @@ pub fn checked_numel(shape: &[usize]) -> Result<usize> {
         })
 }
 
+/// `x` rounded once to the nearest bf16, ties to even.
+///
+/// `half`'s `bf16::from_f64` drops the low 32 bits of the f64 before it
+/// rounds, so a value just above a tie (`1 + 2^-8 + 2^-30`) rounds as the tie
+/// would, down to even. Here `x` goes to f32 with round-to-odd (the
+/// discarded bits leave a sticky 1 in the last place), which f32's 16 spare
+/// bits over bf16 make a single correct rounding when f32 then rounds to bf16.
+fn bf16_from_f64(x: f64) -> bf16 {
+    let f = x as f32;
+    if !f.is_finite() || f as f64 == x {
+        // NaN, an overflow (inf in bf16 as well), or exact in f32.
+        return bf16::from_f32(f);
+    }
+    let mut bits = f.to_bits();
+    if (f as f64).abs() > x.abs() {
+        // Rounded away from zero: step back toward zero (sign-magnitude bits).
+        bits -= 1;
+    }
+    bf16::from_f32(f32::from_bits(bits | 1))
+}
+
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
     let n = checked_numel(shape)?;
     if n != len {
@@ -196,8 +217,8 @@ impl Tensor {
             DType::F32 => Data::F32(self.to_f32_vec()),
             DType::F64 => Data::F64(self.to_f64_vec()),
             DType::Bf16 => Data::Bf16(match &self.data {
-                // From f64, round once: through f32 would round twice.
-                Data::F64(v) => v.iter().map(|&x| bf16::from_f64(x)).collect(),
+                // From f64, round once (see `bf16_from_f64`).
+                Data::F64(v) => v.iter().map(|&x| bf16_from_f64(x)).collect(),
                 _ => self.to_f32_vec().into_iter().map(bf16::from_f32).collect(),
             }),
         };
