@@ -44,7 +44,15 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// Whether a point is drawn: both coordinates finite.
+fn plottable(p: &(f64, f64)) -> bool {
+    p.0.is_finite() && p.1.is_finite()
+}
+
 /// Draw `series` into a PNG at `path` (800x500) with a title and axis labels.
+///
+/// Points with a non-finite coordinate are left out; no point left, or values
+/// whose span overflows f64, is an error naming the path.
 pub fn line_plot(
     path: &Path,
     title: &str,
@@ -56,7 +64,7 @@ pub fn line_plot(
     let pts = series
         .iter()
         .flat_map(|s| s.points.iter())
-        .filter(|p| p.1.is_finite());
+        .filter(|p| plottable(p));
     let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, f64::MIN, f64::MAX, f64::MIN);
     for &(x, y) in pts {
         x0 = x0.min(x);
@@ -70,7 +78,20 @@ pub fn line_plot(
     if x1 == x0 {
         x1 = x0 + 1.0;
     }
+    // Axes whose span overflows f64 make plotters' tick search loop forever.
+    for (axis, lo, hi) in [("x", x0, x1), ("y", y0, y1)] {
+        if !(hi - lo).is_finite() {
+            return Err(err(format!(
+                "{axis} values from {lo:e} to {hi:e} span more than an f64 holds"
+            )));
+        }
+    }
     let pad = ((y1 - y0) * 0.05).max(1e-6);
+    // The padding only where the padded span stays finite.
+    let (y_lo, y_hi) = match (y0 - pad, y1 + pad) {
+        (lo, hi) if (hi - lo).is_finite() => (lo, hi),
+        _ => (y0, y1),
+    };
     let text = font_ready();
     let root = BitMapBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
@@ -83,7 +104,7 @@ pub fn line_plot(
             .y_label_area_size(60);
     }
     let mut chart = builder
-        .build_cartesian_2d(x0..x1, (y0 - pad)..(y1 + pad))
+        .build_cartesian_2d(x0..x1, y_lo..y_hi)
         .map_err(|e| err(e.to_string()))?;
     let mut mesh = chart.configure_mesh();
     if text {
@@ -96,7 +117,7 @@ pub fn line_plot(
         let color = Palette99::pick(i).to_rgba();
         let line = chart
             .draw_series(LineSeries::new(
-                s.points.iter().copied().filter(|p| p.1.is_finite()),
+                s.points.iter().copied().filter(plottable),
                 color.stroke_width(2),
             ))
             .map_err(|e| err(e.to_string()))?;
