@@ -35,7 +35,7 @@ pub struct BenchArgs {
     /// 16384x8192 on the GPU).
     #[arg(long)]
     tensor: Option<String>,
-    /// Timed repetitions per figure (the median is reported).
+    /// Timed repetitions per figure (the median is reported; at least 1).
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// `bench mixed`: rows of the activation, M[,M...].
@@ -102,6 +102,13 @@ pub fn run(a: BenchArgs) -> anyhow::Result<()> {
         };
         return crate::gpu::bench(&mut g, part, a.json.as_deref());
     }
+    // `median_secs` times at least one run: a header saying "median of 0
+    // runs" would not be what was measured.
+    anyhow::ensure!(
+        a.reps >= 1 || matches!(a.op, Op::Attention),
+        "--reps {}: give at least 1 timed run",
+        a.reps
+    );
     let rows = match a.op {
         Op::Quantize => quantize(&a)?,
         Op::Gemm => gemm(&a)?,
@@ -351,7 +358,7 @@ fn mixed(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
         limit_cpu_simd(CpuSimd::from_name(name)?).context("--cpu-simd")?;
     }
     let simd = cpu_simd();
-    let reps = a.reps.max(1);
+    let reps = a.reps;
     let ms = parse_list(a.m.as_deref().unwrap_or("1,4,16,64")).context("--m")?;
     let kns: Vec<(usize, usize)> =
         a.kn.as_deref()

@@ -1,7 +1,8 @@
 //! Errors found before training, by the `octet` binary: an output directory
 //! that cannot be made (named once, with its path), bad floating-point
 //! flags, a LoRA resume with other settings or another base; and the
-//! CPU-sharded run's `--no-save` and `--eval-batches 0`.
+//! CPU-sharded run's `--no-save` and `--eval-batches 0`; a CPU benchmark's
+//! `--reps 0`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -187,5 +188,21 @@ fn sharded_cpu_runs_respect_no_save_and_report_no_val_without_evaluation() {
         text.contains("val -,") && !text.contains("val 0.0000"),
         "{text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_cpu_benchmark_with_no_timed_runs_is_an_error_naming_the_flag() {
+    let dir = tmpdir("reps");
+    for op in ["gemm", "quantize", "linear", "mixed"] {
+        let (ok, text) = octet(
+            &dir,
+            &[
+                "bench", op, "--device", "cpu", "--reps", "0", "--shapes", "2x2x2", "--tensor",
+                "2x2", "--mib", "1", "--m", "1", "--kn", "2x2",
+            ],
+        );
+        assert!(!ok && text.contains("--reps 0"), "bench {op}: {text}");
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
