@@ -441,18 +441,30 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     if let Some(g) = &gpu {
         println!("octet compare on {}", g.info()?);
     }
+    // Every recipe's config is checked before any trains: a bad name late in
+    // --recipes must not cost the runs before it.
+    let cfgs = a
+        .recipes
+        .split(',')
+        .map(str::trim)
+        .map(|recipe| {
+            let mut cfg = base.clone();
+            cfg.recipe = recipe.to_string();
+            cfg.name = format!("{}-{recipe}", base.name);
+            cfg.sample_tokens = 0;
+            cfg.validate()
+                .with_context(|| format!("--recipes '{}'", a.recipes))?;
+            Ok(cfg)
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let mut runs = Vec::new();
     let mut series = Vec::new();
-    for recipe in a.recipes.split(',').map(str::trim) {
-        let mut cfg = base.clone();
-        cfg.recipe = recipe.to_string();
-        cfg.name = format!("{}-{recipe}", base.name);
-        cfg.sample_tokens = 0;
-        cfg.validate()?;
+    for cfg in &cfgs {
+        let recipe = cfg.recipe.as_str();
         let mut obs = bar(recipe);
         let result = match &gpu {
-            Some(g) => octet_train::gpu::train_gpu(&cfg, None, &mut obs, g),
-            None => train(&cfg, None, &mut obs),
+            Some(g) => octet_train::gpu::train_gpu(cfg, None, &mut obs, g),
+            None => train(cfg, None, &mut obs),
         };
         obs.bar.finish();
         // One recipe that cannot run here (a shape its GPU kernels refuse, say)

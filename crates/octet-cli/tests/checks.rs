@@ -2,7 +2,7 @@
 //! that cannot be made (named once, with its path), bad floating-point
 //! flags, a LoRA resume with other settings or another base; and the
 //! CPU-sharded run's `--no-save` and `--eval-batches 0`; a CPU benchmark's
-//! `--reps 0`.
+//! `--reps 0`; a bad name in `octet compare --recipes`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -204,5 +204,30 @@ fn a_cpu_benchmark_with_no_timed_runs_is_an_error_naming_the_flag() {
         );
         assert!(!ok && text.contains("--reps 0"), "bench {op}: {text}");
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compare_checks_every_recipe_before_training_any() {
+    let dir = tmpdir("compare");
+    let mut args = vec![
+        "compare",
+        "--recipes",
+        "bf16,bogus",
+        "--steps",
+        "2",
+        "--no-save",
+        "--name",
+        "cmp",
+        "--out-dir",
+        "runs",
+    ];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(!ok && text.contains("'bogus'"), "{text}");
+    assert!(
+        !dir.join("runs").join("cmp-bf16").exists(),
+        "bf16 trained before the bad recipe was found: {text}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
