@@ -1,6 +1,7 @@
 //! CPU reference kernels.
 
-use crate::{checked_numel, DType, Error, Result, Tensor};
+use crate::tensor::checked_alloc;
+use crate::{DType, Error, Result, Tensor};
 use gemm::Parallelism;
 use octet_fp8::convert::ToF32;
 use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Usage};
@@ -189,7 +190,8 @@ pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<
             if tb { "^T" } else { "" }
         )));
     }
-    checked_numel(&[m, n])?;
+    let f64s = a.as_f64().is_some() && b.as_f64().is_some();
+    checked_alloc(&[m, n], if f64s { 8 } else { 4 })?;
     match (a.as_f64(), b.as_f64()) {
         (Some(av), Some(bv)) => {
             Ok(Tensor::from_f64(&[m, n], gemm(m, n, k, av, ta, bv, tb))?.to_dtype(out))
@@ -230,7 +232,7 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
         )));
     }
     let (m, n, k) = (a.rows, b.rows, a.cols);
-    checked_numel(&[m, n])?;
+    checked_alloc(&[m, n], 4)?;
     let (da, db) = (decode_codes(a), decode_codes(b));
     let mut acc = vec![0f32; m * n];
     let mut part = vec![0f32; m * n];

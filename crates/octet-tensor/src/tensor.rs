@@ -74,6 +74,21 @@ fn bf16_from_f64(x: f64) -> bf16 {
     bf16::from_f32(f32::from_bits(bits | 1))
 }
 
+/// The element count of `shape`, or an error when `elem_bytes`-byte elements
+/// of that many would exceed the largest allocation (`isize::MAX` bytes), so
+/// that allocating them fails as an error rather than a "capacity overflow"
+/// panic.
+pub(crate) fn checked_alloc(shape: &[usize], elem_bytes: usize) -> Result<usize> {
+    let n = checked_numel(shape)?;
+    match n.checked_mul(elem_bytes) {
+        Some(b) if isize::try_from(b).is_ok() => Ok(n),
+        _ => Err(Error::Shape(format!(
+            "shape {shape:?}: {n} elements of {elem_bytes} bytes exceed the largest allocation ({} bytes)",
+            isize::MAX
+        ))),
+    }
+}
+
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
     let n = checked_numel(shape)?;
     if n != len {
@@ -117,9 +132,10 @@ impl Tensor {
         Tensor::from_f32(shape, data).map(|t| t.to_dtype(dtype))
     }
 
-    /// Zeros; errors if the element count of `shape` overflows `usize`.
+    /// Zeros; errors if the element count of `shape` overflows `usize` or
+    /// its bytes exceed the largest allocation.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
-        let n = checked_numel(shape)?;
+        let n = checked_alloc(shape, dtype.size())?;
         let data = match dtype {
             DType::F32 => Data::F32(vec![0.0; n]),
             DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),

@@ -54,3 +54,16 @@ fn row_sums_and_bias_of_a_matrix_without_columns() {
     let y = octet_tensor::cpu::add_bias(&x, &b).unwrap();
     assert_eq!(y.shape(), &[3, 0]);
 }
+
+#[test]
+fn outputs_too_large_to_allocate_are_errors_not_capacity_panics() {
+    // 2^61 f32 elements (2^63 bytes) fit in usize but in no allocation.
+    let a = Tensor::from_f32(&[1, 0], vec![]).unwrap();
+    let b = Tensor::from_f32(&[0, 1 << 61], vec![]).unwrap();
+    let e = matmul(&a, false, &b, false, DType::F32).unwrap_err();
+    assert!(e.to_string().contains("largest allocation"), "{e}");
+    let e = Tensor::zeros(&[1 << 61], DType::F32).unwrap_err();
+    assert!(e.to_string().contains("2305843009213693952"), "{e}");
+    let e = Tensor::zeros(&[1 << 60], DType::F64).unwrap_err();
+    assert!(e.to_string().contains("largest allocation"), "{e}");
+}
