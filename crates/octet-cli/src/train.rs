@@ -457,6 +457,16 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
             Ok(cfg)
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    // Each recipe is one run directory: a repeat would append a second run to
+    // the first's metrics.jsonl and replace its checkpoints.
+    for (i, cfg) in cfgs.iter().enumerate() {
+        anyhow::ensure!(
+            !cfgs[..i].iter().any(|c| c.recipe == cfg.recipe),
+            "--recipes '{}' names {} twice",
+            a.recipes,
+            cfg.recipe
+        );
+    }
     let mut runs = Vec::new();
     let mut series = Vec::new();
     for cfg in &cfgs {

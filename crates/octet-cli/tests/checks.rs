@@ -229,5 +229,10 @@ fn compare_checks_every_recipe_before_training_any() {
         !dir.join("runs").join("cmp-bf16").exists(),
         "bf16 trained before the bad recipe was found: {text}"
     );
+    // A recipe named twice would be two runs in one directory.
+    args[2] = "bf16,tensorwise,bf16";
+    let (ok, text) = octet(&dir, &args);
+    assert!(!ok && text.contains("names bf16 twice"), "{text}");
+    assert!(!dir.join("runs").join("cmp-bf16").exists(), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
