@@ -1,6 +1,8 @@
 //! Runs that start from a checkpoint's weights (`TrainConfig::init`), with
 //! or without a LoRA adapter merged in first.
 
+mod common;
+
 use octet_nn::llama::{Llama, LoraSpec};
 use octet_nn::lora::{BaseFormat, Compute};
 use octet_tensor::{DType, Tensor};
@@ -17,18 +19,11 @@ fn tmpdir(tag: &str) -> std::path::PathBuf {
 
 fn run(name: &str, out: &std::path::Path) -> TrainConfig {
     TrainConfig {
-        name: name.into(),
-        out_dir: out.to_path_buf(),
-        model: "tiny".into(),
-        recipe: "bf16".into(),
-        batch: 2,
         seq: 32,
-        steps: 4,
         warmup: 1,
         eval_every: 4,
         eval_batches: 2,
-        sample_tokens: 0,
-        ..Default::default()
+        ..common::quick_run(name, out, 4)
     }
 }
 

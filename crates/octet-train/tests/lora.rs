@@ -2,6 +2,8 @@
 //! LoRA dropout too), the adapter round trip, and the base checkpoint it
 //! trains on.
 
+mod common;
+
 use octet_nn::llama::Llama;
 use octet_train::checkpoint;
 use octet_train::trainer::{train, LoraSettings, Quiet, TrainConfig};
@@ -190,18 +192,7 @@ fn a_lora_dropout_outside_zero_to_one_is_an_error_naming_the_flag() {
 
 /// A short full-training run to fine-tune: its final checkpoint.
 fn base_checkpoint(out: &std::path::Path, name: &str) -> std::path::PathBuf {
-    let cfg = TrainConfig {
-        name: name.into(),
-        out_dir: out.to_path_buf(),
-        model: "tiny".into(),
-        recipe: "bf16".into(),
-        batch: 2,
-        seq: 16,
-        steps: 1,
-        eval_batches: 0,
-        sample_tokens: 0,
-        ..Default::default()
-    };
+    let cfg = common::quick_run(name, out, 1);
     train(&cfg, None, &mut Quiet).unwrap();
     out.join(name).join("checkpoints/step_000001")
 }
