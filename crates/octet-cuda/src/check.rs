@@ -988,6 +988,26 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "gemm fp8 with m=24 (not a multiple of 16) -> shape error",
         r,
     ));
+    // NVFP4: the block height must be the one the copy was quantized with
+    // (1x16 indexes 16 times as many block scales as a 16x16 copy holds),
+    // and each global scale is one value.
+    let x32 = gpu.upload(&bf16_bits(&random_bf16(32 * 32, 12, 1.0)))?;
+    let nv = gpu.quantize_nvfp4(&x32, 32, 32, 16, Rounding::NearestEven)?;
+    out.push(shape_error(
+        "NVFP4 dequantize of a 16x16-block copy with block_rows=1 -> shape error",
+        gpu.nv_dequant_bf16(&nv.rowwise, 1, None),
+    ));
+    let two = gpu.upload(&[1f32, 1.0])?;
+    let mut d32: CudaSlice<f32> = gpu.alloc_zeros(32 * 32, "d")?;
+    out.push(shape_error(
+        "NVFP4 GEMM with a global scale of 2 values -> shape error",
+        gpu.gemm_nvfp4_emulated(
+            (&nv.rowwise, 16, &two),
+            (&nv.rowwise, 16, &nv.global),
+            &mut d32,
+            (32, 32, 32),
+        ),
+    ));
     Ok(())
 }
 

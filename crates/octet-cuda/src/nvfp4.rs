@@ -170,6 +170,33 @@ impl Gpu {
         block_rows: usize,
         global: Option<&CudaSlice<f32>>,
     ) -> Result<CudaSlice<u16>> {
+        // The codes grid depends on the block height the copy was quantized
+        // with: another height makes the kernel index past `codes`.
+        let fits = matches!(block_rows, 1 | 16)
+            && c.rows > 0
+            && c.cols > 0
+            && c.rows <= i32::MAX as usize
+            && c.cols <= i32::MAX as usize
+            && c.packed.len() == c.rows * c.cols.div_ceil(2)
+            && c.codes.len() == c.rows.div_ceil(block_rows) * c.cols.div_ceil(16);
+        if !fits {
+            return Err(Error::Shape(format!(
+                "NVFP4 dequantize of ({}, {}) in {block_rows}x16 blocks: {} packed bytes and {} \
+                 block scales do not fit (block_rows must be the copy's, 1 or 16)",
+                c.rows,
+                c.cols,
+                c.packed.len(),
+                c.codes.len()
+            )));
+        }
+        if let Some(g) = global {
+            if g.len() != 1 {
+                return Err(Error::Shape(format!(
+                    "NVFP4 dequantize: the global scale has {} values, not 1",
+                    g.len()
+                )));
+            }
+        }
         let k = self.nv_kernels()?;
         let n = c.rows * c.cols;
         // SAFETY: every element is written by the kernel.
@@ -220,6 +247,14 @@ impl Gpu {
             return Err(Error::Shape(format!(
                 "NVFP4 GEMM: a ({}, {}), b ({}, {}) for m={m} n={n} k={k}",
                 a.rows, a.cols, b.rows, b.cols
+            )));
+        }
+        if a_g.len() != 1 || b_g.len() != 1 || m * n > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "NVFP4 GEMM: global scales of {} and {} values (1 each) for m={m} n={n} \
+                 (m * n at most 2^31 - 1)",
+                a_g.len(),
+                b_g.len()
             )));
         }
         let ad = self.nv_dequant_bf16(a, a_br, None)?;
