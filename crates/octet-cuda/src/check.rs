@@ -1008,6 +1008,15 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             (32, 32, 32),
         ),
     ));
+    // Delayed scaling writes both copies: a row-wise-only tensor (its
+    // column-wise copy a 1-byte placeholder) must be refused.
+    let x24 = gpu.upload(&bf16_bits(&random_bf16(24 * 32, 9, 1.0)))?;
+    let mut ro = gpu.quantize_tensorwise_rowwise(&x24, 24, 32, Format::E4M3)?;
+    let one = gpu.upload(&[1f32])?;
+    out.push(shape_error(
+        "delayed quantize into a row-wise-only tensor -> shape error",
+        gpu.quantize_given_scale_into(&x24, &one, &mut ro, false),
+    ));
     Ok(())
 }
 

@@ -480,6 +480,22 @@ impl Gpu {
         if scale.is_empty() {
             return Err(Error::Shape("quantize: empty scale buffer".into()));
         }
+        let n = out.rows * out.cols;
+        if out.rowwise.len() != n
+            || out.colwise.len() != n
+            || out.scale_inv.is_empty()
+            || out.amax_bits.is_empty()
+            || out.nonfinite.is_empty()
+        {
+            return Err(Error::Shape(format!(
+                "quantize: output buffers of the wrong size for ({}, {}): {} row-wise and {} \
+                 column-wise codes (a row-wise-only tensor cannot take both copies)",
+                out.rows,
+                out.cols,
+                out.rowwise.len(),
+                out.colwise.len()
+            )));
+        }
         let kernel = match out.format {
             Format::E4M3 => &self.k.given_bf16_e4m3,
             Format::E5M2 => &self.k.given_bf16_e5m2,
