@@ -1017,6 +1017,24 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "delayed quantize into a row-wise-only tensor -> shape error",
         gpu.quantize_given_scale_into(&x24, &one, &mut ro, false),
     ));
+    // Outer-vector scaling reads one scale per row of each operand.
+    let codes = gpu.alloc_zeros::<u8>(16 * 16, "codes")?;
+    let (s1, s16) = (gpu.upload(&[1f32])?, gpu.upload(&[1f32; 16])?);
+    let mut d16: CudaSlice<f32> = gpu.alloc_zeros(16 * 16, "d")?;
+    let r = gpu.blas()?.gemm_fp8_outer(
+        &codes,
+        Format::E4M3,
+        &s1,
+        &codes,
+        Format::E4M3,
+        &s16,
+        &mut d16,
+        (16, 16, 16),
+    );
+    out.push(shape_error(
+        "row-wise FP8 GEMM (Blas::gemm_fp8_outer) with 1 scale for m=16 -> shape error",
+        r,
+    ));
     Ok(())
 }
 

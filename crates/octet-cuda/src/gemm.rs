@@ -488,6 +488,9 @@ impl Blas {
         check_len(a.len(), m * k, "a")?;
         check_len(b.len(), n * k, "b")?;
         check_len(d.len(), m * n, "d")?;
+        // Outer-vector scaling reads one scale per row of each operand.
+        check_len(a_scale.len(), m, "a scales")?;
+        check_len(b_scale.len(), n, "b scales")?;
         let kind = Kind::Fp8Outer(a_fmt, b_fmt, D::OUT);
         self.run(
             kind,
