@@ -62,6 +62,16 @@ pub struct DeviceBlock2dFp8 {
     pub nonfinite: CudaSlice<u32>,
 }
 
+/// The 128x128 quantizer's grid has one block row per 128 rows, at most 65535 of them.
+fn check_grid(rows: usize) -> Result<()> {
+    if rows.div_ceil(128) > 65535 {
+        return Err(Error::Shape(format!(
+            "block quantize: {rows} rows exceed the grid limit (65535 x 128)"
+        )));
+    }
+    Ok(())
+}
+
 impl Gpu {
     fn block2d_kernels(&self) -> Result<&Block2dKernels> {
         if let Some(k) = self.block2d.get() {
@@ -105,6 +115,7 @@ impl Gpu {
         if rows == 0 || cols == 0 || rows > i32::MAX as usize || cols > i32::MAX as usize {
             return Err(Error::Shape(format!("block quantize of ({rows}, {cols})")));
         }
+        check_grid(rows)?;
         if !matches!(format, Format::E4M3 | Format::E5M2) {
             return Err(Error::Shape(format!(
                 "GPU quantize supports e4m3 and e5m2, not {format}"
@@ -140,6 +151,7 @@ impl Gpu {
                 x.len()
             )));
         }
+        check_grid(rows)?;
         let k = self.block2d_kernels()?;
         let f = &k.quant[usize::from(out.format == Format::E5M2)];
         let s = &self.stream;

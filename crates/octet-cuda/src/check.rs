@@ -1035,6 +1035,24 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "row-wise FP8 GEMM (Blas::gemm_fp8_outer) with 1 scale for m=16 -> shape error",
         r,
     ));
+    // One block row of the quantizers' grids per 64 (128) rows, at most
+    // 65535 of them: one row more is refused (one column, so the buffers
+    // stay a few MB; the two allocations are refused before they are made).
+    let tall = 65535 * 64 + 1;
+    out.push(shape_error(
+        "row-wise quantize buffers of 65535 * 64 + 1 rows (grid limit) -> shape error",
+        gpu.alloc_rowwise_fp8(tall, 1, Format::E4M3),
+    ));
+    out.push(shape_error(
+        "128x128 block quantize buffers of 65535 * 128 + 1 rows (grid limit) -> shape error",
+        gpu.alloc_block2d_fp8(65535 * 128 + 1, 1, Format::E4M3),
+    ));
+    let xt: CudaSlice<u16> = gpu.alloc_zeros(tall, "tall x")?;
+    out.push(shape_error(
+        "MXFP8 quantize of 65535 * 64 + 1 rows (grid limit) -> shape error",
+        gpu.quantize_mx(&xt, tall, 1, Format::E4M3),
+    ));
+    drop(xt);
     Ok(())
 }
 

@@ -85,6 +85,11 @@ impl Gpu {
                 x.len()
             )));
         }
+        if rows.div_ceil(64) > 65535 {
+            return Err(Error::Shape(format!(
+                "MX quantize: {rows} rows exceed the grid limit (65535 x 64)"
+            )));
+        }
         let k = self.mx_kernels()?;
         let f = &k.quant[fi(format)?];
         let s = &self.stream;

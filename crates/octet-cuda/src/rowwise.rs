@@ -55,6 +55,16 @@ impl RowwiseKernels {
     }
 }
 
+/// The kernels' grid has one block row per 64 rows, at most 65535 of them.
+fn check_grid(rows: usize) -> Result<()> {
+    if rows.div_ceil(64) > 65535 {
+        return Err(Error::Shape(format!(
+            "row-wise quantize: {rows} rows exceed the grid limit (65535 x 64)"
+        )));
+    }
+    Ok(())
+}
+
 impl Gpu {
     fn rowwise_kernels(&self) -> Result<&RowwiseKernels> {
         if let Some(k) = self.rowwise.get() {
@@ -81,6 +91,7 @@ impl Gpu {
                 "GPU quantize supports e4m3 and e5m2, not {format}"
             )));
         }
+        check_grid(rows)?;
         let n = rows * cols;
         let s = &self.stream;
         Ok(DeviceRowwiseFp8 {
@@ -115,6 +126,7 @@ impl Gpu {
                 x.len()
             )));
         }
+        check_grid(rows)?;
         let k = self.rowwise_kernels()?;
         let ti = usize::from(T::BYTES == 4);
         let fi = usize::from(out.format == Format::E5M2);
