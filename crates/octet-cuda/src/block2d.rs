@@ -336,7 +336,13 @@ impl Gpu {
         format: Format,
     ) -> Result<CudaSlice<u16>> {
         let grid = rows.div_ceil(br.max(1)) * cols.div_ceil(bc.max(1));
-        if codes.len() != rows * cols || scales.len() != grid || br == 0 || bc == 0 {
+        // The launch counts threads in a u32 and the kernel takes i32 dims.
+        let fits = rows
+            .checked_mul(cols)
+            .is_some_and(|n| n > 0 && n <= i32::MAX as usize)
+            && br <= i32::MAX as usize
+            && bc <= i32::MAX as usize;
+        if !fits || codes.len() != rows * cols || scales.len() != grid || br == 0 || bc == 0 {
             return Err(Error::Shape(format!(
                 "dequantize of ({rows}, {cols}) in {br}x{bc} blocks"
             )));

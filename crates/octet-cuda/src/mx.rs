@@ -137,8 +137,16 @@ impl Gpu {
         cols: usize,
         format: Format,
     ) -> Result<CudaSlice<u16>> {
-        if codes.len() != rows * cols || scales.len() != rows * cols.div_ceil(32) {
-            return Err(Error::Shape(format!("MX dequantize of ({rows}, {cols})")));
+        // The launch counts threads in a u32 and the kernel takes i32 dims.
+        let fits = rows
+            .checked_mul(cols)
+            .is_some_and(|n| n > 0 && n <= i32::MAX as usize);
+        if !fits || codes.len() != rows * cols || scales.len() != rows * cols.div_ceil(32) {
+            return Err(Error::Shape(format!(
+                "MX dequantize of ({rows}, {cols}) from {} codes and {} scales (at most 2^31 - 1 elements)",
+                codes.len(),
+                scales.len()
+            )));
         }
         let k = self.mx_kernels()?;
         // SAFETY: every element is written by the kernel.
