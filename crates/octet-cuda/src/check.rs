@@ -1218,6 +1218,25 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "mixed product with x of 2x47 for K=48 -> shape error",
         r,
     ));
+    // The weight's shape and scaling are public fields, the buffers are not:
+    // a K or scaling changed after upload must not send the kernels past the
+    // codes (16 x 48 of them, read as 16 x 64) or the one per-tensor factor
+    // (read as 16 per-row ones). x and y fit the changed shape, so only the
+    // weight's own check can refuse it.
+    let mut dw = dw;
+    dw.k = 64;
+    let dx = gpu.upload(&[0u16; 2 * 64])?;
+    out.push(shape_error(
+        "mixed product with a (16, 48) weight's k changed to 64 after upload -> shape error",
+        gpu.mixed_matmul(&dx, 2, &dw, &mut y),
+    ));
+    dw.k = 48;
+    dw.scaling = WeightScaling::Channel;
+    let dx = gpu.upload(&[0u16; 2 * 48])?;
+    out.push(shape_error(
+        "mixed product with a per-tensor weight's scaling changed to per-row -> shape error",
+        gpu.mixed_matmul(&dx, 2, &dw, &mut y),
+    ));
     // f16 x above SMALL_M rows rounds each scaled code to f16: a block-scaled
     // weight reaching past 65504 is refused there, and taken at SMALL_M rows
     // (the small-M kernel scales f32 partial sums). Two 128-column blocks: a

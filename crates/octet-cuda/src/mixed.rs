@@ -520,6 +520,42 @@ impl DeviceFp8Weight {
     pub fn bytes(&self) -> usize {
         self.codes.len() + 4 * self.factors.len()
     }
+
+    /// Fails unless `(n, k)` (public fields) still match the codes and
+    /// factors the upload made: `K % 16 == 0`, `n * k` codes (row-major) or
+    /// whole 16 x 128 tiles of them (tiled), and the factors `scaling` reads.
+    /// The kernels index both buffers by `(n, k)` and the scaling alone.
+    pub(crate) fn check(&self, what: &str) -> Result<()> {
+        let (n, k) = (self.n as u128, self.k as u128);
+        let codes = match self.layout {
+            CodeLayout::RowMajor => n * k,
+            CodeLayout::Tiled => n.div_ceil(16) * 16 * k.div_ceil(128) * 128,
+        };
+        let factors = match self.scaling {
+            WeightScaling::Tensor => 1,
+            WeightScaling::Channel => n,
+            WeightScaling::Block128 => n.div_ceil(128) * k.div_ceil(128),
+        };
+        if n == 0
+            || k == 0
+            || k % 16 != 0
+            || codes != self.codes.len() as u128
+            || factors != self.factors.len() as u128
+        {
+            return Err(Error::Shape(format!(
+                "{what}: weight ({}, {}) under {:?} scaling ({:?} codes) needs {codes} codes and \
+                 {factors} factors with K % 16 == 0; the device holds {} and {} (n, k or scaling \
+                 changed after upload?)",
+                self.n,
+                self.k,
+                self.scaling,
+                self.layout,
+                self.codes.len(),
+                self.factors.len()
+            )));
+        }
+        Ok(())
+    }
 }
 
 /// `mode` of the kernels: the scaling, with `MODE_TILED` for tiled codes.
@@ -649,6 +685,7 @@ impl Gpu {
         w: &DeviceFp8Weight,
         y: &mut CudaSlice<D>,
     ) -> Result<()> {
+        w.check("mixed product")?;
         let (n, k) = (w.n, w.k);
         if m == 0 || x.len() != m * k || y.len() != m * n {
             return Err(Error::Shape(format!(
@@ -787,6 +824,7 @@ impl Gpu {
         w: &DeviceFp8Weight,
         act: &mut CudaSlice<u16>,
     ) -> Result<()> {
+        w.check("fused SwiGLU product")?;
         let (n, k) = (w.n, w.k);
         if m == 0 || m > SMALL_M || n % 16 != 0 || x.len() != m * k || act.len() != m * n / 2 {
             return Err(Error::Shape(format!(
