@@ -1053,6 +1053,16 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         gpu.quantize_mx(&xt, tall, 1, Format::E4M3),
     ));
     drop(xt);
+    // Preallocated outputs' shapes are public fields: 1x128 buffers made for
+    // (16, 128), relabelled (32, 128) with an x of that size, would be
+    // written past their ends.
+    let mut blk = gpu.alloc_block_fp8(16, 128, Format::E4M3)?;
+    blk.rows = 32;
+    let x32x128: CudaSlice<u16> = gpu.alloc_zeros(32 * 128, "x")?;
+    out.push(shape_error(
+        "1x128 quantize into (16, 128) buffers relabelled (32, 128) -> shape error",
+        gpu.quantize_block1x128_into(&x32x128, &mut blk, false, false),
+    ));
     Ok(())
 }
 

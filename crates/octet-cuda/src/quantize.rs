@@ -622,6 +622,26 @@ impl Gpu {
     ) -> Result<()> {
         let (rows, cols) = (out.rows, out.cols);
         check_shape(rows, cols, x.len())?;
+        // The fields are public: buffers of another shape would be written
+        // past their ends.
+        let n = rows * cols;
+        if out.rowwise.len() != n
+            || out.colwise.len() != n
+            || out.row_scale_inv.len() != rows * cols.div_ceil(128)
+            || out.col_scale_inv.len() != cols * rows.div_ceil(128)
+            || out.nonfinite.is_empty()
+        {
+            return Err(Error::Shape(format!(
+                "1x128 quantize: output buffers of the wrong size for ({rows}, {cols}): {} row-wise \
+                 and {} column-wise codes, {} row and {} column scales (want {n}, {n}, {} and {})",
+                out.rowwise.len(),
+                out.colwise.len(),
+                out.row_scale_inv.len(),
+                out.col_scale_inv.len(),
+                rows * cols.div_ceil(128),
+                cols * rows.div_ceil(128)
+            )));
+        }
         if rows.div_ceil(128) > 65535 {
             return Err(Error::Shape(format!(
                 "quantize: {rows} rows exceed the grid limit (65535 x 128)"
