@@ -1063,6 +1063,21 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "1x128 quantize into (16, 128) buffers relabelled (32, 128) -> shape error",
         gpu.quantize_block1x128_into(&x32x128, &mut blk, false, false),
     ));
+    // Row-wise: the same relabelling, and a format the kernels do not have
+    // (it was cast as E4M3).
+    let mut rw = gpu.alloc_rowwise_fp8(16, 128, Format::E4M3)?;
+    rw.rows = 32;
+    out.push(shape_error(
+        "row-wise quantize into (16, 128) buffers relabelled (32, 128) -> shape error",
+        gpu.quantize_rowwise_into(&x32x128, &mut rw, false),
+    ));
+    rw.rows = 16;
+    rw.format = Format::E2M1;
+    let x16x128: CudaSlice<u16> = gpu.alloc_zeros(16 * 128, "x")?;
+    out.push(shape_error(
+        "row-wise quantize into buffers relabelled E2M1 -> shape error",
+        gpu.quantize_rowwise_into(&x16x128, &mut rw, false),
+    ));
     Ok(())
 }
 

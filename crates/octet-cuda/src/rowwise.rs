@@ -120,10 +120,43 @@ impl Gpu {
         check_finite: bool,
     ) -> Result<()> {
         let (rows, cols) = (out.rows, out.cols);
+        if rows == 0 || cols == 0 || rows > i32::MAX as usize || cols > i32::MAX as usize {
+            return Err(Error::Shape(format!(
+                "row-wise quantize of ({rows}, {cols})"
+            )));
+        }
         if x.len() != rows * cols {
             return Err(Error::Shape(format!(
                 "quantize: {} elements for ({rows}, {cols})",
                 x.len()
+            )));
+        }
+        // The fields are public: buffers of another shape would be written
+        // past their ends, and another format would be cast as E4M3.
+        if out.rowwise.len() != rows * cols
+            || out.colwise.len() != rows * cols
+            || out.row_scale_inv.len() != rows
+            || out.col_scale_inv.len() != cols
+            || out.row_amax.len() != rows
+            || out.col_amax.len() != cols
+            || out.nonfinite.is_empty()
+        {
+            return Err(Error::Shape(format!(
+                "row-wise quantize: output buffers of the wrong size for ({rows}, {cols}): {} \
+                 row-wise and {} column-wise codes, {} row and {} column scales, {} row and {} \
+                 column amaxes",
+                out.rowwise.len(),
+                out.colwise.len(),
+                out.row_scale_inv.len(),
+                out.col_scale_inv.len(),
+                out.row_amax.len(),
+                out.col_amax.len()
+            )));
+        }
+        if !matches!(out.format, Format::E4M3 | Format::E5M2) {
+            return Err(Error::Shape(format!(
+                "GPU quantize supports e4m3 and e5m2, not {}",
+                out.format
             )));
         }
         check_grid(rows)?;
