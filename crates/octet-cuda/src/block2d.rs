@@ -72,6 +72,18 @@ fn check_grid(rows: usize) -> Result<()> {
     Ok(())
 }
 
+/// The transpose kernels take i32 dims and a grid of one block row per
+/// `tile` rows, at most 65535 of them: beyond either the launch would fail
+/// or the dims wrap, so refuse it with the shape.
+fn check_transpose_grid(rows: usize, cols: usize, tile: usize) -> Result<()> {
+    if rows == 0 || cols == 0 || rows * cols > i32::MAX as usize || rows.div_ceil(tile) > 65535 {
+        return Err(Error::Shape(format!(
+            "transpose of ({rows}, {cols}): needs 1 to 2^31-1 elements and at most 65535 x {tile} rows"
+        )));
+    }
+    Ok(())
+}
+
 impl Gpu {
     fn block2d_kernels(&self) -> Result<&Block2dKernels> {
         if let Some(k) = self.block2d.get() {
@@ -193,6 +205,7 @@ impl Gpu {
         if input.len() != rows * cols || out.len() != rows * cols {
             return Err(Error::Shape(format!("transpose of ({rows}, {cols})")));
         }
+        check_transpose_grid(rows, cols, 32)?;
         let k = self.block2d_kernels()?;
         let (r, c) = (rows as i32, cols as i32);
         // SAFETY: lengths checked above; the kernel guards rows and columns.
@@ -237,7 +250,9 @@ impl Gpu {
             let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(input, &self.stream);
             ptr % 4 == 0
         };
-        let (kern, cfg) = if rows.is_multiple_of(4) && cols.is_multiple_of(4) && in_aligned {
+        let v4 = rows.is_multiple_of(4) && cols.is_multiple_of(4) && in_aligned;
+        check_transpose_grid(rows, cols, if v4 { 64 } else { 32 })?;
+        let (kern, cfg) = if v4 {
             let grid = (cols.div_ceil(64) as u32, rows.div_ceil(64) as u32, 1);
             (&k.transpose_u8_v4, (grid, (256, 1, 1)))
         } else {
@@ -271,7 +286,7 @@ impl Gpu {
         let fits = |&(input, rows, cols): &(&CudaSlice<u8>, usize, usize)| {
             let (ptr, _read) = cudarc::driver::DevicePtr::device_ptr(input, &self.stream);
             input.len() == rows * cols
-                && rows * cols <= i32::MAX as usize
+                && check_transpose_grid(rows, cols, 64).is_ok()
                 && rows.is_multiple_of(4)
                 && cols.is_multiple_of(4)
                 && ptr % 4 == 0

@@ -1053,6 +1053,23 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         gpu.quantize_mx(&xt, tall, 1, Format::E4M3),
     ));
     drop(xt);
+    // The transposes: one block row per 32 rows (64 on the 4-byte path), at
+    // most 65535 of them; one column, so the buffers stay a few MB (an odd
+    // row count takes the 32-row path).
+    let tall = 65535 * 32 + 1;
+    let t8: CudaSlice<u8> = gpu.alloc_zeros(tall, "tall codes")?;
+    out.push(shape_error(
+        "transpose_u8 of 65535 * 32 + 1 rows (grid limit) -> shape error",
+        gpu.transpose_u8(&t8, tall, 1),
+    ));
+    drop(t8);
+    let t32: CudaSlice<f32> = gpu.alloc_zeros(tall, "tall f32")?;
+    let mut t32_out: CudaSlice<f32> = gpu.alloc_zeros(tall, "tall f32 out")?;
+    out.push(shape_error(
+        "transpose_f32 of 65535 * 32 + 1 rows (grid limit) -> shape error",
+        gpu.transpose_f32(&t32, tall, 1, &mut t32_out),
+    ));
+    drop((t32, t32_out));
     // Preallocated outputs' shapes are public fields: 1x128 buffers made for
     // (16, 128), relabelled (32, 128) with an x of that size, would be
     // written past their ends.
