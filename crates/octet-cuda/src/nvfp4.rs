@@ -43,6 +43,13 @@ pub struct DeviceNvfp4 {
     pub global: CudaSlice<f32>,
 }
 
+/// Whether a `(rows, cols)` copy's packed bytes, `rows * ceil(cols / 2)`,
+/// fit the u32 thread count of its encode launch.
+fn packed_fits_u32(rows: usize, cols: usize) -> bool {
+    rows.checked_mul(cols.div_ceil(2))
+        .is_some_and(|b| b <= u32::MAX as usize)
+}
+
 impl Gpu {
     fn nv_kernels(&self) -> Result<&NvKernels> {
         if let Some(k) = self.nv.get() {
@@ -90,6 +97,13 @@ impl Gpu {
         if block_rows != 1 && block_rows != 16 {
             return Err(Error::Shape(format!(
                 "NVFP4 blocks are 1x16 or 16x16, not {block_rows}x16"
+            )));
+        }
+        // One thread a packed byte of each copy, counted in a u32 by the launch.
+        if !packed_fits_u32(rows, cols) || !packed_fits_u32(cols, rows) {
+            return Err(Error::Shape(format!(
+                "NVFP4 quantize of ({rows}, {cols}): the packed codes pass 2^32 bytes, \
+                 the encode launch's limit"
             )));
         }
         let (seed, sr) = match rounding {
@@ -177,12 +191,14 @@ impl Gpu {
             && c.cols > 0
             && c.rows <= i32::MAX as usize
             && c.cols <= i32::MAX as usize
+            && c.rows * c.cols <= u32::MAX as usize
             && c.packed.len() == c.rows * c.cols.div_ceil(2)
             && c.codes.len() == c.rows.div_ceil(block_rows) * c.cols.div_ceil(16);
         if !fits {
             return Err(Error::Shape(format!(
                 "NVFP4 dequantize of ({}, {}) in {block_rows}x16 blocks: {} packed bytes and {} \
-                 block scales do not fit (block_rows must be the copy's, 1 or 16)",
+                 block scales do not fit (block_rows must be the copy's, 1 or 16; at most 2^32 \
+                 elements, the launch's u32 count)",
                 c.rows,
                 c.cols,
                 c.packed.len(),
@@ -278,5 +294,17 @@ impl Gpu {
                 .launch(LaunchConfig::for_num_elems((m * n) as u32))?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// 2^32 packed bytes is one too many for the encode launch's u32 count:
+    /// `bytes as u32` wrapped there, leaving codes unwritten.
+    #[test]
+    fn packed_bytes_fit_the_launch_count() {
+        assert!(super::packed_fits_u32(1 << 16, (1 << 17) - 2));
+        assert!(!super::packed_fits_u32(1 << 16, 1 << 17));
+        assert!(!super::packed_fits_u32(usize::MAX, 4));
     }
 }
