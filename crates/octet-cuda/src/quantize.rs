@@ -158,6 +158,13 @@ impl Gpu {
         amax_bits: &mut CudaSlice<u32>,
         nonfinite: &mut CudaSlice<u32>,
     ) -> Result<()> {
+        if amax_bits.is_empty() || nonfinite.is_empty() {
+            return Err(Error::Shape(format!(
+                "amax pass: {} amax and {} flag words, needs at least one each",
+                amax_bits.len(),
+                nonfinite.len()
+            )));
+        }
         let n = x.len() as u64;
         // Each thread takes 4 x 8 elements per step; at most 8 blocks per SM
         // (a grid-stride loop covers the rest), at least one block.
@@ -189,7 +196,11 @@ impl Gpu {
         reverse: bool,
     ) -> Result<()> {
         check_shape(rows, cols, x.len())?;
-        if rowwise.len() != rows * cols || colwise.len() != rows * cols || scale_inv.is_empty() {
+        if rowwise.len() != rows * cols
+            || colwise.len() != rows * cols
+            || scale_inv.is_empty()
+            || amax_bits.is_empty()
+        {
             return Err(Error::Shape(
                 "quantize: output buffers of the wrong size".into(),
             ));
