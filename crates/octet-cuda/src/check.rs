@@ -1684,6 +1684,15 @@ fn sample_cases(
         pass: refused == 3 * SAMPLINGS.len(),
         worst: format!("{refused} of {} refused", 3 * SAMPLINGS.len()),
     });
+    // `cfg` is public, the cache and buffers are not: a larger
+    // max_position_embeddings would let steps write past the KV cache. Step
+    // 0 itself stays inside it, so the case is safe even unrefused.
+    dec.cfg.max_position_embeddings += 1;
+    out.push(shape_error(
+        format!("decoder step after cfg.max_position_embeddings changed ({preset}) -> shape error"),
+        dec.step(0),
+    ));
+    dec.cfg.max_position_embeddings -= 1;
     Ok(())
 }
 

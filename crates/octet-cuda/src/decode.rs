@@ -118,6 +118,9 @@ pub struct GpuDecoder<'g> {
     gpu: &'g Gpu,
     /// Dimensions.
     pub cfg: LlamaConfig,
+    /// The dimensions the buffers were made for (`cfg` is public: a change
+    /// to it is refused, not followed past the buffers' ends).
+    built: LlamaConfig,
     f: Fns,
     embed: CudaSlice<f32>,
     /// Runs of the sequence an attention head is split into (`attend_decode`'s grid `(hq, runs, rows)`).
@@ -295,6 +298,7 @@ impl<'g> GpuDecoder<'g> {
         Ok(GpuDecoder {
             gpu,
             cfg: cfg.clone(),
+            built: cfg.clone(),
             f: fns,
             embed: gpu.upload(&embed.to_f32_vec())?,
             att_runs,
@@ -584,6 +588,13 @@ impl<'g> GpuDecoder<'g> {
 
     /// The tokens are in the vocabulary and fit in the cache after its `len`.
     fn check(&self, tokens: &[u32]) -> Result<()> {
+        if self.cfg != self.built {
+            return Err(Error::Shape(format!(
+                "the decoder's cfg was changed after it was made (now {:?}, built for {:?}); \
+                 its weights, cache and buffers keep the built dimensions",
+                self.cfg, self.built
+            )));
+        }
         let (v, max) = (self.cfg.vocab_size, self.cfg.max_position_embeddings);
         if let Some(t) = tokens.iter().find(|&&t| t as usize >= v) {
             return Err(Error::Shape(format!(
