@@ -1095,6 +1095,41 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "row-wise quantize into buffers relabelled E2M1 -> shape error",
         gpu.quantize_rowwise_into(&x16x128, &mut rw, false),
     ));
+    lora_error_cases(gpu, out)
+}
+
+/// A LoRA layer `(n, k)` over a zero bf16 base with a rank-`r` adapter of
+/// small random values, `--compute bf16`, the `high_precision` backward.
+fn small_lora(gpu: &Gpu, (n, k): (usize, usize), r: usize) -> Result<crate::lora::GpuLoraLinear> {
+    use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
+    let base = GpuBase::Bf16(gpu.alloc_zeros(n * k, "base")?);
+    let a = gpu.upload(&bf16_bits(&random_bf16(r * k, 31, 0.1)))?;
+    let b = gpu.upload(&bf16_bits(&random_bf16(n * r, 32, 0.1)))?;
+    let ad = GpuAdapter::new(gpu, a, b, r, 1.0)?;
+    GpuLoraLinear::new(
+        base,
+        (n, k),
+        Some(ad),
+        octet_nn::lora::Compute::Bf16,
+        octet_fp8::BackwardMode::HighPrecision,
+    )
+}
+
+/// LoRA layers whose public fields were changed after `GpuLoraLinear::new`.
+fn lora_error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::lora::{forward_group, GpuAdapter};
+    let (m, n, k, r) = (16usize, 16usize, 16usize, 8usize);
+    let x = std::rc::Rc::new(gpu.upload(&bf16_bits(&random_bf16(m * k, 33, 1.0)))?);
+    // Two adapters of rank 8 at m = 16 form one group (r m % 128 == 0), whose
+    // A is stacked by copies: a short A left rows of it unwritten.
+    let mut layers = vec![small_lora(gpu, (n, k), r)?, small_lora(gpu, (n, k), r)?];
+    let short = gpu.upload(&bf16_bits(&random_bf16((r - 1) * k, 34, 0.1)))?;
+    let b = gpu.upload(&bf16_bits(&random_bf16(n * r, 35, 0.1)))?;
+    layers[1].adapter = Some(GpuAdapter::new(gpu, short, b, r, 1.0)?);
+    out.push(shape_error(
+        "LoRA group forward with an adapter A of (r - 1) k elements set after new -> shape error",
+        forward_group(&layers, gpu, (x.clone(), None, m), None),
+    ));
     Ok(())
 }
 

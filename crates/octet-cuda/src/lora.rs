@@ -297,6 +297,26 @@ impl GpuLoraLinear {
         })
     }
 
+    /// The adapter's buffers against the layer's `(n, k)` and its rank (the
+    /// fields are public: an adapter set after [`GpuLoraLinear::new`] is
+    /// checked here). A short `A` in a group of two or more would leave rows
+    /// of the stacked `A` unwritten, read by the `u` and `du A` products.
+    fn check_layer(&self) -> Result<()> {
+        let (n, k) = (self.n, self.k);
+        if let Some(ad) = &self.adapter {
+            let r = ad.rank;
+            if r == 0 || ad.a.len() != r * k || ad.b.len() != n * r || ad.bt.len() != r * n {
+                return Err(Error::Shape(format!(
+                    "LoRA adapter of rank {r} (A {} / B {} / B^T {} elements) does not fit a ({n}, {k}) layer",
+                    ad.a.len(),
+                    ad.b.len(),
+                    ad.bt.len()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether this layer's backward makes `dy`'s codes and its adapter's
     /// `du` together ([`Gpu::lora_cast_du`]) for a `(m, n)` gradient.
     fn fuses_cast_du(&self, m: usize) -> bool {
@@ -396,6 +416,9 @@ impl GpuLoraLinear {
                 "input of {} elements is not ({m}, {k})",
                 x.len()
             )));
+        }
+        for l in layers {
+            l.check_layer()?;
         }
         Ok(k)
     }
@@ -1170,6 +1193,15 @@ fn forward_layers_with(
     made_ut: Option<CudaSlice<u16>>,
 ) -> Result<Vec<(Option<CudaSlice<u16>>, GpuLoraSaved)>> {
     let (m, k) = (input.m, input.k);
+    for l in layers {
+        if l.k != k {
+            return Err(Error::Shape(format!(
+                "prepared input of width {k} for a LoRA layer of width {}",
+                l.k
+            )));
+        }
+        l.check_layer()?;
+    }
     let mut saved = layers
         .iter()
         .map(|l| l.saved_for(input))
@@ -1337,6 +1369,7 @@ pub fn backward_group<D: GemmOut>(
     }
     let (m, k) = (saved[0].m, first.k);
     for ((l, s), (dy, _)) in layers.iter().zip(&saved).zip(&dys) {
+        l.check_layer()?;
         if l.k != k || s.m != m || dy.len() != m * l.n {
             return Err(Error::Shape(format!(
                 "LoRA backward: grad_output of {} elements for a ({m}, {}) output of width-{} input (group width {k})",
