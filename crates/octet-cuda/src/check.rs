@@ -1130,6 +1130,21 @@ fn lora_error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "LoRA group forward with an adapter A of (r - 1) k elements set after new -> shape error",
         forward_group(&layers, gpu, (x.clone(), None, m), None),
     ));
+    // Backward with an adapter of another rank than the forward saved `u`
+    // for: rank 16 in place of 8 read the next adapter's rows of the
+    // group's u (16 rows), a wrong d_B and no error.
+    let mut layers = vec![small_lora(gpu, (n, k), r)?, small_lora(gpu, (n, k), r)?];
+    let saved: Vec<_> = forward_group(&layers, gpu, (x.clone(), None, m), None)?
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    layers[0] = small_lora(gpu, (n, k), 2 * r)?;
+    let dy = gpu.upload(&bf16_bits(&random_bf16(m * n, 36, 1.0)))?;
+    let mut dx: Option<CudaSlice<f32>> = None;
+    out.push(shape_error(
+        "LoRA backward with an adapter of rank 16 for a forward of rank 8 -> shape error",
+        crate::lora::backward_group(&layers, gpu, saved, vec![(&dy, None), (&dy, None)], &mut dx),
+    ));
     Ok(())
 }
 

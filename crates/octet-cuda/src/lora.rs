@@ -1370,6 +1370,17 @@ pub fn backward_group<D: GemmOut>(
     let (m, k) = (saved[0].m, first.k);
     for ((l, s), (dy, _)) in layers.iter().zip(&saved).zip(&dys) {
         l.check_layer()?;
+        // `u` was saved for the forward's adapter: another rank would read
+        // another adapter's rows of the group's `u`, or past them.
+        let (now, then) = (
+            l.adapter.as_ref().map(|a| a.rank),
+            s.u.as_ref().map(|u| u.2),
+        );
+        if now != then {
+            return Err(Error::Shape(format!(
+                "LoRA backward: the adapter's rank {now:?} is not the {then:?} of the saved forward"
+            )));
+        }
         if l.k != k || s.m != m || dy.len() != m * l.n {
             return Err(Error::Shape(format!(
                 "LoRA backward: grad_output of {} elements for a ({m}, {}) output of width-{} input (group width {k})",
