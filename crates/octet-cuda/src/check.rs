@@ -1145,6 +1145,23 @@ fn lora_error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "LoRA backward with an adapter of rank 16 for a forward of rank 8 -> shape error",
         crate::lora::backward_group(&layers, gpu, saved, vec![(&dy, None), (&dy, None)], &mut dx),
     ));
+    // A per-tensor FP8 base of (16, 32) set in place of the (32, 16) one:
+    // the same number of codes, so the FP8 GEMM ran with the wrong matrix.
+    use octet_tensor::mixed::WeightScaling;
+    let w = gpu.upload_fp8_weight(&small_fp8_weight(32, 16, WeightScaling::Tensor)?)?;
+    let mut fp8 = crate::lora::GpuLoraLinear::new(
+        crate::lora::GpuBase::Fp8(w),
+        (32, 16),
+        None,
+        octet_nn::lora::Compute::Fp8,
+        octet_fp8::BackwardMode::HighPrecision,
+    )?;
+    let wt = gpu.upload_fp8_weight(&small_fp8_weight(16, 32, WeightScaling::Tensor)?)?;
+    fp8.base = crate::lora::GpuBase::Fp8(wt);
+    out.push(shape_error(
+        "LoRA FP8 forward of a (32, 16) layer whose base was set to (16, 32) -> shape error",
+        forward_group(std::slice::from_ref(&fp8), gpu, (x.clone(), None, m), None),
+    ));
     Ok(())
 }
 

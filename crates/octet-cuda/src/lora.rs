@@ -297,12 +297,35 @@ impl GpuLoraLinear {
         })
     }
 
-    /// The adapter's buffers against the layer's `(n, k)` and its rank (the
-    /// fields are public: an adapter set after [`GpuLoraLinear::new`] is
+    /// The base's shape and the adapter's buffers against the layer's
+    /// `(n, k)` and the adapter's rank (the fields are public: an adapter set after [`GpuLoraLinear::new`] is
     /// checked here). A short `A` in a group of two or more would leave rows
     /// of the stacked `A` unwritten, read by the `u` and `du A` products.
     fn check_layer(&self) -> Result<()> {
         let (n, k) = (self.n, self.k);
+        // The base too (also public): an FP8 base of `(k, n)` has the codes
+        // of `(n, k)` and would be read as one; a non-per-tensor base under
+        // the modes `new` refuses it for.
+        let (dims, per_tensor) = match &self.base {
+            GpuBase::Bf16(w) => (w.len() == n * k, false),
+            GpuBase::Fp8(w) => (
+                (w.n, w.k) == (n, k),
+                w.scaling == WeightScaling::Tensor && w.format == Format::E4M3,
+            ),
+        };
+        let needs_per_tensor =
+            self.compute == Compute::Fp8 || self.backward == BackwardMode::Quantized;
+        if !dims || (needs_per_tensor && !per_tensor) {
+            return Err(Error::Shape(format!(
+                "LoRA base does not fit a ({n}, {k}) layer with {:?} compute and the {:?} backward: {}",
+                self.compute,
+                self.backward,
+                match &self.base {
+                    GpuBase::Bf16(w) => format!("bf16 of {} elements", w.len()),
+                    GpuBase::Fp8(w) => format!("FP8 ({}, {}) {:?} {}", w.n, w.k, w.scaling, w.format),
+                }
+            )));
+        }
         if let Some(ad) = &self.adapter {
             let r = ad.rank;
             if r == 0 || ad.a.len() != r * k || ad.b.len() != n * r || ad.bt.len() != r * n {
