@@ -131,8 +131,8 @@ pub fn machine() -> serde_json::Value {
 pub fn write_json(path: &Path, command: &str, rows: &serde_json::Value) -> anyhow::Result<()> {
     let doc = serde_json::json!({"date": today(), "machine": machine(), "command": command, "rows": rows});
     let text = serde_json::to_string_pretty(&doc)?;
-    octet_train::checkpoint::write_atomic(path, text.as_bytes())
-        .with_context(|| format!("writing {}", path.display()))?;
+    // The error names the path already ("writing PATH: ...").
+    octet_train::checkpoint::write_atomic(path, text.as_bytes())?;
     println!("wrote {}", path.display());
     Ok(())
 }

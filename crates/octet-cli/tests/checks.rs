@@ -236,3 +236,18 @@ fn compare_checks_every_recipe_before_training_any() {
     assert!(!dir.join("runs").join("cmp-bf16").exists(), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_bench_json_that_cannot_be_written_is_named_once() {
+    let dir = tmpdir("bench-json");
+    std::fs::write(dir.join("file"), "a file, not a directory").expect("file");
+    let json = dir.join("file").join("out.json");
+    let json = json.to_str().expect("utf-8 path");
+    let args = [
+        "bench", "quantize", "--device", "cpu", "--mib", "1", "--reps", "1", "--json", json,
+    ];
+    let (ok, text) = octet(&dir, &args);
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches(json).count(), 1, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
