@@ -469,6 +469,7 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     }
     let mut runs = Vec::new();
     let mut series = Vec::new();
+    let mut failed = Vec::new();
     for cfg in &cfgs {
         let recipe = cfg.recipe.as_str();
         let mut obs = bar(recipe);
@@ -483,6 +484,7 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
             Ok(s) => s,
             Err(e) => {
                 println!("{recipe}: {e}");
+                failed.push(format!("{recipe}: {e}"));
                 continue;
             }
         };
@@ -497,6 +499,12 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
         });
         runs.push(s);
     }
+    // With no run to compare, the errors are the result (not an empty plot's).
+    anyhow::ensure!(
+        !runs.is_empty(),
+        "every recipe failed:\n{}",
+        failed.join("\n")
+    );
     println!();
     summary_table(&runs);
     let path = base.out_dir.join(format!("{}-compare.png", base.name));

@@ -251,3 +251,29 @@ fn a_bench_json_that_cannot_be_written_is_named_once() {
     assert_eq!(text.matches(json).count(), 1, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_compare_whose_every_recipe_fails_reports_their_errors() {
+    let dir = tmpdir("compare-fails");
+    // A learning rate that sends every run's weights to NaN within steps.
+    let mut args = vec![
+        "compare",
+        "--recipes",
+        "bf16,tensorwise",
+        "--steps",
+        "4",
+        "--lr",
+        "1e30",
+        "--no-save",
+        "--name",
+        "c",
+        "--out-dir",
+        "runs",
+    ];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(!ok, "{text}");
+    assert!(text.contains("every recipe failed"), "{text}");
+    assert!(!dir.join("runs").join("c-compare.json").exists(), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
