@@ -6,7 +6,7 @@ use octet_nn::decode::{check_logits, check_sampling, sample, DecodeModel, Weight
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
-use octet_train::data::Tokenizer;
+use octet_train::data::{TextStream, Tokenizer};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::io::Write;
@@ -145,9 +145,11 @@ fn run_one_gpu(
     let mut last = dec.prefill(&prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(a.max_tokens);
+    // Characters whose bytes span tokens are echoed once complete.
+    let stream = std::cell::RefCell::new(TextStream::new(tok));
     let show = |t: &[u32]| -> std::io::Result<()> {
         if echo {
-            echo_text(&tok.decode(t))?;
+            echo_text(&stream.borrow_mut().push(t))?;
         }
         Ok(())
     };
@@ -184,6 +186,9 @@ fn run_one_gpu(
         }
     }
     let decode = t1.elapsed().as_secs_f64();
+    if echo {
+        echo_text(&stream.borrow_mut().finish())?;
+    }
     Ok(Run {
         text: tok.decode(&out),
         prefill_tps: prompt.len() as f64 / prefill,
@@ -257,17 +262,22 @@ fn run_one(
     let v = cfg.vocab_size;
     let mut last = logits[logits.len() - v..].to_vec();
     let mut out = Vec::with_capacity(a.max_tokens);
+    // Characters whose bytes span tokens are echoed once complete.
+    let mut stream = TextStream::new(tok);
     let t1 = Instant::now();
     for step in 0..a.max_tokens {
         check_logits(&last, step)?;
         let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
         out.push(next);
         if echo {
-            echo_text(&tok.decode(&[next]))?;
+            echo_text(&stream.push(&[next]))?;
         }
         last = model.forward(&[next])?;
     }
     let decode = t1.elapsed().as_secs_f64();
+    if echo {
+        echo_text(&stream.finish())?;
+    }
     Ok(Run {
         text: tok.decode(&out),
         prefill_tps: prompt.len() as f64 / prefill,

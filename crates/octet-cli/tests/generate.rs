@@ -204,3 +204,51 @@ fn a_closed_stdout_ends_quietly() {
         failed.join("\n")
     );
 }
+
+#[test]
+fn characters_of_several_tokens_are_echoed_whole() {
+    // A byte-level model trained on "é" (bytes C3 A9) samples C3, A9, C3, ...:
+    // echoed a token at a time, each byte read as U+FFFD on its own.
+    let dir = TempDir::new("utf8");
+    let data = dir.0.join("e.txt");
+    std::fs::write(&data, "é".repeat(20_000)).expect("data");
+    let (data, out_dir) = (data.display().to_string(), dir.0.display().to_string());
+    let args = [
+        "train",
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--data",
+        &data,
+        "--steps",
+        "60",
+        "--seq",
+        "32",
+        "--batch",
+        "4",
+        "--eval-batches",
+        "0",
+        "--sample-tokens",
+        "0",
+        "--out-dir",
+        &out_dir,
+        "--name",
+        "e",
+    ];
+    let out = octet(&args, false);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let ckpt = dir
+        .0
+        .join("e/checkpoints/step_000060")
+        .display()
+        .to_string();
+    let args = ["--prompt", "é", "--temperature", "0", "--weights", "f32"];
+    let out = generate(&ckpt, &args);
+    assert_eq!(out.code, Some(0), "{}", out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&"é".repeat(5)) && !text.contains('\u{FFFD}'),
+        "{text}"
+    );
+}

@@ -126,19 +126,82 @@ impl Tokenizer {
     pub fn decode(self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Byte => ByteTokenizer.decode(tokens),
+            Tokenizer::Gpt2 => String::from_utf8_lossy(&self.decode_bytes(tokens)).into_owned(),
+        }
+    }
+
+    /// The bytes of token ids, as [`Tokenizer::decode`] reads them.
+    pub fn decode_bytes(self, tokens: &[u32]) -> Vec<u8> {
+        match self {
+            Tokenizer::Byte => tokens
+                .iter()
+                .map(|&t| u8::try_from(t).unwrap_or(b'?'))
+                .collect(),
             Tokenizer::Gpt2 => {
                 let known: Vec<u32> = tokens
                     .iter()
                     .copied()
                     .filter(|&t| (t as usize) < GPT2_VOCAB)
                     .collect();
-                let bytes = tiktoken_rs::r50k_base_singleton()
+                tiktoken_rs::r50k_base_singleton()
                     .decode_bytes(&known)
-                    .unwrap_or_default();
-                String::from_utf8_lossy(&bytes).into_owned()
+                    .unwrap_or_default()
             }
         }
     }
+}
+
+/// Decodes tokens as they are sampled: a UTF-8 character whose bytes span
+/// several tokens (every non-ASCII byte-level character, many of GPT-2's) is
+/// held back until it is complete, so the pieces put together read as
+/// [`Tokenizer::decode`] of all the tokens.
+#[derive(Clone, Debug)]
+pub struct TextStream {
+    tok: Tokenizer,
+    pending: Vec<u8>,
+}
+
+impl TextStream {
+    /// A stream of `tok`'s tokens.
+    pub fn new(tok: Tokenizer) -> TextStream {
+        TextStream {
+            tok,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The text of `tokens` that is complete so far.
+    pub fn push(&mut self, tokens: &[u32]) -> String {
+        self.pending.extend(self.tok.decode_bytes(tokens));
+        let keep = incomplete_tail(&self.pending);
+        let rest = self.pending.split_off(self.pending.len() - keep);
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending = rest;
+        text
+    }
+
+    /// What is left (an incomplete character shows as U+FFFD).
+    pub fn finish(&mut self) -> String {
+        let text = String::from_utf8_lossy(&self.pending).into_owned();
+        self.pending.clear();
+        text
+    }
+}
+
+/// How many bytes at the end of `b` begin a UTF-8 character that later
+/// bytes may complete.
+fn incomplete_tail(b: &[u8]) -> usize {
+    for back in 1..=b.len().min(3) {
+        let tail = &b[b.len() - back..];
+        if tail[0] & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back for its lead
+        }
+        return match std::str::from_utf8(tail) {
+            Err(e) if e.valid_up_to() == 0 && e.error_len().is_none() => back,
+            _ => 0,
+        };
+    }
+    0
 }
 
 /// A tokenized corpus split into training and validation streams.
@@ -327,6 +390,25 @@ mod tests {
         let byte = Tokenizer::Byte;
         assert_eq!(byte.decode(&byte.encode(text)), text);
         assert_eq!((byte.vocab(), byte.model_vocab()), (256, 256));
+    }
+
+    #[test]
+    fn streamed_tokens_read_as_the_whole_decode() {
+        let text = "é 日本語 🦀 naïve\u{10FFFF}";
+        for tok in [Tokenizer::Byte, Tokenizer::Gpt2] {
+            let ids = tok.encode(text);
+            let mut s = TextStream::new(tok);
+            let mut out: String = ids.iter().map(|&t| s.push(&[t])).collect();
+            out.push_str(&s.finish());
+            assert_eq!(out, text, "{tok:?}");
+        }
+        // Invalid bytes read as the whole decode reads them.
+        let bytes: [u8; 10] = [0x61, 0xC3, 0xE2, 0x82, 0xAC, 0xFF, 0xF0, 0x9F, 0xA6, 0xC3];
+        let ids: Vec<u32> = bytes.iter().map(|&b| u32::from(b)).collect();
+        let mut s = TextStream::new(Tokenizer::Byte);
+        let mut out: String = ids.iter().map(|&t| s.push(&[t])).collect();
+        out.push_str(&s.finish());
+        assert_eq!(out, Tokenizer::Byte.decode(&ids));
     }
 
     #[test]
