@@ -310,7 +310,11 @@ impl Dataset {
         } else {
             tok.encode(&std::fs::read_to_string(path).map_err(io)?)
         };
-        Dataset::from_tokens(tokens, vocab, val_fraction)
+        // An id past the vocabulary names the file it is in.
+        Dataset::from_tokens(tokens, vocab, val_fraction).map_err(|e| match e {
+            Error::Data(m) => Error::Data(format!("{}: {m}", path.display())),
+            e => e,
+        })
     }
 
     /// A batch of `batch` windows of `seq + 1` tokens from `split`, drawn by a
@@ -432,6 +436,18 @@ mod tests {
         let d = Dataset::from_tokens(vec![1; 10], 256, 0.1).unwrap();
         assert!(d.batch(Split::Train, 1, 16, 0, 0).is_err());
         assert!(Dataset::load(Path::new("/nonexistent/file.txt"), 256, 0.1).is_err());
+    }
+
+    #[test]
+    fn a_token_past_the_vocabulary_names_its_file() {
+        let p = std::env::temp_dir().join(format!("octet-vocab-{}.bin", std::process::id()));
+        std::fs::write(&p, [1u8, 0, 44, 1, 2, 0]).unwrap();
+        let e = Dataset::load(&p, 256, 0.1).unwrap_err().to_string();
+        std::fs::remove_file(&p).unwrap();
+        assert!(
+            e.contains(&p.display().to_string()) && e.contains("token 300 at position 1"),
+            "{e}"
+        );
     }
 
     #[test]
