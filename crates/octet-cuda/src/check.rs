@@ -1327,7 +1327,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "mixed product with x of 2x47 for K=48 -> shape error",
         r,
     ));
-    // The weight's shape and scaling are public fields, the buffers are not:
+    // The weight's shape and scaling are crate-visible fields, the buffers are not:
     // a K or scaling changed after upload must not send the kernels past the
     // codes (16 x 48 of them, read as 16 x 64) or the one per-tensor factor
     // (read as 16 per-row ones). x and y fit the changed shape, so only the

@@ -116,9 +116,9 @@ pub const PREFILL_ROWS: usize = 256;
 /// A Llama model on the GPU for generation (see the module docs).
 pub struct GpuDecoder<'g> {
     gpu: &'g Gpu,
-    /// Dimensions.
-    pub cfg: LlamaConfig,
-    /// The dimensions the buffers were made for (`cfg` is public: a change
+    /// Dimensions ([`GpuDecoder::cfg`]).
+    pub(crate) cfg: LlamaConfig,
+    /// The dimensions the buffers were made for (`cfg` is writable in the crate: a change
     /// to it is refused, not followed past the buffers' ends).
     built: LlamaConfig,
     f: Fns,
@@ -584,6 +584,11 @@ impl<'g> GpuDecoder<'g> {
                 .launch(cfg)?;
         }
         Ok(())
+    }
+
+    /// The model's dimensions, as the decoder was built for them.
+    pub fn cfg(&self) -> &LlamaConfig {
+        &self.cfg
     }
 
     /// The tokens are in the vocabulary and fit in the cache after its `len`.

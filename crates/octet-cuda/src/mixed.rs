@@ -460,13 +460,13 @@ impl MixedKernels {
 /// no kernel ever writes them.
 pub struct DeviceFp8Weight {
     /// Output channels `N`.
-    pub n: usize,
+    pub(crate) n: usize,
     /// Input features `K` (a multiple of 16).
-    pub k: usize,
+    pub(crate) k: usize,
     /// E4M3 or E5M2.
-    pub format: Format,
+    pub(crate) format: Format,
     /// Scale granularity.
-    pub scaling: WeightScaling,
+    pub(crate) scaling: WeightScaling,
     /// The codes, laid out as `layout` says.
     pub(crate) codes: CudaSlice<u8>,
     /// Row-major or tiled.
@@ -475,7 +475,7 @@ pub struct DeviceFp8Weight {
     pub(crate) factors: CudaSlice<f32>,
     /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
     /// host as well: the large-M path passes it to the GEMM as its alpha.
-    pub tensor_factor: f32,
+    pub(crate) tensor_factor: f32,
     /// A bound on `|W|`: the largest factor times the format's largest
     /// value (NaN if a factor is). Above `M = 64` with f16 x a block-scaled
     /// weight is rounded to f16 code by code, which this must keep finite.
@@ -521,7 +521,7 @@ impl DeviceFp8Weight {
         self.codes.len() + 4 * self.factors.len()
     }
 
-    /// Fails unless `(n, k)` (public fields) still match the codes and
+    /// Fails unless `(n, k)` (crate-visible fields) still match the codes and
     /// factors the upload made: `K % 16 == 0`, `n * k` codes (row-major) or
     /// whole 16 x 128 tiles of them (tiled), and the factors `scaling` reads.
     /// The kernels index both buffers by `(n, k)` and the scaling alone.
