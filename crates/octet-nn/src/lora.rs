@@ -422,7 +422,8 @@ impl LoraLinear {
     /// `compute` is FP8 (any current-scaling recipe; delayed is refused);
     /// its backward mode decides what the adapter saves and how the input
     /// gradient runs. The `quantized` backward needs an FP8 base with
-    /// per-tensor scaling (its transpose is exact then).
+    /// per-tensor scaling (its transpose is exact then). The adapter must be
+    /// `A (r, K)`, `B (N, r)` with a rank accepted by [`check_rank`].
     pub fn new(
         base: Base,
         adapter: Option<Adapter>,
@@ -431,13 +432,17 @@ impl LoraLinear {
     ) -> Result<LoraLinear> {
         let (n, k) = base.dims();
         if let Some(ad) = &adapter {
-            if ad.a.shape() != [ad.rank(), k] || ad.b.shape() != [n, ad.rank()] {
+            // Not `ad.rank()`: it indexes A's shape, which may be empty here.
+            let rank = ad.a.shape().first().copied().unwrap_or(0);
+            if ad.a.shape() != [rank, k] || ad.b.shape() != [n, rank] {
                 return Err(Error::Shape(format!(
                     "adapter A {:?} / B {:?} do not fit a ({n}, {k}) base",
                     ad.a.shape(),
                     ad.b.shape()
                 )));
             }
+            // Rank 0 would scale by alpha / 0 and turn every output into NaN.
+            check_rank(rank, "adapter rank")?;
         }
         if matches!(recipe.scaling(), Scaling::Delayed { .. }) {
             return Err(Error::Config(

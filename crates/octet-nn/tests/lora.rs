@@ -599,3 +599,41 @@ fn a_saved_state_from_another_lora_layer_is_an_error() {
         assert!(e.contains("rank 4"), "{mode:?}: {e}");
     }
 }
+
+/// An adapter built by hand (its fields are public) is checked like one from
+/// [`Adapter::init`]: rank 0 (which scaled by `alpha / 0` and made every
+/// output NaN) and an `A` without a matrix shape (which panicked) are errors.
+#[test]
+fn an_adapter_of_rank_zero_or_without_a_matrix_shape_is_refused() {
+    let w = Tensor::from_f32(&[6, 8], gaussian(48, 1, 0.3)).unwrap();
+    let layer = |a: Tensor, b: Tensor| {
+        let base = Base::new(&w, BaseFormat::Bf16).unwrap();
+        let ad = Adapter { a, b, alpha: 8.0 };
+        LoraLinear::new(
+            base,
+            Some(ad),
+            Compute::Bf16,
+            recipe(BackwardMode::HighPrecision),
+        )
+    };
+    let zero_rank = layer(
+        Tensor::zeros(&[0, 8], DType::F32).unwrap(),
+        Tensor::zeros(&[6, 0], DType::F32).unwrap(),
+    );
+    match zero_rank {
+        Ok(mut l) => {
+            let x = Tensor::from_f32(&[2, 8], gaussian(16, 2, 1.0)).unwrap();
+            let (y, _) = l.forward(&x, true).unwrap();
+            panic!("rank 0 accepted; y[0] = {}", y.to_f32_vec()[0]);
+        }
+        Err(e) => assert!(e.to_string().contains("rank"), "{e}"),
+    }
+    let scalar_a = Tensor::from_f32(&[], vec![1.0]).unwrap();
+    let r = std::panic::catch_unwind(|| {
+        layer(scalar_a, Tensor::from_f32(&[6, 1], vec![0.0; 6]).unwrap()).is_err()
+    });
+    assert!(
+        matches!(r, Ok(true)),
+        "a 0-d A must be an error, not a panic"
+    );
+}
