@@ -235,13 +235,23 @@ impl Linear {
     /// whole weight. It must be `(N, K)` with a row-wise copy, and a column-wise
     /// one if the quantized backward needs the input gradient. Its amax feeds
     /// the delayed-scaling history as a locally made one would. `None` returns
-    /// to quantizing `weight`.
+    /// to quantizing `weight`. Refused under the `high_precision` backward,
+    /// whose input gradient reads `weight` itself, not the FP8 weight the
+    /// forward used.
     pub fn set_quantized_weight(&mut self, q: Option<Arc<QuantizedTensor>>) -> Result<()> {
         if let Some(q) = &q {
-            if self.recipe.is_none() {
-                return Err(Error::Shape(
-                    "a quantized weight needs an FP8 recipe on the layer".into(),
-                ));
+            match self.recipe.map(|r| r.backward()) {
+                None => {
+                    return Err(Error::Shape(
+                        "a quantized weight needs an FP8 recipe on the layer".into(),
+                    ))
+                }
+                Some(BackwardMode::HighPrecision) => {
+                    return Err(Error::Shape(
+                        "a quantized weight needs a quantized or dequantized backward: the high_precision backward reads the layer's own weight".into(),
+                    ))
+                }
+                Some(_) => {}
             }
             if (q.rows, q.cols) != (self.out_features(), self.in_features()) {
                 return Err(Error::Shape(format!(

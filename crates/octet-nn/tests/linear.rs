@@ -573,3 +573,35 @@ fn delayed_scaling_survives_a_step_of_zero_gradients() {
         "d_weight after a zero-gradient step: {s:.1} dB"
     );
 }
+
+/// The high_precision backward computes `d_input = dy @ weight` from the
+/// layer's own weight, so a weight quantized elsewhere (which replaces
+/// `weight` in the forward, as sharded data parallel's FP8 all-gather does,
+/// leaving `weight` as it was) would give an input gradient of another
+/// matrix than the forward used. It is refused, as the GPU layer refuses it.
+#[test]
+fn an_external_quantized_weight_is_refused_under_the_high_precision_backward() {
+    let c = case(8, 64, 16, 13);
+    let r = Recipe::from_name("tensorwise")
+        .unwrap()
+        .with_backward(BackwardMode::HighPrecision)
+        .unwrap();
+    let w = Tensor::from_f32(&[c.n, c.k], c.w.clone()).unwrap();
+    let spec = r.spec(Role::Weight, Layout::Rowwise, None, 0).unwrap();
+    let q = cpu::quantize(&w, &spec, &spec, Usage::BOTH, None).unwrap();
+    // The layer's own weight is a stale placeholder (not the gathered one).
+    let stale = Tensor::zeros(&[c.n, c.k], DType::F32).unwrap();
+    let mut l = Linear::new(stale, None, Some(r), true).unwrap();
+    match l.set_quantized_weight(Some(std::sync::Arc::new(q))) {
+        Ok(()) => {
+            let x = Tensor::from_f32(&[c.m, c.k], c.x.clone()).unwrap();
+            let dy = Tensor::from_f32(&[c.m, c.n], c.dy.clone()).unwrap();
+            let (_, saved) = l.forward(&x, true).unwrap();
+            let g = l.backward(saved, &dy).unwrap();
+            let (_, dx_ref, _) = reference(&c);
+            let s = sqnr_db(&dx_ref, &f64s(g.d_input.as_ref().unwrap()));
+            panic!("accepted; d_input SQNR against dy @ W: {s:.1} dB");
+        }
+        Err(e) => assert!(e.to_string().contains("high_precision"), "{e}"),
+    }
+}
