@@ -62,9 +62,12 @@ __device__ __forceinline__ float elem(const unsigned short* x, int src_cols, int
     return bf16_lo(transposed ? x[(size_t)c * src_cols + r] : x[(size_t)r * src_cols + c]);
 }
 
-// The per-tensor encode scale: scale_from_amax(amax, E4M3) * 6, f32::MAX if not finite.
+// The per-tensor encode scale, as octet_fp8's quantize: 448 * 6 / amax rounded
+// once (Transformer Engine's order), f32::MAX if not finite, 6 for amax 0.
 __device__ __forceinline__ float nv_global(const unsigned int* amax_bits) {
-    float g = __fmul_rn(scale_from_amax(__uint_as_float(*amax_bits), 448.f, 0), 6.f);
+    const float amax = __uint_as_float(*amax_bits);
+    if (amax == 0.f) return 6.f;
+    float g = __fdiv_rn(2688.f, amax);
     if (nonfinite_f32(g)) g = 3.402823466e38f;
     return g;
 }

@@ -445,11 +445,13 @@ fn quantize_copy<T: ToF32>(
     } else {
         cols
     };
+    // NVFP4's per-tensor encode scale: `448 * 6 / amax` rounded once, as
+    // Transformer Engine computes it (`448 / amax` then `* 6` rounds twice and
+    // is an ulp off for about a quarter of amaxes); capped at the largest f32;
+    // 6 (a unit E4M3 scale) for an all-zero tensor. `amax` is finite.
     let global = match spec.rule {
-        ScaleRule::Nvfp4 => scale_from_amax(amax, Format::E4M3, 0, false)
-            .map(|s| s * Format::E2M1.max())
-            .filter(|s| s.is_finite())
-            .unwrap_or(f32::MAX),
+        ScaleRule::Nvfp4 if amax == 0.0 => Format::E2M1.max(),
+        ScaleRule::Nvfp4 => (Format::E4M3.max() * Format::E2M1.max() / amax).min(f32::MAX),
         _ => 1.0,
     };
     // Phase 1, per block (in parallel): the amax, the multiplier applied

@@ -561,3 +561,26 @@ fn a_margin_is_kept_when_max_over_amax_alone_overflows() {
         }
     }
 }
+
+/// The NVFP4 per-tensor encode scale is `6 * 448 / amax` rounded once, as
+/// Transformer Engine computes it (`fp8_max * fp4_max / amax`). Rounding
+/// `448 / amax` first and then multiplying by 6 is an ulp off for about a
+/// quarter of amaxes (4.5 gave 597.3334 instead of 597.3333), and with it
+/// every dequantized value of the tensor.
+#[test]
+fn nvfp4_global_scale_is_rounded_once() {
+    let spec = Recipe::from_name("nvfp4")
+        .unwrap()
+        .spec(Role::Input, Layout::Rowwise, None, 0)
+        .unwrap();
+    for amax in [4.5f32, 1.7, 3.3, 5.9, 0.37, 1e-3, 2.5e4, 1e-37] {
+        let x: Vec<f32> = (0..32).map(|i| amax * (1.0 - i as f32 / 40.0)).collect();
+        let q = quantize(&x, 2, 16, &spec, &spec, Usage::ROW, None).unwrap();
+        let Scales::Nvfp4 { global, .. } = q.rowwise.unwrap().scales else {
+            panic!("NVFP4 scales")
+        };
+        // f64 has more than 2 * 24 + 2 bits: its quotient rounds to the f32 quotient.
+        let want = ((6.0 * 448.0 / amax as f64) as f32).min(f32::MAX);
+        assert_eq!(global, want, "amax {amax:e}");
+    }
+}
