@@ -34,7 +34,8 @@ pub struct Rendezvous {
     pub world: usize,
     /// This process's rank.
     pub rank: usize,
-    /// How long any rank waits for the others, in all.
+    /// How long any rank waits for the others, in all (one longer than the
+    /// clock can count, such as `Duration::MAX`, waits about 136 years).
     pub timeout: Duration,
 }
 
@@ -86,7 +87,7 @@ impl Rendezvous {
     /// connection lost).
     pub fn exchange(&self, blob: Option<&[u8]>) -> Result<Vec<u8>> {
         self.check()?;
-        let deadline = Instant::now() + self.timeout;
+        let deadline = deadline_after(self.timeout);
         if self.rank == 0 {
             let blob =
                 blob.ok_or_else(|| Error::Config("rank 0 must provide the blob to share".into()))?;
@@ -216,6 +217,15 @@ impl Rendezvous {
     }
 }
 
+/// `timeout` from now; a timeout the clock cannot add (`--dist-timeout`
+/// of `u64::MAX` seconds) is cut to `2^32` seconds instead of panicking.
+fn deadline_after(timeout: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(timeout)
+        .or_else(|| now.checked_add(Duration::from_secs(1 << 32)))
+        .unwrap_or(now)
+}
+
 /// Read exactly `buf.len()` bytes before `deadline`.
 fn read_exact_by(s: &mut TcpStream, buf: &mut [u8], deadline: Instant) -> Result<()> {
     let mut got = 0;
@@ -323,6 +333,27 @@ mod tests {
         for h in handles {
             assert_eq!(h.join().unwrap().unwrap(), blob);
         }
+    }
+
+    #[test]
+    fn a_timeout_too_long_for_the_clock_waits_without_a_deadline() {
+        // `--dist-timeout 18446744073709551615` (u64::MAX seconds) used to panic
+        // ("overflow when adding duration to instant") before any rank connected.
+        let port = free_port();
+        let blob = b"id".to_vec();
+        let forever = Duration::from_secs(u64::MAX);
+        let zero = {
+            let blob = blob.clone();
+            std::thread::spawn(move || {
+                let mut r = rv(port, 2, 0, 0);
+                r.timeout = forever;
+                r.exchange(Some(&blob[..]))
+            })
+        };
+        let mut one = rv(port, 2, 1, 0);
+        one.timeout = forever;
+        assert_eq!(one.exchange(None).unwrap(), blob);
+        assert_eq!(zero.join().unwrap().unwrap(), blob);
     }
 
     #[test]
