@@ -53,6 +53,10 @@ pub struct TrainArgs {
     /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`).
     #[arg(long)]
     lr: Option<f32>,
+    /// Final learning rate of the cosine decay, at most `--lr` (default
+    /// 3e-4; 3e-5 for `--model 1b`; 1e-4 for `octet lora`).
+    #[arg(long)]
+    min_lr: Option<f32>,
     /// Warmup steps (default 30; 100 for `--model 1b`).
     #[arg(long)]
     warmup: Option<u64>,
@@ -206,6 +210,7 @@ impl TrainArgs {
             grad_accum,
             steps,
             lr,
+            min_lr,
             warmup,
             seed,
             eval_every,
@@ -579,6 +584,19 @@ mod tests {
         a.config = Some(path.clone());
         assert_eq!(a.config().expect("a good config").steps, 2);
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// `--lr` below the default final rate is an error that names
+    /// `--min-lr`, and `--min-lr` sets the final rate.
+    #[test]
+    fn a_peak_rate_below_the_final_one_needs_min_lr() {
+        let mut a = TrainArgs::bare().expect("bare args");
+        a.lr = Some(1e-4);
+        let e = format!("{:#}", a.config().expect_err("--lr below min_lr"));
+        assert!(e.contains("--min-lr"), "{e}");
+        a.min_lr = Some(1e-5);
+        let c = a.config().expect("--lr with --min-lr");
+        assert_eq!((c.lr, c.min_lr), (1e-4, 1e-5));
     }
 
     #[test]

@@ -80,7 +80,7 @@ pub struct TrainConfig {
     pub steps: u64,
     /// Peak learning rate.
     pub lr: f32,
-    /// Final learning rate of the cosine.
+    /// Final learning rate of the cosine (at most `lr`).
     pub min_lr: f32,
     /// Warmup steps.
     pub warmup: u64,
@@ -675,6 +675,12 @@ impl TrainConfig {
             return Err(Error::Train(format!(
                 "min_lr = {}: the final learning rate must be a finite number of at least 0",
                 self.min_lr
+            )));
+        }
+        if self.min_lr > self.lr {
+            return Err(Error::Train(format!(
+                "--lr (lr) = {} is below the final learning rate --min-lr (min_lr) = {}: the cosine would raise the rate past the peak; give --min-lr at most --lr",
+                self.lr, self.min_lr
             )));
         }
         self.adamw.validate()?;

@@ -175,6 +175,38 @@ fn resuming_a_finished_run_is_an_error_not_an_empty_run() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A peak `--lr` below the final `min_lr` (the default 3e-4, say, under
+/// `--lr 1e-4`) would make the cosine "decay" raise the rate to `min_lr`:
+/// an error naming both, not a schedule that climbs past the peak asked for.
+#[test]
+fn a_peak_learning_rate_below_the_final_one_is_an_error() {
+    let ok = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    let low = TrainConfig {
+        lr: 1e-4,
+        ..ok.clone()
+    };
+    // What the run would do: its last step's rate is above the peak.
+    let last = octet_train::optim::lr_at(low.steps - 1, low.warmup, low.steps, low.lr, low.min_lr);
+    assert!(last > low.lr, "{last}");
+    let e = err(&low);
+    assert!(
+        e.contains("--lr") && e.contains("0.0001") && e.contains("min_lr") && e.contains("0.0003"),
+        "{e}"
+    );
+    // Equal rates are a constant schedule, and no error.
+    let flat = TrainConfig {
+        lr: 3e-4,
+        min_lr: 3e-4,
+        ..ok.clone()
+    };
+    assert!(flat.validate().is_ok());
+}
+
 #[test]
 fn non_finite_and_out_of_range_floats_are_errors_naming_the_setting_and_value() {
     let ok = TrainConfig {
