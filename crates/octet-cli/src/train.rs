@@ -168,6 +168,24 @@ impl TrainArgs {
         Ok(Self::from_arg_matches(&matches)?)
     }
 
+    /// An error unless the flags of sharded runs (`--nproc`, `--nnodes`,
+    /// `--node-rank`, `--master-port`) are left unset: `cmd` runs one
+    /// process and would otherwise drop them without a word.
+    pub fn refuse_sharding(&self, cmd: &str) -> anyhow::Result<()> {
+        for (flag, given) in [
+            ("--nproc", self.nproc != 1),
+            ("--nnodes", self.nnodes != 1),
+            ("--node-rank", self.node_rank != 0),
+            ("--master-port", self.master_port.is_some()),
+        ] {
+            anyhow::ensure!(
+                !given,
+                "{flag} applies to sharded `octet train` runs; {cmd} runs one process"
+            );
+        }
+        Ok(())
+    }
+
     fn config(&self) -> anyhow::Result<TrainConfig> {
         // A preset's own schedule, unless a config file gives one (the
         // flags `--lr` and `--warmup` still apply after it).
@@ -441,6 +459,12 @@ pub struct CompareArgs {
 }
 
 pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
+    // Every recipe trains from step 0 in this process.
+    anyhow::ensure!(
+        a.train.resume.is_none(),
+        "--resume continues one run; octet compare trains every recipe from step 0"
+    );
+    a.train.refuse_sharding("octet compare")?;
     let base = a.train.config()?;
     let gpu = crate::gpu::open(&a.train.device)?;
     if let Some(g) = &gpu {

@@ -237,6 +237,42 @@ fn compare_checks_every_recipe_before_training_any() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `octet compare` trains every recipe from step 0 in one process: a
+/// `--resume` or `--nproc` given to it is an error naming the flag, not a
+/// flag dropped while the runs go ahead without it.
+#[test]
+fn compare_refuses_the_flags_it_does_not_apply() {
+    let dir = tmpdir("compare-flags");
+    for (flag, value) in [
+        ("--resume", "runs/x/checkpoints/step_000002"),
+        ("--nproc", "2"),
+        ("--nnodes", "2"),
+    ] {
+        let mut args = vec![
+            "compare",
+            "--recipes",
+            "bf16",
+            "--steps",
+            "1",
+            "--no-save",
+            "--name",
+            "cmp",
+            "--out-dir",
+            "runs",
+            flag,
+            value,
+        ];
+        args.extend(QUICK);
+        let (ok, text) = octet(&dir, &args);
+        assert!(!ok && text.contains(flag), "{flag}: {text}");
+        assert!(
+            !dir.join("runs").join("cmp-bf16").exists(),
+            "{flag}: {text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bench_json_that_cannot_be_written_is_named_once() {
     let dir = tmpdir("bench-json");
