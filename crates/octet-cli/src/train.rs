@@ -197,23 +197,25 @@ impl TrainArgs {
         })
     }
 
-    /// The config from the defaults changed by `defaults`, then the file, then the flags.
+    /// The config from the defaults changed by `defaults`, then the keys the
+    /// file gives (a table such as `[adamw]` key by key), then the flags.
     pub fn config_with(
         &self,
         defaults: impl FnOnce(&mut TrainConfig),
     ) -> anyhow::Result<TrainConfig> {
-        let mut c = match &self.config {
-            Some(p) => {
-                let text = std::fs::read_to_string(p)
-                    .with_context(|| format!("reading {}", p.display()))?;
-                toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?
-            }
-            None => {
-                let mut c = TrainConfig::default();
-                defaults(&mut c);
-                c
-            }
-        };
+        let mut c = TrainConfig::default();
+        defaults(&mut c);
+        if let Some(p) = &self.config {
+            let parsing = || format!("parsing {}", p.display());
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let file: toml::Table = toml::from_str(&text).with_context(parsing)?;
+            let mut merged = toml::Table::try_from(&c).context("the default config")?;
+            overlay(&mut merged, file);
+            c = toml::Value::Table(merged)
+                .try_into()
+                .with_context(parsing)?;
+        }
         macro_rules! set {
             ($($f:ident),*) => { $(if let Some(v) = &self.$f { c.$f = v.clone(); })* };
         }
@@ -277,6 +279,18 @@ impl TrainArgs {
         }
         c.validate()?;
         Ok(c)
+    }
+}
+
+/// Put the keys of `over` into `base`, a table into a table key by key.
+fn overlay(base: &mut toml::Table, over: toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(&k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => overlay(b, o),
+            (_, v) => {
+                base.insert(k, v);
+            }
+        }
     }
 }
 
@@ -621,6 +635,25 @@ mod tests {
         a.min_lr = Some(1e-5);
         let c = a.config().expect("--lr with --min-lr");
         assert_eq!((c.lr, c.min_lr), (1e-4, 1e-5));
+    }
+
+    /// A config file overrides the keys it gives and no others: `--model
+    /// 1b` keeps its schedule under a file that sets none, and a file's
+    /// `lr` replaces the preset's.
+    #[test]
+    fn a_config_file_keeps_the_presets_schedule_where_it_gives_none() {
+        let path = std::env::temp_dir().join(format!("octet-sched-{}.toml", std::process::id()));
+        let mut a = TrainArgs::bare().expect("bare args");
+        a.model = Some("1b".into());
+        a.config = Some(path.clone());
+        std::fs::write(&path, "steps = 10\n").expect("write the config");
+        let c = a.config().expect("1b config with a file");
+        assert_eq!((c.lr, c.min_lr, c.warmup, c.steps), (3e-4, 3e-5, 100, 10));
+        std::fs::write(&path, "lr = 1e-3\n[adamw]\nbeta2 = 0.99\n").expect("write");
+        let c = a.config().expect("a file with lr");
+        assert_eq!((c.lr, c.min_lr, c.warmup), (1e-3, 3e-5, 100));
+        assert_eq!((c.adamw.beta1, c.adamw.beta2), (0.9, 0.99));
+        let _ = std::fs::remove_file(&path);
     }
 
     #[test]

@@ -273,6 +273,38 @@ fn compare_refuses_the_flags_it_does_not_apply() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `octet lora --config FILE` keeps its own defaults under the file: a file
+/// that names no run trains into `runs/lora`, not `runs/default`, where it
+/// replaced the checkpoint of `octet train` it took as its base (a
+/// step_000003 of the same number) with an adapter and moved `latest` to it.
+#[test]
+fn a_lora_config_file_keeps_the_lora_defaults_and_the_trained_base() {
+    let dir = tmpdir("lora-config");
+    let mut args = vec!["train", "--steps", "3"];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(ok, "{text}");
+    let base = dir.join("runs/default/checkpoints/step_000003");
+    assert!(base.join("model.safetensors").is_file(), "{text}");
+    let file = dir.join("lora.toml");
+    std::fs::write(
+        &file,
+        "steps = 3\nbatch = 2\nseq = 16\nsample_tokens = 0\neval_batches = 0\n",
+    )
+    .expect("write the config");
+    let file = file.to_str().expect("utf-8 path");
+    let (ok, text) = octet(&dir, &["lora", "--config", file, "--device", "cpu"]);
+    assert!(ok, "{text}");
+    assert!(base.join("model.safetensors").is_file(), "{text}");
+    assert!(!base.join("adapter_model.safetensors").exists(), "{text}");
+    assert!(
+        dir.join("runs/lora/checkpoints/step_000003/adapter_model.safetensors")
+            .is_file(),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bench_json_that_cannot_be_written_is_named_once() {
     let dir = tmpdir("bench-json");
