@@ -86,6 +86,8 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     if let Some(LoraCmd::Merge(m)) = a.cmd {
         return merge(m);
     }
+    // LoRA runs one process (no sharded LoRA yet).
+    a.train.refuse_sharding("octet lora")?;
     let mut cfg = a.train.config_with(|c| {
         c.name = "lora".into();
         c.steps = 200;

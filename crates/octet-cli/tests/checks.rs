@@ -305,6 +305,21 @@ fn a_lora_config_file_keeps_the_lora_defaults_and_the_trained_base() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `octet lora` runs one process (`--nproc` is not available for LoRA):
+/// the sharding flags are errors naming them, not dropped.
+#[test]
+fn lora_refuses_the_sharding_flags() {
+    let dir = tmpdir("lora-nproc");
+    for (flag, value) in [("--nproc", "2"), ("--nnodes", "2")] {
+        let mut args = vec!["lora", "--steps", "1", "--no-save", flag, value];
+        args.extend(QUICK);
+        let (ok, text) = octet(&dir, &args);
+        assert!(!ok && text.contains(flag), "{flag}: {text}");
+        assert!(!dir.join("runs").join("lora").exists(), "{flag}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bench_json_that_cannot_be_written_is_named_once() {
     let dir = tmpdir("bench-json");
