@@ -39,15 +39,18 @@ pub struct LoraArgs {
     /// the checkpoint's, and others are an error].
     #[arg(long)]
     targets: Option<String>,
-    /// How the frozen base is stored: fp8-tensorwise, fp8-rowwise, fp8-block, bf16.
-    #[arg(long, default_value = "fp8-tensorwise")]
-    base_format: String,
-    /// fp8 (FP8 GEMMs) or bf16 (activations in high precision, FP8 weights upcast in the product).
-    #[arg(long, default_value = "fp8")]
-    compute: String,
-    /// LoRA dropout on the adapters' inputs (PEFT's lora_dropout), in [0, 1).
-    #[arg(long, default_value_t = 0.0)]
-    lora_dropout: f64,
+    /// How the frozen base is stored: fp8-tensorwise, fp8-rowwise, fp8-block,
+    /// bf16 [default: the config file's `lora.base_format`, else fp8-tensorwise].
+    #[arg(long)]
+    base_format: Option<String>,
+    /// fp8 (FP8 GEMMs) or bf16 (activations in high precision, FP8 weights
+    /// upcast in the product) [default: the config file's `lora.compute`, else fp8].
+    #[arg(long)]
+    compute: Option<String>,
+    /// LoRA dropout on the adapters' inputs (PEFT's lora_dropout), in [0, 1)
+    /// [default: the config file's `lora.dropout`, else 0].
+    #[arg(long)]
+    lora_dropout: Option<f64>,
     /// Also run the same LoRA on a bf16 base and compare the two.
     #[arg(long)]
     compare_bf16: bool,
@@ -113,7 +116,9 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let defaults = LoraSettings::default();
+    // A `[lora]` table of the config file (its missing keys at their
+    // defaults) comes after the flags and a resumed adapter's values.
+    let defaults = cfg.lora.take().unwrap_or_default();
     let base = match (&a.base, trained.as_ref().and_then(|t| t.3.as_deref())) {
         (Some(b), _) => Some(b.clone()),
         (None, Some(checkpoint::RANDOM_BASE)) => None,
@@ -121,10 +126,12 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         // No record (an adapter saved before octet wrote one).
         // A random base where there is no `latest` (an error where it names no
         // checkpoint).
-        (None, None) => checkpoint::latest_checkpoint(Path::new("runs/default/checkpoints"))
-            .context(
+        (None, None) => match &defaults.base {
+            Some(b) => Some(b.clone()),
+            None => checkpoint::latest_checkpoint(Path::new("runs/default/checkpoints")).context(
                 "the default base (pass --base DIR; with no latest file the base is random)",
             )?,
+        },
     };
     let targets: Vec<String> = match (&a.targets, &trained) {
         (Some(t), _) => t.split(',').map(|t| t.trim().to_string()).collect(),
@@ -144,20 +151,22 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         .alpha
         .or(trained.as_ref().map(|t| t.1))
         .unwrap_or(defaults.alpha);
+    let base_format = a.base_format.clone().unwrap_or(defaults.base_format);
+    let compute = a.compute.clone().unwrap_or(defaults.compute);
     cfg.lora = Some(LoraSettings {
         base: base.clone(),
         rank,
         alpha,
         targets: targets.clone(),
-        base_format: a.base_format.clone(),
-        compute: a.compute.clone(),
-        dropout: a.lora_dropout,
+        base_format: base_format.clone(),
+        compute: compute.clone(),
+        dropout: a.lora_dropout.unwrap_or(defaults.dropout),
     });
     cfg.validate()?;
     cfg.check_resume(resume)?;
     let gpu = crate::gpu::open_for(
         &a.train.device,
-        (a.compute == "fp8").then_some("--compute fp8"),
+        (compute == "fp8").then_some("--compute fp8"),
     )?;
     let device = match &gpu {
         Some(g) => g.info()?,
@@ -166,8 +175,8 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     println!(
         "octet lora: base {}, stored as {}, compute {}, rank {} alpha {} on {}; backward {}; {} steps, batch {}x{}, {device}",
         base.as_ref().map_or(format!("random {} model", cfg.model), |p| p.display().to_string()),
-        a.base_format,
-        a.compute,
+        base_format,
+        compute,
         rank,
         alpha,
         targets.join(","),
@@ -218,7 +227,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
         let series: Vec<Series> = runs
             .iter()
-            .zip([format!("{} base", a.base_format), "bf16 base".to_string()])
+            .zip([format!("{base_format} base"), "bf16 base".to_string()])
             .map(|(r, name)| Series {
                 name,
                 points: r

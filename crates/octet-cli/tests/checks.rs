@@ -320,6 +320,47 @@ fn lora_refuses_the_sharding_flags() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The `[lora]` table of `octet lora --config` is what the run trains
+/// (flags still go over it): its rank, alpha, targets and base format
+/// were replaced by the flags' defaults (rank 16, alpha 32, every
+/// projection, fp8-tensorwise).
+#[test]
+fn a_lora_config_files_lora_table_is_used() {
+    let dir = tmpdir("lora-table");
+    let file = dir.join("lora.toml");
+    std::fs::write(
+        &file,
+        "[lora]\nrank = 4\nalpha = 8.0\ntargets = [\"q\", \"v\"]\nbase_format = \"bf16\"\ncompute = \"bf16\"\n",
+    )
+    .expect("write the config");
+    let file = file.to_str().expect("utf-8 path");
+    let mut args = vec!["lora", "--config", file, "--steps", "1", "--name", "l"];
+    args.extend(QUICK);
+    let (ok, text) = octet(&dir, &args);
+    assert!(ok, "{text}");
+    assert!(text.contains("stored as bf16, compute bf16"), "{text}");
+    let cfg = dir.join("runs/l/checkpoints/step_000001/adapter_config.json");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).expect("adapter config"))
+            .expect("json");
+    assert_eq!(
+        (cfg["r"].as_u64(), cfg["lora_alpha"].as_f64()),
+        (Some(4), Some(8.0)),
+        "{cfg}"
+    );
+    assert_eq!(
+        cfg["target_modules"].as_array().map(Vec::len),
+        Some(2),
+        "{cfg}"
+    );
+    // A flag still goes over the file.
+    args[6] = "l2";
+    args.extend(["--rank", "2"]);
+    let (ok, text) = octet(&dir, &args);
+    assert!(ok && text.contains("rank 2 alpha 8"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bench_json_that_cannot_be_written_is_named_once() {
     let dir = tmpdir("bench-json");
