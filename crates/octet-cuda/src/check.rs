@@ -2738,6 +2738,26 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             });
         }
     }
+    // The bf16 backward hooks rotate dq and dk back with the rotary tables
+    // (max_position_embeddings rows): a sequence past them is refused, not
+    // read past the tables' end (fused wgmma store and rope_bwd pass alike).
+    {
+        let (b, t, h, d) = (1usize, 65usize, 2usize, 64usize);
+        let cfg = config(h * d, 32, 1, h, h, t - 1);
+        let w = test_weights(&cfg, 5)?;
+        let model = GpuLlama::new(gpu, &cfg, &w, None)?;
+        let up = |seed: u64| gpu.upload(&bf16_bits(&random_bf16(b * t * h * d, seed, 1.0)));
+        let (qd, kd, vd, god) = (up(1311)?, up(1312)?, up(1313)?, up(1314)?);
+        for fused in [true, false] {
+            out.push(shape_error(
+                format!(
+                    "attention bwd bf16 hook with T={t} past the model's {} positions (fused store {fused}) -> shape error",
+                    t - 1
+                ),
+                model.attention_backward_bf16_check(&qd, &kd, &vd, &god, (b, t, h, h, d), fused),
+            ));
+        }
+    }
     // The whole model: loss and every gradient.
     // Widths multiples of 128, as blockwise needs (512: 4 k blocks a 128x128 scale row).
     let cfg = config(512, 1024, 2, 4, 4, 96);

@@ -3590,7 +3590,9 @@ impl GpuLlama<'_> {
         })
     }
 
-    /// The hooks' shape check: the model's head dim, whole query groups, and
+    /// The hooks' shape check: the model's head dim, whole query groups, a
+    /// sequence within the model's positions (the bf16 backward rotates dq
+    /// and dk back with the rotary tables, which hold that many rows), and
     /// buffers of the sizes the kernels read.
     fn check_attention_dims(
         &self,
@@ -3604,13 +3606,15 @@ impl GpuLlama<'_> {
             || d > MAX_HEAD_DIM
             || hkv == 0
             || hq % hkv != 0
+            || t > self.cfg.max_position_embeddings
             || q.len() != n * hq * d
             || k.len() != n * hkv * d
             || v.len() != n * hkv * d
         {
             return Err(Error::Shape(format!(
-                "attention hook: head_dim {d} (model {}), heads {hq}/{hkv}, B*T {n}, q/k/v of {}/{}/{} elements",
+                "attention hook: head_dim {d} (model {}), heads {hq}/{hkv}, T {t} (model positions {}), B*T {n}, q/k/v of {}/{}/{} elements",
                 self.cfg.head_dim(),
+                self.cfg.max_position_embeddings,
                 q.len(),
                 k.len(),
                 v.len()
