@@ -2758,6 +2758,19 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             ));
         }
     }
+    // A batch x sequence product that wraps (here to 2) is refused, as the
+    // CPU model refuses it, not run as a batch of one (head dim 32: the
+    // mma.sync attention, which takes the batch as a grid dimension).
+    {
+        let cfg = config(64, 32, 1, 2, 2, 8);
+        let w = test_weights(&cfg, 5)?;
+        let mut model = GpuLlama::new(gpu, &cfg, &w, None)?;
+        let b = usize::MAX / 2 + 2;
+        out.push(shape_error(
+            format!("Llama forward of batch {b} x sequence 2 (B x T wraps to 2) on 2 tokens -> shape error"),
+            model.forward(&[1, 2], &[2, 3], (b, 2), 1.0, false),
+        ));
+    }
     // The whole model: loss and every gradient.
     // Widths multiples of 128, as blockwise needs (512: 4 k blocks a 128x128 scale row).
     let cfg = config(512, 1024, 2, 4, 4, 96);

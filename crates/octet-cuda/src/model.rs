@@ -1525,14 +1525,18 @@ impl<'g> GpuLlama<'g> {
         self.set_recording(keep);
         let cfg = self.cfg.clone();
         let (c, v) = (cfg.hidden_size, cfg.vocab_size);
-        let n = b * t;
-        if b == 0 || t == 0 || tokens.len() != n || targets.len() != n {
-            return Err(Error::Shape(format!(
-                "{} tokens and {} targets for batch {b} x sequence {t}",
-                tokens.len(),
-                targets.len()
-            )));
-        }
+        // B x T checked (as the CPU model checks it): a product that wraps
+        // could match the tokens and run the kernels on a batch of one.
+        let n = match b.checked_mul(t) {
+            Some(n) if b > 0 && t > 0 && tokens.len() == n && targets.len() == n => n,
+            _ => {
+                return Err(Error::Shape(format!(
+                    "{} tokens and {} targets for batch {b} x sequence {t}",
+                    tokens.len(),
+                    targets.len()
+                )))
+            }
+        };
         if t > cfg.max_position_embeddings {
             return Err(Error::Shape(format!(
                 "sequence {t} exceeds max_position_embeddings {}",
