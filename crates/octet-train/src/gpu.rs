@@ -7,7 +7,8 @@
 //! the CPU and the other way round. Sharded, the ranks max-reduce each step's
 //! amaxes before the histories roll, so every rank keeps the same histories
 //! and the checkpoint's (rank 0's) are every rank's. What differs from the
-//! CPU loop: the final sample decodes with the GPU KV-cache decoder (bf16 weights).
+//! CPU loop: the final sample decodes with the GPU KV-cache decoder (bf16 weights;
+//! the same tokens' window as the CPU's, refilled once it slides past the positions).
 //!
 //! A LoRA run (`cfg.lora`) builds the model with [`GpuLlama::new_lora`]: the
 //! base frozen on the device in its stored form, only the adapters training;
@@ -63,6 +64,59 @@ pub fn evaluate_gpu(
         Some(c) => Ok(c.sum_f64(model.gpu(), mean)? / world as f64),
         None => Ok(mean),
     }
+}
+
+/// What [`sample_windowed`] asks of a KV-cache decoder; either returns the
+/// logits of the token it leaves last in the cache.
+enum Feed<'a> {
+    /// Append one token to the cache.
+    Step(u32),
+    /// Empty the cache and fill it with these tokens (positions from 0).
+    Fill(&'a [u32]),
+}
+
+/// `n` tokens after `prompt`, each picked (temperature 0.8, top 40, `seed`)
+/// from the logits of the last `ctx` tokens, as the CPU trainer's
+/// [`crate::trainer::sample`] picks them, on a decoder driven by `feed`:
+/// while the sequence fits the `ctx` positions each token is one step;
+/// past them the window slides, and the cache is filled with it again.
+fn sample_windowed(
+    prompt: &[u32],
+    n: usize,
+    ctx: usize,
+    seed: u64,
+    mut feed: impl FnMut(Feed<'_>) -> Result<Vec<f32>>,
+) -> Result<Vec<u32>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if prompt.is_empty() || ctx == 0 {
+        return Err(Error::Train(format!(
+            "sampling needs a prompt and a context: {} prompt tokens, {ctx} positions",
+            prompt.len()
+        )));
+    }
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let mut toks = prompt.to_vec();
+    let mut logits = Vec::new();
+    if prompt.len() <= ctx {
+        for &t in prompt {
+            logits = feed(Feed::Step(t))?;
+        }
+    } else {
+        logits = feed(Feed::Fill(&toks[toks.len() - ctx..]))?;
+    }
+    for i in 0..n {
+        let t = pick_token(&logits, 0.8, 40, &mut rng);
+        toks.push(t);
+        if i + 1 < n {
+            logits = match toks.len() <= ctx {
+                true => feed(Feed::Step(t))?,
+                false => feed(Feed::Fill(&toks[toks.len() - ctx..]))?,
+            };
+        }
+    }
+    Ok(toks.split_off(prompt.len()))
 }
 
 /// Rank `rank`'s equal share of a batch's rows (`world` divides the batch).
@@ -574,23 +628,16 @@ pub fn train_gpu_ranked(
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
-        let mut rng = rand::rngs::StdRng::seed_from_u64(cfg.seed);
-        let mut logits = Vec::new();
-        for &t in &prompt {
-            logits = dec.step(t)?;
-        }
-        let room = model
-            .cfg
-            .max_position_embeddings
-            .saturating_sub(prompt.len());
-        let mut out = Vec::new();
-        for _ in 0..cfg.sample_tokens.min(room) {
-            let t = pick_token(&logits, 0.8, 40, &mut rng);
-            out.push(t);
-            if out.len() < room {
-                logits = dec.step(t)?;
-            }
-        }
+        let ctx = model.cfg.max_position_embeddings;
+        let out = sample_windowed(&prompt, cfg.sample_tokens, ctx, cfg.seed, |feed| {
+            Ok(match feed {
+                Feed::Step(t) => dec.step(t)?,
+                Feed::Fill(window) => {
+                    dec.reset();
+                    dec.prefill(window)?
+                }
+            })
+        })?;
         tok.decode(&out)
     } else {
         String::new()
@@ -612,4 +659,39 @@ pub fn train_gpu_ranked(
         peak_device_bytes: peak_dev,
         nccl_per_step,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The GPU run's sample picks the CPU run's tokens: a decoder whose cache
+    /// is a list of tokens and whose logits are the CPU model's at the
+    /// cache's last token, driven by `sample_windowed`, gives what
+    /// `trainer::sample` gives, also past the model's positions (the prompt
+    /// alone, or with the sampled tokens); the cache never holds more than them.
+    #[test]
+    fn windowed_sample_is_the_cpu_trainers_sample() {
+        let mut cfg = octet_nn::llama::LlamaConfig::preset("tiny").unwrap();
+        let prompt: Vec<u32> = b"ROMEO:\n".iter().map(|&b| u32::from(b)).collect();
+        for (ctx, n) in [(64, 10), (8, 12), (5, 9), (7, 1), (3, 0)] {
+            cfg.max_position_embeddings = ctx;
+            let mut model = Llama::new_random(&cfg, DType::F32, None, 3).unwrap();
+            let want = crate::trainer::sample(&mut model, &prompt, n, 0.8, 40, 11).unwrap();
+            let v = cfg.vocab_size;
+            let mut cache: Vec<u32> = Vec::new();
+            let got = sample_windowed(&prompt, n, ctx, 11, |feed| {
+                match feed {
+                    Feed::Step(t) => cache.push(t),
+                    Feed::Fill(w) => cache = w.to_vec(),
+                }
+                assert!(cache.len() <= ctx, "cache of {} > {ctx}", cache.len());
+                let l = model.logits(&cache, 1, cache.len())?.to_f32_vec();
+                Ok(l[(cache.len() - 1) * v..].to_vec())
+            })
+            .unwrap();
+            assert_eq!(got.len(), n, "ctx {ctx}");
+            assert_eq!(got, want, "ctx {ctx}, n {n}");
+        }
+    }
 }
