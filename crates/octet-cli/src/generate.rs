@@ -27,8 +27,9 @@ pub struct GenerateArgs {
     /// the checkpoint's weights before they are stored as `--weights`.
     #[arg(long)]
     adapter: Option<PathBuf>,
-    /// The base the adapter was trained on (`octet lora --base-format`).
-    #[arg(long, default_value = "fp8-tensorwise")]
+    /// The base the adapter was trained on (`octet lora --base-format`);
+    /// only with `--adapter`.
+    #[arg(long, default_value = "fp8-tensorwise", requires = "adapter")]
     adapter_base_format: String,
     /// Block matrices: fp8 (E4M3, per-channel scales), fp8-tensor, fp8-block, fp8-e5m2, bf16, f32.
     #[arg(long, default_value = "fp8")]
@@ -369,6 +370,30 @@ mod tests {
             .err()
             .expect("contradictory flags are refused");
         assert_eq!(e.kind(), clap::error::ErrorKind::ArgumentConflict);
+    }
+
+    /// `--adapter-base-format` without `--adapter` is an error: it was
+    /// silently dropped (any name, even a bad one, was accepted).
+    #[test]
+    fn an_adapter_base_format_without_an_adapter_is_an_error() {
+        use clap::{Args, FromArgMatches};
+        let parse = |argv: &[&str]| {
+            GenerateArgs::augment_args(clap::Command::new("generate"))
+                .try_get_matches_from(argv)
+                .and_then(|m| GenerateArgs::from_arg_matches(&m))
+        };
+        let with = [
+            "generate",
+            "--adapter",
+            "ad",
+            "--adapter-base-format",
+            "bf16",
+        ];
+        assert!(parse(&with).is_ok());
+        let e = parse(&["generate", "--adapter-base-format", "bf16"])
+            .err()
+            .expect("a base format with no adapter is refused");
+        assert_eq!(e.kind(), clap::error::ErrorKind::MissingRequiredArgument);
     }
 
     #[test]

@@ -129,7 +129,8 @@ pub struct TrainArgs {
     /// A LoRA adapter (PEFT layout) merged onto the `--init` weights first.
     #[arg(long)]
     init_adapter: Option<PathBuf>,
-    /// The base `--init-adapter` was trained on (`octet lora --base-format`).
+    /// The base `--init-adapter` was trained on (`octet lora --base-format`);
+    /// only with an adapter to merge (`--init-adapter` or the config file's).
     #[arg(long)]
     init_adapter_base_format: Option<String>,
     /// Ranks of sharded data parallel (FSDP-style; threads of this process on
@@ -251,6 +252,11 @@ impl TrainArgs {
             c.init_adapter = Some(d.clone());
         }
         if let Some(f) = &self.init_adapter_base_format {
+            // Without an adapter to merge the flag would be dropped unread.
+            anyhow::ensure!(
+                c.init_adapter.is_some(),
+                "--init-adapter-base-format {f} applies to the adapter of --init-adapter; give one"
+            );
             c.init_adapter_base_format = f.clone();
         }
         if self.no_save {
@@ -654,6 +660,16 @@ mod tests {
         assert_eq!((c.lr, c.min_lr, c.warmup), (1e-3, 3e-5, 100));
         assert_eq!((c.adamw.beta1, c.adamw.beta2), (0.9, 0.99));
         let _ = std::fs::remove_file(&path);
+    }
+
+    /// `--init-adapter-base-format` with no adapter to merge is an error
+    /// naming it (it was dropped without a word, a bad name included).
+    #[test]
+    fn an_init_adapter_base_format_without_an_adapter_is_an_error() {
+        let mut a = TrainArgs::bare().expect("bare args");
+        a.init_adapter_base_format = Some("bogus".into());
+        let e = format!("{:#}", a.config().expect_err("no adapter to merge"));
+        assert!(e.contains("--init-adapter-base-format bogus"), "{e}");
     }
 
     #[test]
