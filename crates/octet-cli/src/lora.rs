@@ -256,8 +256,8 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
         }
     }
     println!(
-        "\nwrote {}/metrics.jsonl, loss.png, checkpoints/ (adapter in PEFT layout)",
-        runs[0].dir.display()
+        "\n{}",
+        crate::train::wrote(&runs[0].dir, cfg.save, " (adapter in PEFT layout)")
     );
     Ok(())
 }

@@ -446,9 +446,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         println!("\nsample:\n{}\n", s.sample);
         summary_table(std::slice::from_ref(&s));
         println!(
-            "\npeak device memory {:.2} GiB; wrote {}/metrics.jsonl, loss.png, checkpoints/",
+            "\npeak device memory {:.2} GiB; {}",
             s.peak_device_bytes as f64 / (1u64 << 30) as f64,
-            s.dir.display()
+            wrote(&s.dir, cfg.save, "")
         );
         return Ok(());
     }
@@ -458,11 +458,23 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     obs.bar.finish();
     println!("\nsample:\n{}\n", s.sample);
     summary_table(std::slice::from_ref(&s));
-    println!(
-        "\nwrote {}/metrics.jsonl, loss.png, checkpoints/",
-        s.dir.display()
-    );
+    println!("\n{}", wrote(&s.dir, cfg.save, ""));
     Ok(())
+}
+
+/// What a finished run in `dir` wrote: the metrics, the plot, and the
+/// checkpoints (`what` says more of them) unless `--no-save` left them out.
+pub fn wrote(dir: &std::path::Path, save: bool, what: &str) -> String {
+    match save {
+        true => format!(
+            "wrote {}/metrics.jsonl, loss.png, checkpoints/{what}",
+            dir.display()
+        ),
+        false => format!(
+            "wrote {}/metrics.jsonl, loss.png (no checkpoint: --no-save)",
+            dir.display()
+        ),
+    }
 }
 
 /// Flags of `octet compare`.

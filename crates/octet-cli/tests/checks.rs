@@ -401,3 +401,22 @@ fn a_compare_whose_every_recipe_fails_reports_their_errors() {
     assert!(!dir.join("runs").join("c-compare.json").exists(), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--no-save` writes no checkpoint, and the closing line of `octet train`
+/// and `octet lora` says so instead of naming a `checkpoints/` it did not write.
+#[test]
+fn a_run_with_no_save_does_not_claim_to_have_written_checkpoints() {
+    let dir = tmpdir("nosave");
+    let out = dir.to_str().expect("utf-8 path");
+    for cmd in ["train", "lora"] {
+        let mut args = vec![cmd, "--steps", "1", "--no-save", "--out-dir", out];
+        args.extend(QUICK);
+        let (ok, text) = octet(&dir, &args);
+        assert!(ok, "{cmd}: {text}");
+        let name = if cmd == "train" { "default" } else { "lora" };
+        assert!(!dir.join(name).join("checkpoints").exists(), "{text}");
+        assert!(!text.contains("checkpoints/"), "{cmd}: {text}");
+        assert!(text.contains("no checkpoint: --no-save"), "{cmd}: {text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
