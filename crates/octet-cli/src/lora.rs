@@ -223,8 +223,14 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     }
     summary_table(&runs);
     if runs.len() == 2 {
-        let d = 100.0 * (runs[0].final_val_loss / runs[1].final_val_loss - 1.0);
-        println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
+        // No validation loss (`--eval-batches 0`): no ratio, not NaN.
+        let (fp8, bf16) = (runs[0].final_val_loss, runs[1].final_val_loss);
+        if fp8.is_finite() && bf16.is_finite() {
+            let d = 100.0 * (fp8 / bf16 - 1.0);
+            println!("\nFP8 base vs bf16 base: final validation loss {d:+.2}%");
+        } else {
+            println!("\nFP8 base vs bf16 base: no validation loss to compare (--eval-batches 0)");
+        }
         let series: Vec<Series> = runs
             .iter()
             .zip([format!("{base_format} base"), "bf16 base".to_string()])
