@@ -398,8 +398,11 @@ pub fn train_gpu_ranked(
     let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
     let t0 = Instant::now();
     let mut losses = Vec::new();
-    let mut curve: Vec<(f64, f64)> = Vec::new();
-    let mut val_curve: Vec<(f64, f64)> = Vec::new();
+    // A resumed run's plot starts with the steps before its checkpoint.
+    let (mut curve, mut val_curve) = match resume {
+        Some(ck) if lead => crate::metrics::curves_before(ck, model.step),
+        _ => (Vec::new(), Vec::new()),
+    };
     let (mut tok_total, mut time_total, mut peak_saved, mut peak_dev) = (0usize, 0f64, 0, 0);
     let mut last_val = f64::NAN;
     let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;

@@ -40,6 +40,39 @@ pub struct StepMetrics {
     pub reserved_bytes: Option<usize>,
 }
 
+/// `(step, loss)` points of a curve, by step.
+pub type Curve = Vec<(f64, f64)>;
+
+/// The training and validation loss curves, `(step, loss)` by step, up to
+/// step `upto` of the run that wrote the checkpoint `ckpt`
+/// (`RUN/checkpoints/step_N`: the step records of `RUN/metrics.jsonl`): what
+/// a resumed run's `loss.png` starts from, so that it shows the steps before
+/// the checkpoint too, as the uninterrupted run's does. Where a step was
+/// written more than once (a run repeated into the same directory) its last
+/// record counts. Lines that are not step records (telemetry) are skipped; a
+/// file that cannot be read gives no points.
+pub fn curves_before(ckpt: &Path, upto: u64) -> (Curve, Curve) {
+    let text = ckpt
+        .parent()
+        .and_then(Path::parent)
+        .and_then(|run| std::fs::read_to_string(run.join("metrics.jsonl")).ok())
+        .unwrap_or_default();
+    let mut steps = std::collections::BTreeMap::new();
+    for m in text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<StepMetrics>(l).ok())
+        .filter(|m| m.step <= upto)
+    {
+        steps.insert(m.step, m);
+    }
+    let train = steps.values().map(|m| (m.step as f64, m.loss)).collect();
+    let val = steps
+        .values()
+        .filter_map(|m| m.val_loss.map(|v| (m.step as f64, v)))
+        .collect();
+    (train, val)
+}
+
 /// Appends JSON lines to a file.
 pub struct MetricsWriter {
     file: std::fs::File,

@@ -959,12 +959,15 @@ pub fn train(
     };
     model.set_recompute(cfg.recomputed_blocks());
     let params = model.cfg.num_params();
+    // A resumed run's plot starts with the steps before its checkpoint.
+    let (mut curve, mut val_curve) = match resume {
+        Some(ck) => crate::metrics::curves_before(ck, opt.step),
+        None => (Vec::new(), Vec::new()),
+    };
     let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
     let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
     let t0 = Instant::now();
     let mut losses = Vec::new();
-    let mut curve: Vec<(f64, f64)> = Vec::new();
-    let mut val_curve: Vec<(f64, f64)> = Vec::new();
     let (mut tok_total, mut time_total, mut peak_saved) = (0usize, 0f64, 0usize);
     let mut last_val = f64::NAN;
     let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;

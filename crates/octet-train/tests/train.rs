@@ -195,6 +195,26 @@ fn resumed_run_reproduces_the_uninterrupted_losses_bit_for_bit() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// A resumed run's `loss.png` shows the whole run, the steps before its
+/// checkpoint included: the same picture as the uninterrupted run's (whose
+/// losses it repeats bit for bit), not the resumed steps alone.
+#[test]
+fn a_resumed_run_plots_the_steps_before_its_checkpoint() {
+    let out = tmpdir("resume-plot");
+    train(&small_run("full", &out, "tensorwise"), None, &mut Quiet).unwrap();
+    let ck = out.join("full").join("checkpoints").join("step_000003");
+    train(
+        &small_run("resumed", &out, "tensorwise"),
+        Some(&ck),
+        &mut Quiet,
+    )
+    .unwrap();
+    let full = std::fs::read(out.join("full").join("loss.png")).unwrap();
+    let resumed = std::fs::read(out.join("resumed").join("loss.png")).unwrap();
+    assert!(full == resumed, "the resumed run's loss.png differs");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn a_nan_stops_the_step_and_names_the_block() {
     let cfg = tiny();
