@@ -249,7 +249,7 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
             &path,
             "LoRA training loss: FP8 base vs bf16 base",
             "step",
-            "cross-entropy (nats/byte)",
+            cfg.tokenizer()?.loss_label(),
             &series,
         )?;
         println!("overlaid loss curves: {}", path.display());

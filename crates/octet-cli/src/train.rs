@@ -573,7 +573,7 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
         &path,
         "training loss by recipe",
         "step",
-        "cross-entropy (nats/byte)",
+        base.tokenizer()?.loss_label(),
         &series,
     )?;
     let json = base.out_dir.join(format!("{}-compare.json", base.name));

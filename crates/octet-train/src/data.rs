@@ -70,6 +70,15 @@ impl Tokenizer {
         }
     }
 
+    /// The y-axis label of a loss plot: the cross-entropy's unit is a nat
+    /// per byte under the byte tokenizer and per token under BPE.
+    pub fn loss_label(self) -> &'static str {
+        match self {
+            Tokenizer::Byte => "cross-entropy (nats/byte)",
+            Tokenizer::Gpt2 => "cross-entropy (nats/token)",
+        }
+    }
+
     /// How many token ids it produces (256; GPT-2's 50,257).
     pub fn vocab(self) -> usize {
         match self {
@@ -389,6 +398,9 @@ mod tests {
         assert_eq!((tok.vocab(), tok.model_vocab()), (50257, 50304));
         assert_eq!(Tokenizer::for_vocab(50304).unwrap(), Tokenizer::Gpt2);
         assert_eq!(Tokenizer::for_vocab(256).unwrap(), Tokenizer::Byte);
+        // A loss plot's unit follows the tokenizer: per byte or per BPE token.
+        assert_eq!(tok.loss_label(), "cross-entropy (nats/token)");
+        assert_eq!(Tokenizer::Byte.loss_label(), "cross-entropy (nats/byte)");
         assert!(Tokenizer::for_vocab(32000).is_err());
         assert!(Tokenizer::from_name("bpe").is_err());
         let byte = Tokenizer::Byte;

@@ -572,6 +572,7 @@ pub fn train_gpu_ranked(
         plot_losses(
             &dir,
             &format!("train ({recipe_name}, GPU)"),
+            cfg.tokenizer()?.loss_label(),
             curve,
             val_curve,
             obs,

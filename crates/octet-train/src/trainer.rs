@@ -797,11 +797,13 @@ pub fn sample(
     Ok(toks[prompt.len()..].to_vec())
 }
 
-/// Write `dir/loss.png` with the training and validation curves; a plot that
-/// cannot be drawn is a note, not a failed run.
+/// Write `dir/loss.png` with the training and validation curves (`y_label`:
+/// [`Tokenizer::loss_label`]); a plot that cannot be drawn is a note, not a
+/// failed run.
 pub fn plot_losses(
     dir: &Path,
     train_name: &str,
+    y_label: &str,
     curve: Vec<(f64, f64)>,
     val_curve: Vec<(f64, f64)>,
     obs: &mut dyn Observer,
@@ -820,7 +822,7 @@ pub fn plot_losses(
         &dir.join("loss.png"),
         "octet training loss",
         "step",
-        "cross-entropy (nats/byte)",
+        y_label,
         &series,
     ) {
         obs.note(&format!("no plot: {e}"));
@@ -1077,6 +1079,7 @@ pub fn train(
     plot_losses(
         &dir,
         &format!("train ({recipe_name})"),
+        cfg.tokenizer()?.loss_label(),
         curve,
         val_curve,
         obs,
