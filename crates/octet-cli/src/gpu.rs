@@ -17,7 +17,10 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
         // its FP8 conversions failing): the CPU, saying why.
         "auto" => match Gpu::open(0) {
             Ok(g) => Ok(Some(g)),
-            Err(octet_cuda::Error::NoDevice(_)) => Ok(None),
+            Err(octet_cuda::Error::NoDevice(why)) => {
+                tracing::debug!(%why, "--device auto: no GPU, running on the CPU");
+                Ok(None)
+            }
             Err(e) => {
                 println!("--device auto: running on the CPU, the GPU cannot be used: {e}");
                 Ok(None)

@@ -23,6 +23,48 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
+    /// Trace what octet does on standard error: `-v` device choice, kernel
+    /// compiles and cache hits, data, checkpoints and every step (the
+    /// progress bar gives way to a line a step); `-vv` more detail.
+    /// `OCTET_LOG` (a tracing filter, e.g. `octet_cuda=debug`) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+/// The tracing filter for `-v` counted `verbose` times, unless `OCTET_LOG`
+/// gives one: warnings only without `-v`; octet's own crates at debug with
+/// one, at trace with two or more.
+fn log_filter(verbose: u8, env: Option<&str>) -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    let octet = [
+        "octet",
+        "octet_fp8",
+        "octet_tensor",
+        "octet_nn",
+        "octet_train",
+        "octet_cuda",
+        "octet_dist",
+    ];
+    let level = match verbose {
+        0 => return env.map_or_else(|| EnvFilter::new("warn"), EnvFilter::new),
+        1 => "debug",
+        _ => "trace",
+    };
+    let directives: Vec<String> = std::iter::once("warn".to_string())
+        .chain(octet.iter().map(|c| format!("{c}={level}")))
+        .collect();
+    env.map_or_else(|| EnvFilter::new(directives.join(",")), EnvFilter::new)
+}
+
+/// Send tracing events to standard error, with the time since start.
+fn init_tracing(verbose: u8) {
+    let env = std::env::var("OCTET_LOG").ok();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(log_filter(verbose, env.as_deref()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_timer(tracing_subscriber::fmt::time::uptime())
+        .try_init();
 }
 
 #[derive(Subcommand)]
@@ -87,6 +129,7 @@ fn exit_quietly_on_broken_pipe() {
 fn main() {
     exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
+    init_tracing(cli.verbose);
     let cmd = match cli.cmd {
         Some(c) => Ok(c),
         None => train::TrainArgs::bare().map(Cmd::Train),
@@ -118,7 +161,31 @@ fn main() {
 
 #[cfg(test)]
 mod tests {
-    use super::{is_broken_pipe, is_broken_pipe_panic};
+    use super::{is_broken_pipe, is_broken_pipe_panic, log_filter};
+
+    #[test]
+    fn verbosity_sets_the_level_of_octets_crates_only() {
+        use tracing::level_filters::LevelFilter;
+        assert_eq!(
+            log_filter(0, None).max_level_hint(),
+            Some(LevelFilter::WARN)
+        );
+        let one = log_filter(1, None).to_string();
+        assert!(
+            one.contains("octet_cuda=debug") && one.contains("octet_train=debug"),
+            "{one}"
+        );
+        assert!(
+            one.starts_with("warn") || one.contains(",warn") || one.contains("warn,"),
+            "{one}"
+        );
+        assert!(log_filter(2, None).to_string().contains("octet_nn=trace"));
+        // OCTET_LOG wins over -v.
+        assert_eq!(
+            log_filter(2, Some("octet_dist=info")).to_string(),
+            "octet_dist=info"
+        );
+    }
 
     #[test]
     fn a_broken_pipe_is_recognised() {

@@ -306,6 +306,18 @@ pub struct Bar {
 
 impl Observer for Bar {
     fn step(&mut self, m: &StepMetrics, total: u64) {
+        tracing::debug!(
+            step = m.step,
+            of = total,
+            loss = m.loss,
+            val_loss = m.val_loss,
+            lr = m.lr,
+            grad_norm = m.grad_norm,
+            tokens_per_s = m.tokens_per_s,
+            saved_bytes = m.saved_bytes,
+            device_bytes = m.device_bytes,
+            "step"
+        );
         self.bar.set_length(total);
         self.bar.set_position(m.step);
         self.bar
@@ -321,8 +333,14 @@ impl Observer for Bar {
     }
 }
 
+/// A progress bar for a run; hidden under `--verbose`, whose step lines
+/// (tracing, on standard error) take its place.
 pub fn bar(prefix: &str) -> Bar {
-    let bar = ProgressBar::new(1);
+    let bar = if tracing::enabled!(tracing::Level::DEBUG) {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(1)
+    };
     let style = ProgressStyle::with_template(
         "{prefix} [{elapsed_precise}] {bar:30} {pos}/{len} {msg} (eta {eta})",
     )

@@ -420,3 +420,29 @@ fn a_run_with_no_save_does_not_claim_to_have_written_checkpoints() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `-v` traces every step on standard error (the bar gives way to it) and
+/// the checkpoint it writes; without it nothing is traced.
+#[test]
+fn verbose_traces_steps_and_checkpoints_on_stderr() {
+    let dir = tmpdir("verbose");
+    let run = |extra: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_octet"))
+            .args(["train"])
+            .args(QUICK)
+            .args(["--out-dir", "o", "--name", "v", "--steps", "2"])
+            .args(extra)
+            .current_dir(&dir)
+            .output()
+            .expect("the octet binary runs");
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let traced = run(&["-v"]);
+    for want in ["DEBUG", "step=1", "step=2", "loss=", "checkpoint written"] {
+        assert!(traced.contains(want), "no {want:?} in:\n{traced}");
+    }
+    let quiet = run(&[]);
+    assert!(!quiet.contains("DEBUG"), "{quiet}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -378,6 +378,13 @@ impl Gpu {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
         let arch = arch_for(cc)?;
+        tracing::debug!(
+            ordinal,
+            compute_capability = ?cc,
+            sms = sm_count,
+            arch,
+            "opening the GPU and loading its kernels"
+        );
         let load = |name: &str, src: &str, fns: &[&str]| -> Result<Vec<CudaFunction>> {
             let module = ctx.load_module(nvrtc::compile(name, src, arch)?)?;
             fns.iter().map(|f| Ok(module.load_function(f)?)).collect()

@@ -229,9 +229,17 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
         src.into()
     };
     let key = cache_key(name, &src, arch, &OPTIONS, version);
-    let (text, _hit) = cached(&cache_dir(), name, arch, key, || {
-        compile_uncached(name, &src, arch)
-    })?;
+    let dir = cache_dir();
+    let t0 = std::time::Instant::now();
+    let (text, hit) = cached(&dir, name, arch, key, || compile_uncached(name, &src, arch))?;
+    tracing::debug!(
+        module = name,
+        arch,
+        from_cache = hit,
+        ms = t0.elapsed().as_secs_f64() * 1e3,
+        cache = %dir.display(),
+        "kernel module"
+    );
     Ok(Ptx::from_src(text))
 }
 

@@ -87,6 +87,12 @@ impl Rendezvous {
     /// connection lost).
     pub fn exchange(&self, blob: Option<&[u8]>) -> Result<Vec<u8>> {
         self.check()?;
+        tracing::debug!(
+            rank = self.rank,
+            world = self.world,
+            master = %format!("{}:{}", self.master_addr, self.master_port),
+            "rendezvous"
+        );
         let deadline = deadline_after(self.timeout);
         if self.rank == 0 {
             let blob =

@@ -44,6 +44,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 /// temp file is removed and `path` is left as it was.
 fn atomic(path: &Path, write: impl FnOnce(&Path) -> std::io::Result<()>) -> Result<()> {
     let io = |e: std::io::Error| Error::Checkpoint(format!("writing {}: {e}", path.display()));
+    tracing::trace!(path = %path.display(), "atomic write");
     let dir = path.parent().unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(io)?;
     let name = path
@@ -202,6 +203,7 @@ fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    tracing::debug!(path = %path.display(), bytes = len, "reading tensors");
     if len < 8 {
         return Err(bad(format!(
             "not a valid safetensors file ({len} bytes, less than its 8-byte header length)"
@@ -912,6 +914,7 @@ pub fn save_checkpoint_with(
         Error::Checkpoint(format!("{what} {}: {e}", p.display()))
     };
     std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
+    let t0 = std::time::Instant::now();
     clean_leftovers(parent, name);
     let tag = unique_tag();
     let tmp = parent.join(format!(".{name}.tmp.{tag}"));
@@ -928,12 +931,19 @@ pub fn save_checkpoint_with(
         }
     };
     sync_dir(parent);
+    let old_existed = old.is_some();
     if let Some(old) = old {
         // The new checkpoint is in place: a failure here leaves a hidden
         // directory that the next save removes, not a broken checkpoint.
         let _ = std::fs::remove_dir_all(old);
     }
     write_atomic(&parent.join("latest"), name.as_bytes())?;
+    tracing::debug!(
+        path = %dst.display(),
+        ms = t0.elapsed().as_secs_f64() * 1e3,
+        replaced = old_existed,
+        "checkpoint written"
+    );
     Ok(dst)
 }
 

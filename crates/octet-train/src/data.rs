@@ -319,6 +319,13 @@ impl Dataset {
         } else {
             tok.encode(&std::fs::read_to_string(path).map_err(io)?)
         };
+        tracing::debug!(
+            path = %path.display(),
+            tokens = tokens.len(),
+            tokenizer = tok.name(),
+            val_fraction,
+            "dataset"
+        );
         // An id past the vocabulary names the file it is in.
         Dataset::from_tokens(tokens, vocab, val_fraction).map_err(|e| match e {
             Error::Data(m) => Error::Data(format!("{}: {m}", path.display())),
