@@ -4,7 +4,7 @@ use crate::tensor::checked_alloc;
 use crate::{DType, Error, Result, Tensor};
 use gemm::Parallelism;
 use octet_fp8::convert::ToF32;
-use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Usage};
+use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Scales, Usage};
 
 /// Below this many multiply-adds a GEMM runs on one thread.
 const PAR_FLOPS: usize = 1 << 18;
@@ -224,7 +224,12 @@ fn decode_codes(q: &QuantData) -> Vec<f32> {
 /// per-tensor factors multiply the result last. This is the order of
 /// cuBLASLt's block-scaled GEMMs and of DeepGEMM's promotion, up to the
 /// summation order inside a stretch.
+///
+/// An error, not a panic, when an operand's codes or scales do not fill its
+/// shape and block grid (`QuantData`'s fields are public).
 pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
+    check_quant_data(a, "a")?;
+    check_quant_data(b, "b")?;
     if a.cols != b.cols {
         return Err(Error::Shape(format!(
             "fp8_gemm: reduction dims differ: a is ({}, {}), b is ({}, {})",
@@ -270,6 +275,37 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
         acc.iter_mut().for_each(|v| *v *= t);
     }
     Ok(acc)
+}
+
+/// `q`'s blocks are not empty, its codes fill `(rows, cols)` and it holds one
+/// scale per block of its grid: what [`fp8_gemm`] indexes.
+fn check_quant_data(q: &QuantData, which: &str) -> Result<()> {
+    let (r, c) = (q.rows, q.cols);
+    if q.block.0 == 0 || q.block.1 == 0 {
+        return Err(Error::Shape(format!(
+            "fp8_gemm: {which} ({r}, {c}) has empty {:?} blocks",
+            q.block
+        )));
+    }
+    let codes = r.checked_mul(q.row_stride());
+    let (gr, gc) = q.grid();
+    let blocks = gr.checked_mul(gc);
+    let scales = match &q.scales {
+        Scales::F32(v) => v.len(),
+        Scales::E8M0(v) => v.len(),
+        Scales::Nvfp4 { codes, .. } => codes.len(),
+    };
+    if codes != Some(q.data.len()) || blocks != Some(scales) {
+        return Err(Error::Shape(format!(
+            "fp8_gemm: {which} ({r}, {c}) in {:?} blocks has {} code bytes and {scales} scales, \
+             expected {} and {}",
+            q.block,
+            q.data.len(),
+            r as u128 * q.row_stride() as u128,
+            gr as u128 * gc as u128
+        )));
+    }
+    Ok(())
 }
 
 /// Quantize a tensor viewed as a matrix (see [`octet_fp8::quantize`]).

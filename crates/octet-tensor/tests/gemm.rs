@@ -121,3 +121,34 @@ fn shape_errors_are_values() {
     )
     .is_err());
 }
+
+/// Operands whose codes or scales do not fill their shape and block grid
+/// (`QuantData`'s fields are public) are errors, not an index or a division
+/// by zero panicking inside the emulation.
+#[test]
+fn fp8_gemm_refuses_operands_that_do_not_fill_their_blocks() {
+    use octet_fp8::{Format, QuantData, Scales};
+    let op = |rows, cols, data: usize, block, scales: usize| QuantData {
+        rows,
+        cols,
+        format: Format::E4M3,
+        data: vec![0x38; data],
+        block,
+        scales: Scales::F32(vec![1.0; scales]),
+        saturated: 0,
+        underflowed: 0,
+    };
+    let good = op(2, 4, 8, (2, 4), 1);
+    assert_eq!(fp8_gemm(&good, &good).unwrap(), vec![4.0; 4]);
+    for (label, bad) in [
+        ("short codes", op(2, 4, 5, (2, 4), 1)),
+        ("empty blocks", op(2, 4, 8, (0, 0), 1)),
+        ("too few scales", op(2, 4, 8, (1, 4), 1)),
+        ("too many scales", op(2, 4, 8, (2, 4), 3)),
+    ] {
+        for (a, b) in [(&bad, &good), (&good, &bad)] {
+            let e = fp8_gemm(a, b).unwrap_err().to_string();
+            assert!(e.contains("fp8_gemm"), "{label}: {e}");
+        }
+    }
+}
