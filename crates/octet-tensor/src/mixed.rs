@@ -31,6 +31,7 @@
 //! f64 product of the dequantized weight the error is bounded by
 //! `(K/8 + 3) * 2^-24 * sum_k |x_k * w_k|` ([`error_bound`]).
 
+use crate::tensor::checked_alloc;
 use crate::{cpu, Error, Result, Tensor};
 use octet_fp8::{Format, Granularity, QuantData, QuantSpec, Rounding, ScaleRule, Scales};
 use rayon::prelude::*;
@@ -415,6 +416,7 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
         return Err(Error::Shape("empty input: M = 0".into()));
     }
     check_values(w)?;
+    checked_alloc(&[m, n], 4)?;
     let xs: Vec<f32> = match (x.as_f32(), x.as_bf16()) {
         (Some(v), _) => v.to_vec(),
         (_, Some(v)) => v.iter().map(|b| b.to_f32()).collect(),
@@ -456,6 +458,7 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
         return Err(Error::Shape("empty gradient: M = 0".into()));
     }
     check_values(w)?;
+    checked_alloc(&[m, k], 4)?;
     let g = dy.to_f32_vec();
     let stripes = k.div_ceil(BLOCK);
     let row_groups = m.div_ceil(8);

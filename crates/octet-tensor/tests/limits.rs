@@ -67,3 +67,26 @@ fn outputs_too_large_to_allocate_are_errors_not_capacity_panics() {
     let e = Tensor::zeros(&[1 << 60], DType::F64).unwrap_err();
     assert!(e.to_string().contains("largest allocation"), "{e}");
 }
+
+/// The weight-only products with a bf16 or f32 weight of no columns (or a
+/// gradient of no columns) refuse an output too large to allocate, as
+/// `matmul` does, instead of panicking on "capacity overflow" or a wrapped
+/// `M * N`.
+#[test]
+fn weight_only_outputs_too_large_to_allocate_are_errors() {
+    use octet_tensor::mixed::{matmul_weights, matmul_weights_t, WeightRef};
+    for m in [1usize, 1 << 40] {
+        let x = Tensor::from_f32(&[m, 0], vec![]).unwrap();
+        // 2^61 f32 outputs exceed the largest allocation; 2^101 overflow usize.
+        let want = if m == 1 {
+            "largest allocation"
+        } else {
+            "overflows"
+        };
+        let e = matmul_weights(&x, &WeightRef::F32(&[], 1 << 61, 0)).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+        let dy = Tensor::from_f32(&[m, 0], vec![]).unwrap();
+        let e = matmul_weights_t(&dy, &WeightRef::F32(&[], 0, 1 << 61)).unwrap_err();
+        assert!(e.to_string().contains(want), "{e}");
+    }
+}
