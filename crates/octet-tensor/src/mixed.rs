@@ -29,7 +29,9 @@
 //! Accumulation is f32 in a fixed order per output (8 lanes over `K`, then the
 //! lanes summed), so results do not depend on the thread count. Against the
 //! f64 product of the dequantized weight the error is bounded by
-//! `(K/8 + 3) * 2^-24 * sum_k |x_k * w_k|` ([`error_bound`]).
+//! `(K/8 + 3) * 2^-24 * sum_k |x_k * w_k|` ([`error_bound`]). An output whose
+//! f32 sum overflows (the codes' values exceed the weight's by the inverse
+//! factor) is summed again in f64 (`dot_f64`).
 
 use crate::tensor::checked_alloc;
 use crate::{cpu, Error, Result, Tensor};
@@ -560,10 +562,38 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
             dot_rows(level, w, row0, x, x_up, m, k, out, &mut buf);
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let post = row_factor(w, row0 + r);
-                yrow.iter_mut().for_each(|v| *v *= post);
+                for (i, v) in yrow.iter_mut().enumerate() {
+                    *v *= post;
+                    if !v.is_finite() {
+                        *v = dot_f64(level, w, row0 + r, &x[i * k..(i + 1) * k], &mut buf);
+                    }
+                }
             }
         });
     octet_fp8::quant::transpose(&yt, n, m)
+}
+
+/// `x . w[row]` with the row's factors, summed in f64 and rounded once: the
+/// streaming kernel's answer for an output whose f32 sum came out infinite or
+/// NaN. That sum multiplies `x` by the codes' values before the factor, and
+/// a code's value exceeds the weight's by `1 / factor` (E5M2; `1 / (256
+/// factor)` for E4M3 as decoded), so it can overflow where the product of the
+/// dequantized weight is finite; in f64 it cannot, and an infinite or NaN
+/// input still gives inf or NaN.
+fn dot_f64(level: CpuSimd, w: &WeightRef<'_>, row: usize, x: &[f32], buf: &mut [f32]) -> f32 {
+    let buf = &mut buf[..x.len()];
+    decode_row(level, w, row, buf);
+    let blocks = block_factors(w, row);
+    let sum: f64 = buf
+        .iter()
+        .zip(x)
+        .enumerate()
+        .map(|(c, (&wv, &xv))| {
+            let f = blocks.map_or(1.0, |b| f64::from(b[c / BLOCK]));
+            f64::from(wv) * f64::from(xv) * f
+        })
+        .sum();
+    (sum * f64::from(row_factor(w, row))) as f32
 }
 
 /// `x * 2^112` for the AVX-512 E4M3 kernel that decodes codes with integer

@@ -303,3 +303,46 @@ fn infinite_codes_are_refused() {
         assert!(e.contains("(1, 1) is infinite"), "{inf:#x}: {e}");
     }
 }
+
+/// Large activations whose product with the dequantized weight is finite
+/// give that product on both kernels. The streaming kernel (M <= 16) sums
+/// `x` times the codes' values before the factor; a code's value is
+/// `1 / factor` times the weight's (57344 for an E5M2 weight of 1.0, 1.75
+/// times for E4M3 as decoded), so that sum overflowed to inf where the
+/// dequantized product, and the tiled kernel's, is finite.
+#[test]
+fn large_inputs_do_not_overflow_before_the_factor() {
+    for (format, x, k) in [(Format::E5M2, 1e34f32, 4usize), (Format::E4M3, 2.5e38, 1)] {
+        for scaling in [
+            WeightScaling::Tensor,
+            WeightScaling::Channel,
+            WeightScaling::Block128,
+        ] {
+            let w = vec![1.0f32; 3 * k];
+            let q = Fp8Weight::quantize(&w, 3, k, format, scaling).unwrap();
+            assert_eq!(q.dequantize(), w);
+            for m in [1usize, 5, 17] {
+                let xt = Tensor::from_f32(&[m, k], vec![x; m * k]).unwrap();
+                let y = mixed_matmul(&xt, &q).unwrap().to_f32_vec();
+                let want = (x as f64 * k as f64) as f32;
+                assert!(want.is_finite());
+                for (i, &v) in y.iter().enumerate() {
+                    let err = (v as f64 - want as f64).abs();
+                    assert!(
+                        err <= error_bound(k, want as f64),
+                        "{format:?} {scaling:?} m={m} [{i}]: {v:e}, want {want:e}"
+                    );
+                }
+            }
+        }
+    }
+    // A product that overflows f32 (and NaN from inf * 0) still shows.
+    let q = Fp8Weight::quantize(&[1.0, 0.0], 1, 2, Format::E5M2, WeightScaling::Tensor).unwrap();
+    let y = |x: Vec<f32>| mixed_matmul(&Tensor::from_f32(&[1, 2], x).unwrap(), &q).unwrap();
+    let q1 = Fp8Weight::quantize(&[1.0, 1.0], 1, 2, Format::E5M2, WeightScaling::Tensor).unwrap();
+    let x = Tensor::from_f32(&[1, 2], vec![3e38, 3e38]).unwrap();
+    assert_eq!(mixed_matmul(&x, &q1).unwrap().to_f32_vec(), [f32::INFINITY]);
+    assert_eq!(y(vec![f32::INFINITY, 1.0]).to_f32_vec(), [f32::INFINITY]);
+    assert!(y(vec![1.0, f32::INFINITY]).to_f32_vec()[0].is_nan());
+    assert!(y(vec![f32::NAN, 1.0]).to_f32_vec()[0].is_nan());
+}
