@@ -55,6 +55,14 @@
 //! +0.00 to +0.06 of copy bandwidth at 1 to 16 tokens on the H100, least on
 //! the smallest weight (BENCHMARKS.md, thirty-first session). The factors are
 //! f32 (1, `N`, or one per 128x128 tile) in either layout.
+//!
+//! Range: the small-M kernel sums x times the codes' values in f32 and applies
+//! a tensor or row factor after the sum. A code's value exceeds the weight it
+//! stands for by the inverse factor, so with activations near the top of
+//! f32's range (|x| * 57344 * K past 3.4e38 for E5M2 codes) an output can be
+//! infinite where the dequantized product is finite. The CPU kernel sums such
+//! an output again in f64 (`octet_tensor::mixed`); this one does not, and the
+//! two then differ. No activation of a trained model comes near it.
 
 use crate::tma::TmaMap;
 use crate::{Error, GemmOut, Gpu, Result};
