@@ -177,7 +177,7 @@ fn print_rows(
     Ok(())
 }
 
-/// Which part of the GPU benchmark suite [`bench`] runs.
+/// Which part of the GPU benchmark suite [`bench()`] runs.
 pub enum Suite {
     /// Copy floor, quantizes, GEMMs at these `(m, k, n)`, and `Linear` at four shapes.
     All(Vec<(usize, usize, usize)>),

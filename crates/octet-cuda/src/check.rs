@@ -199,7 +199,7 @@ const UNSUPPORTED: &str = "not supported on this GPU: ";
 /// [`selftest`], and the names of the cases and groups skipped because they
 /// need FP8 GEMMs, which this GPU lacks (Ampere, or `OCTET_FP8_GEMM=off`).
 /// There the groups skip their FP8 cases one by one
-/// ([`skip_without_fp8_gemm`]); a group that still stops on
+/// (`skip_without_fp8_gemm`); a group that still stops on
 /// [`Error::Unsupported`] is skipped from there on (its name is listed), and
 /// one case checks that an FP8 GEMM is refused. A group that fails with any
 /// other error is a failed case named after it.

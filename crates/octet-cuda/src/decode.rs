@@ -436,7 +436,7 @@ impl<'g> GpuDecoder<'g> {
     /// `uniforms[i]`, exactly as `octet_nn::decode::sample(logits,
     /// temperature, top_k, uniforms[i])` would on the host (see
     /// `sample_token` in decode.cu for the one way they can differ). The
-    /// steps queue back to back, [`GENERATE_CHUNK`] between two downloads;
+    /// steps queue back to back, `GENERATE_CHUNK` between two downloads;
     /// `on_tokens` sees each chunk's tokens as they come. Returns
     /// `t_1 ..= t_n`.
     pub fn generate(

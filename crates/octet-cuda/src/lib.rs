@@ -205,7 +205,7 @@ pub(crate) fn env_switch(var: &str, word: &str) -> Result<bool> {
     }
 }
 
-/// [`env_switch`] on a given value of `var` (`None`: unset).
+/// `env_switch` on a given value of `var` (`None`: unset).
 pub fn parse_switch(var: &str, value: Option<&str>, word: &str) -> Result<bool> {
     match value {
         None | Some("auto") => Ok(false),

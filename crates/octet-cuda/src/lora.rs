@@ -151,7 +151,7 @@ pub struct GpuLoraLinear {
     pub fuse_cast_du: bool,
     /// The base's FP8 forward product (`--compute fp8`) accumulates in the
     /// tensor cores' own precision (cuBLASLt's fast accumulation, as
-    /// [`crate::GpuLinear::fast_accum`]); the input gradient's product always
+    /// [`crate::linear::GpuLinear::fast_accum`]); the input gradient's product always
     /// promotes to f32. True by default.
     pub fast_accum: bool,
     /// In forward, make the group's E4M3 input codes and its adapters' `u`
