@@ -50,14 +50,16 @@ pub struct TrainArgs {
     /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
-    /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`).
+    /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
+    /// `octet lora`, whatever the model).
     #[arg(long)]
     lr: Option<f32>,
     /// Final learning rate of the cosine decay, at most `--lr` (default
-    /// 3e-4; 3e-5 for `--model 1b`; 1e-4 for `octet lora`).
+    /// 3e-4; 3e-5 for `--model 1b`; 1e-4 for `octet lora`, whatever the model).
     #[arg(long)]
     min_lr: Option<f32>,
-    /// Warmup steps (default 30; 100 for `--model 1b`).
+    /// Warmup steps (default 30; 100 for `--model 1b`; 20 for `octet lora`,
+    /// whatever the model).
     #[arg(long)]
     warmup: Option<u64>,
     /// AdamW weight decay (a finite number of at least 0).
