@@ -517,6 +517,18 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
         "--resume continues one run; octet compare trains every recipe from step 0"
     );
     a.train.refuse_sharding("octet compare")?;
+    // `--recipes` names every run's recipe and the runs sample no text:
+    // these flags would be dropped without a word.
+    if let Some(r) = &a.train.recipe {
+        anyhow::bail!(
+            "--recipe {r}: octet compare trains each recipe of --recipes ('{}'); name it there",
+            a.recipes
+        );
+    }
+    anyhow::ensure!(
+        a.train.sample_tokens.is_none(),
+        "--sample-tokens: octet compare samples no text (octet train does)"
+    );
     let base = a.train.config()?;
     let gpu = crate::gpu::open(&a.train.device)?;
     if let Some(g) = &gpu {
@@ -620,6 +632,48 @@ mod tests {
             (c.model.as_str(), c.lr, c.warmup, c.steps),
             ("small", d.lr, d.warmup, d.steps)
         );
+    }
+
+    /// `octet compare --recipe R` (and `--sample-tokens N`) is an error:
+    /// each run's recipe comes from `--recipes` and no run samples, so the
+    /// flag was accepted and dropped (`--recipe rowwise --recipes bf16`
+    /// trained bf16 alone).
+    #[test]
+    fn compare_refuses_the_flags_it_would_drop() {
+        use clap::{Args, FromArgMatches};
+        let out = std::env::temp_dir().join(format!("octet-compare-{}", std::process::id()));
+        let out_s = out.display().to_string();
+        for (flag, value) in [("--recipe", "rowwise"), ("--sample-tokens", "5")] {
+            let argv = [
+                "compare",
+                "--recipes",
+                "bf16",
+                flag,
+                value,
+                "--model",
+                "tiny",
+                "--steps",
+                "1",
+                "--batch",
+                "1",
+                "--seq",
+                "16",
+                "--eval-batches",
+                "0",
+                "--no-save",
+                "--device",
+                "cpu",
+                "--out-dir",
+                &out_s,
+            ];
+            let m = CompareArgs::augment_args(clap::Command::new("compare"))
+                .try_get_matches_from(argv)
+                .expect("arguments");
+            let a = CompareArgs::from_arg_matches(&m).expect("arguments");
+            let e = compare(a).expect_err(flag).to_string();
+            assert!(e.contains(flag), "{flag}: {e}");
+        }
+        let _ = std::fs::remove_dir_all(&out);
     }
 
     #[test]
