@@ -1,6 +1,7 @@
 //! octet-tensor: tensors and the CPU reference kernels.
 //!
-//! A [`Tensor`] is a row-major array with a shape and a dtype (f32 or bf16).
+//! A [`Tensor`] is a row-major array with a shape and a dtype (f32, bf16, or
+//! f64 for the CPU's gradient checks).
 //! The kernels in [`cpu`] are the reference every other backend is checked
 //! against: the high-precision GEMM (through the `gemm` crate, f32
 //! accumulation), the FP8 GEMM emulation that multiplies exactly the values

@@ -1,9 +1,10 @@
 //! octet-train: the training loop and everything around it.
 //!
-//! [`data`] (byte-level tokenizer, corpus, deterministic batches), [`optim`]
-//! (AdamW with f32 masters, clipping, warmup + cosine), [`checkpoint`]
-//! (safetensors with Hugging Face names, atomic writes), [`metrics`] (JSONL),
-//! [`plot`] (loss curves as PNG) and [`trainer`] (the loop).
+//! [`data`] (byte-level tokenizer or GPT-2's BPE, corpus, deterministic
+//! batches), [`optim`] (AdamW with f32 masters, clipping, warmup + cosine),
+//! [`checkpoint`] (safetensors with Hugging Face names, atomic writes),
+//! [`metrics`] (JSONL), [`plot`] (loss curves as PNG), [`trainer`] (the CPU
+//! loop) and [`gpu`] (the same loop on the GPU).
 #![warn(missing_docs)]
 
 pub mod checkpoint;
