@@ -85,7 +85,7 @@ pub fn recipe_support(name: &str) -> &'static str {
     match name {
         "tensorwise" => "native: fused quantize + cuBLASLt FP8 GEMM",
         "delayed" => "native: one-pass quantize with the given scale, amax history updated on the device, cuBLASLt FP8 GEMM",
-        "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (widths multiples of 128)",
+        "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (widths multiples of 16; a reduction dim short of a multiple of 128 is zero-padded for the call)",
         "rowwise" => {
             "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
         }
