@@ -172,7 +172,8 @@ impl TrainArgs {
     }
 
     /// An error unless the flags of sharded runs (`--nproc`, `--nnodes`,
-    /// `--node-rank`, `--master-port`) are left unset: `cmd` runs one
+    /// `--node-rank`, `--master-port`, `--reshard-after-forward`,
+    /// `--grad-reduce`) are left unset: `cmd` runs one
     /// process and would otherwise drop them without a word.
     pub fn refuse_sharding(&self, cmd: &str) -> anyhow::Result<()> {
         for (flag, given) in [
@@ -180,6 +181,8 @@ impl TrainArgs {
             ("--nnodes", self.nnodes != 1),
             ("--node-rank", self.node_rank != 0),
             ("--master-port", self.master_port.is_some()),
+            ("--reshard-after-forward", self.reshard_after_forward),
+            ("--grad-reduce", self.grad_reduce.is_some()),
         ] {
             anyhow::ensure!(
                 !given,
@@ -674,6 +677,33 @@ mod tests {
             assert!(e.contains(flag), "{flag}: {e}");
         }
         let _ = std::fs::remove_dir_all(&out);
+    }
+
+    /// Every flag of sharded runs is refused by a one-process command:
+    /// `octet lora --reshard-after-forward` (or `--grad-reduce bf16`) ran
+    /// and dropped it, where `octet train` without `--nproc` refuses it.
+    #[test]
+    fn one_process_commands_refuse_every_sharding_flag() {
+        use clap::{Args, FromArgMatches};
+        for argv in [
+            &["train", "--reshard-after-forward"][..],
+            &["train", "--grad-reduce", "bf16"],
+            &["train", "--nproc", "2"],
+        ] {
+            let m = TrainArgs::augment_args(clap::Command::new("train"))
+                .try_get_matches_from(argv)
+                .expect("arguments");
+            let a = TrainArgs::from_arg_matches(&m).expect("arguments");
+            let e = a
+                .refuse_sharding("octet lora")
+                .expect_err(argv[1])
+                .to_string();
+            assert!(e.contains(argv[1]), "{e}");
+        }
+        assert!(TrainArgs::bare()
+            .expect("bare args")
+            .refuse_sharding("octet lora")
+            .is_ok());
     }
 
     #[test]
