@@ -9,9 +9,13 @@ use std::path::Path;
 pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
     match device {
         "cpu" => Ok(None),
-        "cuda" => Ok(Some(
-            Gpu::open(0).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?,
-        )),
+        "cuda" => Ok(Some(Gpu::open(0).map_err(|e| {
+            let hint = match e {
+                octet_cuda::Error::NoDevice(_) => "; --device cpu runs on the CPU",
+                _ => "",
+            };
+            anyhow::anyhow!("--device cuda: {e}{hint}")
+        })?)),
         // No driver or no GPU octet takes: the CPU, quietly. A GPU that is
         // there but cannot be used (a toolkit piece missing, the probe of
         // its FP8 conversions failing): the CPU, saying why.
@@ -27,6 +31,18 @@ pub fn open(device: &str) -> anyhow::Result<Option<Gpu>> {
             }
         },
         other => anyhow::bail!("--device {other}: expected cpu, cuda or auto"),
+    }
+}
+
+/// [`open`] for `octet selftest`, which compares a GPU with the CPU and so
+/// has nothing to run on the CPU alone: no hint to use `--device cpu`.
+pub fn open_for_selftest(device: &str) -> anyhow::Result<Option<Gpu>> {
+    match device {
+        "cpu" => Ok(None),
+        "cuda" => Ok(Some(
+            Gpu::open(0).map_err(|e| anyhow::anyhow!("--device cuda: {e}"))?,
+        )),
+        other => open(other),
     }
 }
 

@@ -142,7 +142,7 @@ fn main() {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Lora(a) => lora::run(*a),
         Cmd::Info => info::run(),
-        Cmd::Selftest { device } => match gpu::open(&device) {
+        Cmd::Selftest { device } => match gpu::open_for_selftest(&device) {
             Ok(Some(mut g)) => gpu::selftest(&mut g),
             Ok(None) => Err(anyhow::anyhow!(
                 "selftest compares a GPU with the CPU reference; no GPU is available (the CPU side runs in `cargo test`)"

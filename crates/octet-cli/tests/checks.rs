@@ -446,3 +446,24 @@ fn verbose_traces_steps_and_checkpoints_on_stderr() {
     assert!(!quiet.contains("DEBUG"), "{quiet}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Without a GPU, `octet selftest` says it needs one and does not suggest
+/// `--device cpu` (which has nothing to compare); `octet train --device
+/// cuda` does suggest it.
+#[test]
+fn selftest_without_a_gpu_does_not_point_to_the_cpu() {
+    let dir = tmpdir("selftest");
+    let (ok, text) = octet(&dir, &["selftest"]);
+    if ok || !text.contains("libcuda could not be loaded") {
+        return; // a machine with a driver: nothing to check here
+    }
+    assert!(!text.contains("--device cpu"), "{text}");
+    let (ok, text) = octet(&dir, &["selftest", "--device", "cpu"]);
+    assert!(!ok && text.contains("no GPU is available"), "{text}");
+    let (ok, text) = octet(&dir, &["train", "--device", "cuda", "--steps", "1"]);
+    assert!(
+        !ok && text.contains("--device cpu runs on the CPU"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

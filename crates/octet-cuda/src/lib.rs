@@ -352,8 +352,7 @@ impl Gpu {
         // SAFETY: only probes whether the shared library can be loaded.
         if !unsafe { cudarc::driver::sys::is_culib_present() } {
             return Err(Error::NoDevice(
-                "libcuda could not be loaded (no NVIDIA driver on this machine); use --device cpu"
-                    .into(),
+                "libcuda could not be loaded (no NVIDIA driver on this machine)".into(),
             ));
         }
         let n = CudaContext::device_count()
