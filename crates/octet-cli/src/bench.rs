@@ -35,7 +35,9 @@ pub struct BenchArgs {
     /// 16384x8192 on the GPU).
     #[arg(long)]
     tensor: Option<String>,
-    /// Timed repetitions per figure (the median is reported; at least 1).
+    /// Timed repetitions per figure (the median is reported; at least 1). The
+    /// CPU's full reference quantize of every recipe, the slowest table, takes
+    /// at most 3.
     #[arg(long, default_value_t = 5)]
     reps: usize,
     /// `bench mixed`: rows of the activation, M[,M...].
@@ -201,7 +203,10 @@ fn quantize(a: &BenchArgs) -> anyhow::Result<serde_json::Value> {
     push("decode e4m3 -> f32", 5 * n, s);
     t.print();
 
-    println!("\nfull reference quantize of a {r}x{c} f32 tensor, row-wise + column-wise copies (amax, scales, cast, transpose)");
+    println!(
+        "\nfull reference quantize of a {r}x{c} f32 tensor, row-wise + column-wise copies (amax, scales, cast, transpose); median of {} runs",
+        a.reps.min(3)
+    );
     let xt = gaussian(r * c, 2, 1.0);
     let mut t = Table::new(&["recipe", "ms", "GB/s (read 4 B, write 2 copies)"]);
     for name in Recipe::NAMES {
