@@ -193,13 +193,31 @@ impl TrainArgs {
     }
 
     fn config(&self) -> anyhow::Result<TrainConfig> {
-        // A preset's own schedule, unless a config file gives one (the
-        // flags `--lr` and `--warmup` still apply after it).
-        let model = self.model.clone();
+        // The preset's own schedule (of `--model`, else of the config file's
+        // `model`), under what the file and the flags give (`--lr`, ...).
+        let model = match &self.model {
+            Some(m) => Some(m.clone()),
+            None => self.file_model()?,
+        };
         self.config_with(|c| {
             if let Some(m) = &model {
                 c.use_preset_schedule(m);
             }
+        })
+    }
+
+    /// The `model` key of the `--config` file, if there is a file and it has one.
+    fn file_model(&self) -> anyhow::Result<Option<String>> {
+        let Some(p) = &self.config else {
+            return Ok(None);
+        };
+        let text =
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+        let file: toml::Table =
+            toml::from_str(&text).with_context(|| format!("parsing {}", p.display()))?;
+        Ok(match file.get("model") {
+            Some(toml::Value::String(m)) => Some(m.clone()),
+            _ => None,
         })
     }
 
@@ -775,6 +793,14 @@ mod tests {
         let c = a.config().expect("a file with lr");
         assert_eq!((c.lr, c.min_lr, c.warmup), (1e-3, 3e-5, 100));
         assert_eq!((c.adamw.beta1, c.adamw.beta2), (0.9, 0.99));
+        // The file's own `model` picks the preset's schedule as `--model` does.
+        a.model = None;
+        std::fs::write(&path, "model = \"1b\"\nwarmup = 7\n").expect("write");
+        let c = a.config().expect("a file with model 1b");
+        assert_eq!(
+            (c.model.as_str(), c.lr, c.min_lr, c.warmup),
+            ("1b", 3e-4, 3e-5, 7)
+        );
         let _ = std::fs::remove_file(&path);
     }
 
