@@ -109,8 +109,11 @@ struct DecodeBlock {
 /// A Llama model for generation, with a KV cache for one sequence.
 #[derive(Clone, Debug)]
 pub struct DecodeModel {
-    /// Dimensions.
+    /// Dimensions. A change after [`DecodeModel::new`] is refused by
+    /// [`DecodeModel::forward`]: the weights and the cache keep the built ones.
     pub cfg: LlamaConfig,
+    /// The dimensions the weights were stored for.
+    built: LlamaConfig,
     storage: WeightStorage,
     embed: Vec<f32>,
     blocks: Vec<DecodeBlock>,
@@ -164,6 +167,7 @@ impl DecodeModel {
         };
         Ok(DecodeModel {
             cfg: cfg.clone(),
+            built: cfg.clone(),
             storage,
             embed,
             blocks,
@@ -207,6 +211,13 @@ impl DecodeModel {
 
     /// Append `tokens` to the sequence and return their logits `(tokens.len(), V)`.
     pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if self.cfg != self.built {
+            return Err(Error::Config(format!(
+                "the decoder's cfg was changed after it was made (now {:?}, built for {:?}); \
+                 its weights and cache keep the built dimensions",
+                self.cfg, self.built
+            )));
+        }
         let cfg = &self.cfg;
         let (c, v) = (cfg.hidden_size, cfg.vocab_size);
         let (hq, hkv, d) = (

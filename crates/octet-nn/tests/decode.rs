@@ -304,3 +304,20 @@ fn non_finite_sampling_parameters_and_logits_are_errors() {
     let e = check_logits(last, 0).unwrap_err().to_string();
     assert!(e.contains("non-finite logits at step 0"), "{e}");
 }
+
+/// `cfg` is a public field, the weights and the cache are not: a decoder
+/// whose `cfg` was changed after `new` refuses to decode (it indexed the
+/// embedding past its end, a panic, or attended with the wrong heads).
+#[test]
+fn a_decoder_whose_cfg_was_changed_refuses_to_decode() {
+    let (cfg, _, w) = model(5);
+    let mut m = DecodeModel::new(&cfg, &w, WeightStorage::F32).unwrap();
+    m.cfg.vocab_size += 256;
+    let e = m.forward(&[300]).unwrap_err().to_string();
+    assert!(e.contains("cfg was changed"), "{e}");
+    m.cfg.vocab_size -= 256;
+    m.cfg.num_key_value_heads = m.cfg.num_attention_heads;
+    assert!(m.forward(&[1]).is_err(), "other heads than the weights'");
+    m.cfg = cfg.clone();
+    assert_eq!(m.forward(&[1, 2]).unwrap().len(), 2 * cfg.vocab_size);
+}
