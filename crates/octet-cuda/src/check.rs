@@ -1760,6 +1760,26 @@ fn sample_cases(
         dec.step(0),
     ));
     dec.cfg.max_position_embeddings -= 1;
+    // Weights unlike `cfg`: a final norm of half the width and an embedding
+    // of half the vocabulary. The kernels index them by `cfg` (the norm's
+    // weight up to C, the embedding up to token V - 1), past their ends.
+    let c = cfg.hidden_size;
+    for (name, shape) in [
+        ("model.norm.weight", vec![c / 2]),
+        ("model.embed_tokens.weight", vec![cfg.vocab_size / 2, c]),
+    ] {
+        let mut bad = w.clone();
+        let n = shape.iter().product();
+        let t = octet_tensor::Tensor::from_f32(&shape, vec![0.5; n])
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        bad.insert(name.into(), t);
+        out.push(shape_error(
+            format!(
+                "decoder of weights unlike the config ({preset}, {name} {shape:?}) -> shape error"
+            ),
+            GpuDecoder::new(gpu, cfg, &bad, GpuWeights::Bf16).map(|_| ()),
+        ));
+    }
     Ok(())
 }
 

@@ -185,13 +185,16 @@ fn cfg1(threads: usize) -> LaunchConfig {
 impl<'g> GpuDecoder<'g> {
     /// Upload a model from named weights (Hugging Face names), the block
     /// matrices stored as `weights`. Matrix `K` dims must be multiples of 16.
+    /// The weights must match `cfg` exactly, as
+    /// [`octet_nn::llama::Llama::check_weights`] says (the kernels index the
+    /// embedding and the norms by `cfg`'s dimensions).
     pub fn new(
         gpu: &'g Gpu,
         cfg: &LlamaConfig,
         w: &HashMap<String, Tensor>,
         weights: GpuWeights,
     ) -> Result<GpuDecoder<'g>> {
-        cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        octet_nn::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
             crate::KERNEL_SOURCES[3].1,
