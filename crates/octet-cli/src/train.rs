@@ -546,10 +546,10 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
             a.recipes
         );
     }
-    anyhow::ensure!(
-        a.train.sample_tokens.is_none(),
-        "--sample-tokens: octet compare samples no text (octet train does)"
-    );
+    // `--sample-tokens 0` says what compare does anyway.
+    if let Some(n) = a.train.sample_tokens.filter(|&n| n > 0) {
+        anyhow::bail!("--sample-tokens {n}: octet compare samples no text (octet train does)");
+    }
     let base = a.train.config()?;
     let gpu = crate::gpu::open(&a.train.device)?;
     if let Some(g) = &gpu {
