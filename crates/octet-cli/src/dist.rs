@@ -96,6 +96,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         };
         let first = rank.step_count();
         let (mut fp8_bytes, mut hp_bytes, mut time, mut last) = (0u64, 0u64, 0f64, f64::NAN);
+        let mut peak_saved = 0usize;
         let mut last_val = None;
         let t0 = Instant::now();
         for step in first..cfg.steps {
@@ -109,6 +110,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
             let dt = ts.elapsed().as_secs_f64();
             time += dt;
             last = out.loss;
+            peak_saved = peak_saved.max(out.saved_bytes);
             fp8_bytes = out.block_gather_bytes;
             hp_bytes = out
                 .comm
@@ -157,7 +159,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     grad_norm: out.grad_norm,
                     tokens_per_s: (cfg.batch * cfg.seq) as f64 / dt,
                     elapsed_s: t0.elapsed().as_secs_f64(),
-                    saved_bytes: 0,
+                    saved_bytes: peak_saved,
                     device_bytes: None,
                     allocated_bytes: None,
                     reserved_bytes: None,

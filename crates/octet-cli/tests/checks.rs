@@ -162,6 +162,83 @@ fn sharded_cpu_runs_evaluate_every_eval_every_steps_as_one_process_does() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The step records of `dir/NAME/metrics.jsonl` and its telemetry records.
+fn metrics_of(dir: &Path, name: &str) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let text = std::fs::read_to_string(dir.join(name).join("metrics.jsonl")).expect("metrics");
+    let all: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let (tel, steps) = all.into_iter().partition(|v| v.get("telemetry").is_some());
+    (steps, tel)
+}
+
+/// `octet train ARGS` of the tiny model on the CPU, 4 steps of 16 tokens
+/// with `dir/t.toml`, no checkpoints, evaluation or sample: the step records
+/// of its metrics and its telemetry records.
+fn sharded_run(
+    dir: &Path,
+    name: &str,
+    extra: &[&str],
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let out = dir.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "train",
+        "--config",
+        "t.toml",
+        "--name",
+        name,
+        "--steps",
+        "4",
+        "--no-save",
+        "--out-dir",
+        out,
+        "--device",
+        "cpu",
+        "--model",
+        "tiny",
+        "--seq",
+        "16",
+        "--sample-tokens",
+        "0",
+        "--eval-batches",
+        "0",
+    ];
+    args.extend(extra);
+    let (ok, text) = octet(dir, &args);
+    assert!(ok, "{text}");
+    metrics_of(dir, name)
+}
+
+/// A CPU-sharded run reports what each rank's forward keeps for backward
+/// (`saved_bytes`; a rank's micro-batch is `--batch / --nproc` rows, so
+/// without FP8-gathered weights it is the one-process trainer's figure for
+/// that batch), not 0.
+#[test]
+fn sharded_cpu_runs_report_the_bytes_saved_for_backward() {
+    let dir = tmpdir("nproc-saved");
+    std::fs::write(dir.join("t.toml"), "").expect("config");
+    let saved = |steps: &[serde_json::Value]| -> Vec<u64> {
+        steps
+            .iter()
+            .map(|s| s["saved_bytes"].as_u64().expect("saved_bytes"))
+            .collect()
+    };
+    let bf16 = ["--recipe", "bf16"];
+    let (one, _) = sharded_run(&dir, "one", &[&bf16[..], &["--batch", "1"]].concat());
+    let (two, _) = sharded_run(
+        &dir,
+        "two",
+        &[&bf16[..], &["--batch", "2", "--nproc", "2"]].concat(),
+    );
+    let want = saved(&one)[0];
+    assert!(want > 0);
+    assert_eq!(saved(&two), [want; 4], "the sharded run's saved_bytes");
+    let (fp8, _) = sharded_run(&dir, "fp8", &["--batch", "2", "--nproc", "2"]);
+    assert!(saved(&fp8).iter().all(|&b| b > 0), "{fp8:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sharded_cpu_runs_respect_no_save_and_report_no_val_without_evaluation() {
     let dir = tmpdir("nproc");

@@ -89,6 +89,8 @@ pub struct StepOutput {
     pub comm: CommStats,
     /// All-gather bytes spent on the block linears' weights (FP8 or high precision).
     pub block_gather_bytes: u64,
+    /// Bytes this rank's forward kept for backward (its rows of the batch).
+    pub saved_bytes: usize,
 }
 
 /// How one parameter is gathered.
@@ -382,6 +384,7 @@ impl FsdpRank {
         self.model
             .set_grad_round(self.opt.step * self.world as u64 + self.rank as u64);
         let (loss, saved) = self.model.forward(tokens, targets, b, t)?;
+        let saved_bytes = saved.bytes();
         let grads = self.model.backward(saved)?;
         let mut l = [loss];
         comm.all_reduce(&mut l, ReduceOp::Sum)?;
@@ -461,6 +464,7 @@ impl FsdpRank {
             grad_norm,
             comm: comm.stats().since(&start),
             block_gather_bytes,
+            saved_bytes,
         })
     }
 
