@@ -166,6 +166,22 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 };
                 if let Ok(mut w) = metrics.lock() {
                     w.write(&m).map_err(|e| dist_err(e.to_string()))?;
+                    // Rank 0's quantizations of this step, as one process writes them.
+                    if cfg.telemetry_every > 0 && done % cfg.telemetry_every == 0 {
+                        let layers: Vec<serde_json::Value> = rank
+                            .model()
+                            .telemetry()
+                            .into_iter()
+                            .map(|(name, role, t)| {
+                                serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
+                                    "saturated": t.saturated, "underflowed": t.underflowed})
+                            })
+                            .collect();
+                        if !layers.is_empty() {
+                            w.write(&serde_json::json!({"step": done, "telemetry": layers}))
+                                .map_err(|e| dist_err(e.to_string()))?;
+                        }
+                    }
                 }
                 if let Ok(mut o) = obs.lock() {
                     o.step(&m, cfg.steps);

@@ -239,6 +239,34 @@ fn sharded_cpu_runs_report_the_bytes_saved_for_backward() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A CPU-sharded run writes the per-layer telemetry every `telemetry_every`
+/// steps, with the layers and roles of the one-process trainer's.
+#[test]
+fn sharded_cpu_runs_write_telemetry_every_telemetry_every_steps() {
+    let dir = tmpdir("nproc-telemetry");
+    std::fs::write(dir.join("t.toml"), "telemetry_every = 2\n").expect("config");
+    let (_, one) = sharded_run(&dir, "one", &["--batch", "1"]);
+    let (_, two) = sharded_run(&dir, "two", &["--batch", "2", "--nproc", "2"]);
+    let steps = |t: &[serde_json::Value]| -> Vec<u64> {
+        t.iter()
+            .map(|v| v["step"].as_u64().expect("step"))
+            .collect()
+    };
+    assert_eq!(steps(&one), [2, 4]);
+    assert_eq!(steps(&two), [2, 4], "the sharded run's telemetry");
+    let names = |v: &serde_json::Value| -> Vec<(String, String)> {
+        v["telemetry"]
+            .as_array()
+            .expect("layers")
+            .iter()
+            .map(|l| (l["layer"].to_string(), l["role"].to_string()))
+            .collect()
+    };
+    assert_eq!(names(&one[0]), names(&two[0]));
+    assert!(!names(&two[0]).is_empty());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn sharded_cpu_runs_respect_no_save_and_report_no_val_without_evaluation() {
     let dir = tmpdir("nproc");
