@@ -32,8 +32,9 @@ struct Cli {
 }
 
 /// The tracing filter for `-v` counted `verbose` times, unless `OCTET_LOG`
-/// gives one: warnings only without `-v`; octet's own crates at debug with
-/// one, at trace with two or more.
+/// gives one: without `-v`, warnings and the announcement of NVRTC compiles
+/// (a first GPU run compiles for up to a minute); octet's own crates at
+/// debug with one, at trace with two or more.
 fn log_filter(verbose: u8, env: Option<&str>) -> tracing_subscriber::EnvFilter {
     use tracing_subscriber::EnvFilter;
     let octet = [
@@ -46,7 +47,13 @@ fn log_filter(verbose: u8, env: Option<&str>) -> tracing_subscriber::EnvFilter {
         "octet_dist",
     ];
     let level = match verbose {
-        0 => return env.map_or_else(|| EnvFilter::new("warn"), EnvFilter::new),
+        // Kernel compiles (a first GPU run's wait) are announced.
+        0 => {
+            return env.map_or_else(
+                || EnvFilter::new("warn,octet_cuda::nvrtc=info"),
+                EnvFilter::new,
+            )
+        }
         1 => "debug",
         _ => "trace",
     };
@@ -165,10 +172,10 @@ mod tests {
 
     #[test]
     fn verbosity_sets_the_level_of_octets_crates_only() {
-        use tracing::level_filters::LevelFilter;
-        assert_eq!(
-            log_filter(0, None).max_level_hint(),
-            Some(LevelFilter::WARN)
+        let quiet = log_filter(0, None).to_string();
+        assert!(
+            quiet.contains("octet_cuda::nvrtc=info") && !quiet.contains("debug"),
+            "{quiet}"
         );
         let one = log_filter(1, None).to_string();
         assert!(

@@ -54,6 +54,14 @@
 // one), so every upcast here skips the NaN fix of the integer conversions
 // (`fp8x2_to_x2<FMT, XF16>`; GPUs without FP8 instructions).
 
+// The module compiles in parts, at once (`MIXED_PARTS` in mixed.rs): the host
+// defines MIXED_PART as 0, 1 or 2 for each, and each part instantiates its own
+// kernels only. Undefined, every kernel is built.
+#ifndef MIXED_PART
+#define MIXED_PART -1
+#endif
+#define MIXED_IN_PART(p) (MIXED_PART < 0 || MIXED_PART == (p))
+
 #define SCALE_TENSOR 0
 #define SCALE_ROW 1
 #define SCALE_BLOCK 2
@@ -378,18 +386,23 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
     MIXED_SMALL_X(TAG, , false, NT, W, S)                                                               \
     MIXED_SMALL_X(TAG, _xf16, true, NT, W, S)
+#if MIXED_IN_PART(0)
 MIXED_SMALL_CFG(n4, 1, 8, 3)
 MIXED_SMALL_CFG(n8, 1, 8, 2)
+#endif
+#if MIXED_IN_PART(1)
 MIXED_SMALL_CFG(n16, 2, 4, 3)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
 MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3)
+#endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,
 // four loads in flight per thread) and fold them into one word per thread,
 // stored only when it equals an arbitrary constant (into scratch, so harmless
 // when it does): the loads stay and next to nothing is written. What a
 // kernel that only reads reaches.
+#if MIXED_IN_PART(0)
 extern "C" __global__ void __launch_bounds__(256) read_floor(const uint4* __restrict__ p, long long n16,
                                                              unsigned int* sink) {
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -407,6 +420,7 @@ extern "C" __global__ void __launch_bounds__(256) read_floor(const uint4* __rest
     }
     if (a == 0x9e3779b9u) sink[blockIdx.x * blockDim.x + threadIdx.x] = a;
 }
+#endif
 
 // Two floats -> bf16x2 (nearest even), `lo` in the low half.
 __device__ __forceinline__ unsigned int pack_bf16x2(float lo, float hi) {
@@ -472,10 +486,12 @@ __device__ __forceinline__ void upcast(const unsigned char* __restrict__ w, cons
                                     int K, int mode) {                                                     \
         upcast<FMT, XF16>(w, factors, out, N, K, mode);                                                    \
     }
+#if MIXED_IN_PART(0)
 UPCAST(upcast_e4m3, FMT_E4M3, false)
 UPCAST(upcast_e5m2, FMT_E5M2, false)
 UPCAST(upcast_e4m3_xf16, FMT_E4M3, true)
 UPCAST(upcast_e5m2_xf16, FMT_E5M2, true)
+#endif
 
 // `mode`: the scaling alone (no MODE_TILED).
 template <typename OUT>
@@ -485,6 +501,7 @@ __device__ __forceinline__ void epilogue(const float* __restrict__ acc, const fl
     if (i >= (size_t)M * N) return;
     y[i] = Out<OUT>::from(acc[i] * post_factor(factors, mode, (int)(i % N)));
 }
+#if MIXED_IN_PART(0)
 extern "C" __global__ void mixed_epilogue_f32(const float* acc, const float* factors, float* y, int M, int N,
                                               int mode) {
     epilogue<float>(acc, factors, y, M, N, mode);
@@ -493,6 +510,7 @@ extern "C" __global__ void mixed_epilogue_bf16(const float* acc, const float* fa
                                                int M, int N, int mode) {
     epilogue<unsigned short>(acc, factors, y, M, N, mode);
 }
+#endif
 
 // ---------------------------------------------------------------- large M on Hopper's wgmma
 
@@ -749,7 +767,9 @@ __device__ __forceinline__ void mixed_wg(const TmaMap* xmap, const TmaMap* wmap,
     MIXED_WG(mixed_wg_block_e4m3##X##_bf16, FMT_E4M3, unsigned short, true, XF16)                          \
     MIXED_WG(mixed_wg_block_e5m2##X##_f32, FMT_E5M2, float, true, XF16)                                    \
     MIXED_WG(mixed_wg_block_e5m2##X##_bf16, FMT_E5M2, unsigned short, true, XF16)
+#if MIXED_IN_PART(2)
 MIXED_WG_X(, false)
 MIXED_WG_X(_xf16, true)
+#endif
 
 #endif

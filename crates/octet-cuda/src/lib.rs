@@ -384,13 +384,52 @@ impl Gpu {
             arch,
             "opening the GPU and loading its kernels"
         );
-        let load = |name: &str, src: &str, fns: &[&str]| -> Result<Vec<CudaFunction>> {
-            let module = ctx.load_module(nvrtc::compile(name, src, arch)?)?;
-            fns.iter().map(|f| Ok(module.load_function(f)?)).collect()
-        };
+        // The modules every GPU loads, compiled by NVRTC on threads at once
+        // (on a first run, before the disk cache has them, this is most of
+        // the wait): quantize, block_quantize and the weight-only product in
+        // its parts (`mixed::MIXED_PARTS`).
+        let tune = mixed::SmallTune::from_env()?;
+        let mut sources: Vec<(String, String)> = vec![
+            ("quantize".into(), KERNEL_SOURCES[0].1.into()),
+            ("block_quantize".into(), KERNEL_SOURCES[1].1.into()),
+        ];
+        for part in 0..mixed::MIXED_PARTS {
+            // A tuning shape (`OCTET_MIXED_TUNE`) is built in part 0.
+            let tune_line = match (&tune, part) {
+                (Some(t), 0) => t.source_line(),
+                _ => String::new(),
+            };
+            sources.push((
+                format!("mixed.{part}"),
+                format!(
+                    "#define MIXED_PART {part}\n{}{tune_line}",
+                    KERNEL_SOURCES[2].1
+                ),
+            ));
+        }
+        let compiled: Vec<Result<cudarc::nvrtc::Ptx>> = std::thread::scope(|s| {
+            let jobs: Vec<_> = sources
+                .iter()
+                .map(|(name, src)| s.spawn(move || nvrtc::compile(name, src, arch)))
+                .collect();
+            jobs.into_iter()
+                .map(|j| {
+                    j.join().unwrap_or_else(|p| {
+                        Err(Error::Toolkit(format!("NVRTC: {}", nvrtc::panic_text(p))))
+                    })
+                })
+                .collect()
+        });
+        let mut modules = Vec::with_capacity(compiled.len());
+        for ptx in compiled {
+            modules.push(ctx.load_module(ptx?)?);
+        }
+        let load =
+            |module: &Arc<cudarc::driver::CudaModule>, fns: &[&str]| -> Result<Vec<CudaFunction>> {
+                fns.iter().map(|f| Ok(module.load_function(f)?)).collect()
+            };
         let q = load(
-            "quantize",
-            KERNEL_SOURCES[0].1,
+            &modules[0],
             &[
                 "amax_bf16",
                 "amax_f32",
@@ -405,8 +444,7 @@ impl Gpu {
             ],
         )?;
         let b = load(
-            "block_quantize",
-            KERNEL_SOURCES[1].1,
+            &modules[1],
             &[
                 "block1x128_cast_transpose_bf16_e4m3",
                 "block1x128_cast_transpose_bf16_e5m2",
@@ -422,17 +460,7 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
-        let tune = mixed::SmallTune::from_env()?;
-        let mixed_src = match &tune {
-            Some(t) => format!("{}{}", KERNEL_SOURCES[2].1, t.source_line()).into(),
-            None => std::borrow::Cow::Borrowed(KERNEL_SOURCES[2].1),
-        };
-        let mixed = mixed::MixedKernels::load(
-            &ctx.load_module(nvrtc::compile("mixed", &mixed_src, arch)?)?,
-            arch,
-            smem,
-            tune,
-        )?;
+        let mixed = mixed::MixedKernels::load(&modules[2..], arch, smem, tune)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {

@@ -357,13 +357,21 @@ const WG_TILE: (usize, usize) = (128, 256);
 
 impl MixedKernels {
     pub(crate) fn load(
-        m: &Arc<CudaModule>,
+        parts: &[Arc<CudaModule>],
         arch: &str,
         smem: SmemLimits,
         tune: Option<SmallTune>,
     ) -> Result<MixedKernels> {
         use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
-        let f = |name: &str| -> Result<CudaFunction> { Ok(m.load_function(name)?) };
+        // A kernel from whichever part of the module built it.
+        let f = |name: &str| -> Result<CudaFunction> {
+            parts
+                .iter()
+                .find_map(|m| m.load_function(name).ok())
+                .ok_or_else(|| {
+                    Error::Driver(format!("kernel {name} is in no part of the mixed module"))
+                })
+        };
         let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
         {
             let k = |name: String| -> Result<CudaFunction> {
@@ -610,6 +618,13 @@ fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
 
 /// Up to this many rows of `x` take the fused small-M kernel (in groups of 8 or 16).
 pub const SMALL_M: usize = 64;
+
+/// How many parts `kernels/mixed.cu` is compiled in (`MIXED_PART` 0: the
+/// small-M kernels for up to 8 tokens and the upcast path; 1: 9 to 16
+/// tokens; 2: the wgmma kernels), each by its own NVRTC call, at once, when
+/// the GPU is opened. On the CPU machine one call over the whole file took
+/// 14.1 s and the parts 3.3 / 4.2 / 5.9 s (thirty-seventh session).
+pub const MIXED_PARTS: usize = 3;
 
 impl Gpu {
     /// Copy an [`Fp8Weight`] to the device, codes row-major (what cuBLASLt's

@@ -231,7 +231,13 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
     let key = cache_key(name, &src, arch, &OPTIONS, version);
     let dir = cache_dir();
     let t0 = std::time::Instant::now();
-    let (text, hit) = cached(&dir, name, arch, key, || compile_uncached(name, &src, arch))?;
+    let (text, hit) = cached(&dir, name, arch, key, || {
+        tracing::info!(
+            "compiling CUDA kernels '{name}' for {arch} (once: then read from {})",
+            dir.display()
+        );
+        compile_uncached(name, &src, arch)
+    })?;
     tracing::debug!(
         module = name,
         arch,

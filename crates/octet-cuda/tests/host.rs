@@ -209,3 +209,35 @@ fn fp8_switches_reject_unknown_values() {
         assert!(e.contains(var) && e.contains("software"), "{e}");
     }
 }
+
+/// The weight-only module compiled in its parts (`MIXED_PART`, as the GPU is
+/// opened) holds every kernel of the whole file once: the `.entry` names of
+/// the parts are disjoint and together are the whole module's. A kernel
+/// left out of every part would fail the GPU's start-up. Skipped where
+/// libnvrtc cannot be loaded.
+#[test]
+fn the_mixed_parts_hold_every_kernel_once() {
+    if let Err(e) = nvrtc::nvrtc_version() {
+        eprintln!("the_mixed_parts_hold_every_kernel_once SKIPPED: {e}");
+        return;
+    }
+    let entries = |ptx: &str| -> Vec<String> {
+        ptx.lines()
+            .filter_map(|l| l.split(".entry ").nth(1))
+            .map(|rest| rest.trim_end_matches('(').trim().to_string())
+            .collect()
+    };
+    let src = KERNEL_SOURCES[2].1;
+    let mut whole = entries(&nvrtc::compile_uncached("mixed", src, "sm_90a").expect("whole"));
+    whole.sort();
+    assert!(whole.len() > 50, "{} entries", whole.len()); // 79 in all
+    let mut parts = Vec::new();
+    for part in 0..octet_cuda::mixed::MIXED_PARTS {
+        let s = format!("#define MIXED_PART {part}\n{src}");
+        let e = entries(&nvrtc::compile_uncached("mixed", &s, "sm_90a").expect("part"));
+        assert!(!e.is_empty(), "part {part} is empty");
+        parts.extend(e);
+    }
+    parts.sort();
+    assert_eq!(parts, whole);
+}
