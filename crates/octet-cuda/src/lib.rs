@@ -384,22 +384,22 @@ impl Gpu {
             arch,
             "opening the GPU and loading its kernels"
         );
-        // The modules every GPU loads, compiled by NVRTC on threads at once
-        // (on a first run, before the disk cache has them, this is most of
-        // the wait): quantize, block_quantize and the weight-only product in
-        // its parts (`mixed::MIXED_PARTS`).
+        // Every module, compiled by NVRTC on threads at once (on a first run,
+        // before the disk cache has them, this is most of the wait), the
+        // slowest first: the ones loaded here (quantize, block_quantize and
+        // the weight-only product in its parts, `mixed::MIXED_PARTS`), and
+        // the ones loaded on first use, into the disk cache only, so that a
+        // run does not stop later to compile them. An error in those is left
+        // for their first use to report.
         let tune = mixed::SmallTune::from_env()?;
-        let mut sources: Vec<(String, String)> = vec![
-            ("quantize".into(), KERNEL_SOURCES[0].1.into()),
-            ("block_quantize".into(), KERNEL_SOURCES[1].1.into()),
-        ];
-        for part in 0..mixed::MIXED_PARTS {
+        let mut jobs: Vec<(String, String)> = Vec::new();
+        for part in (0..mixed::MIXED_PARTS).rev() {
             // A tuning shape (`OCTET_MIXED_TUNE`) is built in part 0.
             let tune_line = match (&tune, part) {
                 (Some(t), 0) => t.source_line(),
                 _ => String::new(),
             };
-            sources.push((
+            jobs.push((
                 format!("mixed.{part}"),
                 format!(
                     "#define MIXED_PART {part}\n{}{tune_line}",
@@ -407,29 +407,39 @@ impl Gpu {
                 ),
             ));
         }
-        let compiled: Vec<Result<cudarc::nvrtc::Ptx>> = std::thread::scope(|s| {
-            let jobs: Vec<_> = sources
-                .iter()
-                .map(|(name, src)| s.spawn(move || nvrtc::compile(name, src, arch)))
-                .collect();
-            jobs.into_iter()
-                .map(|j| {
-                    j.join().unwrap_or_else(|p| {
-                        Err(Error::Toolkit(format!("NVRTC: {}", nvrtc::panic_text(p))))
-                    })
-                })
-                .collect()
-        });
-        let mut modules = Vec::with_capacity(compiled.len());
-        for ptx in compiled {
-            modules.push(ctx.load_module(ptx?)?);
+        for i in [9, 1, 10, 6, 0, 4, 3, 8, 7, 5] {
+            // train, block_quantize, lora, block2d, quantize, rowwise, decode,
+            // nvfp4, mx, delayed: the order of their compile times on an H100
+            // host (bench-results/h100-session37-b/open-trace.txt).
+            jobs.push((KERNEL_SOURCES[i].0.into(), KERNEL_SOURCES[i].1.into()));
+        }
+        let mut compiled: std::collections::HashMap<String, Result<cudarc::nvrtc::Ptx>> = jobs
+            .iter()
+            .map(|(name, _)| name.clone())
+            .zip(nvrtc::compile_all(&jobs, arch))
+            .collect();
+        let mut module = |name: &str| -> Result<Arc<cudarc::driver::CudaModule>> {
+            let ptx = compiled
+                .remove(name)
+                .ok_or_else(|| Error::Toolkit(format!("NVRTC: no module {name}")))??;
+            Ok(ctx.load_module(ptx)?)
+        };
+        let quantize = module("quantize")?;
+        let block_quantize = module("block_quantize")?;
+        let mixed_parts = (0..mixed::MIXED_PARTS)
+            .map(|p| module(&format!("mixed.{p}")))
+            .collect::<Result<Vec<_>>>()?;
+        for (name, r) in &compiled {
+            if let Err(e) = r {
+                tracing::debug!(module = %name, error = %e, "left for first use");
+            }
         }
         let load =
             |module: &Arc<cudarc::driver::CudaModule>, fns: &[&str]| -> Result<Vec<CudaFunction>> {
                 fns.iter().map(|f| Ok(module.load_function(f)?)).collect()
             };
         let q = load(
-            &modules[0],
+            &quantize,
             &[
                 "amax_bf16",
                 "amax_f32",
@@ -444,7 +454,7 @@ impl Gpu {
             ],
         )?;
         let b = load(
-            &modules[1],
+            &block_quantize,
             &[
                 "block1x128_cast_transpose_bf16_e4m3",
                 "block1x128_cast_transpose_bf16_e5m2",
@@ -460,7 +470,7 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
-        let mixed = mixed::MixedKernels::load(&modules[2..], arch, smem, tune)?;
+        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {

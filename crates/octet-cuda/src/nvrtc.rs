@@ -6,6 +6,11 @@
 //! ([`write_atomic`]), so concurrent processes (one per GPU rank) and threads
 //! never read a half-written entry: a reader sees either no file or a whole one.
 //!
+//! `Gpu::open` compiles every module at once on a pool of threads
+//! ([`compile_all`]): the ones it loads, and the ones loaded on first use, into
+//! the cache, so that a first run waits once, for the slowest module, and not
+//! again at each first use.
+//!
 //! Every function that may call into libnvrtc checks first that the library
 //! can be loaded, and the calls run under `catch_unwind`: cudarc's dynamic
 //! loader panics on a missing symbol, and that must reach the caller as an
@@ -247,6 +252,44 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
         "kernel module"
     );
     Ok(Ptx::from_src(text))
+}
+
+/// [`compile`] every `(name, source)` of `jobs` for `arch`, on at most as
+/// many threads as the machine runs at once, taking the jobs in order (put
+/// the slowest first). Results are in the order of `jobs`.
+pub fn compile_all(jobs: &[(String, String)], arch: &'static str) -> Vec<Result<Ptx>> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(jobs.len());
+    let next = AtomicUsize::new(0);
+    let done: Vec<Mutex<Option<Result<Ptx>>>> = jobs.iter().map(|_| Mutex::new(None)).collect();
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some((name, src)) = jobs.get(i) else {
+                    break;
+                };
+                let r = std::panic::catch_unwind(|| compile(name, src, arch))
+                    .unwrap_or_else(|p| Err(Error::Toolkit(format!("NVRTC: {}", panic_text(p)))));
+                if let Ok(mut slot) = done[i].lock() {
+                    *slot = Some(r);
+                }
+            });
+        }
+    });
+    done.into_iter()
+        .zip(jobs)
+        .map(|(slot, (name, _))| {
+            slot.into_inner().ok().flatten().unwrap_or_else(|| {
+                Err(Error::Toolkit(format!(
+                    "NVRTC: the compile of {name} did not finish"
+                )))
+            })
+        })
+        .collect()
 }
 
 /// Compile with NVRTC, skipping the cache; returns the PTX text.

@@ -241,3 +241,35 @@ fn the_mixed_parts_hold_every_kernel_once() {
     parts.sort();
     assert_eq!(parts, whole);
 }
+
+/// `nvrtc::compile_all` returns one result a job, in the jobs' order, on a
+/// pool of threads: a source that does not compile is its own error and the
+/// others still compile. Skipped where libnvrtc cannot be loaded.
+#[test]
+fn compile_all_keeps_each_jobs_result_in_order() {
+    if let Err(e) = nvrtc::nvrtc_version() {
+        eprintln!("compile_all_keeps_each_jobs_result_in_order SKIPPED: {e}");
+        return;
+    }
+    let good = "extern \"C\" __global__ void k(float* p) { p[threadIdx.x] = 1.f; }";
+    let jobs: Vec<(String, String)> = [
+        ("octet-test-good-a", good.to_string()),
+        ("octet-test-bad", "this is not CUDA".to_string()),
+        ("octet-test-good-b", good.replace("1.f", "2.f")),
+    ]
+    .into_iter()
+    .map(|(n, s)| (n.to_string(), s))
+    .collect();
+    let r = nvrtc::compile_all(&jobs, "sm_90a");
+    assert_eq!(r.len(), 3);
+    assert!(
+        r[0].is_ok() && r[2].is_ok(),
+        "{:?} {:?}",
+        r[0].is_ok(),
+        r[2].is_ok()
+    );
+    assert!(
+        matches!(r[1], Err(Error::Compile { .. })),
+        "the bad source must fail"
+    );
+}
