@@ -23,7 +23,7 @@ for b in octet-c octet; do
     s2=$(date +%s.%N)
     $B lora --device cuda --base $CK --model tiny --steps 2 --no-save --out-dir $R/runs-$b --name l-$pass > $R/$b-lora-$pass.txt 2>&1
     rc2=$?; e2=$(date +%s.%N)
-    echo "$b $pass: train rc=$rc $(echo "$e - $s" | bc) s; lora rc=$rc2 $(echo "$e2 - $s2" | bc) s; cache $(ls $OCTET_CACHE | wc -l) files; announced: $(grep -a -c 'compiling CUDA kernels' $R/$b-train-$pass.err)"
+    echo "$b $pass: train rc=$rc $(awk "BEGIN{printf \"%.1f\", $e-$s}") s; lora rc=$rc2 $(awk "BEGIN{printf \"%.1f\", $e2-$s2}") s; cache $(ls $OCTET_CACHE | wc -l) files; announced: $(grep -a -c 'compiling CUDA kernels' $R/$b-train-$pass.err)"
   done
 done
 unset OCTET_CACHE
