@@ -273,3 +273,40 @@ fn compile_all_keeps_each_jobs_result_in_order() {
         "the bad source must fail"
     );
 }
+
+/// What `Gpu::open` loads is machine code: `compile_cubin_uncached` returns an
+/// ELF image for a real target, and a source that does not compile is
+/// `Error::Compile` with NVRTC's log. `cached_cubin` stores the image and
+/// reads it back. Skipped where libnvrtc cannot be loaded.
+#[test]
+fn kernels_compile_to_cubin_and_cache_it() {
+    if let Err(e) = nvrtc::nvrtc_version() {
+        eprintln!("kernels_compile_to_cubin_and_cache_it SKIPPED: {e}");
+        return;
+    }
+    let (name, src) = KERNEL_SOURCES[5]; // delayed: small and quick
+    for arch in ["sm_90a", "sm_89", "sm_80"] {
+        let cubin = nvrtc::compile_cubin_uncached(name, src, arch)
+            .unwrap_or_else(|e| panic!("{name} for {arch}: {e}"));
+        assert!(
+            cubin.starts_with(b"\x7fELF") && cubin.len() > 1000,
+            "{arch}"
+        );
+    }
+    match nvrtc::compile_cubin_uncached("broken", "this is not CUDA", "sm_90a") {
+        Err(Error::Compile { log, .. }) => assert!(!log.is_empty()),
+        other => panic!("expected a compile error, got {:?}", other.map(|b| b.len())),
+    }
+    let dir = std::env::temp_dir().join(format!("octet-cubin-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (a, hit_a) = nvrtc::cached_cubin(&dir, name, "sm_90a", 7, || {
+        nvrtc::compile_cubin_uncached(name, src, "sm_90a")
+    })
+    .expect("first compile");
+    let (b, hit_b) = nvrtc::cached_cubin(&dir, name, "sm_90a", 7, || {
+        panic!("a cached image must not be compiled again")
+    })
+    .expect("cached");
+    assert!(!hit_a && hit_b && a == b);
+    let _ = std::fs::remove_dir_all(&dir);
+}
