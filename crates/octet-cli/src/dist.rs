@@ -168,18 +168,9 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     w.write(&m).map_err(|e| dist_err(e.to_string()))?;
                     // Rank 0's quantizations of this step, as one process writes them.
                     if cfg.telemetry_every > 0 && done % cfg.telemetry_every == 0 {
-                        let layers: Vec<serde_json::Value> = rank
-                            .model()
-                            .telemetry()
-                            .into_iter()
-                            .map(|(name, role, t)| {
-                                serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
-                                    "saturated": t.saturated, "underflowed": t.underflowed})
-                            })
-                            .collect();
-                        if !layers.is_empty() {
-                            w.write(&serde_json::json!({"step": done, "telemetry": layers}))
-                                .map_err(|e| dist_err(e.to_string()))?;
+                        let layers = rank.model().telemetry();
+                        if let Some(r) = octet_train::metrics::telemetry_record(done, layers) {
+                            w.write(&r).map_err(|e| dist_err(e.to_string()))?;
                         }
                     }
                 }

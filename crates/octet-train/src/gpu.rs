@@ -546,15 +546,8 @@ pub fn train_gpu_ranked(
             mw.write(&m)?;
         }
         if let (true, Some(mw)) = (telemetry_step, metrics.as_mut()) {
-            let layers: Vec<serde_json::Value> = telemetry
-                .into_iter()
-                .map(|(name, role, t)| {
-                    serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
-                        "saturated": t.saturated, "underflowed": t.underflowed})
-                })
-                .collect();
-            if !layers.is_empty() {
-                mw.write(&serde_json::json!({"step": model.step, "telemetry": layers}))?;
+            if let Some(r) = crate::metrics::telemetry_record(model.step, telemetry) {
+                mw.write(&r)?;
             }
         }
         obs.step(&m, cfg.steps);

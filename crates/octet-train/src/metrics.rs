@@ -73,6 +73,23 @@ pub fn curves_before(ckpt: &Path, upto: u64) -> (Curve, Curve) {
     (train, val)
 }
 
+/// The metrics line of one step's per-layer telemetry, `{"step", "telemetry":
+/// [{"layer", "role", "amax", "saturated", "underflowed"}, ...]}`, as every
+/// trainer writes it (one process, sharded, GPU); `None` without layers.
+pub fn telemetry_record(
+    step: u64,
+    layers: Vec<(String, octet_fp8::Role, octet_fp8::Telemetry)>,
+) -> Option<serde_json::Value> {
+    let layers: Vec<serde_json::Value> = layers
+        .into_iter()
+        .map(|(name, role, t)| {
+            serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
+                "saturated": t.saturated, "underflowed": t.underflowed})
+        })
+        .collect();
+    (!layers.is_empty()).then(|| serde_json::json!({"step": step, "telemetry": layers}))
+}
+
 /// Appends JSON lines to a file.
 pub struct MetricsWriter {
     file: std::fs::File,

@@ -1047,16 +1047,8 @@ pub fn train(
         }
         metrics.write(&m)?;
         if cfg.telemetry_every > 0 && opt.step % cfg.telemetry_every == 0 {
-            let layers: Vec<serde_json::Value> = model
-                .telemetry()
-                .into_iter()
-                .map(|(name, role, t)| {
-                    serde_json::json!({"layer": name, "role": format!("{role:?}"), "amax": t.amax,
-                        "saturated": t.saturated, "underflowed": t.underflowed})
-                })
-                .collect();
-            if !layers.is_empty() {
-                metrics.write(&serde_json::json!({"step": opt.step, "telemetry": layers}))?;
+            if let Some(r) = crate::metrics::telemetry_record(opt.step, model.telemetry()) {
+                metrics.write(&r)?;
             }
         }
         obs.step(&m, cfg.steps);
