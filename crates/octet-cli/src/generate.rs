@@ -136,12 +136,15 @@ fn run_one_gpu(
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     // Warm-up (kernel loading, cuBLASLt plans for the prompt's rows and for
     // one, the step's CUDA graph, captured at the second position), then a
-    // fresh sequence.
+    // fresh sequence. The step's warm-up needs a second position, and only a
+    // run that decodes uses it (a model of one position decodes nothing).
     dec.prefill(&prompt)?;
     dec.reset();
-    dec.prefill(&prompt[..1])?;
-    dec.step(prompt[0])?;
-    dec.reset();
+    if a.max_tokens > 0 && cfg.max_position_embeddings >= 2 {
+        dec.prefill(&prompt[..1])?;
+        dec.step(prompt[0])?;
+        dec.reset();
+    }
     let t0 = Instant::now();
     let mut last = dec.prefill(&prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
@@ -166,13 +169,22 @@ fn run_one_gpu(
         let u: Vec<f64> = (0..a.max_tokens).map(|_| rng.random::<f64>()).collect();
         let mut left = a.max_tokens - 1;
         let mut failed = None;
-        let rest = dec.generate(first, &u, a.temperature, a.top_k, |t| {
-            let keep = &t[..t.len().min(left)];
-            left -= keep.len();
-            if failed.is_none() {
-                failed = show(keep).err();
-            }
-        })?;
+        let rest = dec
+            .generate(first, &u, a.temperature, a.top_k, |t| {
+                let keep = &t[..t.len().min(left)];
+                left -= keep.len();
+                if failed.is_none() {
+                    failed = show(keep).err();
+                }
+            })
+            // Its step i picks this run's token i + 1: numbered as the
+            // host-sampling loop numbers them.
+            .map_err(|e| match e {
+                octet_cuda::Error::NonFiniteLogits { step } => {
+                    octet_cuda::Error::NonFiniteLogits { step: step + 1 }
+                }
+                e => e,
+            })?;
         if let Some(e) = failed {
             return Err(e.into());
         }
