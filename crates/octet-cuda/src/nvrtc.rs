@@ -19,7 +19,7 @@
 //! [`Error::Toolkit`] value, not a crash.
 
 use crate::{Error, Result};
-use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions, Ptx};
+use cudarc::nvrtc::Ptx;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -72,35 +72,10 @@ pub fn cache_key(name: &str, src: &str, arch: &str, opts: &[&str], version: (i32
     ])
 }
 
-/// The cache file of one compilation's machine code (what [`compile`]
-/// caches) inside `dir`: `<name>-<arch>-<key>.cubin`.
-pub fn cubin_path(dir: &Path, name: &str, arch: &str, key: u64) -> PathBuf {
-    dir.join(format!("{name}-{arch}-{key:016x}.cubin"))
-}
-
-/// [`cached`] for machine code: the cached CUBIN of `key` (an ELF file), or
-/// `compiler`'s, stored. Returns the bytes and whether they were a hit.
-pub fn cached_cubin(
-    dir: &Path,
-    name: &str,
-    arch: &str,
-    key: u64,
-    compiler: impl FnOnce() -> Result<Vec<u8>>,
-) -> Result<(Vec<u8>, bool)> {
-    let path = cubin_path(dir, name, arch, key);
-    if let Ok(bytes) = std::fs::read(&path) {
-        if bytes.starts_with(b"\x7fELF") {
-            return Ok((bytes, true));
-        }
-    }
-    let bytes = compiler()?;
-    let _ = write_atomic(&path, &bytes);
-    Ok((bytes, false))
-}
-
-/// The cache file of one compilation inside `dir`: `<name>-<arch>-<key>.ptx`.
+/// The cache file of one compilation inside `dir`: `<name>-<arch>-<key>.cubin`
+/// (machine code, [`compile_cubin_uncached`]).
 pub fn cache_path(dir: &Path, name: &str, arch: &str, key: u64) -> PathBuf {
-    dir.join(format!("{name}-{arch}-{key:016x}.ptx"))
+    dir.join(format!("{name}-{arch}-{key:016x}.cubin"))
 }
 
 /// Directories that may hold the CUDA headers, in order, from an environment
@@ -199,25 +174,26 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     res
 }
 
-/// Compile through the cache in `dir`: return the cached text for `key`, or
+/// Compile through the cache in `dir`: return the cached image for `key`, or
 /// run `compiler` and store what it returns. A failed cache write costs a
-/// recompile next time, nothing more. Returns the text and whether it was a hit.
+/// recompile next time, nothing more. Returns the bytes and whether they were
+/// a hit.
 pub fn cached(
     dir: &Path,
     name: &str,
     arch: &str,
     key: u64,
-    compiler: impl FnOnce() -> Result<String>,
-) -> Result<(String, bool)> {
+    compiler: impl FnOnce() -> Result<Vec<u8>>,
+) -> Result<(Vec<u8>, bool)> {
     let path = cache_path(dir, name, arch, key);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        if !text.is_empty() {
-            return Ok((text, true));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok((bytes, true));
         }
     }
-    let text = compiler()?;
-    let _ = write_atomic(&path, text.as_bytes());
-    Ok((text, false))
+    let bytes = compiler()?;
+    let _ = write_atomic(&path, &bytes);
+    Ok((bytes, false))
 }
 
 /// Turn a panic payload into text.
@@ -264,7 +240,7 @@ pub fn compile(name: &str, src: &str, arch: &'static str) -> Result<Ptx> {
     let key = cache_key(name, &src, arch, &OPTIONS, version);
     let dir = cache_dir();
     let t0 = std::time::Instant::now();
-    let (cubin, hit) = cached_cubin(&dir, name, arch, key, || {
+    let (cubin, hit) = cached(&dir, name, arch, key, || {
         tracing::info!(
             "compiling CUDA kernels '{name}' for {arch} (once: then read from {})",
             dir.display()
@@ -327,6 +303,27 @@ pub fn compile_all(jobs: &[(String, String)], arch: &'static str) -> Vec<Result<
 /// (18.7 s on a fresh H100 host for the modules a GPU opens with,
 /// thirty-seventh session, call e), or read it from its own JIT cache.
 pub fn compile_cubin_uncached(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>> {
+    let cubin = nvrtc_build(name, src, arch, Output::Cubin)?;
+    if !cubin.starts_with(b"\x7fELF") {
+        return Err(Error::Toolkit(format!(
+            "NVRTC returned no CUBIN for {name} ({arch})"
+        )));
+    }
+    Ok(cubin)
+}
+
+/// What [`nvrtc_build`] takes from a compiled program.
+#[derive(Clone, Copy, Debug)]
+enum Output {
+    Ptx,
+    Cubin,
+}
+
+/// One NVRTC program for `arch` with the project's options and the CUDA
+/// include directory: its PTX (NUL-terminated) or CUBIN. A compile failure is
+/// [`Error::Compile`] with NVRTC's log; a panic in the dynamic loader is
+/// [`Error::Toolkit`].
+fn nvrtc_build(name: &str, src: &str, arch: &'static str, what: Output) -> Result<Vec<u8>> {
     use cudarc::nvrtc::{result, sys};
     use std::ffi::{CStr, CString};
     nvrtc_version()?;
@@ -346,8 +343,7 @@ pub fn compile_cubin_uncached(name: &str, src: &str, arch: &'static str) -> Resu
         let prog =
             result::create_program(&csrc, Some(&cname)).map_err(|e| toolkit("create", &e))?;
         // SAFETY: `prog` is a live program; the options outlive the call.
-        let compiled = unsafe { result::compile_program(prog, &options) };
-        let out = match compiled {
+        let out = match unsafe { result::compile_program(prog, &options) } {
             Err(_) => {
                 // SAFETY: the log of the live program.
                 let log = unsafe { result::get_program_log(prog) }
@@ -360,24 +356,26 @@ pub fn compile_cubin_uncached(name: &str, src: &str, arch: &'static str) -> Resu
                     .unwrap_or_default();
                 Err(compile_error(name, arch, log, include.is_none()))
             }
-            Ok(()) => {
-                let mut n = 0usize;
-                // SAFETY: plain out-parameter of a compiled program.
-                let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut n) };
-                let mut cubin = vec![0u8; n];
-                // SAFETY: `cubin` holds the `n` bytes NVRTC said it needs.
-                let r2 = unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) };
-                match (r, r2) {
-                    (sys::nvrtcResult::NVRTC_SUCCESS, sys::nvrtcResult::NVRTC_SUCCESS)
-                        if cubin.starts_with(b"\x7fELF") =>
-                    {
-                        Ok(cubin)
+            // SAFETY: the PTX of the compiled program.
+            Ok(()) => match what {
+                Output::Ptx => unsafe { result::get_ptx(prog) }
+                    .map(|p| p.into_iter().map(|c| c as u8).collect())
+                    .map_err(|e| toolkit("PTX", &e)),
+                Output::Cubin => {
+                    let mut n = 0usize;
+                    // SAFETY: plain out-parameter of a compiled program.
+                    let r = unsafe { sys::nvrtcGetCUBINSize(prog, &mut n) };
+                    let mut cubin = vec![0u8; n];
+                    // SAFETY: `cubin` holds the `n` bytes NVRTC said it needs.
+                    let r2 = unsafe { sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr().cast()) };
+                    match (r, r2) {
+                        (sys::nvrtcResult::NVRTC_SUCCESS, sys::nvrtcResult::NVRTC_SUCCESS) => {
+                            Ok(cubin)
+                        }
+                        other => Err(toolkit("CUBIN", &other)),
                     }
-                    other => Err(Error::Toolkit(format!(
-                        "NVRTC returned no CUBIN for {name} ({arch}): {other:?}"
-                    ))),
                 }
-            }
+            },
         };
         // SAFETY: the program is not used after this.
         let _ = unsafe { result::destroy_program(prog) };
@@ -404,28 +402,8 @@ fn compile_error(name: &str, arch: &'static str, mut log: String, no_include: bo
 
 /// Compile with NVRTC, skipping the cache; returns the PTX text.
 pub fn compile_uncached(name: &str, src: &str, arch: &'static str) -> Result<String> {
-    nvrtc_version()?;
-    let include = first_include(&include_candidates());
-    let co = CompileOptions {
-        arch: Some(arch),
-        include_paths: include.iter().map(|p| p.display().to_string()).collect(),
-        options: OPTIONS.iter().map(|s| s.to_string()).collect(),
-        name: Some(format!("{name}.cu")),
-        ..Default::default()
-    };
-    let res = std::panic::catch_unwind(|| compile_ptx_with_opts(src, co))
-        .map_err(|p| Error::Toolkit(format!("NVRTC: {}", panic_text(p))))?;
-    let ptx = res.map_err(|e| {
-        let log = match e {
-            CompileError::CompileError { log, .. } => log.to_string_lossy().into_owned(),
-            other => format!("{other:?}"),
-        };
-        compile_error(name, arch, log, include.is_none())
-    })?;
-    let bytes = ptx
-        .as_bytes()
-        .ok_or_else(|| Error::Toolkit("NVRTC returned no PTX image".into()))?;
-    let bytes = bytes.split(|&b| b == 0).next().unwrap_or(bytes);
+    let bytes = nvrtc_build(name, src, arch, Output::Ptx)?;
+    let bytes = bytes.split(|&b| b == 0).next().unwrap_or(&bytes);
     String::from_utf8(bytes.to_vec()).map_err(|e| Error::Toolkit(format!("PTX is not UTF-8: {e}")))
 }
 
@@ -465,7 +443,7 @@ mod tests {
         assert_ne!(base, cache_key("k", "src", "sm_90a", &OPTIONS, (13, 1)));
         let p = cache_path(Path::new("/c"), "k", "sm_90a", base);
         assert!(p.to_str().unwrap().starts_with("/c/k-sm_90a-"));
-        assert!(p.to_str().unwrap().ends_with(".ptx"));
+        assert!(p.to_str().unwrap().ends_with(".cubin"));
     }
 
     #[test]
@@ -508,16 +486,16 @@ mod tests {
         let mut calls = 0;
         let (t, hit) = cached(&d, "k", "sm_90a", 42, || {
             calls += 1;
-            Ok("ptx text".into())
+            Ok(b"image".to_vec())
         })
         .unwrap();
-        assert_eq!((t.as_str(), hit), ("ptx text", false));
+        assert_eq!((t.as_slice(), hit), (&b"image"[..], false));
         let (t, hit) = cached(&d, "k", "sm_90a", 42, || {
             calls += 1;
-            Ok("other".into())
+            Ok(b"other".to_vec())
         })
         .unwrap();
-        assert_eq!((t.as_str(), hit, calls), ("ptx text", true, 1));
+        assert_eq!((t.as_slice(), hit, calls), (&b"image"[..], true, 1));
         // Another key misses; a compile error is passed through and stores nothing.
         let e = cached(&d, "k", "sm_90a", 43, || {
             Err(Error::Compile {

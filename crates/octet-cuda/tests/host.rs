@@ -162,7 +162,7 @@ fn compile_goes_through_the_cache() {
     let v = nvrtc::nvrtc_version().unwrap();
     let key = nvrtc::cache_key(name, src, "sm_90a", &nvrtc::OPTIONS, v);
     let (a, hit_a) = nvrtc::cached(&dir, name, "sm_90a", key, || {
-        nvrtc::compile_uncached(name, src, "sm_90a")
+        nvrtc::compile_cubin_uncached(name, src, "sm_90a")
     })
     .unwrap();
     let (b, hit_b) = nvrtc::cached(&dir, name, "sm_90a", key, || {
@@ -276,8 +276,8 @@ fn compile_all_keeps_each_jobs_result_in_order() {
 
 /// What `Gpu::open` loads is machine code: `compile_cubin_uncached` returns an
 /// ELF image for a real target, and a source that does not compile is
-/// `Error::Compile` with NVRTC's log. `cached_cubin` stores the image and
-/// reads it back. Skipped where libnvrtc cannot be loaded.
+/// `Error::Compile` with NVRTC's log. `cached` stores the image and reads it
+/// back. Skipped where libnvrtc cannot be loaded.
 #[test]
 fn kernels_compile_to_cubin_and_cache_it() {
     if let Err(e) = nvrtc::nvrtc_version() {
@@ -299,11 +299,11 @@ fn kernels_compile_to_cubin_and_cache_it() {
     }
     let dir = std::env::temp_dir().join(format!("octet-cubin-cache-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (a, hit_a) = nvrtc::cached_cubin(&dir, name, "sm_90a", 7, || {
+    let (a, hit_a) = nvrtc::cached(&dir, name, "sm_90a", 7, || {
         nvrtc::compile_cubin_uncached(name, src, "sm_90a")
     })
     .expect("first compile");
-    let (b, hit_b) = nvrtc::cached_cubin(&dir, name, "sm_90a", 7, || {
+    let (b, hit_b) = nvrtc::cached(&dir, name, "sm_90a", 7, || {
         panic!("a cached image must not be compiled again")
     })
     .expect("cached");
