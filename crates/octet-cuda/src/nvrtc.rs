@@ -317,6 +317,19 @@ pub fn compile_cubin_uncached(name: &str, src: &str, arch: &'static str) -> Resu
 enum Output {
     Ptx,
     Cubin,
+    /// The log of a successful compile, the assembler's notes included.
+    Log,
+}
+
+/// NVRTC's log of compiling `src` for `arch` with the project's options:
+/// empty, or the assembler's notes (for example C7514, "wgmma.mma_async
+/// instructions are serialized", which the tests refuse for every wgmma
+/// kernel). A compile failure is [`Error::Compile`], as in [`compile`].
+pub fn compile_log(name: &str, src: &str, arch: &'static str) -> Result<String> {
+    let log = nvrtc_build(name, src, arch, Output::Log)?;
+    Ok(String::from_utf8_lossy(&log)
+        .trim_end_matches('\0')
+        .to_string())
 }
 
 /// One NVRTC program for `arch` with the project's options and the CUDA
@@ -342,20 +355,20 @@ fn nvrtc_build(name: &str, src: &str, arch: &'static str, what: Output) -> Resul
     std::panic::catch_unwind(|| -> Result<Vec<u8>> {
         let prog =
             result::create_program(&csrc, Some(&cname)).map_err(|e| toolkit("create", &e))?;
+        let log = || {
+            // SAFETY: the log of the live program.
+            unsafe { result::get_program_log(prog) }
+                .map(|raw| {
+                    // SAFETY: NVRTC's log is NUL-terminated.
+                    unsafe { CStr::from_ptr(raw.as_ptr()) }
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .unwrap_or_default()
+        };
         // SAFETY: `prog` is a live program; the options outlive the call.
         let out = match unsafe { result::compile_program(prog, &options) } {
-            Err(_) => {
-                // SAFETY: the log of the live program.
-                let log = unsafe { result::get_program_log(prog) }
-                    .map(|raw| {
-                        // SAFETY: NVRTC's log is NUL-terminated.
-                        unsafe { CStr::from_ptr(raw.as_ptr()) }
-                            .to_string_lossy()
-                            .into_owned()
-                    })
-                    .unwrap_or_default();
-                Err(compile_error(name, arch, log, include.is_none()))
-            }
+            Err(_) => Err(compile_error(name, arch, log(), include.is_none())),
             // SAFETY: the PTX of the compiled program.
             Ok(()) => match what {
                 Output::Ptx => unsafe { result::get_ptx(prog) }
@@ -375,6 +388,7 @@ fn nvrtc_build(name: &str, src: &str, arch: &'static str, what: Output) -> Resul
                         other => Err(toolkit("CUBIN", &other)),
                     }
                 }
+                Output::Log => Ok(log().into_bytes()),
             },
         };
         // SAFETY: the program is not used after this.

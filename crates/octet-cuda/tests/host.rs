@@ -242,6 +242,43 @@ fn the_mixed_parts_hold_every_kernel_once() {
     assert_eq!(parts, whole);
 }
 
+/// No wgmma kernel is serialized by the assembler: ptxas notes C7514
+/// ("wgmma.mma_async instructions are serialized") where a kernel touches a
+/// pending group's accumulators, and then runs every wgmma one at a time, a
+/// silent slowdown (a version of the thirty-eighth session's block kernel
+/// that rescaled half its accumulators while the other half's group ran
+/// did; bench/session38-rescale.patch). The wgmma modules, compiled for `sm_90a` as the GPU
+/// compiles them (the weight-only one in its parts), must log no such note.
+/// Skipped where libnvrtc cannot be loaded.
+#[test]
+fn no_wgmma_kernel_is_serialized() {
+    if let Err(e) = nvrtc::nvrtc_version() {
+        eprintln!("no_wgmma_kernel_is_serialized SKIPPED: {e}");
+        return;
+    }
+    let mut jobs = Vec::new();
+    for (name, src) in KERNEL_SOURCES {
+        if !src.contains("wgmma.mma_async") {
+            continue;
+        }
+        if name == "mixed" {
+            for part in 0..octet_cuda::mixed::MIXED_PARTS {
+                jobs.push((
+                    format!("mixed.{part}"),
+                    format!("#define MIXED_PART {part}\n{src}"),
+                ));
+            }
+        } else {
+            jobs.push((name.to_string(), src.to_string()));
+        }
+    }
+    assert!(jobs.len() >= 2, "{} wgmma modules", jobs.len()); // mixed and train
+    for (name, src) in &jobs {
+        let log = nvrtc::compile_log(name, src, "sm_90a").expect("compiles");
+        assert!(!log.contains("C7514"), "{name}: {log}");
+    }
+}
+
 /// `nvrtc::compile_all` returns one result a job, in the jobs' order, on a
 /// pool of threads: a source that does not compile is its own error and the
 /// others still compile. Skipped where libnvrtc cannot be loaded.
