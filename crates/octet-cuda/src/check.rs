@@ -1231,20 +1231,7 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                         .map(|v| half::f16::from_f32(v.to_f32()).to_bits())
                         .collect::<Vec<u16>>(),
                 )?;
-                // The f64 product of the dequantized weight and the sum of
-                // |terms| that bounds the f32 accumulation's error.
-                let mut reference = vec![(0f64, 0f64); m * n];
-                for i in 0..m {
-                    for j in 0..n {
-                        let (mut sum, mut abs) = (0f64, 0f64);
-                        for p in 0..k {
-                            let t = xb[i * k + p].to_f64() * wd[j * k + p] as f64;
-                            sum += t;
-                            abs += t.abs();
-                        }
-                        reference[i * n + j] = (sum, abs);
-                    }
-                }
+                let reference = f64_reference(&xb, &wd, m, n, k);
                 let x_abs: Vec<f64> = xb
                     .chunks_exact(k)
                     .map(|r| r.iter().map(|v| v.to_f64().abs()).sum())
@@ -1373,6 +1360,101 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 name: format!("mixed f16 x, {m} rows, block-scaled |W| up to 1e5 -> finite"),
                 pass: finite,
                 worst: r.err().map_or("ok".into(), |e| e.to_string()),
+            });
+        }
+    }
+    mixed_block_scale_cases(gpu, &mut seed, out)
+}
+
+/// The f64 product `x W^T` of `x (m, k)` and the dequantized `wd (n, k)`,
+/// each output with the sum of its terms' magnitudes (which bounds the
+/// error of an f32 accumulation).
+fn f64_reference(xb: &[bf16], wd: &[f32], m: usize, n: usize, k: usize) -> Vec<(f64, f64)> {
+    let mut reference = vec![(0f64, 0f64); m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let (mut sum, mut abs) = (0f64, 0f64);
+            for p in 0..k {
+                let t = xb[i * k + p].to_f64() * wd[j * k + p] as f64;
+                sum += t;
+                abs += t.abs();
+            }
+            reference[i * n + j] = (sum, abs);
+        }
+    }
+    reference
+}
+
+/// Block factors on either side of the wgmma kernel's bf16 scaling
+/// (`mixed::bf16_scalable`), bf16 x, 100 rows: typical weights must take it
+/// wherever the GPU has it, and weights whose factors are past its range
+/// (|W| near 10^5 or 10^11, or below 10^-35) the f32 scaling. Each against
+/// the f64 product within the bound of `mixed_cases` for codes scaled and
+/// rounded to bf16, `(k + 16) 2^-24 abs + 2^-8 abs` (twice the bf16 rounding
+/// of `2^-9`: the split factor adds at most `2^-17`), plus the bf16
+/// output's `2^-8 |sum|`.
+fn mixed_block_scale_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::XType;
+    use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+    let (m, n, k) = (100usize, 136usize, 1040usize);
+    for (format, size, typical) in [
+        (Format::E4M3, 1.0f32, true),
+        (Format::E4M3, 1e7, false),
+        (Format::E4M3, 1e-35, false),
+        (Format::E5M2, 1.0, true),
+        (Format::E5M2, 1e11, false),
+    ] {
+        *seed += 1;
+        let wf: Vec<f32> = random_f32(n * k, *seed, 0.05)
+            .iter()
+            .map(|v| v * size)
+            .collect();
+        let w = Fp8Weight::quantize(&wf, n, k, format, WeightScaling::Block128)
+            .map_err(|e| Error::Shape(e.to_string()))?;
+        let xb = random_bf16(m * k, *seed + 7, 2.0);
+        let reference = f64_reference(&xb, &w.dequantize(), m, n, k);
+        let dw = gpu.upload_fp8_weight(&w)?;
+        let dx = gpu.upload(&bf16_bits(&xb))?;
+        let in_bf16 = gpu.block_in_bf16(&dw, XType::Bf16);
+        // Typical factors take bf16 wherever the kernel is loaded (sm_90a,
+        // not OCTET_MIXED=upcast or OCTET_MIXED_BLOCK=f32); others never.
+        let routed = if typical {
+            in_bf16 == gpu.k.mixed.wg_block_bf16.is_some()
+        } else {
+            !in_bf16
+        };
+        for bf16_out in [false, true] {
+            let got = if bf16_out {
+                let mut y = gpu.upload(&vec![0x7fc0u16; m * n])?;
+                gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                download_f32(gpu, &y)?
+            } else {
+                let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
+                gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+                gpu.download(&y)?
+            };
+            let (mut bad, mut worst) = (0, 0f64);
+            for (g, &(sum, abs)) in got.iter().zip(&reference) {
+                let mut bound = ((k + 16) as f64 * 2f64.powi(-24) + 2f64.powi(-8)) * abs;
+                if bf16_out {
+                    bound += 2f64.powi(-8) * sum.abs();
+                }
+                tally(
+                    (*g as f64 - sum).abs() / (bound + f64::MIN_POSITIVE),
+                    &mut bad,
+                    &mut worst,
+                );
+            }
+            out.push(CaseResult {
+                name: format!(
+                    "mixed {} Block128 m={m} n={n} k={k}, |W| ~ {size:e} x 0.05, x bf16 -> {}, \
+                     scaled in {}",
+                    format.name(),
+                    if bf16_out { "bf16" } else { "f32" },
+                    if in_bf16 { "bf16" } else { "f32" }
+                ),
+                pass: bad == 0 && routed,
+                worst: format!("{bad} outside; worst error / bound {worst:.3}; routed {routed}"),
             });
         }
     }

@@ -33,7 +33,11 @@
 //!   thread's fragment to bf16 in registers and feeds it to `wgmma` as the A
 //!   operand (`y^T = W x^T`, 128 weight rows x 256 tokens a block); tensor
 //!   and row factors scale the f32 sums in its epilogue, block factors the
-//!   upcast codes (rounding to bf16). No copy of the weight is made.
+//!   upcast codes (rounding to x's type). For bf16 x the codes are scaled in
+//!   bf16 arithmetic, five instructions a pair of codes (`bf16_scalable`
+//!   says which factors allow it); otherwise, or under
+//!   `OCTET_MIXED_BLOCK=f32` (for comparisons), in f32, six. No copy of the
+//!   weight is made.
 //! - `M > 64` elsewhere (or with `OCTET_MIXED=upcast`, for comparisons): the
 //!   codes are upcast to a bf16 scratch copy of the weight (exact; under
 //!   block scaling the factor is applied there and rounds to bf16) and a
@@ -85,6 +89,9 @@ pub(crate) struct MixedKernels {
     /// The wgmma kernel for large M, `[x type][block scaling][format][out
     /// f32 / bf16]`: on `sm_90a` only, and absent under `OCTET_MIXED=upcast`.
     wg: Option<[[[[CudaFunction; 2]; 2]; 2]; 2]>,
+    /// The wgmma kernel scaling block codes in bf16, bf16 x, `[format][out]`:
+    /// with `wg`, unless `OCTET_MIXED_BLOCK=f32` (for comparisons).
+    pub(crate) wg_block_bf16: Option<[[CudaFunction; 2]; 2]>,
     /// Launch the small-M kernel as a programmatic dependent of the previous
     /// kernel: on sm_90 and later, unless `OCTET_MIXED_PDL=0` (for comparisons).
     pdl: bool,
@@ -395,6 +402,22 @@ impl MixedKernels {
         } else {
             None
         };
+        let wg_block_bf16 =
+            if wg.is_some() && std::env::var("OCTET_MIXED_BLOCK").map_or(true, |v| v != "f32") {
+                let k = |name: String| -> Result<CudaFunction> {
+                    let func = f(&name)?;
+                    func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
+                    Ok(func)
+                };
+                Some(per_fmt(|fmt| {
+                    Ok([
+                        k(format!("mixed_wg_blockbf_{fmt}_f32"))?,
+                        k(format!("mixed_wg_blockbf_{fmt}_bf16"))?,
+                    ])
+                })?)
+            } else {
+                None
+            };
         // A small-M kernel built for `c`, allowed up to the most a block may
         // take (`small_smem`).
         let sized = |name: String, c: &SmallCfg| -> Result<CudaFunction> {
@@ -456,6 +479,7 @@ impl MixedKernels {
             upcast: per_x(|x| per_fmt(|fmt| f(&format!("upcast_{fmt}{}", x.tag()))))?,
             epilogue: [f("mixed_epilogue_f32")?, f("mixed_epilogue_bf16")?],
             wg,
+            wg_block_bf16,
             pdl: !arch.starts_with("sm_8")
                 && std::env::var("OCTET_MIXED_PDL").map_or(true, |v| v != "0"),
             spread: std::env::var("OCTET_MIXED_SPREAD").map_or(true, |v| v != "0"),
@@ -496,6 +520,9 @@ pub struct DeviceFp8Weight {
     /// value (NaN if a factor is). Above `M = 64` with f16 x a block-scaled
     /// weight is rounded to f16 code by code, which this must keep finite.
     pub(crate) max_abs: f32,
+    /// Block-scaled, with factors the wgmma kernel can apply in bf16
+    /// arithmetic ([`bf16_scalable`]).
+    pub(crate) block_bf16: bool,
 }
 
 impl DeviceFp8Weight {
@@ -616,17 +643,42 @@ fn push_tail<'a, D: cudarc::driver::DeviceRepr>(
     }
 }
 
+/// Whether the wgmma kernel's bf16 scaling (`fp8x2_to_bf16x2_times` in
+/// mixed.cu) takes these block factors: each factor times 2^120 (E4M3) or
+/// 2^112 (E5M2), the power its shifted codes lack, must split into two
+/// finite, normal bf16 with products well inside bf16's normal range: from
+/// 2^20 to below 2^127. So E4M3 factors from 2^-100 to below 2^7 (weights
+/// up to |W| = 57344) and E5M2 ones from 2^-92 to below 2^15. Others are
+/// applied in f32.
+pub(crate) fn bf16_scalable(format: Format, factors: &[f32]) -> bool {
+    let bias = match format {
+        Format::E4M3 => 120,
+        Format::E5M2 => 112,
+        _ => return false,
+    };
+    let (lo, hi) = (2f32.powi(20 - bias), 2f32.powi(127 - bias));
+    factors.iter().all(|&f| f >= lo && f < hi)
+}
+
 /// Up to this many rows of `x` take the fused small-M kernel (in groups of 8 or 16).
 pub const SMALL_M: usize = 64;
 
 /// How many parts `kernels/mixed.cu` is compiled in (`MIXED_PART` 0: the
 /// small-M kernels for up to 8 tokens and the upcast path; 1: 9 to 16
-/// tokens; 2: the wgmma kernels), each by its own NVRTC call, at once, when
-/// the GPU is opened. On the CPU machine one call over the whole file took
-/// 14.1 s and the parts 3.3 / 4.2 / 5.9 s (thirty-seventh session).
-pub const MIXED_PARTS: usize = 3;
+/// tokens; 2: the wgmma kernels; 3: the wgmma kernels scaling block codes
+/// in bf16), each by its own NVRTC call, at once, when the GPU is opened.
+/// On the CPU machine one call over the whole file took 14.1 s and the
+/// first three parts 3.3 / 4.2 / 5.9 s (thirty-seventh session).
+pub const MIXED_PARTS: usize = 4;
 
 impl Gpu {
+    /// Whether a product of more than [`SMALL_M`] rows of `xt` scales `w`'s
+    /// block codes in bf16 arithmetic (the wgmma kernel's five-instruction
+    /// path; [`bf16_scalable`]) rather than in f32.
+    pub(crate) fn block_in_bf16(&self, w: &DeviceFp8Weight, xt: XType) -> bool {
+        self.k.mixed.wg_block_bf16.is_some() && xt == XType::Bf16 && w.block_bf16
+    }
+
     /// Copy an [`Fp8Weight`] to the device, codes row-major (what cuBLASLt's
     /// FP8 GEMMs take as well as [`Gpu::mixed_matmul`]). `K` must be a
     /// multiple of 16 (the kernels' 16-byte loads); `N` and `K` must fit in
@@ -665,6 +717,8 @@ impl Gpu {
                 WeightScaling::Tensor => w.factors().first().copied().unwrap_or(1.0),
                 _ => 1.0,
             },
+            block_bf16: w.scaling() == WeightScaling::Block128
+                && bf16_scalable(w.format(), w.factors()),
             max_abs: w.factors().iter().fold(0f32, |a, f| {
                 if a.is_nan() || f.is_nan() {
                     f32::NAN
@@ -746,6 +800,10 @@ impl Gpu {
         }
         if let Some(wg) = &self.k.mixed.wg {
             let block = usize::from(w.scaling == WeightScaling::Block128);
+            let func = match &self.k.mixed.wg_block_bf16 {
+                Some(bf) if self.block_in_bf16(w, xt) => &bf[fmt][out],
+                _ => &wg[xi][block][fmt][out],
+            };
             let cfg = LaunchConfig {
                 grid_dim: (
                     m.div_ceil(WG_TILE.1) as u32,
@@ -769,7 +827,7 @@ impl Gpu {
             } else {
                 TmaMap::new(wp, 1, &[k, n], &[64, 128], CU_TENSOR_MAP_SWIZZLE_64B)?
             };
-            let mut b = self.stream.launch_builder(&wg[xi][block][fmt][out]);
+            let mut b = self.stream.launch_builder(func);
             b.arg(&xmap).arg(&wmap);
             push_tail(&mut b, &w.factors, y, &dims);
             // SAFETY: argument types match the kernel; shapes were checked above,
@@ -997,7 +1055,9 @@ impl Gpu {
 
 #[cfg(test)]
 mod tests {
-    use super::{interleave_gate_up, small_smem, tile_codes, SmallTune, SmemLimits, SMALL_CFG};
+    use super::{
+        bf16_scalable, interleave_gate_up, small_smem, tile_codes, SmallTune, SmemLimits, SMALL_CFG,
+    };
 
     /// `OCTET_MIXED_TUNE` names a shape the kernel template takes, or the
     /// table's; anything else is an error naming the variable.
@@ -1068,6 +1128,23 @@ mod tests {
     /// 128-byte units).
     fn blocks_per_sm(smem: u32, lim: SmemLimits) -> u32 {
         lim.per_sm / ((smem + lim.reserved).div_ceil(128) * 128)
+    }
+
+    /// The bf16 scaling takes E4M3 factors in [2^-100, 2^7) and E5M2 ones in
+    /// [2^-92, 2^15), every factor of the weight; FP4 never.
+    #[test]
+    fn bf16_scalable_takes_factors_whose_split_stays_normal() {
+        use octet_fp8::Format;
+        let typical = [0.05f32 / 448.0, 1e-3, 0.5];
+        assert!(bf16_scalable(Format::E4M3, &typical));
+        assert!(bf16_scalable(Format::E5M2, &typical));
+        for (format, lo, hi) in [(Format::E4M3, -100, 7), (Format::E5M2, -92, 15)] {
+            let (lo, hi) = (2f32.powi(lo), 2f32.powi(hi));
+            assert!(bf16_scalable(format, &[lo, hi * (1.0 - f32::EPSILON)]));
+            assert!(!bf16_scalable(format, &[0.01, hi]), "{format:?} {hi}");
+            assert!(!bf16_scalable(format, &[lo * 0.5, 0.01]), "{format:?} {lo}");
+        }
+        assert!(!bf16_scalable(Format::E2M1, &typical));
     }
 
     /// The spread rule never lowers a block's need, caps an SM at exactly
