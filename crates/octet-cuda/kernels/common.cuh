@@ -259,6 +259,26 @@ __device__ __forceinline__ unsigned int fp8x2_to_f16x2_exact(unsigned int two) {
 #endif
 }
 
+// Two FP8 codes, bytes 0-1 of `word` (`sel` 0x9180) or bytes 2-3 (0xb3a2),
+// -> bf16x2 (low code first), exactly, in integer code and one bf16 FMA on
+// any GPU: the byte permute puts each code beside a byte of its sign, and
+// its exponent and mantissa shifted into a bf16 (E4M3 by 4, E5M2 by 5) are
+// the value times 2^-120 (E4M3) or 2^-112 (E5M2), subnormal codes too, which
+// the FMA restores (adding -0 keeps -0). Four instructions a pair, where
+// the hardware conversion takes four and a shift for bytes 2-3. NaN codes
+// (and E5M2's infinities) read as finite values: for weights, which hold
+// none (`Fp8Weight` refuses them).
+template <int FMT>
+__device__ __forceinline__ unsigned int fp8x2_sel_to_bf16x2(unsigned int word, unsigned int sel) {
+    unsigned int w, r;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(w) : "r"(word), "r"(sel)); // [code 0, sign 0, code 1, sign 1]
+    const unsigned int bits = FMT == FMT_E4M3 ? (w << 4) & 0x87f087f0u : (w << 5) & 0x8fe08fe0u;
+    // 2^120 = 0x7b80, 2^112 = 0x7780 in bf16.
+    const unsigned int pow2 = FMT == FMT_E4M3 ? 0x7b807b80u : 0x77807780u;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(pow2), "r"(0x80008000u));
+    return r;
+}
+
 // Two FP8 codes -> the activations' 16-bit type, f16 (`XF16`) or bf16.
 template <int FMT, bool XF16>
 __device__ __forceinline__ unsigned int fp8x2_to_x2(unsigned int two) {

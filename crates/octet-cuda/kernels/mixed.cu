@@ -52,7 +52,13 @@
 // all inside or all outside K), 16-byte aligned rows. The codes are never NaN
 // (`Fp8Weight` refuses NaN codes, and a `DeviceFp8Weight` is made only from
 // one), so every upcast here skips the NaN fix of the integer conversions
-// (`fp8x2_to_x2<FMT, XF16>`; GPUs without FP8 instructions).
+// (`fp8x2_to_x2<FMT, XF16>`; GPUs without FP8 instructions). For bf16 x the
+// small-M and wgmma kernels decode by integer code on every GPU
+// (`fp8x2_sel_to_bf16x2`: the byte permute picks the pair from its word, so
+// the upper pair needs no shift): four instructions a pair against four and
+// a shift by the FP8 conversion. Measured on the H100 (BENCHMARKS.md,
+// thirty-eighth session, call c): row-major codes at 12-16 tokens on
+// 4096x4096 0.72-0.73 -> 0.77-0.78 of copy, tiled ones 0.80-0.81 -> 0.81-0.82.
 
 // The module compiles in parts, at once (`MIXED_PARTS` in mixed.rs): the host
 // defines MIXED_PART as 0, 1 or 2 for each, and each part instantiates its own
@@ -288,10 +294,18 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
             for (int s = 0; s < 4; s++) {
                 const unsigned int ua = word(wa, s), ub = word(wb, s);
-                const unsigned int a0 = fp8x2_to_x2<FMT, XF16>(ua & 0xffffu);
-                const unsigned int a1 = fp8x2_to_x2<FMT, XF16>(ub & 0xffffu);
-                const unsigned int a2 = fp8x2_to_x2<FMT, XF16>(ua >> 16);
-                const unsigned int a3 = fp8x2_to_x2<FMT, XF16>(ub >> 16);
+                unsigned int a0, a1, a2, a3;
+                if (XF16) {
+                    a0 = fp8x2_to_x2<FMT, true>(ua & 0xffffu);
+                    a1 = fp8x2_to_x2<FMT, true>(ub & 0xffffu);
+                    a2 = fp8x2_to_x2<FMT, true>(ua >> 16);
+                    a3 = fp8x2_to_x2<FMT, true>(ub >> 16);
+                } else {
+                    a0 = fp8x2_sel_to_bf16x2<FMT>(ua, 0x9180u);
+                    a1 = fp8x2_sel_to_bf16x2<FMT>(ub, 0x9180u);
+                    a2 = fp8x2_sel_to_bf16x2<FMT>(ua, 0xb3a2u);
+                    a3 = fp8x2_sel_to_bf16x2<FMT>(ub, 0xb3a2u);
+                }
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const uint4& xq = xv[j][s >> 1];
@@ -680,6 +694,12 @@ __device__ __forceinline__ void mw_fragments(unsigned buf, int row, int t, float
                 const unsigned sel = (t & 1) ? 0xb3a2u : 0x9180u;
                 a[s][h] = fp8x2_to_bf16x2_times<FMT>(lo, sel, hi2, lo2);
                 a[s][h + 2] = fp8x2_to_bf16x2_times<FMT>(hi, sel, hi2, lo2);
+                continue;
+            }
+            if (BM == WG_PLAIN && !XF16) {
+                const unsigned sel = (t & 1) ? 0xb3a2u : 0x9180u;
+                a[s][h] = fp8x2_sel_to_bf16x2<FMT>(lo, sel);
+                a[s][h + 2] = fp8x2_sel_to_bf16x2<FMT>(hi, sel);
                 continue;
             }
             lo = (lo >> sh) & 0xffffu;
