@@ -15,8 +15,9 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct GenerateArgs {
-    /// Checkpoint directory (config.json + model.safetensors). Default: the
-    /// latest checkpoint of `runs/default` (what `octet train` writes).
+    /// Checkpoint directory (config.json + model.safetensors), or a run
+    /// directory (`runs/NAME`: its latest checkpoint). Default: the latest
+    /// checkpoint of `runs/default` (what `octet train` writes).
     #[arg(long)]
     checkpoint: Option<PathBuf>,
     /// Use a randomly initialised model of this preset instead of a checkpoint
@@ -226,7 +227,7 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
         return Ok((cfg, w, format!("random {preset} model")));
     }
     let dir = match &a.checkpoint {
-        Some(d) => d.clone(),
+        Some(d) => octet_train::checkpoint::resolve_checkpoint_dir(d)?,
         None => {
             let parent = PathBuf::from("runs/default/checkpoints");
             octet_train::checkpoint::latest_checkpoint(&parent)?.with_context(|| {
@@ -235,6 +236,7 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
         }
     };
     if let Some(adapter) = &a.adapter {
+        let adapter = &octet_train::checkpoint::resolve_checkpoint_dir(adapter)?;
         let m = octet_train::trainer::merge_adapter(&dir, adapter, &a.adapter_base_format)?;
         let what = format!(
             "{} with adapter {} (r={}, alpha={}) merged",

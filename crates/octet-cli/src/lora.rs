@@ -20,7 +20,8 @@ use std::path::{Path, PathBuf};
 pub struct LoraArgs {
     #[command(subcommand)]
     cmd: Option<LoraCmd>,
-    /// Base checkpoint directory (config.json + model.safetensors). Default:
+    /// Base checkpoint directory (config.json + model.safetensors), or a run
+    /// directory (`runs/NAME`: its latest checkpoint). Default:
     /// with `--resume`, the base the adapter records (a directory, or a
     /// random base); else the latest checkpoint of `runs/default` if there is
     /// one, else a random base. A resume on a base other than the recorded
@@ -85,7 +86,8 @@ struct MergeArgs {
     dtype: String,
 }
 
-pub fn run(a: LoraArgs) -> anyhow::Result<()> {
+pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
+    a.train.resolve_resume()?;
     if let Some(LoraCmd::Merge(m)) = a.cmd {
         return merge(m);
     }
@@ -120,14 +122,14 @@ pub fn run(a: LoraArgs) -> anyhow::Result<()> {
     // defaults) comes after the flags and a resumed adapter's values.
     let defaults = cfg.lora.take().unwrap_or_default();
     let base = match (&a.base, trained.as_ref().and_then(|t| t.3.as_deref())) {
-        (Some(b), _) => Some(b.clone()),
+        (Some(b), _) => Some(checkpoint::resolve_checkpoint_dir(b)?),
         (None, Some(checkpoint::RANDOM_BASE)) => None,
         (None, Some(recorded)) => Some(PathBuf::from(recorded)),
         // No record (an adapter saved before octet wrote one).
         // A random base where there is no `latest` (an error where it names no
         // checkpoint).
         (None, None) => match &defaults.base {
-            Some(b) => Some(b.clone()),
+            Some(b) => Some(checkpoint::resolve_checkpoint_dir(b)?),
             None => checkpoint::latest_checkpoint(Path::new("runs/default/checkpoints")).context(
                 "the default base (pass --base DIR; with no latest file the base is random)",
             )?,

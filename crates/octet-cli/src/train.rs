@@ -119,13 +119,14 @@ pub struct TrainArgs {
     /// default, as in Transformer Engine and torchao): slower, closer to the CPU.
     #[arg(long)]
     no_fast_accum: bool,
-    /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`).
+    /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`),
+    /// or from a run directory's latest (`runs/NAME`).
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Start a new run from the weights of a checkpoint directory
     /// (`config.json` + `model.safetensors` with Hugging Face names, bf16,
-    /// f32 or FP8 with factors; its dimensions replace `--model`), with a
-    /// fresh optimizer at step 0.
+    /// f32 or FP8 with factors; its dimensions replace `--model`; or a run
+    /// directory's latest checkpoint), with a fresh optimizer at step 0.
     #[arg(long)]
     init: Option<PathBuf>,
     /// A LoRA adapter (PEFT layout) merged onto the `--init` weights first.
@@ -274,6 +275,10 @@ impl TrainArgs {
         if let Some(d) = &self.init_adapter {
             c.init_adapter = Some(d.clone());
         }
+        // Run directories (from the flags or the file) name their latest checkpoint.
+        for p in [&mut c.init, &mut c.init_adapter].into_iter().flatten() {
+            *p = octet_train::checkpoint::resolve_checkpoint_dir(p)?;
+        }
         if let Some(f) = &self.init_adapter_base_format {
             // Without an adapter to merge the flag would be dropped unread.
             anyhow::ensure!(
@@ -410,7 +415,20 @@ pub fn summary_table(runs: &[RunSummary]) {
     t.print();
 }
 
-pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+impl TrainArgs {
+    /// `--resume` given as a run directory (`runs/NAME`) becomes the
+    /// checkpoint its `checkpoints/latest` names
+    /// ([`octet_train::checkpoint::resolve_checkpoint_dir`]).
+    pub fn resolve_resume(&mut self) -> anyhow::Result<()> {
+        if let Some(p) = &mut self.resume {
+            *p = octet_train::checkpoint::resolve_checkpoint_dir(p)?;
+        }
+        Ok(())
+    }
+}
+
+pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
+    a.resolve_resume()?;
     let cfg = a.config()?;
     cfg.check_resume(a.resume.as_deref())?;
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");

@@ -573,6 +573,42 @@ pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
     Ok(Some(dir))
 }
 
+/// The checkpoint a path names: a directory holding a checkpoint's files
+/// (`model.safetensors`, `config.json` or `adapter_config.json`) is itself;
+/// a run directory (`runs/NAME`, what `--out-dir` and `--name` make) or its
+/// `checkpoints` directory is the checkpoint its `latest` file names, so
+/// `--checkpoint runs/NAME` reads the run's last checkpoint. Any other path
+/// comes back as it is, for the loader to report. A `latest` that names no
+/// checkpoint is an error naming both.
+pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
+    let holds = |d: &Path| {
+        ["model.safetensors", "config.json", "adapter_config.json"]
+            .iter()
+            .any(|f| d.join(f).is_file())
+    };
+    if holds(p) {
+        return Ok(p.to_path_buf());
+    }
+    for parent in [p.join("checkpoints"), p.to_path_buf()] {
+        let latest = parent.join("latest");
+        let text = match std::fs::read(&latest) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::file("reading", &latest)(e)),
+            Ok(t) => t,
+        };
+        let name = String::from_utf8_lossy(&text).trim().to_string();
+        let dir = parent.join(&name);
+        if name.is_empty() || !holds(&dir) {
+            return Err(Error::Checkpoint(format!(
+                "{} names '{name}', which is not a checkpoint directory",
+                latest.display()
+            )));
+        }
+        return Ok(dir);
+    }
+    Ok(p.to_path_buf())
+}
+
 /// Read `config.json` from a checkpoint directory and check its dimensions
 /// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
 /// Hugging Face fields that change the forward and that the model does not
@@ -1096,6 +1132,35 @@ fn clean_leftovers(parent: &Path, name: &str) {
 
 #[cfg(test)]
 mod tests {
+    /// A run directory and its `checkpoints` directory name the checkpoint
+    /// their `latest` names; a checkpoint directory, or a path with none of
+    /// that, is itself; a `latest` naming nothing is an error.
+    #[test]
+    fn a_run_directory_resolves_to_its_latest_checkpoint() {
+        let root = std::env::temp_dir().join(format!("octet-resolve-{}", std::process::id()));
+        let run = root.join("runs/t");
+        let ck = run.join("checkpoints");
+        let step = ck.join("step_000020");
+        std::fs::create_dir_all(&step).expect("mkdir");
+        std::fs::write(step.join("model.safetensors"), b"x").expect("write");
+        std::fs::write(ck.join("latest"), "step_000020\n").expect("write latest");
+        assert_eq!(resolve_checkpoint_dir(&run).expect("run"), step);
+        assert_eq!(resolve_checkpoint_dir(&ck).expect("checkpoints"), step);
+        assert_eq!(resolve_checkpoint_dir(&step).expect("itself"), step);
+        let other = root.join("nothing-here");
+        assert_eq!(resolve_checkpoint_dir(&other).expect("as it is"), other);
+        // An adapter checkpoint (LoRA) counts as one.
+        let adapter = ck.join("step_000030");
+        std::fs::create_dir_all(&adapter).expect("mkdir");
+        std::fs::write(adapter.join("adapter_config.json"), b"{}").expect("write");
+        std::fs::write(ck.join("latest"), "step_000030").expect("write latest");
+        assert_eq!(resolve_checkpoint_dir(&run).expect("adapter"), adapter);
+        std::fs::write(ck.join("latest"), "step_000999").expect("write latest");
+        let e = resolve_checkpoint_dir(&run).unwrap_err().to_string();
+        assert!(e.contains("latest") && e.contains("step_000999"), "{e}");
+        std::fs::remove_dir_all(&root).expect("clean up");
+    }
+
     use super::*;
 
     /// A `latest` naming a checkpoint that is not there is an error, not a
