@@ -29,9 +29,10 @@ pub struct GenerateArgs {
     #[arg(long)]
     adapter: Option<PathBuf>,
     /// The base the adapter was trained on (`octet lora --base-format`);
-    /// only with `--adapter`.
-    #[arg(long, default_value = "fp8-tensorwise", requires = "adapter")]
-    adapter_base_format: String,
+    /// only with `--adapter`. Default: what the adapter records
+    /// (`octet_lora.json`), else fp8-tensorwise.
+    #[arg(long, requires = "adapter")]
+    adapter_base_format: Option<String>,
     /// Block matrices: fp8 (E4M3, per-channel scales), fp8-tensor, fp8-block, fp8-e5m2, bf16, f32.
     #[arg(long, default_value = "fp8")]
     weights: String,
@@ -237,13 +238,15 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
     };
     if let Some(adapter) = &a.adapter {
         let adapter = &octet_train::checkpoint::resolve_checkpoint_dir(adapter)?;
-        let m = octet_train::trainer::merge_adapter(&dir, adapter, &a.adapter_base_format)?;
+        let m =
+            octet_train::trainer::merge_adapter(&dir, adapter, a.adapter_base_format.as_deref())?;
         let what = format!(
-            "{} with adapter {} (r={}, alpha={}) merged",
+            "{} with adapter {} (r={}, alpha={}) merged onto its {} base",
             dir.display(),
             adapter.display(),
             m.rank,
-            m.alpha
+            m.alpha,
+            m.base.name()
         );
         return Ok((m.cfg, m.weights, what));
     }

@@ -41,11 +41,15 @@ pub struct LoraArgs {
     #[arg(long)]
     targets: Option<String>,
     /// How the frozen base is stored: fp8-tensorwise, fp8-rowwise, fp8-block,
-    /// bf16 [default: the config file's `lora.base_format`, else fp8-tensorwise].
+    /// bf16 [default: with `--resume`, what the adapter records, and another
+    /// value is an error; else the config file's `lora.base_format`, else
+    /// fp8-tensorwise].
     #[arg(long)]
     base_format: Option<String>,
     /// fp8 (FP8 GEMMs) or bf16 (activations in high precision, FP8 weights
-    /// upcast in the product) [default: the config file's `lora.compute`, else fp8].
+    /// upcast in the product) [default: with `--resume`, what the adapter
+    /// records, and another value is an error; else the config file's
+    /// `lora.compute`, else fp8].
     #[arg(long)]
     compute: Option<String>,
     /// LoRA dropout on the adapters' inputs (PEFT's lora_dropout), in [0, 1)
@@ -77,8 +81,10 @@ struct MergeArgs {
     #[arg(long)]
     out: PathBuf,
     /// The base the adapter was trained on (merge onto what training saw).
-    #[arg(long, default_value = "fp8-tensorwise")]
-    base_format: String,
+    /// Default: what the adapter records (`octet_lora.json`), else
+    /// fp8-tensorwise.
+    #[arg(long)]
+    base_format: Option<String>,
     /// Dtype of the written weights: bf16, f32, or fp8 (the block matrices
     /// re-quantized to E4M3 with `--base-format`'s scaling, per channel when
     /// that is bf16, the other tensors in bf16).
@@ -114,7 +120,8 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             };
             let (r, alpha, targets) = checkpoint::load_adapter_config(ck).with_context(not_lora)?;
             let base = checkpoint::load_adapter_base(ck).with_context(not_lora)?;
-            Some((r, alpha, targets, base))
+            let record = checkpoint::load_lora_record(ck)?;
+            Some((r, alpha, targets, base, record))
         }
         None => None,
     };
@@ -153,8 +160,17 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         .alpha
         .or(trained.as_ref().map(|t| t.1))
         .unwrap_or(defaults.alpha);
-    let base_format = a.base_format.clone().unwrap_or(defaults.base_format);
-    let compute = a.compute.clone().unwrap_or(defaults.compute);
+    let record = trained.as_ref().and_then(|t| t.4.as_ref());
+    let base_format = a
+        .base_format
+        .clone()
+        .or(record.map(|r| r.base_format.clone()))
+        .unwrap_or(defaults.base_format);
+    let compute = a
+        .compute
+        .clone()
+        .or(record.map(|r| r.compute.clone()))
+        .unwrap_or(defaults.compute);
     cfg.lora = Some(LoraSettings {
         base: base.clone(),
         rank,
@@ -322,7 +338,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
         other => anyhow::bail!("--dtype {other}: expected bf16, f32 or fp8"),
     };
     check_merge_out(&m.out, &m.base, &m.adapter)?;
-    let merged = merge_adapter(&m.base, &m.adapter, &m.base_format)?;
+    let merged = merge_adapter(&m.base, &m.adapter, m.base_format.as_deref())?;
     let (r, alpha, base) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
     std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;
@@ -352,7 +368,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
         m.adapter.display(),
         m.base.display(),
-        m.base_format,
+        base.name(),
         m.out.display(),
         m.dtype
     );

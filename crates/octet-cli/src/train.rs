@@ -285,7 +285,7 @@ impl TrainArgs {
                 c.init_adapter.is_some(),
                 "--init-adapter-base-format {f} applies to the adapter of --init-adapter; give one"
             );
-            c.init_adapter_base_format = f.clone();
+            c.init_adapter_base_format = Some(f.clone());
         }
         if self.no_save {
             c.save = false;

@@ -66,6 +66,17 @@ impl BaseFormat {
             }
         })
     }
+
+    /// The name [`BaseFormat::from_name`] reads (`fp8-tensorwise` for its
+    /// alias `fp8`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            BaseFormat::Bf16 => "bf16",
+            BaseFormat::Fp8(WeightScaling::Tensor) => "fp8-tensorwise",
+            BaseFormat::Fp8(WeightScaling::Channel) => "fp8-rowwise",
+            BaseFormat::Fp8(WeightScaling::Block128) => "fp8-block",
+        }
+    }
 }
 
 /// How the base's forward product runs.

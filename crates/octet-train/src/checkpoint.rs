@@ -474,6 +474,43 @@ pub fn write_adapter(
     write_atomic(&dir.join("adapter_config.json"), text.as_bytes())
 }
 
+/// How an adapter was trained, beyond what PEFT's `adapter_config.json`
+/// holds: the form of its frozen base (`fp8-tensorwise`, `fp8-rowwise`,
+/// `fp8-block`, `bf16`) and its compute (`fp8`, `bf16`). octet writes it
+/// beside the adapter as `octet_lora.json`, so that a resume keeps them and a
+/// merge defaults to the base the adapter learned to correct.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LoraRecord {
+    /// `octet lora --base-format`.
+    pub base_format: String,
+    /// `octet lora --compute`.
+    pub compute: String,
+}
+
+/// The file [`LoraRecord`] is written to, in an adapter's directory.
+pub const LORA_RECORD: &str = "octet_lora.json";
+
+/// Write `rec` into the adapter directory `dir` (atomically).
+pub fn write_lora_record(dir: &Path, rec: &LoraRecord) -> Result<()> {
+    let text = serde_json::to_string_pretty(rec).map_err(|e| Error::Checkpoint(e.to_string()))?;
+    write_atomic(&dir.join(LORA_RECORD), text.as_bytes())
+}
+
+/// The [`LoraRecord`] of the adapter directory `dir`: `None` where there is
+/// none (adapters saved before octet wrote one, or by PEFT); an error naming
+/// the file where it cannot be read or parsed.
+pub fn load_lora_record(dir: &Path) -> Result<Option<LoraRecord>> {
+    let p = dir.join(LORA_RECORD);
+    let text = match std::fs::read_to_string(&p) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::file("reading", &p)(e)),
+        Ok(t) => t,
+    };
+    serde_json::from_str(&text)
+        .map(Some)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
+}
+
 /// An adapter's tensors, rank, alpha and target module names.
 pub type Adapter = (HashMap<String, Tensor>, usize, f64, Vec<String>);
 
@@ -905,17 +942,18 @@ pub fn save_checkpoint(
 
 /// [`save_checkpoint`] for a model in LoRA mode, its adapter recording the
 /// base it trains on (`base`: the `base_model_name_or_path` to write, see
-/// [`base_record`]), so that a resume can refuse another base.
+/// [`base_record`]) and how (`rec`), so that a resume can refuse another.
 pub fn save_lora_checkpoint(
     parent: &Path,
     name: &str,
     model: &Llama,
     opt: &AdamW,
     trainer: &str,
-    base: &str,
+    (base, rec): (&str, &LoraRecord),
 ) -> Result<PathBuf> {
     save_checkpoint_with(parent, name, |tmp| {
         save_adapter(tmp, model, Some(base))?;
+        write_lora_record(tmp, rec)?;
         write_config(tmp, &model.cfg, DType::F32)?;
         let scaling = serde_json::to_string(&model.scaling_state())
             .map_err(|e| Error::Checkpoint(e.to_string()))?;

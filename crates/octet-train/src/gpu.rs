@@ -272,6 +272,7 @@ fn save_lora(
                 (r, alpha, &targets, l.dropout),
                 Some(&checkpoint::base_record(l.base.as_deref())),
             )?;
+            checkpoint::write_lora_record(tmp, &l.record())?;
             checkpoint::write_config(tmp, &model.cfg, DType::F32)?;
             checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")
         },

@@ -58,8 +58,10 @@ pub struct TrainConfig {
     pub init: Option<PathBuf>,
     /// A LoRA adapter (PEFT layout) merged onto `init`'s weights first.
     pub init_adapter: Option<PathBuf>,
-    /// The base `init_adapter` was trained on (`octet lora --base-format`).
-    pub init_adapter_base_format: String,
+    /// The base `init_adapter` was trained on (`octet lora --base-format`);
+    /// `None`: what the adapter records, else `fp8-tensorwise`
+    /// ([`merge_adapter`]).
+    pub init_adapter_base_format: Option<String>,
     /// Training data: a text file, a directory of .txt, or a .bin token file; `None` = embedded corpus.
     pub data: Option<PathBuf>,
     /// Tokenizer of text data and samples: `byte` (256 ids) or `gpt2`
@@ -208,6 +210,16 @@ impl LoraSettings {
         })
     }
 
+    /// What the adapter's checkpoints record of these settings (the base
+    /// format by its canonical name, `fp8-tensorwise` for `fp8`).
+    pub fn record(&self) -> checkpoint::LoraRecord {
+        checkpoint::LoraRecord {
+            base_format: BaseFormat::from_name(&self.base_format)
+                .map_or_else(|_| self.base_format.clone(), |b| b.name().to_string()),
+            compute: self.compute.clone(),
+        }
+    }
+
     /// Check that a resume from the adapter checkpoint `ckpt` continues it as
     /// it was trained: the same rank, alpha and targets (`q` and `q_proj`
     /// alike, in any order) as its `adapter_config.json`, and the same base as
@@ -270,6 +282,28 @@ impl LoraSettings {
                 )));
             }
         }
+        // The base's stored form and the compute, where recorded (octet_lora.json).
+        if let Some(rec) = checkpoint::load_lora_record(ckpt)? {
+            let mine = self.record();
+            let bad = |e: octet_nn::Error| {
+                Error::Checkpoint(format!(
+                    "{}: {e}",
+                    ckpt.join(checkpoint::LORA_RECORD).display()
+                ))
+            };
+            let recorded = BaseFormat::from_name(&rec.base_format).map_err(bad)?.name();
+            Compute::from_name(&rec.compute).map_err(bad)?;
+            for (flag, have, want) in [
+                ("--base-format", recorded, mine.base_format.as_str()),
+                ("--compute", rec.compute.as_str(), mine.compute.as_str()),
+            ] {
+                if have != want {
+                    return Err(Error::Train(format!(
+                        "{flag} {want}: the adapter of {ck} was trained with {flag} {have}; a resumed adapter keeps it (give {flag} {have})"
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 
@@ -304,8 +338,17 @@ pub struct Merged {
 
 /// Merge the PEFT adapter in `adapter` onto the checkpoint in `base`, stored
 /// as `base_format` says (the base the adapter was trained on: the codes of
-/// an FP8 base, as [`Llama::into_lora_with`] keeps or makes them).
-pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<Merged> {
+/// an FP8 base, as [`Llama::into_lora_with`] keeps or makes them). `None`
+/// takes the form the adapter records (`octet_lora.json`), else
+/// `fp8-tensorwise` (what `octet lora` trains on by default); a form given
+/// overrides the record (for example `bf16`, to merge onto the unquantized
+/// base).
+pub fn merge_adapter(base: &Path, adapter: &Path, base_format: Option<&str>) -> Result<Merged> {
+    let base_format = match base_format {
+        Some(f) => f.to_string(),
+        None => checkpoint::load_lora_record(adapter)?
+            .map_or_else(|| "fp8-tensorwise".to_string(), |r| r.base_format),
+    };
     let cfg = checkpoint::load_config(base)?;
     let (weights, mut stored) = checkpoint::load_weights_fp8(base, DType::F32)?;
     let (tensors, rank, alpha, targets) = checkpoint::load_adapter(adapter)?;
@@ -314,7 +357,7 @@ pub fn merge_adapter(base: &Path, adapter: &Path, base_format: &str) -> Result<M
         rank,
         alpha,
         targets,
-        base_format: base_format.to_string(),
+        base_format: base_format.clone(),
         compute: "bf16".into(),
         dropout: 0.0,
     };
@@ -377,7 +420,7 @@ impl Default for TrainConfig {
             model_config: None,
             init: None,
             init_adapter: None,
-            init_adapter_base_format: "fp8-tensorwise".into(),
+            init_adapter_base_format: None,
             data: None,
             tokenizer: "byte".into(),
             recipe: "tensorwise".into(),
@@ -605,7 +648,7 @@ impl TrainConfig {
         };
         let (mcfg, w) = match &self.init_adapter {
             Some(adapter) => {
-                let m = merge_adapter(dir, adapter, &self.init_adapter_base_format)?;
+                let m = merge_adapter(dir, adapter, self.init_adapter_base_format.as_deref())?;
                 (m.cfg, m.weights)
             }
             None => (
@@ -1061,7 +1104,7 @@ pub fn train(
                     &model,
                     &opt,
                     &trainer_json,
-                    &checkpoint::base_record(l.base.as_deref()),
+                    (&checkpoint::base_record(l.base.as_deref()), &l.record()),
                 )?,
                 None => checkpoint::save_checkpoint(&parent, &name, &model, &opt, &trainer_json)?,
             };

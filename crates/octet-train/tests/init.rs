@@ -86,7 +86,7 @@ fn merged_adapters_match_an_f64_reference() {
     lora.load_params(adapter.clone()).unwrap();
     let adir = out.join("adapter");
     checkpoint::save_model(&adir, &lora).unwrap();
-    let merged = merge_adapter(&base, &adir, "bf16").unwrap();
+    let merged = merge_adapter(&base, &adir, Some("bf16")).unwrap();
     assert_eq!((merged.rank, merged.alpha), (3, 5.0));
     let s = 5.0 / 3.0;
     let mut checked = 0;

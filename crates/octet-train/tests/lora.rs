@@ -288,13 +288,13 @@ fn merging_an_adapter_whose_alpha_overflows_writes_nothing() {
     let out = tmpdir("merge-alpha");
     let base = base_checkpoint(&out, "base");
     let (_, ck) = lora_checkpoint(&out, "lora", Some(&base));
-    assert!(octet_train::trainer::merge_adapter(&base, &ck, "bf16").is_ok());
+    assert!(octet_train::trainer::merge_adapter(&base, &ck, Some("bf16")).is_ok());
     let cfg_path = ck.join("adapter_config.json");
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&cfg_path).unwrap()).unwrap();
     v["lora_alpha"] = serde_json::json!(1e308);
     std::fs::write(&cfg_path, v.to_string()).unwrap();
-    let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+    let e = octet_train::trainer::merge_adapter(&base, &ck, Some("bf16"))
         .err()
         .expect("a merge to infinities is refused")
         .to_string();
@@ -326,7 +326,7 @@ fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
         let mut v = plain.clone();
         v[key] = value;
         std::fs::write(&cfg_path, v.to_string()).unwrap();
-        let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+        let e = octet_train::trainer::merge_adapter(&base, &ck, Some("bf16"))
             .err()
             .unwrap_or_else(|| panic!("{key} should be refused"))
             .to_string();
@@ -336,7 +336,7 @@ fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
     let mut v = plain.clone();
     v["target_modules"] = serde_json::json!(["q_proj", 7]);
     std::fs::write(&cfg_path, v.to_string()).unwrap();
-    let e = octet_train::trainer::merge_adapter(&base, &ck, "bf16")
+    let e = octet_train::trainer::merge_adapter(&base, &ck, Some("bf16"))
         .err()
         .expect("a numeric target should be refused")
         .to_string();
@@ -348,6 +348,90 @@ fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
     v["alpha_pattern"] = serde_json::json!({});
     v["rank_pattern"] = serde_json::json!({});
     std::fs::write(&cfg_path, v.to_string()).unwrap();
-    assert!(octet_train::trainer::merge_adapter(&base, &ck, "bf16").is_ok());
+    assert!(octet_train::trainer::merge_adapter(&base, &ck, Some("bf16")).is_ok());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// An adapter records its base format and compute (`octet_lora.json`,
+/// canonical names): a resume with another one is refused by name, a merge
+/// without a format takes the recorded one (an fp8-block adapter merged onto
+/// an fp8-tensorwise base would correct another base's rounding), and a format
+/// given overrides it. Adapters without the file merge as before.
+#[test]
+fn an_adapter_records_its_base_format_and_compute() {
+    let out = tmpdir("record");
+    let base = base_checkpoint(&out, "base");
+    let cfg = TrainConfig {
+        steps: 2,
+        seq: 16,
+        eval_batches: 0,
+        ckpt_every: 0,
+        ..run("blk", &out, Some(&base), "fp8-block", ("bf16", 0.0))
+    };
+    train(&cfg, None, &mut Quiet).unwrap();
+    let ck = out.join("blk/checkpoints/step_000002");
+    let rec = checkpoint::load_lora_record(&ck)
+        .unwrap()
+        .expect("a record");
+    assert_eq!(
+        (rec.base_format.as_str(), rec.compute.as_str()),
+        ("fp8-block", "bf16")
+    );
+    let resumed = TrainConfig {
+        steps: 3,
+        ..cfg.clone()
+    };
+    assert!(resumed.check_resume(Some(&ck)).is_ok());
+    for (field, value, want) in [
+        (
+            "base_format",
+            "fp8-tensorwise",
+            "--base-format fp8-tensorwise",
+        ),
+        ("compute", "fp8", "--compute fp8"),
+    ] {
+        let mut c = resumed.clone();
+        let l = c.lora.as_mut().unwrap();
+        if field == "base_format" {
+            l.base_format = value.into();
+        } else {
+            l.compute = value.into();
+        }
+        let e = c.check_resume(Some(&ck)).unwrap_err().to_string();
+        assert!(e.contains(want) && e.contains("step_000002"), "{e}");
+    }
+    // The record's name is canonical: `fp8` resumes an fp8-tensorwise adapter.
+    let tcfg = TrainConfig {
+        steps: 2,
+        seq: 16,
+        eval_batches: 0,
+        ckpt_every: 0,
+        ..run("tw", &out, Some(&base), "fp8", ("bf16", 0.0))
+    };
+    train(&tcfg, None, &mut Quiet).unwrap();
+    let tck = out.join("tw/checkpoints/step_000002");
+    let trec = checkpoint::load_lora_record(&tck).unwrap().unwrap();
+    assert_eq!(trec.base_format, "fp8-tensorwise");
+    let mut tres = TrainConfig {
+        steps: 3,
+        ..tcfg.clone()
+    };
+    tres.lora.as_mut().unwrap().base_format = "fp8-tensorwise".into();
+    assert!(tres.check_resume(Some(&tck)).is_ok());
+    // Merges: the record, an override, and no record.
+    use octet_nn::lora::BaseFormat;
+    use octet_tensor::mixed::WeightScaling;
+    let merge = |f: Option<&str>| octet_train::trainer::merge_adapter(&base, &ck, f).unwrap();
+    assert_eq!(merge(None).base, BaseFormat::Fp8(WeightScaling::Block128));
+    assert_eq!(merge(Some("bf16")).base, BaseFormat::Bf16);
+    std::fs::remove_file(ck.join(checkpoint::LORA_RECORD)).unwrap();
+    assert_eq!(merge(None).base, BaseFormat::Fp8(WeightScaling::Tensor));
+    // A corrupt record is an error naming the file.
+    std::fs::write(ck.join(checkpoint::LORA_RECORD), "{\"base_format\": 3}").unwrap();
+    let e = octet_train::trainer::merge_adapter(&base, &ck, None)
+        .err()
+        .expect("a corrupt record is refused")
+        .to_string();
+    assert!(e.contains("octet_lora.json"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
