@@ -465,9 +465,10 @@ __device__ __forceinline__ unsigned int fp8x2_to_x2_scaled(unsigned int two, flo
 // exponent and mantissa bits, shifted into a bf16 as `e4m3x2_to_bf16x2_soft`
 // does, are the value times 2^-BF_BIAS (subnormal codes too); `hi2` and `lo2`
 // hold the factor times 2^BF_BIAS split into two bf16 (`bf_split`), and the
-// result is RN(v hi + RN(v lo)): within 2^-9 + 2^-17 of code x factor. The
+// result is RN(v hi + RN(v lo)): within 2^-8 + 2^-15 of code x factor
+// (bf16's rounding is 2^-8 relative; the f32 path's is the same). The
 // host takes this path only for factors whose split is finite and normal
-// (`BF_FACTOR_MIN`, `BF_FACTOR_MAX` in mixed.rs). A -0 code gives +0.
+// (`bf16_scalable` in mixed.rs). A -0 code gives +0 or -0.
 template <int FMT> struct BfBias {
     static constexpr float scale = FMT == FMT_E4M3 ? 0x1p120f : 0x1p112f;
 };
