@@ -373,6 +373,15 @@ fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
                 }
             },
         });
+        let (total, bad) = block_factor_product(gpu, format)?;
+        out.push(CaseResult {
+            name: format!(
+                "weight-only product, every finite {format} code times 128x128 block factors \
+                 2^-6 to 2^4 apart, one-hot x, M=80, each output within 2^-8 + 2^-14"
+            ),
+            pass: bad.is_none(),
+            worst: bad.unwrap_or_else(|| format!("{total} of {total} within")),
+        });
         for block128 in [false, true] {
             for m in [16usize, 80] {
                 let (total, bad) = every_code_product(gpu, format, block128, m)?;
@@ -388,6 +397,79 @@ fn conversion_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Block factors applied code by code, where a rounding or indexing slip
+/// cannot hide in a sum: a `(256, 384)` weight (two bands of rows, three
+/// column blocks) holding every finite code (`(j + 3p) % 256` at row `j`,
+/// column `p`), each 128x128 tile with its own factor (`2^e (1 + f)`, `e`
+/// from -6 to 4 and `f` in [0, 1) off bf16's grid), times 80 one-hot bf16
+/// token rows (token `i` at column `(37 i) % 384`, so the wgmma path on
+/// Hopper). Each output is one code times its tile's factor, rounded to bf16
+/// where the codes are scaled (in bf16 arithmetic, `RN(v hi + RN(v lo))`, or
+/// in f32) and exact where the factor applies to sums: within `(2^-8 +
+/// 2^-14)` of the f64 value on every path. A kernel that dropped `lo`
+/// (`2^-7` off at worst) or read another tile's factor fails it.
+/// Returns the outputs checked and, if any is outside, a line on the first.
+pub(crate) fn block_factor_product(gpu: &Gpu, format: Format) -> Result<(usize, Option<String>)> {
+    use octet_tensor::mixed::Fp8Weight;
+    let (n, k, m) = (256usize, 384usize, 80usize);
+    let mut w = vec![0u8; n * k];
+    for j in 0..n {
+        for p in 0..k {
+            let c = ((j + 3 * p) % 256) as u8;
+            let finite = !format.is_nan(c) && format.decode(c).is_finite();
+            w[j * k + p] = if finite { c } else { 0 };
+        }
+    }
+    let tiles = n.div_ceil(128) * k.div_ceil(128);
+    let factors: Vec<f32> = (0..tiles)
+        .map(|t| {
+            let e = [-6, 4, -1, 2, -4, 0][t % 6];
+            let f = (random_f32(1, 700 + t as u64, 1.0)[0].abs()).fract();
+            2f32.powi(e) * (1.0 + f + 1e-3)
+        })
+        .collect();
+    let wq = Fp8Weight::from_quant_data(QuantData {
+        rows: n,
+        cols: k,
+        format,
+        data: w.clone(),
+        block: (128, 128),
+        scales: Scales::F32(factors.clone()),
+        saturated: 0,
+        underflowed: 0,
+    })
+    .map_err(|e| Error::Shape(e.to_string()))?;
+    let dw = gpu.upload_fp8_weight(&wq)?;
+    let col = |i: usize| (37 * i) % k;
+    let xb: Vec<u16> = (0..m * k)
+        .map(|e| if e % k == col(e / k) { 0x3f80 } else { 0 })
+        .collect();
+    let dx = gpu.upload(&xb)?;
+    let mut y = gpu.upload(&vec![f32::NAN; m * n])?;
+    gpu.mixed_matmul(&dx, m, &dw, &mut y)?;
+    let got = gpu.download(&y)?;
+    let kb = k.div_ceil(128);
+    let mut bad = 0usize;
+    let mut first = None;
+    for i in 0..m {
+        let p = col(i);
+        for j in 0..n {
+            let want =
+                format.decode(w[j * k + p]) as f64 * factors[(j / 128) * kb + p / 128] as f64;
+            let g = got[i * n + j] as f64;
+            let within = (g - want).abs() <= (2f64.powi(-8) + 2f64.powi(-14)) * want.abs();
+            if !within {
+                bad += 1;
+                first.get_or_insert((i, j, g, want));
+            }
+        }
+    }
+    Ok((
+        m * n,
+        first.map(|(i, j, g, w)| format!("{bad} outside, first ({i}, {j}): {g} for {w}")),
+    ))
 }
 
 /// The weight-only product of a weight whose 256 rows hold codes
