@@ -441,8 +441,9 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
 /// loop: the input gradient of `y = x W^T`, reading the row-major `(N, K)`
 /// codes once without a transposed copy. Tasks own 128-column stripes of
 /// `dx` (and row groups of `dy`); for each weight row `n` a stripe adds
-/// `(dy[m, n] * factor) * w[n, stripe]` in `n` order, so the error is at
-/// most `(N + 2) 2^-24 sum_n |dy w|` per element.
+/// `(dy[m, n] * factor) * w[n, stripe]` in `n` order (in f64 where
+/// `dy * factor` is not a normal f32), so the error is at most
+/// `(N + 2) 2^-24 sum_n |dy w|` per element.
 pub fn mixed_matmul_t(dy: &Tensor, w: &Fp8Weight) -> Result<Tensor> {
     matmul_weights_t(dy, &WeightRef::Fp8(w))
 }
@@ -477,9 +478,20 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
                 decode_row_stripe(w, j, k0, &mut buf);
                 let f = row_factor(w, j) * block_factors(w, j).map_or(1.0, |b| b[s]);
                 for (i, o) in (m0..m1).zip(out.chunks_mut(width)) {
-                    let c = g[i * n + j] * f;
-                    if c != 0.0 {
+                    let gv = g[i * n + j];
+                    let c = gv * f;
+                    if c.is_normal() {
                         o.iter_mut().zip(&buf).for_each(|(ov, &bv)| *ov += c * bv);
+                    } else if gv != 0.0 {
+                        // `dy * factor` overflowed (inf, and NaN on zero codes)
+                        // or lost bits in a subnormal, where `dy * w` need
+                        // not: the code's value (up to 57344, or 1/256 of
+                        // E4M3's as decoded) is on the other side. In f64
+                        // neither happens; an inf or NaN `dy` still shows.
+                        let c = f64::from(gv) * f64::from(f);
+                        o.iter_mut()
+                            .zip(&buf)
+                            .for_each(|(ov, &bv)| *ov += (c * f64::from(bv)) as f32);
                     }
                 }
             }

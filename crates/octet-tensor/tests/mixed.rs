@@ -346,3 +346,60 @@ fn large_inputs_do_not_overflow_before_the_factor() {
     assert!(y(vec![1.0, f32::INFINITY]).to_f32_vec()[0].is_nan());
     assert!(y(vec![f32::NAN, 1.0]).to_f32_vec()[0].is_nan());
 }
+
+/// The transposed product (`dx = dy @ W`) against the f64 product of the
+/// dequantized weight when `dy * factor` leaves the normal f32 range but the
+/// products `dy * w` do not: it multiplies `dy` by the factor first (by
+/// `256 * factor` for E4M3 as decoded), which overflowed to inf (and gave
+/// NaN on zero codes) or lost bits in a subnormal.
+#[test]
+fn the_transposed_product_keeps_large_gradients() {
+    for format in [Format::E4M3, Format::E5M2] {
+        for scaling in [
+            WeightScaling::Tensor,
+            WeightScaling::Channel,
+            WeightScaling::Block128,
+        ] {
+            // Large: weight amax 2 * max, so factor 2 (512 for E4M3 as decoded).
+            let big = 2.0 * format.max();
+            let w = [big, 1.0, 0.0];
+            let q = Fp8Weight::quantize(&w, 1, 3, format, scaling).unwrap();
+            assert_eq!(q.dequantize(), w);
+            let dy = Tensor::from_f32(&[1, 1], vec![1e36]).unwrap();
+            let dx = mixed_matmul_t(&dy, &q).unwrap().to_f32_vec();
+            assert_eq!(dx[0], f32::INFINITY, "{format:?} {scaling:?}");
+            assert_eq!(dx[1..], [1e36, 0.0], "{format:?} {scaling:?} large: {dx:?}");
+        }
+    }
+}
+
+/// E5M2 codes reach 57344, so a normal `dy * w` can come from a subnormal
+/// `dy * factor` (E4M3 codes as decoded stay below 2: that output is subnormal anyway).
+#[test]
+fn the_transposed_product_keeps_tiny_gradients() {
+    let format = Format::E5M2;
+    for scaling in [
+        WeightScaling::Tensor,
+        WeightScaling::Channel,
+        WeightScaling::Block128,
+    ] {
+        // Weight amax 57344 * 2^-100: factor 2^-100, so dy * factor is an f32 subnormal.
+        let small = format.max() * 2f32.powi(-100);
+        let w = [small, small / 3.0];
+        let q = Fp8Weight::quantize(&w, 1, 2, format, scaling).unwrap();
+        let wd = q.dequantize();
+        let g = 1.234_567_9 * 2f32.powi(-35);
+        let dy = Tensor::from_f32(&[1, 1], vec![g]).unwrap();
+        let dx = mixed_matmul_t(&dy, &q).unwrap().to_f32_vec();
+        for c in 0..2 {
+            let want = g as f64 * wd[c] as f64;
+            assert!(want >= f32::MIN_POSITIVE as f64);
+            let err = (dx[c] as f64 - want).abs();
+            assert!(
+                err <= 3.0 * 2f64.powi(-24) * want.abs(),
+                "{scaling:?} [{c}]: {:e} want {want:e}",
+                dx[c]
+            );
+        }
+    }
+}
