@@ -575,8 +575,11 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let post = row_factor(w, row0 + r);
                 for (i, v) in yrow.iter_mut().enumerate() {
+                    // A subnormal sum kept only a few bits, which the factor
+                    // can bring back into the normal range.
+                    let sub = *v != 0.0 && v.abs() < f32::MIN_POSITIVE;
                     *v *= post;
-                    if !v.is_finite() {
+                    if !v.is_finite() || sub {
                         *v = dot_f64(level, w, row0 + r, &x[i * k..(i + 1) * k], &mut buf);
                     }
                 }
@@ -587,7 +590,7 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 
 /// `x . w[row]` with the row's factors, summed in f64 and rounded once: the
 /// streaming kernel's answer for an output whose f32 sum came out infinite or
-/// NaN. That sum multiplies `x` by the codes' values before the factor, and
+/// NaN, or subnormal (a few bits where the factor may make it normal). That sum multiplies `x` by the codes' values before the factor, and
 /// a code's value exceeds the weight's by `1 / factor` (E5M2; `1 / (256
 /// factor)` for E4M3 as decoded), so it can overflow where the product of the
 /// dequantized weight is finite; in f64 it cannot, and an infinite or NaN

@@ -403,3 +403,38 @@ fn the_transposed_product_keeps_tiny_gradients() {
         }
     }
 }
+
+/// Tiny activations whose product with the dequantized weight is a normal
+/// f32: the kernels sum `x` times the codes' values before the factor (for
+/// E4M3, `value * 2^-8` as decoded), and that sum was a subnormal with a
+/// few bits where the factor brings the answer back into the normal range.
+#[test]
+fn tiny_inputs_keep_their_bits_before_the_factor() {
+    for scaling in [
+        WeightScaling::Tensor,
+        WeightScaling::Channel,
+        WeightScaling::Block128,
+    ] {
+        // Factor 2 (per tensor; the other rows' factors are 2 too): row 1
+        // holds 1.0 as the code 0.5, decoded as 2^-9.
+        let w = [896.0f32, 1.0, 896.0, 896.0];
+        let q = Fp8Weight::quantize(&w, 4, 1, Format::E4M3, scaling).unwrap();
+        assert_eq!(q.dequantize(), w);
+        let x = 1.234_567_9e-37f32;
+        for m in [1usize, 17] {
+            let y = mixed_matmul(&Tensor::from_f32(&[m, 1], vec![x; m]).unwrap(), &q)
+                .unwrap()
+                .to_f32_vec();
+            for i in 0..m {
+                for j in 0..4 {
+                    let want = x as f64 * w[j] as f64;
+                    let v = y[i * 4 + j];
+                    assert!(
+                        (v as f64 - want).abs() <= error_bound(1, want),
+                        "{scaling:?} m={m} ({i}, {j}): {v:e} want {want:e}"
+                    );
+                }
+            }
+        }
+    }
+}
