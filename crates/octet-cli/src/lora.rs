@@ -71,10 +71,12 @@ enum LoraCmd {
 
 #[derive(clap::Args)]
 struct MergeArgs {
-    /// Base checkpoint directory.
+    /// Base checkpoint directory, or a run directory (`runs/NAME`: its
+    /// latest checkpoint).
     #[arg(long)]
     base: PathBuf,
-    /// Adapter directory (adapter_config.json + adapter_model.safetensors).
+    /// Adapter directory (adapter_config.json + adapter_model.safetensors),
+    /// or a LoRA run directory (its latest checkpoint).
     #[arg(long)]
     adapter: PathBuf,
     /// Output checkpoint directory.
@@ -307,9 +309,12 @@ fn requantize_block_matrices(
 
 /// `octet lora merge --out` must be a directory of its own: not the base
 /// (whose weights the merge would replace, leaving its optimizer state
-/// beside weights it does not belong to), not the adapter, and not another
+/// beside weights it does not belong to), not the adapter, not another
 /// training checkpoint (an `optimizer.safetensors` there would make the
-/// merged model look resumable with another run's moments).
+/// merged model look resumable with another run's moments), and not a run
+/// directory or its `checkpoints` (a `model.safetensors` there would stand
+/// in for the checkpoint its `latest` names: `--resume runs/NAME` and
+/// `--checkpoint runs/NAME` would read the merge instead).
 fn check_merge_out(out: &Path, base: &Path, adapter: &Path) -> anyhow::Result<()> {
     let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
         (Ok(a), Ok(b)) => a == b,
@@ -327,6 +332,14 @@ fn check_merge_out(out: &Path, base: &Path, adapter: &Path) -> anyhow::Result<()
         "--out {} holds a training checkpoint (optimizer.safetensors); choose a new directory",
         out.display()
     );
+    for latest in [out.join("latest"), out.join("checkpoints").join("latest")] {
+        anyhow::ensure!(
+            !latest.exists(),
+            "--out {} is a run directory ({} names its checkpoint): a merge there would stand in for that checkpoint; choose a new directory",
+            out.display(),
+            latest.display()
+        );
+    }
     Ok(())
 }
 
@@ -337,9 +350,13 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
         "fp8" => None,
         other => anyhow::bail!("--dtype {other}: expected bf16, f32 or fp8"),
     };
+    // Run directories name their latest checkpoint, as for `octet generate`.
+    let base = checkpoint::resolve_checkpoint_dir(&m.base)?;
+    let adapter = checkpoint::resolve_checkpoint_dir(&m.adapter)?;
     check_merge_out(&m.out, &m.base, &m.adapter)?;
-    let merged = merge_adapter(&m.base, &m.adapter, m.base_format.as_deref())?;
-    let (r, alpha, base) = (merged.rank, merged.alpha, merged.base);
+    check_merge_out(&m.out, &base, &adapter)?;
+    let merged = merge_adapter(&base, &adapter, m.base_format.as_deref())?;
+    let (r, alpha, base_format) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
     std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;
     match dtype {
@@ -356,7 +373,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
             checkpoint::save_model(&m.out, &full)?;
         }
         None => {
-            let scaling = match base {
+            let scaling = match base_format {
                 BaseFormat::Fp8(s) => s,
                 BaseFormat::Bf16 => WeightScaling::Channel,
             };
@@ -366,9 +383,9 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
     }
     println!(
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
-        m.adapter.display(),
-        m.base.display(),
-        base.name(),
+        adapter.display(),
+        base.display(),
+        base_format.name(),
         m.out.display(),
         m.dtype
     );
@@ -399,6 +416,12 @@ mod tests {
         assert!(err(&root.join("base/../base")).contains("the base checkpoint"));
         assert!(err(&adapter).contains("the adapter"));
         assert!(err(&other).contains("optimizer.safetensors"));
+        // A run directory and its `checkpoints` directory.
+        let run = root.join("run");
+        std::fs::create_dir_all(run.join("checkpoints")).expect("create a directory");
+        std::fs::write(run.join("checkpoints/latest"), "step_000004").expect("write");
+        assert!(err(&run).contains("run directory"));
+        assert!(err(&run.join("checkpoints")).contains("run directory"));
         assert!(check_merge_out(&root.join("merged"), &base, &adapter).is_ok());
         let _ = std::fs::remove_dir_all(&root);
     }

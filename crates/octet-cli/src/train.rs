@@ -120,7 +120,9 @@ pub struct TrainArgs {
     #[arg(long)]
     no_fast_accum: bool,
     /// Resume from a checkpoint directory (`runs/NAME/checkpoints/step_N`),
-    /// or from a run directory's latest (`runs/NAME`).
+    /// or from a run directory's latest (`runs/NAME`). The run goes on in
+    /// that run directory unless `--name`, `--out-dir` or the config file
+    /// place it elsewhere.
     #[arg(long)]
     pub resume: Option<PathBuf>,
     /// Start a new run from the weights of a checkpoint directory
@@ -230,11 +232,14 @@ impl TrainArgs {
     ) -> anyhow::Result<TrainConfig> {
         let mut c = TrainConfig::default();
         defaults(&mut c);
+        // Whether the config file places the run (`name`, `out_dir`).
+        let mut file_places_run = false;
         if let Some(p) = &self.config {
             let parsing = || format!("parsing {}", p.display());
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             let file: toml::Table = toml::from_str(&text).with_context(parsing)?;
+            file_places_run = file.contains_key("name") || file.contains_key("out_dir");
             let mut merged = toml::Table::try_from(&c).context("the default config")?;
             overlay(&mut merged, file);
             c = toml::Value::Table(merged)
@@ -266,6 +271,16 @@ impl TrainArgs {
             saved_activations,
             tokenizer
         );
+        // A resumed run goes on in its own run directory (`RUN` of
+        // `RUN/checkpoints/step_N`) unless the flags or the file place it:
+        // else it would write into `runs/default` (or `runs/lora`), replacing
+        // the checkpoints of another run at the same steps and its `latest`.
+        if self.name.is_none() && self.out_dir.is_none() && !file_places_run {
+            if let Some((out_dir, name)) = self.resume.as_deref().and_then(run_of_checkpoint) {
+                c.out_dir = out_dir;
+                c.name = name;
+            }
+        }
         if let Some(d) = &self.data {
             c.data = Some(d.clone());
         }
@@ -413,6 +428,23 @@ pub fn summary_table(runs: &[RunSummary]) {
         ]);
     }
     t.print();
+}
+
+/// `(out_dir, name)` of the run that wrote the checkpoint `ck`
+/// (`OUT/NAME/checkpoints/step_N`, as the trainers save them); `None` for a
+/// checkpoint kept elsewhere.
+fn run_of_checkpoint(ck: &std::path::Path) -> Option<(PathBuf, String)> {
+    let parent = ck.parent()?;
+    if parent.file_name()? != "checkpoints" {
+        return None;
+    }
+    let run = parent.parent()?;
+    let name = run.file_name()?.to_str()?.to_string();
+    let out = run
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf);
+    Some((out, name))
 }
 
 impl TrainArgs {

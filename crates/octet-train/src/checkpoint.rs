@@ -498,7 +498,9 @@ pub fn write_lora_record(dir: &Path, rec: &LoraRecord) -> Result<()> {
 
 /// The [`LoraRecord`] of the adapter directory `dir`: `None` where there is
 /// none (adapters saved before octet wrote one, or by PEFT); an error naming
-/// the file where it cannot be read or parsed.
+/// the file where it cannot be read or parsed, or where its base format or
+/// compute is not one octet knows (else the merge or resume that reads it
+/// reports a bad "model config" without saying where the value came from).
 pub fn load_lora_record(dir: &Path) -> Result<Option<LoraRecord>> {
     let p = dir.join(LORA_RECORD);
     let text = match std::fs::read_to_string(&p) {
@@ -506,9 +508,11 @@ pub fn load_lora_record(dir: &Path) -> Result<Option<LoraRecord>> {
         Err(e) => return Err(Error::file("reading", &p)(e)),
         Ok(t) => t,
     };
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))
+    let bad = |e: &dyn std::fmt::Display| Error::Checkpoint(format!("{}: {e}", p.display()));
+    let rec: LoraRecord = serde_json::from_str(&text).map_err(|e| bad(&e))?;
+    octet_nn::lora::BaseFormat::from_name(&rec.base_format).map_err(|e| bad(&e))?;
+    octet_nn::lora::Compute::from_name(&rec.compute).map_err(|e| bad(&e))?;
+    Ok(Some(rec))
 }
 
 /// An adapter's tensors, rank, alpha and target module names.
@@ -1200,6 +1204,29 @@ mod tests {
     }
 
     use super::*;
+
+    /// An `octet_lora.json` whose base format or compute octet does not know
+    /// is an error naming the file, not one of a "model config" later.
+    #[test]
+    fn a_lora_record_with_an_unknown_base_format_or_compute_names_its_file() {
+        let dir = tmpdir("lora-record");
+        std::fs::create_dir_all(&dir).expect("create the directory");
+        for (text, word) in [
+            (r#"{"base_format": "fp9", "compute": "fp8"}"#, "fp9"),
+            (r#"{"base_format": "bf16", "compute": "fp4"}"#, "fp4"),
+        ] {
+            std::fs::write(dir.join(LORA_RECORD), text).expect("write the record");
+            let e = load_lora_record(&dir).expect_err(text).to_string();
+            assert!(e.contains(LORA_RECORD) && e.contains(word), "{e}");
+        }
+        let rec = LoraRecord {
+            base_format: "fp8-block".into(),
+            compute: "bf16".into(),
+        };
+        write_lora_record(&dir, &rec).expect("write the record");
+        assert_eq!(load_lora_record(&dir).expect("a good record"), Some(rec));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A `latest` naming a checkpoint that is not there is an error, not a
     /// silent default; no `latest` at all is `None`.
