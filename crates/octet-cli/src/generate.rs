@@ -240,6 +240,13 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
         let adapter = &octet_train::checkpoint::resolve_checkpoint_dir(adapter)?;
         let m =
             octet_train::trainer::merge_adapter(&dir, adapter, a.adapter_base_format.as_deref())?;
+        if let Some(rec) = &m.recorded_other_base {
+            eprintln!(
+                "warning: the adapter {} was trained on {rec}, not on {}; merging it anyway",
+                adapter.display(),
+                dir.display()
+            );
+        }
         let what = format!(
             "{} with adapter {} (r={}, alpha={}) merged onto its {} base",
             dir.display(),

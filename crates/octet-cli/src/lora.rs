@@ -53,7 +53,8 @@ pub struct LoraArgs {
     #[arg(long)]
     compute: Option<String>,
     /// LoRA dropout on the adapters' inputs (PEFT's lora_dropout), in [0, 1)
-    /// [default: the config file's `lora.dropout`, else 0].
+    /// [default: with `--resume`, the adapter's, and another value is an
+    /// error; else the config file's `lora.dropout`, else 0].
     #[arg(long)]
     lora_dropout: Option<f64>,
     /// Also run the same LoRA on a bf16 base and compare the two.
@@ -123,7 +124,8 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             let (r, alpha, targets) = checkpoint::load_adapter_config(ck).with_context(not_lora)?;
             let base = checkpoint::load_adapter_base(ck).with_context(not_lora)?;
             let record = checkpoint::load_lora_record(ck)?;
-            Some((r, alpha, targets, base, record))
+            let dropout = checkpoint::load_adapter_dropout(ck)?;
+            Some((r, alpha, targets, base, record, dropout))
         }
         None => None,
     };
@@ -180,7 +182,10 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         targets: targets.clone(),
         base_format: base_format.clone(),
         compute: compute.clone(),
-        dropout: a.lora_dropout.unwrap_or(defaults.dropout),
+        dropout: a
+            .lora_dropout
+            .or(trained.as_ref().and_then(|t| t.5))
+            .unwrap_or(defaults.dropout),
     });
     cfg.validate()?;
     cfg.check_resume(resume)?;
@@ -356,6 +361,13 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
     check_merge_out(&m.out, &m.base, &m.adapter)?;
     check_merge_out(&m.out, &base, &adapter)?;
     let merged = merge_adapter(&base, &adapter, m.base_format.as_deref())?;
+    if let Some(rec) = &merged.recorded_other_base {
+        eprintln!(
+            "warning: the adapter {} was trained on {rec}, not on {}; merging it anyway",
+            adapter.display(),
+            base.display()
+        );
+    }
     let (r, alpha, base_format) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
     std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;

@@ -526,6 +526,27 @@ pub fn load_adapter(dir: &Path) -> Result<Adapter> {
     Ok((w, r, alpha, targets))
 }
 
+/// The `lora_dropout` an adapter directory's `adapter_config.json` records:
+/// `None` where it is missing or null; an error where it is not a number in
+/// `[0, 1)`.
+pub fn load_adapter_dropout(dir: &Path) -> Result<Option<f64>> {
+    let p = dir.join("adapter_config.json");
+    let text = std::fs::read_to_string(&p)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    match &v["lora_dropout"] {
+        serde_json::Value::Null => Ok(None),
+        d => match d.as_f64() {
+            Some(x) if (0.0..1.0).contains(&x) => Ok(Some(x)),
+            _ => Err(Error::Checkpoint(format!(
+                "{}: lora_dropout = {d}: expected a probability in [0, 1)",
+                p.display()
+            ))),
+        },
+    }
+}
+
 /// Read `adapter_config.json` alone: `(r, alpha, target module names)`,
 /// with `r` an integer between 1 and
 /// [`MAX_LORA_RANK`](octet_nn::lora::MAX_LORA_RANK).
@@ -656,14 +677,36 @@ pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
 /// implement are errors, not dropped: a `rope_scaling` kind other than
 /// `default`, `linear` and `llama3` (Llama 3.1+; see
 /// [`LlamaConfig::rope_inv_freq`]), a non-zero `attention_dropout`, a
-/// `hidden_act` other than `silu`.
+/// `hidden_act` other than `silu`, a `head_dim` other than `hidden_size /
+/// num_attention_heads`. A missing `num_key_value_heads` is
+/// `num_attention_heads`, as Hugging Face reads it.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
     let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
-    let raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    let mut raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     unsupported_hf_fields(&raw).map_err(bad)?;
-    let cfg: LlamaConfig = serde_json::from_value(raw).map_err(|e| bad(e.to_string()))?;
+    // Hugging Face's default: no `num_key_value_heads` is multi-head
+    // attention, one key/value head a query head.
+    if let Some(obj) = raw.as_object_mut() {
+        if obj.get("num_key_value_heads").is_none_or(|v| v.is_null()) {
+            if let Some(h) = obj.get("num_attention_heads").cloned() {
+                obj.insert("num_key_value_heads".into(), h);
+            }
+        }
+    }
+    let cfg: LlamaConfig = serde_json::from_value(raw.clone()).map_err(|e| bad(e.to_string()))?;
+    // A `head_dim` other than hidden_size / num_attention_heads (Hugging
+    // Face allows one) would shape q, k and v otherwise than the model does.
+    if let Some(d) = raw.get("head_dim").filter(|v| !v.is_null()) {
+        let want = cfg.hidden_size / cfg.num_attention_heads.max(1);
+        if d.as_u64() != Some(want as u64) {
+            return Err(bad(format!(
+                "head_dim {d} is not supported: the model's head_dim is hidden_size / \
+                 num_attention_heads = {want}"
+            )));
+        }
+    }
     cfg.validate().map_err(|e| bad(e.to_string()))?;
     Ok(cfg)
 }
@@ -1274,9 +1317,15 @@ mod tests {
             r#", "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0, "original_max_position_embeddings": 8192, "rope_type": "llama3"}"#,
             r#", "rope_scaling": {"type": "linear", "factor": 2.0}"#,
             r#", "attention_dropout": 0.0, "hidden_act": "silu""#,
+            r#", "head_dim": 4"#,
+            r#", "head_dim": null"#,
         ] {
             assert!(load(ok).is_ok(), "{ok}: {:?}", load(ok));
         }
+        // No num_key_value_heads: one a query head, as Hugging Face reads it.
+        let mha = base.replace(r#""num_key_value_heads": 1,"#, "");
+        std::fs::write(dir.join("config.json"), format!("{{{mha}}}")).expect("write");
+        assert_eq!(load_config(&dir).expect("mha").num_key_value_heads, 2);
         for (bad, field) in [
             (
                 r#", "rope_scaling": {"rope_type": "yarn", "factor": 4.0}"#,
@@ -1292,6 +1341,7 @@ mod tests {
             ),
             (r#", "attention_dropout": 0.1"#, "attention_dropout"),
             (r#", "hidden_act": "gelu""#, "hidden_act"),
+            (r#", "head_dim": 8"#, "head_dim"),
         ] {
             let e = load(bad).expect_err(bad).to_string();
             assert!(e.contains(field) && e.contains("config.json"), "{e}");

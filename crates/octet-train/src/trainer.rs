@@ -282,6 +282,15 @@ impl LoraSettings {
                 )));
             }
         }
+        // The dropout (PEFT's lora_dropout): another one draws other masks.
+        if let Some(d) = checkpoint::load_adapter_dropout(ckpt)? {
+            if d != self.dropout {
+                return Err(Error::Train(format!(
+                    "--lora-dropout {}: the adapter of {ck} was trained with lora_dropout {d}; a resumed adapter keeps it (give --lora-dropout {d})",
+                    self.dropout
+                )));
+            }
+        }
         // The base's stored form and the compute, where recorded (octet_lora.json).
         if let Some(rec) = checkpoint::load_lora_record(ckpt)? {
             let mine = self.record();
@@ -334,6 +343,10 @@ pub struct Merged {
     pub alpha: f64,
     /// The form of the base the adapter was merged onto.
     pub base: BaseFormat,
+    /// The base the adapter records (`base_model_name_or_path`) where that
+    /// is not the one it was merged onto: for a warning (PEFT's hub names,
+    /// moved directories and random bases are all possible).
+    pub recorded_other_base: Option<String>,
 }
 
 /// Merge the PEFT adapter in `adapter` onto the checkpoint in `base`, stored
@@ -374,12 +387,15 @@ pub fn merge_adapter(base: &Path, adapter: &Path, base_format: Option<&str>) -> 
             base.display()
         ))
     })?;
+    let recorded_other_base =
+        checkpoint::load_adapter_base(adapter)?.filter(|r| !checkpoint::same_base(r, Some(base)));
     Ok(Merged {
         cfg,
         weights,
         rank,
         alpha,
         base: spec.base,
+        recorded_other_base,
     })
 }
 

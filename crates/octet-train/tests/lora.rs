@@ -241,6 +241,7 @@ fn a_lora_resume_refuses_other_settings_and_another_base() {
         (with(&|l| l.alpha = 1000.0), "--alpha 1000"),
         (with(&|l| l.rank = 8), "--rank 8"),
         (with(&|l| l.targets = vec!["q".into()]), "--targets q"),
+        (with(&|l| l.dropout = 0.5), "--lora-dropout 0.5"),
         (with(&|l| l.base = None), "a random base"),
         (with(&|l| l.base = Some(other.clone())), "give --base"),
     ] {
@@ -423,6 +424,12 @@ fn an_adapter_records_its_base_format_and_compute() {
     use octet_tensor::mixed::WeightScaling;
     let merge = |f: Option<&str>| octet_train::trainer::merge_adapter(&base, &ck, f).unwrap();
     assert_eq!(merge(None).base, BaseFormat::Fp8(WeightScaling::Block128));
+    // Merged onto its own base, nothing to say; onto another, the record.
+    assert_eq!(merge(None).recorded_other_base, None);
+    let other = base_checkpoint(&out, "other");
+    let onto_other = octet_train::trainer::merge_adapter(&other, &ck, None).unwrap();
+    let rec = onto_other.recorded_other_base.expect("another base is named");
+    assert!(checkpoint::same_base(&rec, Some(&base)), "{rec}");
     assert_eq!(merge(Some("bf16")).base, BaseFormat::Bf16);
     std::fs::remove_file(ck.join(checkpoint::LORA_RECORD)).unwrap();
     assert_eq!(merge(None).base, BaseFormat::Fp8(WeightScaling::Tensor));
