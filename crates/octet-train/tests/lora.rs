@@ -428,7 +428,9 @@ fn an_adapter_records_its_base_format_and_compute() {
     assert_eq!(merge(None).recorded_other_base, None);
     let other = base_checkpoint(&out, "other");
     let onto_other = octet_train::trainer::merge_adapter(&other, &ck, None).unwrap();
-    let rec = onto_other.recorded_other_base.expect("another base is named");
+    let rec = onto_other
+        .recorded_other_base
+        .expect("another base is named");
     assert!(checkpoint::same_base(&rec, Some(&base)), "{rec}");
     assert_eq!(merge(Some("bf16")).base, BaseFormat::Bf16);
     std::fs::remove_file(ck.join(checkpoint::LORA_RECORD)).unwrap();
