@@ -83,9 +83,11 @@ impl Rope {
 
     fn apply(&self, x: &Tensor, sign: f64) -> Result<Tensor> {
         let s = x.shape();
-        if s.len() != 4 || s[3] != self.head_dim || s[1] > self.max_seq {
+        // An empty batch, sequence or head count is an error (a zero T or H
+        // would also make the per-sequence chunk size zero, which panics).
+        if s.len() != 4 || s[3] != self.head_dim || s[1] > self.max_seq || s.contains(&0) {
             return Err(Error::Shape(format!(
-                "RoPE expects (B, T <= {}, H, {}), got {s:?}",
+                "RoPE expects (B > 0, 0 < T <= {}, H > 0, {}), got {s:?}",
                 self.max_seq, self.head_dim
             )));
         }

@@ -122,3 +122,18 @@ fn rope_tables_beyond_the_cap_are_errors() {
     assert!(Rope::new(64, 1 << 30, 10000.0).is_err());
     assert!(Rope::new(8, 64, 10000.0).is_ok());
 }
+
+#[test]
+fn rope_of_an_empty_sequence_or_no_heads_is_an_error_not_a_panic() {
+    let rope = Rope::new(4, 8, 10000.0).unwrap();
+    for shape in [[1, 0, 2, 4], [1, 3, 0, 4], [0, 3, 2, 4]] {
+        let x = octet_tensor::Tensor::zeros(&shape, octet_tensor::DType::F32).unwrap();
+        let fwd = std::panic::catch_unwind(|| rope.forward(&x).is_err());
+        assert_eq!(fwd.ok(), Some(true), "forward of {shape:?}");
+        let bwd = std::panic::catch_unwind(|| rope.backward(&x).is_err());
+        assert_eq!(bwd.ok(), Some(true), "backward of {shape:?}");
+    }
+    // A non-empty input still rotates.
+    let x = octet_tensor::Tensor::zeros(&[1, 3, 2, 4], octet_tensor::DType::F32).unwrap();
+    assert!(rope.forward(&x).is_ok());
+}
