@@ -471,6 +471,19 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
         a.node_rank,
         a.nnodes
     );
+    if a.device == "cpu" {
+        // The CPU's ranks are threads of this process: no machines to join,
+        // no rendezvous. Refused rather than a GPU job started against `--device cpu`.
+        for (flag, given) in [
+            ("--nnodes", a.nnodes != 1),
+            ("--master-port", a.master_port.is_some()),
+        ] {
+            anyhow::ensure!(
+                !given,
+                "{flag} joins GPU processes (--device cuda); with --device cpu the --nproc ranks are threads of this process: drop {flag}"
+            );
+        }
+    }
     if let Some(local) = crate::dist_gpu::local_rank_from_env()? {
         return crate::dist_gpu::run_rank(&cfg, &a, local);
     }

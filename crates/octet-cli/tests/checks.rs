@@ -572,3 +572,34 @@ fn selftest_without_a_gpu_does_not_point_to_the_cpu() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `--device cpu` runs the ranks as threads of one process: `--nnodes`
+/// (machines joined over NCCL) and `--master-port` do not apply there and
+/// are errors naming them, not a GPU job started against `--device cpu`.
+#[test]
+fn cpu_sharded_runs_refuse_the_multi_machine_flags() {
+    let dir = tmpdir("cpu-nnodes");
+    for (flag, extra) in [
+        ("--nnodes", &["--nnodes", "2"][..]),
+        ("--nnodes", &["--nnodes", "2", "--node-rank", "1"][..]),
+        (
+            "--master-port",
+            &["--nproc", "2", "--master-port", "29511"][..],
+        ),
+    ] {
+        let mut args = vec!["train", "--steps", "1", "--no-save", "--dist-timeout", "5"];
+        args.extend(extra);
+        args.extend(QUICK);
+        let (ok, text) = octet(&dir, &args);
+        assert!(!ok, "{extra:?}: {text}");
+        assert!(
+            text.contains(flag) && text.contains("--device cpu"),
+            "{extra:?}: {text}"
+        );
+        assert!(
+            !text.contains("GPU 0") && !text.contains("rendezvous"),
+            "{extra:?}: {text}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
