@@ -633,11 +633,13 @@ impl TrainConfig {
 
     /// The recipe (`None` for the high-precision baseline), validated with the backward mode.
     pub fn recipe(&self) -> Result<Option<Recipe>> {
+        // The mode is checked under bf16 too, which has no FP8 backward:
+        // a misspelt `--backward` is an error, not a flag dropped unread.
+        let backward = BackwardMode::from_name(&self.backward)?;
         if self.recipe == "bf16" || self.recipe == "hp" {
             return Ok(None);
         }
-        let r = Recipe::from_name(&self.recipe)?
-            .with_backward(BackwardMode::from_name(&self.backward)?)?;
+        let r = Recipe::from_name(&self.recipe)?.with_backward(backward)?;
         Ok(Some(r))
     }
 
