@@ -195,13 +195,16 @@ impl AdamW {
     }
 }
 
-/// Learning rate at `step` (0-based): linear warmup to `max_lr` over `warmup`
-/// steps, then cosine decay to `min_lr` at `total`.
+/// Learning rate at `step` (0-based) of a run of `total` steps: linear warmup
+/// to `max_lr` over `warmup` steps, then cosine decay from `max_lr` to
+/// `min_lr`, reached at the last step (`total - 1`): `--min-lr` is the rate
+/// the run ends at (a run whose warmup leaves one step or none ends at the
+/// peak, or below it while still warming up).
 pub fn lr_at(step: u64, warmup: u64, total: u64, max_lr: f32, min_lr: f32) -> f32 {
     if step < warmup {
         return max_lr * (step + 1) as f32 / warmup as f32;
     }
-    let span = total.saturating_sub(warmup).max(1);
+    let span = total.saturating_sub(1).saturating_sub(warmup).max(1);
     let p = ((step - warmup) as f32 / span as f32).min(1.0);
     min_lr + 0.5 * (max_lr - min_lr) * (1.0 + (std::f32::consts::PI * p).cos())
 }
@@ -292,7 +295,10 @@ mod tests {
         assert_eq!(lr_at(0, 10, 100, 1.0, 0.1), 0.1);
         assert_eq!(lr_at(9, 10, 100, 1.0, 0.1), 1.0);
         assert!((lr_at(10, 10, 100, 1.0, 0.1) - 1.0).abs() < 1e-6);
-        assert!((lr_at(55, 10, 100, 1.0, 0.1) - 0.55).abs() < 1e-6);
-        assert!((lr_at(100, 10, 100, 1.0, 0.1) - 0.1).abs() < 1e-6);
+        // Halfway between the warmup (step 10) and the last step (100 of 101).
+        assert!((lr_at(55, 10, 101, 1.0, 0.1) - 0.55).abs() < 1e-6);
+        // The last step of the run (99 of 100) is at the final rate.
+        assert!((lr_at(99, 10, 100, 1.0, 0.1) - 0.1).abs() < 1e-6);
+        assert!(lr_at(98, 10, 100, 1.0, 0.1) > 0.1);
     }
 }
