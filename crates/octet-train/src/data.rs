@@ -28,11 +28,7 @@ impl ByteTokenizer {
 
     /// Decode token ids (ids above 255 and invalid UTF-8 show as U+FFFD).
     pub fn decode(&self, tokens: &[u32]) -> String {
-        let bytes: Vec<u8> = tokens
-            .iter()
-            .map(|&t| u8::try_from(t).unwrap_or(b'?'))
-            .collect();
-        String::from_utf8_lossy(&bytes).into_owned()
+        String::from_utf8_lossy(&Tokenizer::Byte.decode_bytes(tokens)).into_owned()
     }
 }
 
@@ -130,8 +126,9 @@ impl Tokenizer {
         }
     }
 
-    /// Decode token ids to text (ids outside the vocabulary are left out;
-    /// invalid UTF-8 shows as U+FFFD).
+    /// Decode token ids to text (ids outside the vocabulary: U+FFFD under
+    /// byte, left out under gpt2, whose model pads the vocabulary; invalid
+    /// UTF-8 shows as U+FFFD).
     pub fn decode(self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Byte => ByteTokenizer.decode(tokens),
@@ -142,9 +139,10 @@ impl Tokenizer {
     /// The bytes of token ids, as [`Tokenizer::decode`] reads them.
     pub fn decode_bytes(self, tokens: &[u32]) -> Vec<u8> {
         match self {
+            // 0xFF never occurs in UTF-8: it reads as one U+FFFD.
             Tokenizer::Byte => tokens
                 .iter()
-                .map(|&t| u8::try_from(t).unwrap_or(b'?'))
+                .map(|&t| u8::try_from(t).unwrap_or(0xFF))
                 .collect(),
             Tokenizer::Gpt2 => {
                 let known: Vec<u32> = tokens
@@ -413,6 +411,23 @@ mod tests {
         let byte = Tokenizer::Byte;
         assert_eq!(byte.decode(&byte.encode(text)), text);
         assert_eq!((byte.vocab(), byte.model_vocab()), (256, 256));
+    }
+
+    /// A byte-level id past 255 (a model of a larger vocabulary read with
+    /// `--tokenizer byte`) shows as U+FFFD, as documented: it printed `?`,
+    /// which reads as the model writing a question mark.
+    #[test]
+    fn byte_ids_past_255_show_as_the_replacement_character() {
+        let ids = [72, 300, 105, 63];
+        assert_eq!(ByteTokenizer.decode(&ids), "H\u{FFFD}i?");
+        assert_eq!(Tokenizer::Byte.decode(&ids), "H\u{FFFD}i?");
+        let mut s = TextStream::new(Tokenizer::Byte);
+        // After an incomplete character too, streamed as the whole decode.
+        let ids = [0xE2, 0x82, 70000, 0x41];
+        let mut out: String = ids.iter().map(|&t| s.push(&[t])).collect();
+        out.push_str(&s.finish());
+        assert_eq!(out, Tokenizer::Byte.decode(&ids));
+        assert_eq!(out, "\u{FFFD}\u{FFFD}A");
     }
 
     #[test]
