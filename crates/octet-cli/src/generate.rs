@@ -281,6 +281,12 @@ fn run_one(
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    // Warm-up (the thread pool, first touches of the weights and the cache),
+    // as on the GPU, then a fresh sequence: without it the first row of a
+    // `--compare` read 20-40% lower prefill rates than the same weights in
+    // the second row (a review, five runs).
+    model.forward(&prompt)?;
+    model.reset();
     let t0 = Instant::now();
     let logits = model.forward(&prompt)?;
     let prefill = t0.elapsed().as_secs_f64();
