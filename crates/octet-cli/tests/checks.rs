@@ -15,20 +15,9 @@ fn tmpdir(tag: &str) -> PathBuf {
     d
 }
 
-/// Run `octet ARGS` in `cwd`: whether it succeeded, and its stdout and stderr.
-fn octet(cwd: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_octet"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("the octet binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
+mod common;
+
+use common::octet_in as octet;
 
 /// A quick CPU run's flags.
 const QUICK: [&str; 12] = [

@@ -6,26 +6,11 @@
 use octet_nn::llama::{Llama, LlamaConfig};
 use octet_tensor::{DType, Tensor};
 use octet_train::checkpoint;
-use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
-/// A fresh, empty temp dir for one test, removed when dropped.
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("octet-gen-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+use common::TempDir;
 
 /// What a run of `octet` gave back.
 struct Out {
@@ -94,7 +79,7 @@ fn generate(ckpt: &str, extra: &[&str]) -> Out {
 
 #[test]
 fn a_config_with_fewer_layers_than_the_weights_is_refused() {
-    let dir = TempDir::new("layers");
+    let dir = TempDir::new("gen-layers");
     let ckpt = checkpoint_in(&dir, |_| {}, |c| c.num_hidden_layers = 1);
     let out = generate(&ckpt, &[]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
@@ -109,7 +94,7 @@ fn a_config_with_fewer_layers_than_the_weights_is_refused() {
 
 #[test]
 fn a_tied_config_with_a_different_lm_head_is_refused() {
-    let dir = TempDir::new("tied");
+    let dir = TempDir::new("gen-tied");
     let ckpt = checkpoint_in(&dir, |_| {}, |c| c.tie_word_embeddings = true);
     let out = generate(&ckpt, &[]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
@@ -122,7 +107,7 @@ fn a_tied_config_with_a_different_lm_head_is_refused() {
 
 #[test]
 fn a_non_finite_temperature_is_refused_before_decoding() {
-    let dir = TempDir::new("temperature");
+    let dir = TempDir::new("gen-temperature");
     let ckpt = checkpoint_in(&dir, |_| {}, |_| {});
     for t in ["nan", "inf", "-inf", "NaN"] {
         let arg = format!("--temperature={t}");
@@ -136,7 +121,7 @@ fn a_non_finite_temperature_is_refused_before_decoding() {
 
 #[test]
 fn non_finite_logits_stop_generation_with_an_error() {
-    let dir = TempDir::new("nan-weight");
+    let dir = TempDir::new("gen-nan-weight");
     let ckpt = checkpoint_in(
         &dir,
         |w| {
@@ -160,7 +145,7 @@ fn non_finite_logits_stop_generation_with_an_error() {
 
 #[test]
 fn a_bad_compare_name_is_refused_before_decoding() {
-    let dir = TempDir::new("compare");
+    let dir = TempDir::new("gen-compare");
     let ckpt = checkpoint_in(&dir, |_| {}, |_| {});
     let out = generate(&ckpt, &["--compare", "foo"]);
     assert_eq!(out.code, Some(1), "{}", out.stderr);
@@ -178,7 +163,7 @@ fn a_bad_compare_name_is_refused_before_decoding() {
 
 #[test]
 fn a_closed_stdout_ends_quietly() {
-    let dir = TempDir::new("pipe");
+    let dir = TempDir::new("gen-pipe");
     let ckpt = checkpoint_in(&dir, |_| {}, |_| {});
     let runs: [&[&str]; 2] = [
         &["info"],
@@ -209,7 +194,7 @@ fn a_closed_stdout_ends_quietly() {
 fn characters_of_several_tokens_are_echoed_whole() {
     // A byte-level model trained on "é" (bytes C3 A9) samples C3, A9, C3, ...:
     // echoed a token at a time, each byte read as U+FFFD on its own.
-    let dir = TempDir::new("utf8");
+    let dir = TempDir::new("gen-utf8");
     let data = dir.0.join("e.txt");
     std::fs::write(&data, "é".repeat(20_000)).expect("data");
     let (data, out_dir) = (data.display().to_string(), dir.0.display().to_string());

@@ -2,41 +2,17 @@
 //! run stays in its own run directory, `octet lora merge` reads run
 //! directories and refuses to write into one.
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 
-/// A fresh temp dir for one test, removed when dropped.
-struct TempDir(PathBuf);
+mod common;
 
-impl TempDir {
-    fn new(name: &str) -> TempDir {
-        let p = std::env::temp_dir().join(format!("octet-rundirs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&p);
-        std::fs::create_dir_all(&p).expect("temp dir");
-        TempDir(p)
-    }
-}
+use common::TempDir;
 
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Run `octet ARGS` in `cwd`: whether it succeeded, stdout and stderr.
+/// Run `octet ARGS` in `cwd` (`common::octet_in`), which must not panic.
 fn octet(cwd: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_octet"))
-        .args(args)
-        .current_dir(cwd)
-        .output()
-        .expect("the octet binary runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (ok, text) = common::octet_in(cwd, args);
     assert!(!text.contains("panicked"), "{text}");
-    (out.status.success(), text)
+    (ok, text)
 }
 
 fn train(cwd: &Path, extra: &[&str]) {
@@ -65,7 +41,7 @@ fn train(cwd: &Path, extra: &[&str]) {
 /// write there, replacing that run's checkpoint of the same step.
 #[test]
 fn a_resumed_run_stays_in_its_own_run_directory() {
-    let dir = TempDir::new("resume");
+    let dir = TempDir::new("rundirs-resume");
     let d = &dir.0;
     train(d, &["--steps", "4", "--seed", "1"]);
     let other = d.join("runs/default/checkpoints/step_000004/model.safetensors");
@@ -105,7 +81,7 @@ fn a_resumed_run_stays_in_its_own_run_directory() {
 /// directory, where the merged model would stand in for its latest checkpoint.
 #[test]
 fn lora_merge_reads_run_directories_and_does_not_write_into_one() {
-    let dir = TempDir::new("merge");
+    let dir = TempDir::new("rundirs-merge");
     let d = &dir.0;
     train(d, &["--steps", "2", "--out-dir", "D", "--name", "t"]);
     let (ok, text) = octet(
