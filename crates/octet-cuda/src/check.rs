@@ -1177,6 +1177,22 @@ fn error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         "row-wise quantize into buffers relabelled E2M1 -> shape error",
         gpu.quantize_rowwise_into(&x16x128, &mut rw, false),
     ));
+    // 128x128 blocks: the same relabelling (both copies and both scale
+    // grids sized for 128 rows) and a format the kernels do not have.
+    let mut b2 = gpu.alloc_block2d_fp8(128, 128, Format::E4M3)?;
+    b2.rows = 256;
+    let x256x128: CudaSlice<u16> = gpu.alloc_zeros(256 * 128, "x")?;
+    out.push(shape_error(
+        "128x128 quantize into (128, 128) buffers relabelled (256, 128) -> shape error",
+        gpu.quantize_block128x128_into(&x256x128, &mut b2, false),
+    ));
+    b2.rows = 128;
+    b2.format = Format::E2M1;
+    let x128x128: CudaSlice<u16> = gpu.alloc_zeros(128 * 128, "x")?;
+    out.push(shape_error(
+        "128x128 quantize into buffers relabelled E2M1 -> shape error",
+        gpu.quantize_block128x128_into(&x128x128, &mut b2, false),
+    ));
     lora_error_cases(gpu, out)
 }
 
