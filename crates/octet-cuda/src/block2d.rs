@@ -157,15 +157,47 @@ impl Gpu {
         check_finite: bool,
     ) -> Result<()> {
         let (rows, cols) = (out.rows, out.cols);
-        if x.len() != rows * cols {
+        if rows == 0
+            || cols == 0
+            || rows > i32::MAX as usize
+            || cols > i32::MAX as usize
+            || x.len() != rows * cols
+        {
             return Err(Error::Shape(format!(
                 "quantize: {} elements for ({rows}, {cols})",
                 x.len()
             )));
         }
         check_grid(rows)?;
+        // The fields are public: buffers of another shape would be written
+        // past their ends.
+        let (n, g) = (rows * cols, rows.div_ceil(128) * cols.div_ceil(128));
+        if out.rowwise.len() != n
+            || out.colwise.len() != n
+            || out.row_scale_inv.len() != g
+            || out.col_scale_inv.len() != g
+            || out.nonfinite.is_empty()
+        {
+            return Err(Error::Shape(format!(
+                "128x128 quantize: output buffers of the wrong size for ({rows}, {cols}): {} \
+                 row-wise and {} column-wise codes, {} and {} block scales (want {n}, {n}, {g}, {g})",
+                out.rowwise.len(),
+                out.colwise.len(),
+                out.row_scale_inv.len(),
+                out.col_scale_inv.len()
+            )));
+        }
+        let fi = match out.format {
+            Format::E4M3 => 0,
+            Format::E5M2 => 1,
+            other => {
+                return Err(Error::Shape(format!(
+                    "GPU quantize supports e4m3 and e5m2, not {other}"
+                )))
+            }
+        };
         let k = self.block2d_kernels()?;
-        let f = &k.quant[usize::from(out.format == Format::E5M2)];
+        let f = &k.quant[fi];
         let s = &self.stream;
         s.memset_zeros(&mut out.nonfinite)?;
         let (r, c, fmax) = (rows as i32, cols as i32, out.format.max());
