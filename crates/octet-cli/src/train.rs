@@ -195,6 +195,20 @@ impl TrainArgs {
         Ok(())
     }
 
+    /// An error where a flag that only sharded runs read (`--grad-reduce`)
+    /// is given to an `octet train` of one rank (`--nproc 1` on one
+    /// machine), which would otherwise drop it without a word, as
+    /// `--reshard-after-forward` is refused there.
+    fn refuse_sharded_only_flags_on_one_rank(&self) -> anyhow::Result<()> {
+        if self.nproc * self.nnodes > 1 {
+            return Ok(());
+        }
+        if let Some(g) = &self.grad_reduce {
+            anyhow::bail!("--grad-reduce {g} applies to sharded runs: give --nproc 2 or more");
+        }
+        Ok(())
+    }
+
     fn config(&self) -> anyhow::Result<TrainConfig> {
         // The preset's own schedule (of `--model`, else of the config file's
         // `model`), under what the file and the flags give (`--lr`, ...).
@@ -471,6 +485,7 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
         a.node_rank,
         a.nnodes
     );
+    a.refuse_sharded_only_flags_on_one_rank()?;
     if a.device == "cpu" {
         // The CPU's ranks are threads of this process: no machines to join,
         // no rendezvous. Refused rather than a GPU job started against `--device cpu`.
@@ -785,6 +800,35 @@ mod tests {
             .expect("bare args")
             .refuse_sharding("octet lora")
             .is_ok());
+    }
+
+    #[test]
+    fn grad_reduce_on_one_rank_is_an_error_naming_it() {
+        use clap::{Args, FromArgMatches};
+        let parse = |argv: &[&str]| -> TrainArgs {
+            let m = TrainArgs::augment_args(clap::Command::new("train"))
+                .try_get_matches_from(argv)
+                .expect("arguments");
+            TrainArgs::from_arg_matches(&m).expect("arguments")
+        };
+        let e = parse(&["train", "--grad-reduce", "bf16"])
+            .refuse_sharded_only_flags_on_one_rank()
+            .expect_err("--grad-reduce without --nproc")
+            .to_string();
+        assert!(
+            e.contains("--grad-reduce bf16") && e.contains("--nproc"),
+            "{e}"
+        );
+        for argv in [
+            &["train", "--grad-reduce", "bf16", "--nproc", "2"][..],
+            &["train", "--grad-reduce", "f32", "--nnodes", "2"],
+            &["train"],
+        ] {
+            assert!(
+                parse(argv).refuse_sharded_only_flags_on_one_rank().is_ok(),
+                "{argv:?}"
+            );
+        }
     }
 
     #[test]
