@@ -368,14 +368,20 @@ fn attend(
 
 /// Check the sampling parameters of [`sample`] before decoding: the
 /// temperature must be finite (a NaN one would turn every share into NaN,
-/// and [`sample`] would always pick the last kept token).
+/// and [`sample`] would always pick the last kept token;
+/// [`Error::NonFinite`]) and not negative ([`Error::OutOfRange`]).
 pub fn check_sampling(temperature: f32) -> Result<()> {
-    if temperature.is_finite() && temperature >= 0.0 {
-        Ok(())
-    } else {
+    let want = "expected a finite number, 0 or above (0 = greedy)";
+    if !temperature.is_finite() {
         Err(Error::NonFinite(format!(
-            "temperature {temperature}: expected a finite number, 0 or above (0 = greedy)"
+            "temperature {temperature}: {want}"
         )))
+    } else if temperature < 0.0 {
+        Err(Error::OutOfRange(format!(
+            "temperature {temperature}: {want}"
+        )))
+    } else {
+        Ok(())
     }
 }
 

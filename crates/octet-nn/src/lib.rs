@@ -37,6 +37,10 @@ pub enum Error {
     /// A NaN or inf where a finite value is required.
     #[error("non-finite: {0}")]
     NonFinite(String),
+    /// A parameter outside the values it may take (a negative sampling
+    /// temperature, say).
+    #[error("out of range: {0}")]
+    OutOfRange(String),
     /// An error inside a named layer of a model.
     #[error("in {0}: {1}")]
     InLayer(String, Box<Error>),

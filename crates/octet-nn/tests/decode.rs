@@ -282,6 +282,8 @@ fn non_finite_sampling_parameters_and_logits_are_errors() {
     for t in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, -1.0, -1e-30] {
         let e = check_sampling(t).unwrap_err().to_string();
         assert!(e.contains("temperature"), "{e}");
+        // A finite negative one is out of range, not "non-finite".
+        assert_eq!(e.starts_with("non-finite"), !t.is_finite(), "{e}");
     }
     assert!(check_logits(&[0.5, -3.0, 1e30], 0).is_ok());
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
