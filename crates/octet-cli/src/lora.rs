@@ -95,6 +95,20 @@ struct MergeArgs {
     dtype: String,
 }
 
+/// What a resumed adapter checkpoint records (`--resume`): the flags not
+/// given take these values.
+struct Trained {
+    rank: usize,
+    alpha: f64,
+    targets: Vec<String>,
+    /// `base_model_name_or_path`.
+    base: Option<String>,
+    /// `octet_lora.json`: base format and compute.
+    record: Option<checkpoint::LoraRecord>,
+    /// `lora_dropout`.
+    dropout: Option<f64>,
+}
+
 pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
     a.train.resolve_resume()?;
     if let Some(LoraCmd::Merge(m)) = a.cmd {
@@ -121,18 +135,23 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
                     ck.display()
                 )
             };
-            let (r, alpha, targets) = checkpoint::load_adapter_config(ck).with_context(not_lora)?;
-            let base = checkpoint::load_adapter_base(ck).with_context(not_lora)?;
-            let record = checkpoint::load_lora_record(ck)?;
-            let dropout = checkpoint::load_adapter_dropout(ck)?;
-            Some((r, alpha, targets, base, record, dropout))
+            let (rank, alpha, targets) =
+                checkpoint::load_adapter_config(ck).with_context(not_lora)?;
+            Some(Trained {
+                rank,
+                alpha,
+                targets,
+                base: checkpoint::load_adapter_base(ck).with_context(not_lora)?,
+                record: checkpoint::load_lora_record(ck)?,
+                dropout: checkpoint::load_adapter_dropout(ck)?,
+            })
         }
         None => None,
     };
     // A `[lora]` table of the config file (its missing keys at their
     // defaults) comes after the flags and a resumed adapter's values.
     let defaults = cfg.lora.take().unwrap_or_default();
-    let base = match (&a.base, trained.as_ref().and_then(|t| t.3.as_deref())) {
+    let base = match (&a.base, trained.as_ref().and_then(|t| t.base.as_deref())) {
         (Some(b), _) => Some(checkpoint::resolve_checkpoint_dir(b)?),
         (None, Some(checkpoint::RANDOM_BASE)) => None,
         (None, Some(recorded)) => Some(PathBuf::from(recorded)),
@@ -149,22 +168,22 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
     let targets: Vec<String> = match (&a.targets, &trained) {
         (Some(t), _) => t.split(',').map(|t| t.trim().to_string()).collect(),
         // PEFT's module names (`q_proj`) as the flag gives them (`q`).
-        (None, Some(t)) => {
-            t.2.iter()
-                .map(|m| m.trim_end_matches("_proj").to_string())
-                .collect()
-        }
+        (None, Some(t)) => t
+            .targets
+            .iter()
+            .map(|m| m.trim_end_matches("_proj").to_string())
+            .collect(),
         (None, None) => defaults.targets.clone(),
     };
     let rank = a
         .rank
-        .or(trained.as_ref().map(|t| t.0))
+        .or(trained.as_ref().map(|t| t.rank))
         .unwrap_or(defaults.rank);
     let alpha = a
         .alpha
-        .or(trained.as_ref().map(|t| t.1))
+        .or(trained.as_ref().map(|t| t.alpha))
         .unwrap_or(defaults.alpha);
-    let record = trained.as_ref().and_then(|t| t.4.as_ref());
+    let record = trained.as_ref().and_then(|t| t.record.as_ref());
     let base_format = a
         .base_format
         .clone()
@@ -184,7 +203,7 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         compute: compute.clone(),
         dropout: a
             .lora_dropout
-            .or(trained.as_ref().and_then(|t| t.5))
+            .or(trained.as_ref().and_then(|t| t.dropout))
             .unwrap_or(defaults.dropout),
     });
     cfg.validate()?;

@@ -268,11 +268,20 @@ __device__ __forceinline__ unsigned int fp8x2_to_f16x2_exact(unsigned int two) {
 // the hardware conversion takes four and a shift for bytes 2-3. NaN codes
 // (and E5M2's infinities) read as finite values: for weights, which hold
 // none (`Fp8Weight` refuses them).
+// The bf16x2 bits of that pair before the FMA (`fp8x2_bf16_bits`), the value
+// times 2^-120 / 2^-112: E4M3 (s eeee mmm) lands in bf16 exponent bits 7-10
+// and mantissa 4-6, E5M2 (s eeeee mm) in exponent 7-11 and mantissa 5-6; the
+// sign comes from the replicated byte.
+template <int FMT>
+__device__ __forceinline__ unsigned int fp8x2_bf16_bits(unsigned int word, unsigned int sel) {
+    unsigned int w;
+    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(w) : "r"(word), "r"(sel)); // [code 0, sign 0, code 1, sign 1]
+    return FMT == FMT_E4M3 ? (w << 4) & 0x87f087f0u : (w << 5) & 0x8fe08fe0u;
+}
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_sel_to_bf16x2(unsigned int word, unsigned int sel) {
-    unsigned int w, r;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(w) : "r"(word), "r"(sel)); // [code 0, sign 0, code 1, sign 1]
-    const unsigned int bits = FMT == FMT_E4M3 ? (w << 4) & 0x87f087f0u : (w << 5) & 0x8fe08fe0u;
+    unsigned int r;
+    const unsigned int bits = fp8x2_bf16_bits<FMT>(word, sel);
     // 2^120 = 0x7b80, 2^112 = 0x7780 in bf16.
     const unsigned int pow2 = FMT == FMT_E4M3 ? 0x7b807b80u : 0x77807780u;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(pow2), "r"(0x80008000u));

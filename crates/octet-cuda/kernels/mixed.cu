@@ -462,8 +462,8 @@ __device__ __forceinline__ unsigned int fp8x2_to_x2_scaled(unsigned int two, flo
 
 // Two FP8 codes times a factor -> bf16x2, in bf16 arithmetic (five
 // instructions a pair against the six of `fp8x2_to_x2_scaled`). The codes'
-// exponent and mantissa bits, shifted into a bf16 as `e4m3x2_to_bf16x2_soft`
-// does, are the value times 2^-BF_BIAS (subnormal codes too); `hi2` and `lo2`
+// exponent and mantissa bits, shifted into a bf16 (`fp8x2_bf16_bits`),
+// are the value times 2^-BF_BIAS (subnormal codes too); `hi2` and `lo2`
 // hold the factor times 2^BF_BIAS split into two bf16 (`bf_split`), and the
 // result is RN(v hi + RN(v lo)): within 2^-8 + 2^-15 of code x factor
 // (bf16's rounding is 2^-8 relative; the f32 path's is the same). The
@@ -476,11 +476,8 @@ template <int FMT> struct BfBias {
 template <int FMT>
 __device__ __forceinline__ unsigned int fp8x2_to_bf16x2_times(unsigned int word, unsigned int sel, unsigned int hi2,
                                                               unsigned int lo2) {
-    unsigned int w, t, r;
-    asm("prmt.b32 %0, %1, 0, %2;" : "=r"(w) : "r"(word), "r"(sel)); // [code 0, sign 0, code 1, sign 1]
-    // E4M3 (s eeee mmm): bf16 exponent bits 7-10, mantissa 4-6; E5M2 (s eeeee
-    // mm): exponent 7-11, mantissa 5-6. The sign comes from the replicated byte.
-    const unsigned int bits = FMT == FMT_E4M3 ? (w << 4) & 0x87f087f0u : (w << 5) & 0x8fe08fe0u;
+    unsigned int t, r;
+    const unsigned int bits = fp8x2_bf16_bits<FMT>(word, sel);
     asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(t) : "r"(bits), "r"(lo2));
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(bits), "r"(hi2), "r"(t));
     return r;

@@ -379,44 +379,33 @@ impl MixedKernels {
                     Error::Driver(format!("kernel {name} is in no part of the mixed module"))
                 })
         };
-        let wg = if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast")
-        {
-            let k = |name: String| -> Result<CudaFunction> {
-                let func = f(&name)?;
-                func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
-                Ok(func)
-            };
-            let by_fmt = |block: &str, fmt: &str, x: XType| -> Result<[CudaFunction; 2]> {
-                let x = x.tag();
-                Ok([
-                    k(format!("mixed_wg_{block}{fmt}{x}_f32"))?,
-                    k(format!("mixed_wg_{block}{fmt}{x}_bf16"))?,
-                ])
-            };
-            Some(per_x(|x| {
-                Ok([
-                    per_fmt(|fmt| by_fmt("", fmt, x))?,
-                    per_fmt(|fmt| by_fmt("block_", fmt, x))?,
-                ])
-            })?)
-        } else {
-            None
-        };
-        let wg_block_bf16 =
-            if wg.is_some() && std::env::var("OCTET_MIXED_BLOCK").map_or(true, |v| v != "f32") {
-                let k = |name: String| -> Result<CudaFunction> {
-                    let func = f(&name)?;
-                    func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
-                    Ok(func)
+        // The wgmma kernels (sm_90a, unless OCTET_MIXED=upcast), and those
+        // scaling block codes in bf16 with them (unless OCTET_MIXED_BLOCK=f32).
+        let (wg, wg_block_bf16) =
+            if arch == "sm_90a" && std::env::var("OCTET_MIXED").map_or(true, |v| v != "upcast") {
+                let by_fmt = |block: &str, fmt: &str, x: &str| -> Result<[CudaFunction; 2]> {
+                    let k = |out: &str| -> Result<CudaFunction> {
+                        let func = f(&format!("mixed_wg_{block}{fmt}{x}_{out}"))?;
+                        func.set_attribute(MAXSMEM, WG_SMEM as i32)?;
+                        Ok(func)
+                    };
+                    Ok([k("f32")?, k("bf16")?])
                 };
-                Some(per_fmt(|fmt| {
+                let wg = per_x(|x| {
                     Ok([
-                        k(format!("mixed_wg_blockbf_{fmt}_f32"))?,
-                        k(format!("mixed_wg_blockbf_{fmt}_bf16"))?,
+                        per_fmt(|fmt| by_fmt("", fmt, x.tag()))?,
+                        per_fmt(|fmt| by_fmt("block_", fmt, x.tag()))?,
                     ])
-                })?)
+                })?;
+                let bf = std::env::var("OCTET_MIXED_BLOCK").map_or(true, |v| v != "f32");
+                let block_bf16 = if bf {
+                    Some(per_fmt(|fmt| by_fmt("blockbf_", fmt, XType::Bf16.tag()))?)
+                } else {
+                    None
+                };
+                (Some(wg), block_bf16)
             } else {
-                None
+                (None, None)
             };
         // A small-M kernel built for `c`, allowed up to the most a block may
         // take (`small_smem`).

@@ -404,10 +404,8 @@ pub fn same_base(recorded: &str, base: Option<&Path>) -> bool {
 /// `adapter_config.json`): `None` where it is null or missing (adapters
 /// saved before octet recorded it, and PEFT's saved without one).
 pub fn load_adapter_base(dir: &Path) -> Result<Option<String>> {
-    let p = dir.join("adapter_config.json");
+    let (v, p) = adapter_config_json(dir)?;
     let bad = |m: String| Error::Checkpoint(format!("{}: {m}", p.display()));
-    let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
     match &v["base_model_name_or_path"] {
         serde_json::Value::Null => Ok(None),
         serde_json::Value::String(s) => Ok(Some(s.clone())),
@@ -415,6 +413,16 @@ pub fn load_adapter_base(dir: &Path) -> Result<Option<String>> {
             "base_model_name_or_path = {other}: expected a string or null"
         ))),
     }
+}
+
+/// An adapter directory's `adapter_config.json`, parsed, with its path (for
+/// errors, which name it).
+fn adapter_config_json(dir: &Path) -> Result<(serde_json::Value, PathBuf)> {
+    let p = dir.join("adapter_config.json");
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
+    let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
+    let v = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+    Ok((v, p))
 }
 
 /// Write a LoRA model's adapter in PEFT's layout: `adapter_model.safetensors`
@@ -530,11 +538,7 @@ pub fn load_adapter(dir: &Path) -> Result<Adapter> {
 /// `None` where it is missing or null; an error where it is not a number in
 /// `[0, 1)`.
 pub fn load_adapter_dropout(dir: &Path) -> Result<Option<f64>> {
-    let p = dir.join("adapter_config.json");
-    let text = std::fs::read_to_string(&p)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let (v, p) = adapter_config_json(dir)?;
     match &v["lora_dropout"] {
         serde_json::Value::Null => Ok(None),
         d => match d.as_f64() {
@@ -551,11 +555,7 @@ pub fn load_adapter_dropout(dir: &Path) -> Result<Option<f64>> {
 /// with `r` an integer between 1 and
 /// [`MAX_LORA_RANK`](octet_nn::lora::MAX_LORA_RANK).
 pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
-    let p = dir.join("adapter_config.json");
-    let text = std::fs::read_to_string(&p)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
-    let v: serde_json::Value = serde_json::from_str(&text)
-        .map_err(|e| Error::Checkpoint(format!("{}: {e}", p.display())))?;
+    let (v, p) = adapter_config_json(dir)?;
     let bad = |m: &str| Error::Checkpoint(format!("{}: {m}", p.display()));
     let max = octet_nn::lora::MAX_LORA_RANK;
     let r = match &v["r"] {
@@ -618,6 +618,21 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
 /// naming the file and what it holds, where it cannot be read or names no
 /// directory with a `model.safetensors`.
 pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
+    named_by_latest(
+        parent,
+        |d| d.join("model.safetensors").is_file(),
+        "a checkpoint with a model.safetensors",
+    )
+}
+
+/// The directory `parent/latest` names, if `accept` takes it: `None` where
+/// there is no `latest`; an error naming the file, what it holds and `what`
+/// was wanted, where it cannot be read or names nothing `accept` takes.
+fn named_by_latest(
+    parent: &Path,
+    accept: impl Fn(&Path) -> bool,
+    what: &str,
+) -> Result<Option<PathBuf>> {
     let latest = parent.join("latest");
     let text = match std::fs::read(&latest) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -626,9 +641,9 @@ pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
     };
     let name = String::from_utf8_lossy(&text).trim().to_string();
     let dir = parent.join(&name);
-    if name.is_empty() || !dir.join("model.safetensors").is_file() {
+    if name.is_empty() || !accept(&dir) {
         return Err(Error::Checkpoint(format!(
-            "{} names '{name}', which is not a checkpoint with a model.safetensors",
+            "{} names '{name}', which is not {what}",
             latest.display()
         )));
     }
@@ -652,21 +667,9 @@ pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
         return Ok(p.to_path_buf());
     }
     for parent in [p.join("checkpoints"), p.to_path_buf()] {
-        let latest = parent.join("latest");
-        let text = match std::fs::read(&latest) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::file("reading", &latest)(e)),
-            Ok(t) => t,
-        };
-        let name = String::from_utf8_lossy(&text).trim().to_string();
-        let dir = parent.join(&name);
-        if name.is_empty() || !holds(&dir) {
-            return Err(Error::Checkpoint(format!(
-                "{} names '{name}', which is not a checkpoint directory",
-                latest.display()
-            )));
+        if let Some(dir) = named_by_latest(&parent, holds, "a checkpoint directory")? {
+            return Ok(dir);
         }
-        return Ok(dir);
     }
     Ok(p.to_path_buf())
 }
