@@ -647,6 +647,7 @@ fn denormals_honoured() -> bool {
 
 /// Tiled kernel: `TILE_N` rows of `W` are decoded into an f32 panel (`TILE_N x K`,
 /// in L2) and multiplied with all of `x` by the f32 GEMM; tiles run in parallel.
+/// Outputs that come out infinite or NaN are summed again in f64 (`dot_f64`).
 fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
     let tiles = n.div_ceil(TILE_N);
     let level = cpu_simd();
@@ -669,7 +670,21 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
                     None => {}
                 }
             }
-            cpu::gemm_serial(m, rows, k, x, &panel)
+            let mut part = cpu::gemm_serial(m, rows, k, x, &panel);
+            // As in the streaming kernel: an output the f32 sum made infinite
+            // or NaN (partial sums can pass f32's range where the f64 product
+            // does not) is summed again in f64; an inf or NaN input still shows.
+            if part.iter().any(|v| !v.is_finite()) {
+                let buf = &mut panel[..k];
+                for (i, prow) in part.chunks_mut(rows).enumerate() {
+                    for (r, v) in prow.iter_mut().enumerate() {
+                        if !v.is_finite() {
+                            *v = dot_f64(level, w, r0 + r, &x[i * k..(i + 1) * k], buf);
+                        }
+                    }
+                }
+            }
+            part
         })
         .collect();
     let mut y = vec![0f32; m * n];

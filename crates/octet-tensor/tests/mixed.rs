@@ -438,3 +438,41 @@ fn tiny_inputs_keep_their_bits_before_the_factor() {
         }
     }
 }
+
+/// An output whose f64 product is finite but whose f32 partial sums pass
+/// f32's range in some order: the streaming kernel (M <= 16) sums it again
+/// in f64, and the tiled kernel (M > 16) must too, or the same row of `x`
+/// gives inf or the f64 product depending on how many rows come with it.
+#[test]
+fn outputs_whose_partial_sums_overflow_are_summed_again_on_both_kernels() {
+    let (n, k) = (5, 3);
+    let q = Fp8Weight::quantize(
+        &vec![1.0f32; n * k],
+        n,
+        k,
+        Format::E4M3,
+        WeightScaling::Tensor,
+    )
+    .unwrap();
+    assert_eq!(q.dequantize(), vec![1.0; n * k]);
+    // Every order of two large positive terms and one negative: the f64 sum is 3e38.
+    for row in [
+        [3e38f32, 3e38, -3e38],
+        [3e38, -3e38, 3e38],
+        [-3e38, 3e38, 3e38],
+    ] {
+        for m in [1usize, 16, 17, 40] {
+            let x: Vec<f32> = (0..m).flat_map(|_| row).collect();
+            let y = mixed_matmul(&Tensor::from_f32(&[m, k], x).unwrap(), &q)
+                .unwrap()
+                .to_f32_vec();
+            let want = 3e38f64;
+            for (i, &v) in y.iter().enumerate() {
+                assert!(
+                    (v as f64 - want).abs() <= error_bound(k, 9e38),
+                    "{row:?} m={m} [{i}]: {v:e}, want {want:e}"
+                );
+            }
+        }
+    }
+}
