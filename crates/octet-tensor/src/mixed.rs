@@ -562,6 +562,10 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
     // y^T (N, M): each task writes whole rows of it, then one transpose.
     let level = cpu_simd();
     let x_up = scaled_input(level, w, x);
+    // Rows of `x` with a non-zero element: only their zero sums can be underflows.
+    let live: Vec<bool> = (0..m)
+        .map(|i| x[i * k..(i + 1) * k].iter().any(|&v| v != 0.0))
+        .collect();
     let mut yt = vec![0f32; n * m];
     let rows_per_task = (n / (4 * rayon::current_num_threads().max(1))).clamp(1, 256);
     yt.par_chunks_mut(rows_per_task * m)
@@ -575,9 +579,10 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
             for (r, yrow) in out.chunks_mut(m).enumerate() {
                 let post = row_factor(w, row0 + r);
                 for (i, v) in yrow.iter_mut().enumerate() {
-                    // A subnormal sum kept only a few bits, which the factor
-                    // can bring back into the normal range.
-                    let sub = *v != 0.0 && v.abs() < f32::MIN_POSITIVE;
+                    // A subnormal sum kept only a few bits, and a zero sum of
+                    // a non-zero row may be products that underflowed: the
+                    // factor can bring either back into the normal range.
+                    let sub = v.abs() < f32::MIN_POSITIVE && live[i];
                     *v *= post;
                     if !v.is_finite() || sub {
                         *v = dot_f64(level, w, row0 + r, &x[i * k..(i + 1) * k], &mut buf);
@@ -590,7 +595,8 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 
 /// `x . w[row]` with the row's factors, summed in f64 and rounded once: the
 /// streaming kernel's answer for an output whose f32 sum came out infinite or
-/// NaN, or subnormal (a few bits where the factor may make it normal). That sum multiplies `x` by the codes' values before the factor, and
+/// NaN, or subnormal or zero (a few bits, or products that underflowed,
+/// where the factor may make it normal). That sum multiplies `x` by the codes' values before the factor, and
 /// a code's value exceeds the weight's by `1 / factor` (E5M2; `1 / (256
 /// factor)` for E4M3 as decoded), so it can overflow where the product of the
 /// dequantized weight is finite; in f64 it cannot, and an infinite or NaN

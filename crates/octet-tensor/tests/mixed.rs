@@ -476,3 +476,56 @@ fn outputs_whose_partial_sums_overflow_are_summed_again_on_both_kernels() {
         }
     }
 }
+
+/// Tiny activations whose products with the codes' values underflow to
+/// zero before the factor, where the factor brings the answer back into the
+/// normal range: the streaming kernel (M <= 16) returned 0 for a normal
+/// product (the tiled kernel multiplies the factor in first).
+#[test]
+fn tiny_inputs_whose_sum_underflows_before_the_factor_keep_the_product() {
+    for format in [Format::E4M3, Format::E5M2] {
+        // The smallest subnormal code under the factor 2^100.
+        let q = Fp8Weight::from_quant_data(octet_fp8::QuantData {
+            rows: 2,
+            cols: 3,
+            format,
+            data: vec![0x01; 6],
+            block: (2, 3),
+            scales: octet_fp8::Scales::F32(vec![2f32.powi(100)]),
+            saturated: 0,
+            underflowed: 0,
+        })
+        .unwrap();
+        let wd = q.dequantize();
+        let x = 2f32.powi(-140);
+        for m in [1usize, 5, 16, 17] {
+            let y = mixed_matmul(&Tensor::from_f32(&[m, 3], vec![x; m * 3]).unwrap(), &q)
+                .unwrap()
+                .to_f32_vec();
+            let want = 3.0 * x as f64 * wd[0] as f64;
+            assert!(want >= f32::MIN_POSITIVE as f64);
+            for (i, &v) in y.iter().enumerate() {
+                assert!(
+                    (v as f64 - want).abs() <= error_bound(3, want),
+                    "{format:?} m={m} [{i}]: {v:e}, want {want:e}"
+                );
+            }
+        }
+    }
+    // A row of zeros still gives zeros.
+    let q = Fp8Weight::quantize(
+        &[1.0, -2.0, 0.5, 3.0],
+        2,
+        2,
+        Format::E4M3,
+        WeightScaling::Tensor,
+    )
+    .unwrap();
+    let y = mixed_matmul(
+        &Tensor::from_f32(&[2, 2], vec![0.0, 0.0, 1.0, 1.0]).unwrap(),
+        &q,
+    )
+    .unwrap()
+    .to_f32_vec();
+    assert_eq!(y[..2], [0.0, 0.0]);
+}
