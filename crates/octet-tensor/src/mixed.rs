@@ -600,7 +600,9 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 /// a code's value exceeds the weight's by `1 / factor` (E5M2; `1 / (256
 /// factor)` for E4M3 as decoded), so it can overflow where the product of the
 /// dequantized weight is finite; in f64 it cannot, and an infinite or NaN
-/// input still gives inf or NaN.
+/// input still gives inf or NaN. The tiled kernel takes it for outputs that
+/// came out infinite or NaN, and for rows whose factors make dequantized
+/// weights f32 subnormals.
 fn dot_f64(level: CpuSimd, w: &WeightRef<'_>, row: usize, x: &[f32], buf: &mut [f32]) -> f32 {
     let buf = &mut buf[..x.len()];
     decode_row(level, w, row, buf);
@@ -653,7 +655,8 @@ fn denormals_honoured() -> bool {
 
 /// Tiled kernel: `TILE_N` rows of `W` are decoded into an f32 panel (`TILE_N x K`,
 /// in L2) and multiplied with all of `x` by the f32 GEMM; tiles run in parallel.
-/// Outputs that come out infinite or NaN are summed again in f64 (`dot_f64`).
+/// Outputs that come out infinite or NaN, and rows whose factors make
+/// dequantized values f32 subnormals, are summed in f64 (`dot_f64`).
 fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
     let tiles = n.div_ceil(TILE_N);
     let level = cpu_simd();
@@ -663,10 +666,21 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
             let r0 = t * TILE_N;
             let rows = TILE_N.min(n - r0);
             let mut panel = vec![0f32; rows * k];
+            let mut exact = vec![false; rows];
             for r in 0..rows {
                 let out = &mut panel[r * k..(r + 1) * k];
                 decode_row(level, w, r0 + r, out);
                 let post = row_factor(w, r0 + r);
+                // Below `2^-126 / min_subnormal`, a factor makes some
+                // `code * factor` an f32 subnormal (or zero) with few of its
+                // bits: such rows are summed in f64, which multiplies the
+                // factor in after the codes, as the streaming kernel does.
+                if let WeightRef::Fp8(q) = w {
+                    let fmin = block_factors(w, r0 + r).map_or(post / e4m3_fixup(q.format), |b| {
+                        b.iter().fold(f32::INFINITY, |a, &f| a.min(f))
+                    });
+                    exact[r] = fmin * q.format.min_subnormal() < f32::MIN_POSITIVE;
+                }
                 match block_factors(w, r0 + r) {
                     Some(f) => out
                         .iter_mut()
@@ -680,13 +694,11 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
             // As in the streaming kernel: an output the f32 sum made infinite
             // or NaN (partial sums can pass f32's range where the f64 product
             // does not) is summed again in f64; an inf or NaN input still shows.
-            if part.iter().any(|v| !v.is_finite()) {
-                let buf = &mut panel[..k];
-                for (i, prow) in part.chunks_mut(rows).enumerate() {
-                    for (r, v) in prow.iter_mut().enumerate() {
-                        if !v.is_finite() {
-                            *v = dot_f64(level, w, r0 + r, &x[i * k..(i + 1) * k], buf);
-                        }
+            let buf = &mut panel[..k];
+            for (i, prow) in part.chunks_mut(rows).enumerate() {
+                for (r, v) in prow.iter_mut().enumerate() {
+                    if exact[r] || !v.is_finite() {
+                        *v = dot_f64(level, w, r0 + r, &x[i * k..(i + 1) * k], buf);
                     }
                 }
             }

@@ -529,3 +529,56 @@ fn tiny_inputs_whose_sum_underflows_before_the_factor_keep_the_product() {
     .to_f32_vec();
     assert_eq!(y[..2], [0.0, 0.0]);
 }
+
+/// Weights whose dequantized values are f32 subnormals (a factor below
+/// `2^-126 / min_subnormal`): the streaming kernel multiplies the factor in
+/// after the sum and keeps the product's bits; the tiled kernel multiplied
+/// it into each weight first, rounding `code * factor` to a subnormal (3.7%
+/// off here), so one row of `x` gave two answers depending on M.
+#[test]
+fn subnormal_dequantized_weights_keep_their_bits_on_both_kernels() {
+    for (format, code) in [(Format::E4M3, 0x39u8), (Format::E5M2, 0x3Du8)] {
+        let factor = 3.0 * 2f32.powi(-148);
+        for (block, scales, k) in [
+            ((4, 5), vec![factor], 5usize),
+            ((1, 5), vec![factor; 4], 5),
+            ((128, 128), vec![factor, 1.0], 130),
+        ] {
+            let q = Fp8Weight::from_quant_data(octet_fp8::QuantData {
+                rows: 4,
+                cols: k,
+                format,
+                data: vec![code; 4 * k],
+                block,
+                scales: octet_fp8::Scales::F32(scales.clone()),
+                saturated: 0,
+                underflowed: 0,
+            })
+            .unwrap();
+            let x = 2f32.powi(120);
+            // The f64 product of the exact dequantized weight (code value times factor).
+            let want: f64 = (0..k)
+                .map(|c| {
+                    let f = if block == (128, 128) {
+                        scales[c / 128]
+                    } else {
+                        factor
+                    };
+                    x as f64 * format.decode(code) as f64 * f as f64
+                })
+                .sum();
+            let abs = want.abs();
+            for m in [1usize, 17] {
+                let y = mixed_matmul(&Tensor::from_f32(&[m, k], vec![x; m * k]).unwrap(), &q)
+                    .unwrap()
+                    .to_f32_vec();
+                for (i, &v) in y.iter().enumerate() {
+                    assert!(
+                        (v as f64 - want).abs() <= error_bound(k, abs),
+                        "{format:?} {block:?} m={m} [{i}]: {v:e}, want {want:e}"
+                    );
+                }
+            }
+        }
+    }
+}
