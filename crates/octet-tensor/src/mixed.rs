@@ -26,10 +26,12 @@
 //! numbers, so [`Fp8Weight`] refuses weights with NaN codes (and E5M2's
 //! infinities) when it is built.
 //!
-//! Accumulation is f32 in a fixed order per output (8 lanes over `K`, then the
-//! lanes summed), so results do not depend on the thread count. Against the
+//! Accumulation is f32 in a fixed order per output (32 lanes over `K`, then
+//! the lanes summed, for `M` up to 16; the f32 GEMM's order over `K` for
+//! larger `M`), so results do not depend on the thread count. Against the
 //! f64 product of the dequantized weight the error is bounded by
-//! `(K/8 + 3) * 2^-24 * sum_k |x_k * w_k|` ([`error_bound`]). An output whose
+//! [`error_bound`]: about `(K/32 + K/128 + 8) * 2^-24 * sum_k |x_k * w_k|`
+//! up to `M = 16`, `(2K + 8) * 2^-24 * sum_k |x_k * w_k|` beyond. An output whose
 //! f32 sum overflows (the codes' values exceed the weight's by the inverse
 //! factor) is summed again in f64 (`dot_f64`).
 
@@ -371,13 +373,27 @@ pub fn cpu_simd() -> CpuSimd {
     }
 }
 
-/// Bound on `|y - y_f64|` for one output of [`mixed_matmul`] over `k` terms
-/// whose absolute products sum to `abs_sum`: f32 accumulation in 32 lanes of
+/// Bound on `|y - y_f64|` for one output of [`mixed_matmul`] of an input
+/// with `m` rows, over `k` terms whose absolute products sum to `abs_sum`.
+///
+/// Up to `m = 16` (the streaming kernel): f32 accumulation in 32 lanes of
 /// `ceil(k/32)` terms each per 128-column chunk, a 5-level lane sum, the sum
 /// over chunks and the scale multiplies. Each step rounds with relative error
 /// at most `2^-24`; the chunk sums add `ceil(k/128)` steps.
-pub fn error_bound(k: usize, abs_sum: f64) -> f64 {
-    (k.div_ceil(32) + k.div_ceil(128) + 8) as f64 * 2f64.powi(-24) * abs_sum
+///
+/// Beyond (the tiled kernel): the factor is multiplied into each weight (one
+/// rounding), then the f32 GEMM sums in its own order, sequentially over `K`
+/// within a block of `K` and block by block after: up to `2k` roundings of
+/// each term, so the bound is `gamma(2k + 8) * abs_sum` with
+/// `gamma(n) = n 2^-24 / (1 - n 2^-24)`.
+pub fn error_bound(m: usize, k: usize, abs_sum: f64) -> f64 {
+    let u = 2f64.powi(-24);
+    if m <= SMALL_M {
+        (k.div_ceil(32) + k.div_ceil(128) + 8) as f64 * u * abs_sum
+    } else {
+        let n = (2.0 * k as f64 + 8.0) * u;
+        n / (1.0 - n).max(0.0) * abs_sum
+    }
 }
 
 /// Weights the same kernel runs over, for comparisons: FP8 codes, bf16 or f32.

@@ -17,9 +17,8 @@ fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
 }
 
 /// Check `y` against the f64 product of `x` and the dequantized `w` (both `(.., k)`),
-/// element by element, with `bound(abs_sum)`.
-#[allow(clippy::too_many_arguments)]
-fn check(y: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, slack: usize, label: &str) {
+/// element by element, with [`error_bound`].
+fn check(y: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, label: &str) {
     let mut worst = 0f64;
     for i in 0..m {
         for j in 0..n {
@@ -30,7 +29,7 @@ fn check(y: &[f32], x: &[f32], w: &[f32], m: usize, n: usize, k: usize, slack: u
                 abs += t.abs();
             }
             let err = (y[i * n + j] as f64 - s).abs();
-            let bound = error_bound(k + slack, abs) + f64::MIN_POSITIVE;
+            let bound = error_bound(m, k, abs) + f64::MIN_POSITIVE;
             assert!(
                 err <= bound,
                 "{label}: ({i}, {j}) err {err:e} > bound {bound:e} (y {} want {s})",
@@ -67,10 +66,9 @@ fn mixed_products_match_the_f64_product_of_the_dequantized_weight() {
                     let y =
                         mixed_matmul(&Tensor::from_f32(&[m, k], x.clone()).unwrap(), &q).unwrap();
                     assert_eq!(y.shape(), [m, n]);
-                    // The tiled path multiplies the factor into the panel (one more
-                    // rounding) and sums in the GEMM's order: bound by k terms.
-                    let slack = if m > 16 { k + 2 } else { 0 };
-                    check(&y.to_f32_vec(), &x, &wd, m, n, k, slack, &label);
+                    // The tiled path (M > 16) multiplies the factor into the panel
+                    // and sums in the GEMM's order: error_bound takes M.
+                    check(&y.to_f32_vec(), &x, &wd, m, n, k, &label);
                     // bf16 activations: the same product of the bf16-rounded x.
                     let xb: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
                     let xr: Vec<f32> = xb.iter().map(|v| v.to_f32()).collect();
@@ -82,7 +80,6 @@ fn mixed_products_match_the_f64_product_of_the_dequantized_weight() {
                         m,
                         n,
                         k,
-                        slack,
                         &format!("{label} bf16 x"),
                     );
                 }
@@ -98,11 +95,11 @@ fn the_bf16_and_f32_baselines_compute_the_same_product() {
     let x = gaussian(m * k, 4, 1.0);
     let xt = Tensor::from_f32(&[m, k], x.clone()).unwrap();
     let y = matmul_weights(&xt, &WeightRef::F32(&w, n, k)).unwrap();
-    check(&y.to_f32_vec(), &x, &w, m, n, k, 0, "f32 weights");
+    check(&y.to_f32_vec(), &x, &w, m, n, k, "f32 weights");
     let wb: Vec<bf16> = w.iter().map(|&v| bf16::from_f32(v)).collect();
     let wr: Vec<f32> = wb.iter().map(|v| v.to_f32()).collect();
     let y = matmul_weights(&xt, &WeightRef::Bf16(&wb, n, k)).unwrap();
-    check(&y.to_f32_vec(), &x, &wr, m, n, k, 0, "bf16 weights");
+    check(&y.to_f32_vec(), &x, &wr, m, n, k, "bf16 weights");
 }
 
 #[test]
@@ -329,7 +326,7 @@ fn large_inputs_do_not_overflow_before_the_factor() {
                 for (i, &v) in y.iter().enumerate() {
                     let err = (v as f64 - want as f64).abs();
                     assert!(
-                        err <= error_bound(k, want as f64),
+                        err <= error_bound(m, k, want as f64),
                         "{format:?} {scaling:?} m={m} [{i}]: {v:e}, want {want:e}"
                     );
                 }
@@ -430,7 +427,7 @@ fn tiny_inputs_keep_their_bits_before_the_factor() {
                     let want = x as f64 * w[j] as f64;
                     let v = y[i * 4 + j];
                     assert!(
-                        (v as f64 - want).abs() <= error_bound(1, want),
+                        (v as f64 - want).abs() <= error_bound(m, 1, want),
                         "{scaling:?} m={m} ({i}, {j}): {v:e} want {want:e}"
                     );
                 }
@@ -469,7 +466,7 @@ fn outputs_whose_partial_sums_overflow_are_summed_again_on_both_kernels() {
             let want = 3e38f64;
             for (i, &v) in y.iter().enumerate() {
                 assert!(
-                    (v as f64 - want).abs() <= error_bound(k, 9e38),
+                    (v as f64 - want).abs() <= error_bound(m, k, 9e38),
                     "{row:?} m={m} [{i}]: {v:e}, want {want:e}"
                 );
             }
@@ -506,7 +503,7 @@ fn tiny_inputs_whose_sum_underflows_before_the_factor_keep_the_product() {
             assert!(want >= f32::MIN_POSITIVE as f64);
             for (i, &v) in y.iter().enumerate() {
                 assert!(
-                    (v as f64 - want).abs() <= error_bound(3, want),
+                    (v as f64 - want).abs() <= error_bound(m, 3, want),
                     "{format:?} m={m} [{i}]: {v:e}, want {want:e}"
                 );
             }
@@ -574,10 +571,50 @@ fn subnormal_dequantized_weights_keep_their_bits_on_both_kernels() {
                     .to_f32_vec();
                 for (i, &v) in y.iter().enumerate() {
                     assert!(
-                        (v as f64 - want).abs() <= error_bound(k, abs),
+                        (v as f64 - want).abs() <= error_bound(m, k, abs),
                         "{format:?} {block:?} m={m} [{i}]: {v:e}, want {want:e}"
                     );
                 }
+            }
+        }
+    }
+}
+
+/// [`error_bound`] on sums whose roundings all go one way: 1 followed by
+/// terms of 0.75 ulp(1), each of which a running f32 sum rounds up to a
+/// whole ulp. The streaming kernel spreads the terms over 32 lanes; the
+/// tiled kernel (M > 16) sums in the GEMM's order, sequentially over K.
+#[test]
+fn the_error_bound_holds_for_roundings_that_all_go_one_way() {
+    let t = 1.5 * 2f32.powi(-24);
+    for k in [64usize, 128, 300, 1024] {
+        let q = Fp8Weight::quantize(
+            &vec![1.0f32; 3 * k],
+            3,
+            k,
+            Format::E4M3,
+            WeightScaling::Tensor,
+        )
+        .unwrap();
+        assert_eq!(q.dequantize(), vec![1.0; 3 * k]);
+        for m in [1usize, 16, 17, 40] {
+            let mut x = vec![t; m * k];
+            for i in 0..m {
+                x[i * k] = 1.0;
+            }
+            let y = mixed_matmul(&Tensor::from_f32(&[m, k], x).unwrap(), &q)
+                .unwrap()
+                .to_f32_vec();
+            let want = 1.0 + (k - 1) as f64 * t as f64;
+            for (i, &v) in y.iter().enumerate() {
+                let err = (v as f64 - want).abs();
+                let bound = error_bound(m, k, want);
+                assert!(
+                    err <= bound,
+                    "k={k} m={m} [{i}]: err {:.1} u > bound {:.1}",
+                    err / 2f64.powi(-24),
+                    bound / 2f64.powi(-24)
+                );
             }
         }
     }
