@@ -38,6 +38,10 @@ pub fn sqnr_db(reference: &[f64], approx: &[f64]) -> f64 {
         s += r * r;
         n += (a - r) * (a - r);
     }
+    if n == 0.0 {
+        // Equal, an all-zero (or empty) reference included, where s / n is 0 / 0.
+        return f64::INFINITY;
+    }
     10.0 * (s / n).log10()
 }
 
@@ -77,5 +81,22 @@ pub fn assert_bytes_eq(a: &[u8], b: &[u8], what: &str) {
     );
     if let Some((i, x, y)) = first_bit_mismatch(a, b) {
         panic!("{what}: first mismatch at byte {i}: {x:#04x} vs {y:#04x}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqnr_is_infinite_when_equal_and_nan_with_nan() {
+        assert_eq!(sqnr_db(&[1.0, -2.0], &[1.0, -2.0]), f64::INFINITY);
+        // An all-zero reference reproduced exactly is equal too (0 / 0 gave NaN).
+        assert_eq!(sqnr_db(&[0.0, 0.0], &[0.0, -0.0]), f64::INFINITY);
+        assert_eq!(sqnr_db(&[], &[]), f64::INFINITY);
+        assert_eq!(sqnr_db(&[0.0], &[1.0]), f64::NEG_INFINITY);
+        assert!((sqnr_db(&[1.0, 1.0], &[1.1, 0.9]) - 20.0).abs() < 1e-9);
+        assert!(sqnr_db(&[f64::NAN], &[f64::NAN]).is_nan());
+        assert!(sqnr_db(&[0.0, 1.0], &[0.0, f64::NAN]).is_nan());
     }
 }
