@@ -13,8 +13,9 @@
 //! [`Overflow::Cast`] behaves like a plain hardware conversion: magnitudes that
 //! round past the largest finite value become NaN (E4M3) or inf (E5M2). NaN
 //! always encodes to NaN where the format has one. E2M1 has neither inf nor
-//! NaN: it always saturates, and NaN encodes to +6 (quantization rejects NaN
-//! inputs before they get here, see `quant`).
+//! NaN: it always saturates, and NaN encodes to 6 with the NaN's sign bit
+//! (+6, or -6 for a negative NaN; quantization rejects NaN inputs before they
+//! get here, see `quant`).
 
 use half::{bf16, f16};
 

@@ -449,3 +449,16 @@ fn stochastic_rounding_is_unbiased_far_below_the_smallest_subnormal() {
         }
     }
 }
+
+/// E2M1 has no NaN: a NaN encodes to 6 with its sign bit, as the module docs say.
+#[test]
+fn fp4_nan_encodes_to_six_with_its_sign() {
+    let f = Format::E2M1;
+    for rounding in [Rounding::NearestEven, Rounding::Stochastic { seed: 3 }] {
+        for overflow in [Overflow::Saturate, Overflow::Cast] {
+            assert_eq!(f.encode(f32::NAN, overflow, rounding, 0), 0x7);
+            assert_eq!(f.encode(-f32::NAN, overflow, rounding, 0), 0xF);
+            assert_eq!(f.decode(0xF), -6.0);
+        }
+    }
+}
