@@ -422,7 +422,12 @@ fn quantize_copy<T: ToF32>(
             ))
         }
         (ScaleRule::Nvfp4, Format::E2M1) => {}
-        (ScaleRule::Nvfp4, _) | (_, Format::E2M1) => {
+        (ScaleRule::Nvfp4, f) => {
+            return Err(Error::Unsupported(format!(
+                "the NVFP4 scale rule quantizes to E2M1 elements, not {f}"
+            )))
+        }
+        (_, Format::E2M1) => {
             return Err(Error::Unsupported(
                 "E2M1 elements go with the NVFP4 scale rule only".into(),
             ))

@@ -584,3 +584,38 @@ fn nvfp4_global_scale_is_rounded_once() {
         assert_eq!(global, want, "amax {amax:e}");
     }
 }
+
+/// The NVFP4 scale rule with an 8-bit element format names what is wrong:
+/// the rule needs E2M1 elements (it said 'E2M1 elements go with the NVFP4
+/// scale rule only', about the other mistake).
+#[test]
+fn nvfp4_scales_with_fp8_elements_name_the_format() {
+    let x = gaussian(4 * 32, 2, 1.0);
+    for format in [Format::E4M3, Format::E5M2] {
+        let spec = QuantSpec {
+            format,
+            granularity: Granularity::Tile { rows: 1, cols: 16 },
+            rule: ScaleRule::Nvfp4,
+            rounding: Rounding::NearestEven,
+        };
+        match quantize(&x, 4, 32, &spec, &spec, Usage::ROW, None) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("NVFP4") && m.contains(format.name()), "{m}")
+            }
+            other => panic!("{format:?}: {other:?}"),
+        }
+    }
+    // E2M1 elements under another rule: the other message.
+    let spec = QuantSpec {
+        format: Format::E2M1,
+        granularity: Granularity::Tensor,
+        rule: ScaleRule::Amax {
+            power_of_two: false,
+        },
+        rounding: Rounding::NearestEven,
+    };
+    match quantize(&x, 4, 32, &spec, &spec, Usage::ROW, None) {
+        Err(Error::Unsupported(m)) => assert!(m.contains("E2M1") && m.contains("NVFP4"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+}
