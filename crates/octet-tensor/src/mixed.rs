@@ -94,7 +94,12 @@ impl Fp8Weight {
                 format.name()
             )));
         }
-        if n.checked_mul(k) != Some(w.len()) || n == 0 || k == 0 {
+        if n == 0 || k == 0 {
+            return Err(Error::Shape(format!(
+                "weight ({n}, {k}) is empty: a weight needs rows and columns"
+            )));
+        }
+        if n.checked_mul(k) != Some(w.len()) {
             return Err(Error::Shape(format!(
                 "weight of {} values is not ({n}, {k})",
                 w.len()

@@ -619,3 +619,20 @@ fn the_error_bound_holds_for_roundings_that_all_go_one_way() {
         }
     }
 }
+
+/// An empty weight given to `Fp8Weight::quantize` is refused as empty, as
+/// `from_quant_data` refuses it (it said '0 values is not (0, 4)', which
+/// they are).
+#[test]
+fn quantizing_an_empty_weight_says_it_is_empty() {
+    for (n, k) in [(0usize, 4usize), (3, 0), (0, 0)] {
+        let e = Fp8Weight::quantize(&[], n, k, Format::E4M3, WeightScaling::Tensor)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&format!("({n}, {k}) is empty")), "{e}");
+    }
+    let e = Fp8Weight::quantize(&[1.0; 5], 2, 3, Format::E4M3, WeightScaling::Tensor)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("5 values is not (2, 3)"), "{e}");
+}
