@@ -24,10 +24,12 @@
 // The host passes the layout as the MODE_TILED bit of `mode` (the wgmma and
 // upcast kernels) or picks the `...t` small-M kernels.
 //
-// Small M (up to 64): `mixed_small_m`. A block owns 16 weight rows and a
+// Small M (up to 64): `mixed_small_m`. A block owns RT tiles of 16 weight
+// rows (RT = 1, or 2 for 16 tokens on weights whose 32-row blocks still fill
+// the SMs: each x tile a warp copies then serves twice the codes) and a
 // group of up to NT * 8 tokens (8 or 16; blockIdx.x is the group); its WARPS warps split K into 128-column
 // blocks (warp w takes blocks w, w + WARPS, ...). Each warp copies its blocks'
-// codes (16 rows x 128) and x tiles into a ring of STAGES slots in shared
+// codes (RT x 16 rows x 128) and x tiles into a ring of STAGES slots in shared
 // memory by cp.async, STAGES - 1 blocks ahead of the one it multiplies: the
 // bytes in flight cost shared memory, not registers. Per 128-column block a
 // thread reads 16 contiguous codes of each of its two rows (g and g+8, g =
@@ -123,7 +125,7 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // are 128x128 blocks). Without it the mma accumulates into the total
 // directly. The entry point below takes that path for tensor and row scales
 // with bf16 x and two token groups only; see there.
-template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK>
+template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK, int RT>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -131,13 +133,16 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     extern __shared__ __align__(16) unsigned char smem[];
     // A slot holds the x rows of the launch's largest token group only
     // (M = 1 in decoding needs 256 bytes of x a slot, not 2 or 4 KiB).
-    constexpr int WBYTES = 16 * 128;
+    constexpr int TBYTES = 16 * 128, WBYTES = RT * TBYTES;
     const bool swiglu = mode & MODE_SWIGLU;
     mode &= ~(MODE_TILED | MODE_SWIGLU); // the layout is TILED
     const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    const int row0 = blockIdx.y * 16;
+    // The block's RT tiles of 16 rows: tile0, tile0 + 1, ... (the last
+    // block's may pass N's last tile, `ntiles - 1`: those are not copied).
+    const int tile0 = blockIdx.y * RT, ntiles = (N + 15) / 16;
+    const int row0 = tile0 * 16;
     const int tok0 = blockIdx.x * (NT * 8);
     x += (size_t)tok0 * K;
     y += (size_t)tok0 * (swiglu ? N / 2 : N);
@@ -163,7 +168,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // ncu shows the burst of copies doubling the warps' long-scoreboard
     // stalls (thirty-fourth session, call a).
     constexpr bool STEP = TILED && NT == 1;
-    const unsigned char* wl = w + ((size_t)blockIdx.y * kblocks + warp) * WBYTES + lane * 16;
+    const unsigned char* wl = w + ((size_t)tile0 * kblocks + warp) * TBYTES + lane * 16;
     const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
     const unsigned xdl = WBYTES + (lane >> 4) * 256 + (((lane & 15) ^ ((lane >> 4) & 1)) << 4);
     const unsigned short* xl = x + (size_t)(lane >> 4) * K + (lane & 15) * 8;
@@ -172,29 +177,32 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     auto copy_w = [&](int i) {
         const int kb = warp + i * WARPS;
         const unsigned dst = ring_s + (i % STAGES) * SLOT;
-        if (STEP) {
-            const unsigned char* src = wl + (size_t)i * (WARPS * WBYTES);
 #pragma unroll
-            for (int p = 0; p < 4; p++) cp_async16(dst + wdl + 512 * p, src + 512 * p, 16);
-            return;
-        }
-        if (TILED) {
-            // Tile (blockIdx.y, kb): 2 KiB, row r's chunk c at 16 (8 r + c).
-            const unsigned char* src = w + ((size_t)blockIdx.y * kblocks + kb) * WBYTES;
+        for (int rt = 0; rt < RT; rt++) {
+            if (RT > 1 && tile0 + rt >= ntiles) break;
+            const unsigned d = dst + rt * TBYTES;
+            if (STEP) {
+                const unsigned char* src = wl + (size_t)rt * kblocks * TBYTES + (size_t)i * (WARPS * TBYTES);
 #pragma unroll
-            for (int p = 0; p < 4; p++) {
-                const int q = lane + 32 * p, r = q >> 3, c = q & 7;
-                cp_async16(dst + r * 128 + ((c ^ ((r & 1) << 2)) << 4), src + q * 16, 16);
+                for (int p = 0; p < 4; p++) cp_async16(d + wdl + 512 * p, src + 512 * p, 16);
+            } else if (TILED) {
+                // Tile (tile0 + rt, kb): 2 KiB, row r's chunk c at 16 (8 r + c).
+                const unsigned char* src = w + ((size_t)(tile0 + rt) * kblocks + kb) * TBYTES;
+#pragma unroll
+                for (int p = 0; p < 4; p++) {
+                    const int q = lane + 32 * p, r = q >> 3, c = q & 7;
+                    cp_async16(d + r * 128 + ((c ^ ((r & 1) << 2)) << 4), src + q * 16, 16);
+                }
+            } else {
+#pragma unroll
+                for (int p = 0; p < 4; p++) {
+                    const int q = lane + 32 * p, r = q >> 3, c = q & 7;
+                    const int k = kb * 128 + c * 16, row = row0 + rt * 16 + r;
+                    if (row < N)
+                        cp_async16(d + r * 128 + ((c ^ ((r & 1) << 2)) << 4), w + (size_t)row * K + min(k, K - 16),
+                                   k < K ? 16 : 0);
+                }
             }
-            return;
-        }
-#pragma unroll
-        for (int p = 0; p < 4; p++) {
-            const int q = lane + 32 * p, r = q >> 3, c = q & 7;
-            const int k = kb * 128 + c * 16;
-            if (row0 + r < N)
-                cp_async16(dst + r * 128 + ((c ^ ((r & 1) << 2)) << 4), w + (size_t)(row0 + r) * K + min(k, K - 16),
-                           k < K ? 16 : 0);
         }
     };
     auto copy_x = [&](int i) {
@@ -218,11 +226,13 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
     };
 
-    float tot[NT][4];
+    float tot[RT][NT][4];
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) tot[j][i] = 0.f;
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) tot[rt][j][i] = 0.f;
 
     // Launched as a programmatic dependent of the previous kernel (sm_90 and
     // later), the kernel starts while that one finishes: the weight codes are
@@ -243,11 +253,14 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // row-major codes the two registers held through the loop took the
     // 4-token kernel to 83 registers and two blocks an SM (0.89 -> 0.84 on
     // 4096x14336), so there they load after the loop.
-    const int frow = row0 + (lane >> 2);
-    float fa = 0.f, fb = 0.f;
+    float fa[RT], fb[RT];
     auto load_factors = [&]() {
-        fa = frow < N ? post_factor(factors, mode, frow) : 0.f;
-        fb = frow + 8 < N ? post_factor(factors, mode, frow + 8) : 0.f;
+#pragma unroll
+        for (int rt = 0; rt < RT; rt++) {
+            const int frow = row0 + rt * 16 + (lane >> 2);
+            fa[rt] = frow < N ? post_factor(factors, mode, frow) : 0.f;
+            fb[rt] = frow + 8 < N ? post_factor(factors, mode, frow + 8) : 0.f;
+        }
     };
     if (TILED) load_factors();
     grid_wait();
@@ -267,19 +280,25 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         __syncwarp();
         const unsigned char* ws = ring + (i % STAGES) * SLOT;
         const unsigned char* xs_base = ws + WBYTES;
-        float part[NT][4];
-        float (&acc)[NT][4] = PER_BLOCK ? part : tot;
+        float part[RT][NT][4];
+        float (&acc)[RT][NT][4] = PER_BLOCK ? part : tot;
         if (PER_BLOCK) {
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) acc[j][e] = 0.f;
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) acc[rt][j][e] = 0.f;
         }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
-            const uint4 wa = *reinterpret_cast<const uint4*>(ws + g * 128 + cw);
-            const uint4 wb = *reinterpret_cast<const uint4*>(ws + (g + 8) * 128 + cw);
+            uint4 wa[RT], wb[RT];
+#pragma unroll
+            for (int rt = 0; rt < RT; rt++) {
+                wa[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + g * 128 + cw);
+                wb[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + (g + 8) * 128 + cw);
+            }
             uint4 xv[NT][2];
 #pragma unroll
             for (int j = 0; j < NT; j++) {
@@ -292,33 +311,38 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
                                                                (((h * 8 + 2 * t + e) ^ (xr & 1)) << 4));
             }
 #pragma unroll
-            for (int s = 0; s < 4; s++) {
-                const unsigned int ua = word(wa, s), ub = word(wb, s);
-                unsigned int a0, a1, a2, a3;
-                if (XF16) {
-                    a0 = fp8x2_to_x2<FMT, true>(ua & 0xffffu);
-                    a1 = fp8x2_to_x2<FMT, true>(ub & 0xffffu);
-                    a2 = fp8x2_to_x2<FMT, true>(ua >> 16);
-                    a3 = fp8x2_to_x2<FMT, true>(ub >> 16);
-                } else {
-                    a0 = fp8x2_sel_to_bf16x2<FMT>(ua, 0x9180u);
-                    a1 = fp8x2_sel_to_bf16x2<FMT>(ub, 0x9180u);
-                    a2 = fp8x2_sel_to_bf16x2<FMT>(ua, 0xb3a2u);
-                    a3 = fp8x2_sel_to_bf16x2<FMT>(ub, 0xb3a2u);
-                }
+            for (int s = 0; s < 4; s++)
 #pragma unroll
-                for (int j = 0; j < NT; j++) {
-                    const uint4& xq = xv[j][s >> 1];
-                    mma_x<XF16>(acc[j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
+                for (int rt = 0; rt < RT; rt++) {
+                    const unsigned int ua = word(wa[rt], s), ub = word(wb[rt], s);
+                    unsigned int a0, a1, a2, a3;
+                    if (XF16) {
+                        a0 = fp8x2_to_x2<FMT, true>(ua & 0xffffu);
+                        a1 = fp8x2_to_x2<FMT, true>(ub & 0xffffu);
+                        a2 = fp8x2_to_x2<FMT, true>(ua >> 16);
+                        a3 = fp8x2_to_x2<FMT, true>(ub >> 16);
+                    } else {
+                        a0 = fp8x2_sel_to_bf16x2<FMT>(ua, 0x9180u);
+                        a1 = fp8x2_sel_to_bf16x2<FMT>(ub, 0x9180u);
+                        a2 = fp8x2_sel_to_bf16x2<FMT>(ua, 0xb3a2u);
+                        a3 = fp8x2_sel_to_bf16x2<FMT>(ub, 0xb3a2u);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const uint4& xq = xv[j][s >> 1];
+                        mma_x<XF16>(acc[rt][j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
+                    }
                 }
-            }
         }
         if (PER_BLOCK) {
+            // A block's RT tiles lie in one 128-row block of factors (128 % (16 RT) == 0).
             const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) tot[j][e] = fmaf(acc[j][e], f, tot[j][e]);
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) tot[rt][j][e] = fmaf(acc[rt][j][e], f, tot[rt][j][e]);
         }
         // Every lane is done with this slot before a later copy refills it.
         __syncwarp();
@@ -327,40 +351,49 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     if (!TILED) load_factors();
     __syncthreads();
     // The warps' totals, summed in warp order (the ring is free now).
-    float* red = reinterpret_cast<float*>(smem);  // [WARPS][NT * 4][32]
+    // [WARPS][RT * NT * 4][32]: warp q's value e of tile rt, token group j
+    // at ((q RT + rt) NT + j) 4 + e.
+    constexpr int PER_WARP = RT * NT * 4;
+    float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int j = 0; j < NT; j++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) red[(warp * NT * 4 + j * 4 + e) * 32 + lane] = tot[j][e];
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) red[(warp * PER_WARP + (rt * NT + j) * 4 + e) * 32 + lane] = tot[rt][j][e];
     __syncthreads();
+    // A thread's own factors for tile rt (a register array indexed by a
+    // value known only at run time would go to local memory).
+    auto fa_of = [&](int rt) { return RT > 1 && rt > 0 ? fa[RT - 1] : fa[0]; };
+    auto fb_of = [&](int rt) { return RT > 1 && rt > 0 ? fb[RT - 1] : fb[0]; };
     if (swiglu) {
-        // Lane l's rows g and g + 8 are the gate and up of feature
-        // 8 blockIdx.y + g: each pair summed as below, scaled, then joined.
-        for (int e = threadIdx.x; e < NT * 2 * 32; e += WARPS * 32) {
-            const int j = e >> 6, i = (e >> 5) & 1, l = e & 31;
+        // Lane l's rows g and g + 8 of tile rt are the gate and up of feature
+        // 8 (tile0 + rt) + g: each pair summed as below, scaled, then joined.
+        for (int e = threadIdx.x; e < RT * NT * 2 * 32; e += WARPS * 32) {
+            const int rt = e / (NT * 64), j = (e >> 6) % NT, i = (e >> 5) & 1, l = e & 31;
             float a = 0.f, u = 0.f;
 #pragma unroll
             for (int q = 0; q < WARPS; q++) {
-                a += red[(q * NT * 4 + j * 4 + i) * 32 + l];
-                u += red[(q * NT * 4 + j * 4 + i + 2) * 32 + l];
+                a += red[(q * PER_WARP + (rt * NT + j) * 4 + i) * 32 + l];
+                u += red[(q * PER_WARP + (rt * NT + j) * 4 + i + 2) * 32 + l];
             }
-            const int row = row0 + (l >> 2);
+            const int row = row0 + rt * 16 + (l >> 2);
             const int tok = j * 8 + 2 * (l & 3) + i;
             if (row + 8 < N && tok < M)
-                y[(size_t)tok * (N / 2) + blockIdx.y * 8 + (l >> 2)] = Out<OUT>::from(
-                    swiglu_f32(a * fa, u * fb));
+                y[(size_t)tok * (N / 2) + (tile0 + rt) * 8 + (l >> 2)] = Out<OUT>::from(
+                    swiglu_f32(a * fa_of(rt), u * fb_of(rt)));
         }
         return;
     }
-    for (int e = threadIdx.x; e < NT * 4 * 32; e += WARPS * 32) {
+    for (int e = threadIdx.x; e < PER_WARP * 32; e += WARPS * 32) {
         const int idx = e >> 5, l = e & 31;
         float v = 0.f;
 #pragma unroll
-        for (int q = 0; q < WARPS; q++) v += red[(q * NT * 4 + idx) * 32 + l];
-        const int j = idx >> 2, i = idx & 3;
-        const int row = row0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        for (int q = 0; q < WARPS; q++) v += red[(q * PER_WARP + idx) * 32 + l];
+        const int rt = idx / (NT * 4), j = (idx >> 2) % NT, i = idx & 3;
+        const int row = row0 + rt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
-        if (row < N && tok < M) y[(size_t)tok * N + row] = Out<OUT>::from(v * (i >= 2 ? fb : fa));
+        if (row < N && tok < M) y[(size_t)tok * N + row] = Out<OUT>::from(v * (i >= 2 ? fb_of(rt) : fa_of(rt)));
     }
 }
 
@@ -375,40 +408,43 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 // at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products
 // to the running total rather than to a fresh zero, so outputs can differ
 // from the other path in the last bits (accumulation order only).
-#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16)                                    \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT)                                \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
         if (NT == 2 && !XF16 && (mode & SCALE_BITS) != SCALE_BLOCK)                                      \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT>(w, x, factors, y, M, N, K, mode); \
         else                                                                                             \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT>(w, x, factors, y, M, N, K, mode); \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16)                                             \
-    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16)                                        \
-    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16)
-#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S)                                                           \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16)                              \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16)                              \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16)                    \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16)
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT)                                         \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT)                                    \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT)
+#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT)                                                       \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT)                          \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT)                          \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT)                \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
 // tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
 // name for row-major codes, and with a `t` appended for tiled codes; for
 // bf16 x, and with `_xf16` after the shape's tag for f16 x.
-#define MIXED_SMALL_CFG(TAG, NT, W, S)                                                                  \
-    MIXED_SMALL_X(TAG, , false, NT, W, S)                                                               \
-    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S)
+#define MIXED_SMALL_CFG(TAG, NT, W, S, RT)                                                              \
+    MIXED_SMALL_X(TAG, , false, NT, W, S, RT)                                                           \
+    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT)
 #if MIXED_IN_PART(0)
-MIXED_SMALL_CFG(n4, 1, 8, 3)
-MIXED_SMALL_CFG(n8, 1, 8, 2)
+MIXED_SMALL_CFG(n4, 1, 8, 3, 1)
+MIXED_SMALL_CFG(n8, 1, 8, 2, 1)
 #endif
 #if MIXED_IN_PART(1)
-MIXED_SMALL_CFG(n16, 2, 4, 3)
+MIXED_SMALL_CFG(n16, 2, 4, 3, 1)
+// 9 to 16 tokens with 32 weight rows a block, where those blocks still fill
+// the SMs (`SMALL_WIDE` in mixed.rs).
+MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
-MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3)
+MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1)
 #endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,

@@ -82,6 +82,8 @@ pub(crate) struct MixedKernels {
     /// `SMALL_F16_FEW`'s kernels, `[format][layout][out]`: only where two
     /// of its blocks fit an SM (`few_fits`; not on sm_80/86/89/120).
     small_f16_few: Option<[ByLayout; 2]>,
+    /// `SMALL_WIDE`'s kernels, `[x type][format][layout][out]`.
+    small_wide: [[ByLayout; 2]; 2],
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
@@ -202,8 +204,9 @@ pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
-/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages` (e.g.
-/// `2:4:2`: 16 tokens, 4 warps, 2 stages; `table` or empty: the table's): for
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles]`
+/// (e.g. `2:4:2`: 16 tokens, 4 warps, 2 stages; `2:4:3:2`: the same with 3
+/// stages and 32 weight rows a block; `table` or empty: the table's): for
 /// tuning the table on a new GPU with `octet bench mixed`, compiled at start-up.
 pub(crate) struct SmallTune(SmallCfg);
 
@@ -221,24 +224,31 @@ impl SmallTune {
         };
         let bad = || {
             Error::Toolkit(format!(
-                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages, \
-                 groups 1-2, warps 1-16, stages 2-8"
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles], \
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1-2"
             ))
         };
         let f: Vec<u32> = v
             .split(':')
             .map(|p| p.parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let &[g, w, st] = f.as_slice() else {
-            return Err(bad());
+        let (g, w, st, rt) = match *f.as_slice() {
+            [g, w, st] => (g, w, st, 1),
+            [g, w, st, rt] => (g, w, st, rt),
+            _ => return Err(bad()),
         };
-        if !(1..=2).contains(&g) || !(1..=16).contains(&w) || !(2..=8).contains(&st) {
+        if !(1..=2).contains(&g)
+            || !(1..=16).contains(&w)
+            || !(2..=8).contains(&st)
+            || !(1..=2).contains(&rt)
+        {
             return Err(bad());
         }
         Ok(Some(SmallTune(SmallCfg {
             tokens: 8 * g,
             warps: w,
             stages: st,
+            row_tiles: rt,
         })))
     }
 
@@ -246,10 +256,11 @@ impl SmallTune {
     pub(crate) fn source_line(&self) -> String {
         let c = &self.0;
         format!(
-            "\nMIXED_SMALL_CFG(tune, {}, {}, {})\n",
+            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {})\n",
             c.tokens / 8,
             c.warps,
-            c.stages
+            c.stages,
+            c.row_tiles
         )
     }
 }
@@ -292,6 +303,10 @@ struct SmallCfg {
     warps: u32,
     /// Slots of each warp's cp.async ring.
     stages: u32,
+    /// Tiles of 16 weight rows a block (1 or 2): every warp multiplies each
+    /// x tile it copies with this many tiles of codes, so x's traffic
+    /// through L2 per weight byte falls by this factor.
+    row_tiles: u32,
 }
 
 impl SmallCfg {
@@ -300,10 +315,15 @@ impl SmallCfg {
         self.tokens.div_ceil(8) * 8
     }
 
-    /// Dynamic shared memory with `xrows` token rows a slot: 16 rows x 128
+    /// Weight rows a block.
+    const fn rows(&self) -> u32 {
+        16 * self.row_tiles
+    }
+
+    /// Dynamic shared memory with `xrows` token rows a slot: `rows()` x 128
     /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
     const fn smem(&self, xrows: u32) -> u32 {
-        self.warps * self.stages * (16 * 128 + xrows * 256)
+        self.warps * self.stages * (self.rows() * 128 + xrows * 256)
     }
 }
 
@@ -321,16 +341,19 @@ const SMALL_CFG: [SmallCfg; 3] = [
         tokens: 4,
         warps: 8,
         stages: 3,
+        row_tiles: 1,
     },
     SmallCfg {
         tokens: 8,
         warps: 8,
         stages: 2,
+        row_tiles: 1,
     },
     SmallCfg {
         tokens: 16,
         warps: 4,
         stages: 3,
+        row_tiles: 1,
     },
 ];
 
@@ -345,7 +368,33 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     tokens: 16,
     warps: 6,
     stages: 3,
+    row_tiles: 1,
 };
+
+/// The 16-token shape with two row tiles (32 weight rows a block), for
+/// launches that still have a block for every SM with them (`wide_fills`).
+/// At 16 tokens a block of 16 rows reads 2 bytes of x through L2 for every
+/// byte of codes; with 32 rows, 1. Measured on the H200 (BENCHMARKS.md,
+/// fortieth session, call b: copy 4223 GB/s, where 9-16 tokens read far
+/// below 1-8), bf16 x at 12-16 tokens: 4096x14336 0.67-0.69 -> 0.72-0.74 of
+/// copy, 8192x28672 0.75-0.77 -> 0.88; f16 x 0.71-0.72 -> 0.77 and 0.79-0.81
+/// -> 0.86. 4096x4096 (128 blocks of 32 rows on 132 SMs) read 0.58-0.59 ->
+/// 0.60-0.61, but keeps the table's shape: on the H100 that cell (0.81-0.82)
+/// was measured with it, and this one was not. At 1-8 tokens two row tiles
+/// lost on every weight (call b), so those keep one.
+const SMALL_WIDE: SmallCfg = SmallCfg {
+    tokens: 16,
+    warps: 4,
+    stages: 3,
+    row_tiles: 2,
+};
+
+/// Whether a small-M launch of `groups` token groups over `n` weight rows
+/// takes `SMALL_WIDE`: its blocks (`groups x ceil(n / 32)`) must still give
+/// every one of the `sms` SMs one.
+fn wide_fills(groups: u32, n: u32, sms: u32) -> bool {
+    groups * n.div_ceil(SMALL_WIDE.rows()) >= sms
+}
 
 /// Whether two `SMALL_F16_FEW` blocks (108 KiB each at 16 tokens) fit one
 /// SM, which its rule assumes: on the H100 and H200 (228 KiB an SM), not on
@@ -441,11 +490,12 @@ impl MixedKernels {
             Some(SmallTune(c)) => {
                 if c.smem(c.tokens) > smem.per_block {
                     return Err(Error::Toolkit(format!(
-                        "OCTET_MIXED_TUNE: {} warps x {} stages at {} tokens need {} bytes of shared \
-                         memory a block; the device allows {}",
+                        "OCTET_MIXED_TUNE: {} warps x {} stages at {} tokens and {} rows need {} \
+                         bytes of shared memory a block; the device allows {}",
                         c.warps,
                         c.stages,
                         c.tokens,
+                        c.rows(),
                         c.smem(c.tokens),
                         smem.per_block
                     )));
@@ -458,6 +508,9 @@ impl MixedKernels {
         };
         Ok(MixedKernels {
             small: per_x(|x| per_fmt(|fmt| small(fmt, x)))?,
+            small_wide: per_x(|x| {
+                per_fmt(|fmt| by_layout(&format!("mixed_{fmt}_n16r2{}", x.tag()), &SMALL_WIDE))
+            })?,
             small_f16_few: if few_fits(smem) {
                 Some(per_fmt(|fmt| {
                     by_layout(&format!("mixed_{fmt}_n16w6_xf16"), &SMALL_F16_FEW)
@@ -939,11 +992,16 @@ impl Gpu {
                 return self.launch_small(&fns[xi][fmt][lay][out], t, w, x, y, dims);
             }
         }
-        let blocks = (m as u32).div_ceil(SMALL_CFG[c].group()) * n.div_ceil(16) as u32;
+        let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
+        let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
         if let Some(few) = &self.k.mixed.small_f16_few {
             if xi == XType::F16 as usize && c == 2 && blocks <= 2 * self.sm_count as u32 {
                 return self.launch_small(&few[fmt][lay][out], &SMALL_F16_FEW, w, x, y, dims);
             }
+        }
+        if c == 2 && wide_fills(groups, n as u32, self.sm_count as u32) {
+            let f = &self.k.mixed.small_wide[xi][fmt][lay][out];
+            return self.launch_small(f, &SMALL_WIDE, w, x, y, dims);
         }
         let f = &self.k.mixed.small[xi][fmt][c][lay][out];
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
@@ -956,7 +1014,7 @@ impl Gpu {
     }
 
     /// Launch the small-M kernel `f`, built for `cfg`, on `(M, N)` (grid:
-    /// groups of `cfg.group()` tokens x tiles of 16 rows; slots of the first
+    /// groups of `cfg.group()` tokens x tiles of `cfg.rows()` rows; slots of the first
     /// group's token rows), as a programmatic dependent of the previous kernel
     /// in the stream where the device has it (the kernel reads only the
     /// constant weight before its `griddepcontrol.wait`). cudarc's launch
@@ -972,7 +1030,7 @@ impl Gpu {
     ) -> Result<()> {
         let grid = (
             (dims[0] as u32).div_ceil(cfg.group()),
-            (dims[1] as u32).div_ceil(16),
+            (dims[1] as u32).div_ceil(cfg.rows()),
         );
         // The first token group is the largest; a slot holds its rows.
         let xrows = (dims[0] as u32).min(cfg.group());
@@ -1057,17 +1115,53 @@ mod tests {
         }
         let t = SmallTune::parse(Some("2:8:3")).ok().flatten().map(|t| t.0);
         let t = t.expect("a shape");
-        assert_eq!((t.tokens, t.warps, t.stages), (16, 8, 3));
+        assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (16, 8, 3, 1));
         let line = SmallTune(t).source_line();
-        assert!(line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3)"), "{line}");
+        assert!(line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1)"), "{line}");
+        let t = SmallTune::parse(Some("1:4:2:2"))
+            .ok()
+            .flatten()
+            .map(|t| t.0);
+        let t = t.expect("a shape with row tiles");
+        assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (8, 4, 2, 2));
+        assert_eq!((t.rows(), t.smem(8)), (32, 4 * 2 * (32 * 128 + 8 * 256)));
         for bad in [
-            "3:4:2", "1:0:2", "1:4:1", "1:4", "1:4:2:2", "a:b:c", "1:17:2",
+            "3:4:2",
+            "1:0:2",
+            "1:4:1",
+            "1:4",
+            "1:4:2:3",
+            "1:4:2:0",
+            "1:4:2:2:1",
+            "a:b:c",
+            "1:17:2",
         ] {
             let e = SmallTune::parse(Some(bad)).err().map(|e| e.to_string());
             assert!(
                 e.as_deref().is_some_and(|e| e.contains("OCTET_MIXED_TUNE")),
                 "{bad}: {e:?}"
             );
+        }
+    }
+
+    /// Shapes under trial with two row tiles compile, for one token group
+    /// (stepped copies over tiled codes) and two, on Hopper and on Ampere's
+    /// integer conversions. Skipped where libnvrtc cannot be loaded.
+    #[test]
+    fn tune_shapes_with_row_tiles_compile() {
+        if let Err(e) = crate::nvrtc::nvrtc_version() {
+            eprintln!("tune_shapes_with_row_tiles_compile SKIPPED: {e}");
+            return;
+        }
+        let src = crate::KERNEL_SOURCES[2].1;
+        for v in ["1:8:3:2", "2:4:3:2"] {
+            let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
+            for arch in ["sm_90a", "sm_80"] {
+                let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
+                if let Err(e) = crate::nvrtc::compile_log("mixed", &s, arch) {
+                    panic!("{v} for {arch}: {e}");
+                }
+            }
         }
     }
 
@@ -1080,8 +1174,8 @@ mod tests {
         for c in &SMALL_CFG {
             let groups = if c.tokens > 8 { 2 } else { 1 };
             let line = format!(
-                "MIXED_SMALL_CFG(n{}, {groups}, {}, {})",
-                c.tokens, c.warps, c.stages
+                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {})",
+                c.tokens, c.warps, c.stages, c.row_tiles
             );
             assert!(src.contains(&line), "mixed.cu lacks `{line}`");
         }
@@ -1099,17 +1193,40 @@ mod tests {
                 .expect("a shape for up to 16 tokens");
             let smem = c.smem(xrows);
             assert!(smem <= 227 * 1024, "{xrows} tokens: {smem} bytes");
-            let totals = c.warps * c.tokens.div_ceil(8) * 4 * 32 * 4;
+            let totals = c.warps * c.row_tiles * c.tokens.div_ceil(8) * 4 * 32 * 4;
             assert!(totals <= smem, "{xrows} tokens: totals {totals} > {smem}");
         }
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
         let few = &super::SMALL_F16_FEW;
         let line = format!(
-            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {})",
-            few.warps, few.stages
+            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
+        let wide = &super::SMALL_WIDE;
+        let line = format!(
+            "MIXED_SMALL_CFG(n16r2, 2, {}, {}, {})",
+            wide.warps, wide.stages, wide.row_tiles
+        );
+        assert!(include_str!("../kernels/mixed.cu").contains(&line));
+        assert_eq!(wide.group(), SMALL_CFG[2].group());
+        let totals = wide.warps * wide.row_tiles * 2 * 4 * 32 * 4;
+        assert!(totals <= wide.smem(1) && wide.smem(16) <= 227 * 1024);
+    }
+
+    /// The wide 16-token shape goes where its blocks still fill the SMs:
+    /// on 132 SMs, not 4096 rows (128 blocks) at one token group, but 4096
+    /// rows at two groups (17-32 tokens), 4224 rows, and the larger weights.
+    #[test]
+    fn the_wide_shape_needs_a_block_for_every_sm() {
+        use super::wide_fills;
+        assert!(!wide_fills(1, 4096, 132));
+        assert!(wide_fills(2, 4096, 132));
+        assert!(wide_fills(1, 4224, 132));
+        assert!(!wide_fills(1, 4192, 132)); // 131 blocks of 32 rows
+        assert!(wide_fills(1, 4193, 132)); // 132
+        assert!(wide_fills(1, 14336, 132) && wide_fills(1, 28672, 132));
     }
 
     /// Blocks that fit an SM side by side with `smem` dynamic bytes each (the
