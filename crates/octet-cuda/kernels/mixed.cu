@@ -25,8 +25,8 @@
 // upcast kernels) or picks the `...t` small-M kernels.
 //
 // Small M (up to 64): `mixed_small_m`. A block owns RT tiles of 16 weight
-// rows (RT = 1, or 2 for 16 tokens on weights whose 32-row blocks still fill
-// the SMs: each x tile a warp copies then serves twice the codes) and a
+// rows (RT = 1, or 4 or 2 for 16 tokens on weights whose 64- or 32-row blocks
+// still fill the SMs: each x tile a warp copies then serves RT tiles of codes) and a
 // group of up to NT * 8 tokens (8 or 16; blockIdx.x is the group); its WARPS warps split K into 128-column
 // blocks (warp w takes blocks w, w + WARPS, ...). Each warp copies its blocks'
 // codes (RT x 16 rows x 128) and x tiles into a ring of STAGES slots in shared
@@ -133,6 +133,8 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     extern __shared__ __align__(16) unsigned char smem[];
     // A slot holds the x rows of the launch's largest token group only
     // (M = 1 in decoding needs 256 bytes of x a slot, not 2 or 4 KiB).
+    // A block's tiles share one 128-row block of factors.
+    static_assert(RT >= 1 && 128 % (16 * RT) == 0, "RT must be 1, 2, 4 or 8");
     constexpr int TBYTES = 16 * 128, WBYTES = RT * TBYTES;
     const bool swiglu = mode & MODE_SWIGLU;
     mode &= ~(MODE_TILED | MODE_SWIGLU); // the layout is TILED
@@ -362,10 +364,16 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
             for (int e = 0; e < 4; e++) red[(warp * PER_WARP + (rt * NT + j) * 4 + e) * 32 + lane] = tot[rt][j][e];
     __syncthreads();
-    // A thread's own factors for tile rt (a register array indexed by a
-    // value known only at run time would go to local memory).
-    auto fa_of = [&](int rt) { return RT > 1 && rt > 0 ? fa[RT - 1] : fa[0]; };
-    auto fb_of = [&](int rt) { return RT > 1 && rt > 0 ? fb[RT - 1] : fb[0]; };
+    // A thread's own factors for tile rt, by selects (a register array
+    // indexed by a value known only at run time would go to local memory).
+    auto pick = [&](const float (&f)[RT], int rt) {
+        float r = f[0];
+#pragma unroll
+        for (int q = 1; q < RT; q++) r = rt == q ? f[q] : r;
+        return r;
+    };
+    auto fa_of = [&](int rt) { return pick(fa, rt); };
+    auto fb_of = [&](int rt) { return pick(fb, rt); };
     if (swiglu) {
         // Lane l's rows g and g + 8 of tile rt are the gate and up of feature
         // 8 (tile0 + rt) + g: each pair summed as below, scaled, then joined.
@@ -436,11 +444,14 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #if MIXED_IN_PART(0)
 MIXED_SMALL_CFG(n4, 1, 8, 3, 1)
 MIXED_SMALL_CFG(n8, 1, 8, 2, 1)
+// 9 to 16 tokens with 64 weight rows a block (`SMALL_WIDE` in mixed.rs),
+// here to even out the parts' compile times.
+MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4)
 #endif
 #if MIXED_IN_PART(1)
 MIXED_SMALL_CFG(n16, 2, 4, 3, 1)
 // 9 to 16 tokens with 32 weight rows a block, where those blocks still fill
-// the SMs (`SMALL_WIDE` in mixed.rs).
+// the SMs (`SMALL_WIDE` in mixed.rs; the 64-row shape is in part 0).
 MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).

@@ -1290,12 +1290,15 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         (16, 300, 4096),
         // 265 row tiles: more than two blocks an SM on 132 SMs, so f16 x
         // takes the table's 16-token shape rather than the few-block one;
-        // 133 blocks of 32 rows, so both types take the wide shape
-        // (`SMALL_WIDE`), whose last block has one tile of the two.
+        // 133 blocks of 32 rows, so both types take a wide shape
+        // (`SMALL_WIDE`, 32 rows), whose last block has one tile of the two.
         (12, 4240, 272),
         // The wide shape over three token groups (the last of one token),
         // 131 row tiles.
         (33, 2088, 272),
+        // 529 row tiles: 133 blocks of 64 rows on 132 SMs (`SMALL_WIDE`'s
+        // widest), the last with one tile of its four.
+        (16, 8456, 272),
         (17, 200, 336),
         (40, 130, 272),
         (64, 384, 512),
@@ -1621,10 +1624,11 @@ fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> R
         (8, 136, 1040),
         (16, 64, 512),
         (40, 72, 272),
-        // 4240 rows: on 132 SMs the wide 16-token shape (`SMALL_WIDE`),
-        // features 8 (tile0 + rt) + g of both its tiles, the last block's
-        // second tile absent.
+        // 4240 and 8464 rows: on 132 SMs the wide 16-token shapes
+        // (`SMALL_WIDE`, 32 and 64 rows), features 8 (tile0 + rt) + g of
+        // every tile, the last block's later tiles absent.
         (16, 2120, 272),
+        (16, 4232, 272),
     ] {
         for format in [Format::E4M3, Format::E5M2] {
             for scaling in [

@@ -17,7 +17,9 @@
 //!   feeds `mma.m16n8k16` (f32 accumulation); block factors apply per 128
 //!   columns, tensor and row factors to the result. This is the decode path,
 //!   where weight bytes are the cost. Its shape (warps, stages) depends on the
-//!   tokens (`SMALL_CFG`). [`Gpu::mixed_matmul_swiglu`] runs it over a
+//!   tokens (`SMALL_CFG`); at 9-64 tokens a block takes 64 or 32 weight rows
+//!   instead of 16 where those blocks still fill the SMs (`SMALL_WIDE`), so
+//!   that each x tile it reads through L2 serves more codes. [`Gpu::mixed_matmul_swiglu`] runs it over a
 //!   decoder's interleaved gate and up rows and writes `silu(gate) * up`
 //!   from its epilogue. On sm_90 and later it is launched as a
 //!   programmatic dependent of the previous kernel, its first copies of codes
@@ -82,8 +84,8 @@ pub(crate) struct MixedKernels {
     /// `SMALL_F16_FEW`'s kernels, `[format][layout][out]`: only where two
     /// of its blocks fit an SM (`few_fits`; not on sm_80/86/89/120).
     small_f16_few: Option<[ByLayout; 2]>,
-    /// `SMALL_WIDE`'s kernels, `[x type][format][layout][out]`.
-    small_wide: [[ByLayout; 2]; 2],
+    /// `SMALL_WIDE`'s kernels, `[shape][x type][format][layout][out]`.
+    small_wide: [[[ByLayout; 2]; 2]; 2],
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
@@ -225,7 +227,7 @@ impl SmallTune {
         let bad = || {
             Error::Toolkit(format!(
                 "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles], \
-                 groups 1-2, warps 1-16, stages 2-8, row tiles 1-2"
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4"
             ))
         };
         let f: Vec<u32> = v
@@ -240,7 +242,7 @@ impl SmallTune {
         if !(1..=2).contains(&g)
             || !(1..=16).contains(&w)
             || !(2..=8).contains(&st)
-            || !(1..=2).contains(&rt)
+            || ![1, 2, 4].contains(&rt)
         {
             return Err(bad());
         }
@@ -303,7 +305,7 @@ struct SmallCfg {
     warps: u32,
     /// Slots of each warp's cp.async ring.
     stages: u32,
-    /// Tiles of 16 weight rows a block (1 or 2): every warp multiplies each
+    /// Tiles of 16 weight rows a block (1, 2 or 4): every warp multiplies each
     /// x tile it copies with this many tiles of codes, so x's traffic
     /// through L2 per weight byte falls by this factor.
     row_tiles: u32,
@@ -371,29 +373,44 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     row_tiles: 1,
 };
 
-/// The 16-token shape with two row tiles (32 weight rows a block), for
-/// launches that still have a block for every SM with them (`wide_fills`).
-/// At 16 tokens a block of 16 rows reads 2 bytes of x through L2 for every
-/// byte of codes; with 32 rows, 1. Measured on the H200 (BENCHMARKS.md,
-/// fortieth session, call b: copy 4223 GB/s, where 9-16 tokens read far
-/// below 1-8), bf16 x at 12-16 tokens: 4096x14336 0.67-0.69 -> 0.72-0.74 of
-/// copy, 8192x28672 0.75-0.77 -> 0.88; f16 x 0.71-0.72 -> 0.77 and 0.79-0.81
-/// -> 0.86. 4096x4096 (128 blocks of 32 rows on 132 SMs) read 0.58-0.59 ->
-/// 0.60-0.61, but keeps the table's shape: on the H100 that cell (0.81-0.82)
-/// was measured with it, and this one was not. At 1-8 tokens two row tiles
-/// lost on every weight (call b), so those keep one.
-const SMALL_WIDE: SmallCfg = SmallCfg {
-    tokens: 16,
-    warps: 4,
-    stages: 3,
-    row_tiles: 2,
-};
+/// The 16-token shapes with more weight rows a block: 64 rows (4 warps x 2
+/// slots) and 32 (4 x 3), for launches that still have a block for every SM
+/// with them (`wide_shape`). At 16 tokens a block of 16 rows reads 2 bytes of
+/// x through L2 for every byte of codes; with 32 rows 1, with 64 rows 0.5.
+/// Measured on the H200 (BENCHMARKS.md, fortieth session; copy 4223 GB/s,
+/// where 9-16 tokens read far below 1-8), bf16 x, tiled codes, 12-16 tokens:
+/// - 32 rows (call c): 4096x14336 0.67-0.69 -> 0.72-0.73 of copy, 8192x28672
+///   0.74-0.77 -> 0.87-0.88; 32 and 64 tokens +0.04 to +0.10 on every weight.
+/// - 64 rows (call d): 4096x14336 0.73 -> 0.78-0.80, 8192x28672 level
+///   (0.87-0.89), and 32 tokens there 0.49 -> 0.58. With 3 slots (one block
+///   an SM) or 2 warps it lost.
+///
+/// 4096x4096 at one token group keeps the table's shape: 128 blocks of 32
+/// rows on 132 SMs read 0.60-0.61 against 0.58-0.59 (call b), but on the H100
+/// that cell (0.81-0.82) was measured with the table's shape and the wide
+/// ones were not. At 1-8 tokens two row tiles lost on every weight (call b).
+const SMALL_WIDE: [SmallCfg; 2] = [
+    SmallCfg {
+        tokens: 16,
+        warps: 4,
+        stages: 2,
+        row_tiles: 4,
+    },
+    SmallCfg {
+        tokens: 16,
+        warps: 4,
+        stages: 3,
+        row_tiles: 2,
+    },
+];
 
-/// Whether a small-M launch of `groups` token groups over `n` weight rows
-/// takes `SMALL_WIDE`: its blocks (`groups x ceil(n / 32)`) must still give
-/// every one of the `sms` SMs one.
-fn wide_fills(groups: u32, n: u32, sms: u32) -> bool {
-    groups * n.div_ceil(SMALL_WIDE.rows()) >= sms
+/// Which of `SMALL_WIDE` a small-M launch of `groups` token groups over `n`
+/// weight rows takes: the one with the most rows whose blocks (`groups x
+/// ceil(n / rows)`) still give every one of the `sms` SMs one, if any.
+fn wide_shape(groups: u32, n: u32, sms: u32) -> Option<usize> {
+    SMALL_WIDE
+        .iter()
+        .position(|c| groups * n.div_ceil(c.rows()) >= sms)
 }
 
 /// Whether two `SMALL_F16_FEW` blocks (108 KiB each at 16 tokens) fit one
@@ -508,9 +525,16 @@ impl MixedKernels {
         };
         Ok(MixedKernels {
             small: per_x(|x| per_fmt(|fmt| small(fmt, x)))?,
-            small_wide: per_x(|x| {
-                per_fmt(|fmt| by_layout(&format!("mixed_{fmt}_n16r2{}", x.tag()), &SMALL_WIDE))
-            })?,
+            small_wide: {
+                let wide = |c: &SmallCfg| {
+                    per_x(|x| {
+                        per_fmt(|fmt| {
+                            by_layout(&format!("mixed_{fmt}_n16r{}{}", c.row_tiles, x.tag()), c)
+                        })
+                    })
+                };
+                [wide(&SMALL_WIDE[0])?, wide(&SMALL_WIDE[1])?]
+            },
             small_f16_few: if few_fits(smem) {
                 Some(per_fmt(|fmt| {
                     by_layout(&format!("mixed_{fmt}_n16w6_xf16"), &SMALL_F16_FEW)
@@ -999,9 +1023,11 @@ impl Gpu {
                 return self.launch_small(&few[fmt][lay][out], &SMALL_F16_FEW, w, x, y, dims);
             }
         }
-        if c == 2 && wide_fills(groups, n as u32, self.sm_count as u32) {
-            let f = &self.k.mixed.small_wide[xi][fmt][lay][out];
-            return self.launch_small(f, &SMALL_WIDE, w, x, y, dims);
+        if c == 2 {
+            if let Some(s) = wide_shape(groups, n as u32, self.sm_count as u32) {
+                let f = &self.k.mixed.small_wide[s][xi][fmt][lay][out];
+                return self.launch_small(f, &SMALL_WIDE[s], w, x, y, dims);
+            }
         }
         let f = &self.k.mixed.small[xi][fmt][c][lay][out];
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
@@ -1132,6 +1158,7 @@ mod tests {
             "1:4",
             "1:4:2:3",
             "1:4:2:0",
+            "1:4:2:8",
             "1:4:2:2:1",
             "a:b:c",
             "1:17:2",
@@ -1154,7 +1181,7 @@ mod tests {
             return;
         }
         let src = crate::KERNEL_SOURCES[2].1;
-        for v in ["1:8:3:2", "2:4:3:2"] {
+        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4"] {
             let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
             for arch in ["sm_90a", "sm_80"] {
                 let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
@@ -1204,29 +1231,38 @@ mod tests {
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
-        let wide = &super::SMALL_WIDE;
-        let line = format!(
-            "MIXED_SMALL_CFG(n16r2, 2, {}, {}, {})",
-            wide.warps, wide.stages, wide.row_tiles
-        );
-        assert!(include_str!("../kernels/mixed.cu").contains(&line));
-        assert_eq!(wide.group(), SMALL_CFG[2].group());
-        let totals = wide.warps * wide.row_tiles * 2 * 4 * 32 * 4;
-        assert!(totals <= wide.smem(1) && wide.smem(16) <= 227 * 1024);
+        for wide in &super::SMALL_WIDE {
+            let line = format!(
+                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {})",
+                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles
+            );
+            assert!(include_str!("../kernels/mixed.cu").contains(&line));
+            assert_eq!(wide.group(), SMALL_CFG[2].group());
+            let totals = wide.warps * wide.row_tiles * 2 * 4 * 32 * 4;
+            assert!(totals <= wide.smem(1) && wide.smem(16) <= 227 * 1024);
+        }
+        // The most rows first (`wide_shape` takes the first that fills).
+        assert!(super::SMALL_WIDE
+            .windows(2)
+            .all(|w| w[0].rows() > w[1].rows()));
     }
 
-    /// The wide 16-token shape goes where its blocks still fill the SMs:
-    /// on 132 SMs, not 4096 rows (128 blocks) at one token group, but 4096
-    /// rows at two groups (17-32 tokens), 4224 rows, and the larger weights.
+    /// A wide 16-token shape goes where its blocks still fill the SMs, the
+    /// widest that does: on 132 SMs none for 4096 rows at one token group
+    /// (128 blocks of 32 rows), 32 rows at two groups (17-32 tokens, 128
+    /// blocks of 64) and for 4193 to 8448 rows, 64 rows beyond.
     #[test]
-    fn the_wide_shape_needs_a_block_for_every_sm() {
-        use super::wide_fills;
-        assert!(!wide_fills(1, 4096, 132));
-        assert!(wide_fills(2, 4096, 132));
-        assert!(wide_fills(1, 4224, 132));
-        assert!(!wide_fills(1, 4192, 132)); // 131 blocks of 32 rows
-        assert!(wide_fills(1, 4193, 132)); // 132
-        assert!(wide_fills(1, 14336, 132) && wide_fills(1, 28672, 132));
+    fn a_wide_shape_needs_a_block_for_every_sm() {
+        use super::wide_shape;
+        assert_eq!(wide_shape(1, 4096, 132), None);
+        assert_eq!(wide_shape(1, 4192, 132), None); // 131 blocks of 32 rows
+        assert_eq!(wide_shape(1, 4193, 132), Some(1)); // 132
+        assert_eq!(wide_shape(2, 4096, 132), Some(1));
+        assert_eq!(wide_shape(4, 4096, 132), Some(0));
+        assert_eq!(wide_shape(1, 8384, 132), Some(1)); // 131 blocks of 64 rows
+        assert_eq!(wide_shape(1, 8385, 132), Some(0));
+        assert_eq!(wide_shape(1, 14336, 132), Some(0));
+        assert_eq!(wide_shape(1, 28672, 132), Some(0));
     }
 
     /// Blocks that fit an SM side by side with `smem` dynamic bytes each (the
