@@ -155,6 +155,13 @@ impl BackwardMode {
     }
 }
 
+/// The largest delayed-scaling margin for `format`: the amax lands at
+/// `max * 2^-margin`, which must stay at or above the smallest subnormal
+/// (17 for E4M3, 31 for E5M2).
+fn max_margin(format: Format) -> i32 {
+    (format.max() / format.min_subnormal()).log2().floor() as i32
+}
+
 /// A validated scaling recipe.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Recipe {
@@ -233,6 +240,18 @@ impl Recipe {
                 return Err(Error::Unsupported(format!(
                     "delayed scaling margin must be >= 0, got {margin}"
                 )));
+            }
+            // The margin puts the amax at `max * 2^-margin`: past the format's
+            // range in binades (17 for E4M3, 31 for E5M2) even the amax
+            // quantizes to zero, and far past it the scale is no normal f32.
+            for f in [fwd_format, grad_format] {
+                let most = max_margin(f);
+                if margin > most {
+                    return Err(Error::Unsupported(format!(
+                        "delayed scaling margin {margin} is past {f}'s range: with a margin above \
+                         {most} the amax itself quantizes to zero"
+                    )));
+                }
             }
         }
         Ok(Recipe {
@@ -680,6 +699,27 @@ mod tests {
         };
         assert!(Recipe::new(bad, Format::E4M3, Format::E5M2, BackwardMode::Quantized).is_err());
         assert!(Recipe::from_name("fp7").is_err());
+        // The margin may not push the amax below the smallest subnormal.
+        let margin = |margin, fwd, grad| {
+            let sc = Scaling::Delayed {
+                history_len: 4,
+                algo: AmaxAlgo::Max,
+                margin,
+            };
+            Recipe::new(sc, fwd, grad, BackwardMode::Quantized)
+        };
+        assert!(margin(17, Format::E4M3, Format::E5M2).is_ok());
+        assert!(margin(18, Format::E4M3, Format::E5M2).is_err());
+        assert!(margin(140, Format::E4M3, Format::E5M2).is_err());
+        assert!(margin(31, Format::E5M2, Format::E5M2).is_ok());
+        assert!(margin(32, Format::E5M2, Format::E5M2).is_err());
+        for (f, most) in [(Format::E4M3, 17), (Format::E5M2, 31)] {
+            assert_eq!(max_margin(f), most);
+            // At the limit, an amax of 1 still quantizes to a non-zero code;
+            // one binade further it would not.
+            let s = crate::scale::scale_from_amax(1.0, f, most, false).unwrap();
+            assert!(s >= f.min_subnormal() && s / 2.0 < f.min_subnormal(), "{f}");
+        }
         assert!(t.spec(Role::Input, Layout::Rowwise, Some(1.0), 0).is_err());
         assert!(d.spec(Role::Input, Layout::Rowwise, None, 0).is_err());
     }

@@ -220,8 +220,10 @@ fn decode_codes(q: &QuantData) -> Vec<f32> {
 /// (the whole K for per-tensor and row-wise scaling, 128 for DeepSeek blocks,
 /// 32 for MX, 16 for NVFP4), the products of the decoded codes are summed in
 /// f32 (exact products: FP8 x FP8 fits in f32), then multiplied by
-/// `(factor_a * factor_b)` and added to the f32 accumulator; the NVFP4
-/// per-tensor factors multiply the result last. This is the order of
+/// `factor_a * factor_b` (in f64, rounded once: two tiny factors can
+/// multiply below f32's range where the scaled sum is a normal f32) and added
+/// to the f32 accumulator; the NVFP4 per-tensor factors multiply the result
+/// last, the same way. This is the order of
 /// cuBLASLt's block-scaled GEMMs and of DeepGEMM's promotion, up to the
 /// summation order inside a stretch.
 ///
@@ -264,15 +266,18 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
             .enumerate()
         {
             let fa = a.block_factor(i / a.block.0, ka);
+            // In f64: `fa * fb` alone can fall below f32's range (two tiny
+            // factors) where the scaled sum is a normal f32.
+            let fa = f64::from(fa);
             for ((o, &p), &fb) in acc_row.iter_mut().zip(part_row).zip(&fb) {
-                *o += p * (fa * fb);
+                *o += (f64::from(p) * fa * f64::from(fb)) as f32;
             }
         }
         k0 = k1;
     }
-    let t = a.tensor_factor() * b.tensor_factor();
+    let t = f64::from(a.tensor_factor()) * f64::from(b.tensor_factor());
     if t != 1.0 {
-        acc.iter_mut().for_each(|v| *v *= t);
+        acc.iter_mut().for_each(|v| *v = (f64::from(*v) * t) as f32);
     }
     Ok(acc)
 }

@@ -33,7 +33,9 @@
 //! [`error_bound`]: about `(K/32 + K/128 + 8) * 2^-24 * sum_k |x_k * w_k|`
 //! up to `M = 16`, `(2K + 8) * 2^-24 * sum_k |x_k * w_k|` beyond. An output whose
 //! f32 sum overflows (the codes' values exceed the weight's by the inverse
-//! factor) is summed again in f64 (`dot_f64`).
+//! factor) is summed again in f64 (`dot_f64`), as is one whose products may
+//! have rounded as f32 subnormals (rows of `x` holding values below about
+//! `2^-109`, see `tiny_products`).
 
 use crate::tensor::checked_alloc;
 use crate::{cpu, Error, Result, Tensor};
@@ -587,6 +589,15 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
     let live: Vec<bool> = (0..m)
         .map(|i| x[i * k..(i + 1) * k].iter().any(|&v| v != 0.0))
         .collect();
+    // The smallest non-zero |x| of each row, for `tiny_products`.
+    let xmin: Vec<f32> = (0..m)
+        .map(|i| {
+            x[i * k..(i + 1) * k]
+                .iter()
+                .filter(|&&v| v != 0.0)
+                .fold(f32::INFINITY, |a, &v| a.min(v.abs()))
+        })
+        .collect();
     let mut yt = vec![0f32; n * m];
     let rows_per_task = (n / (4 * rayon::current_num_threads().max(1))).clamp(1, 256);
     yt.par_chunks_mut(rows_per_task * m)
@@ -605,13 +616,46 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
                     // factor can bring either back into the normal range.
                     let sub = v.abs() < f32::MIN_POSITIVE && live[i];
                     *v *= post;
-                    if !v.is_finite() || sub {
+                    if !v.is_finite() || sub || tiny_products(xmin[i], w, row0 + r, k) {
                         *v = dot_f64(level, w, row0 + r, &x[i * k..(i + 1) * k], &mut buf);
                     }
                 }
             }
         });
     octet_fp8::quant::transpose(&yt, n, m)
+}
+
+/// Whether the streaming kernel's f32 sum of `x . w[row]` may have rounded
+/// in the subnormal range, where a rounding's error is up to `2^-150` rather
+/// than `2^-24` of the result, for a row of `x` whose smallest non-zero `|x|`
+/// is `xmin`: such outputs are summed again in f64 ([`dot_f64`]).
+///
+/// The kernel multiplies `x` by the codes' values before any factor (the
+/// smallest non-zero one, `c`, is `2^-17` for E4M3 as decoded, `2^-16` for
+/// E5M2), so with `xmin * c >= 2^-126` no product is subnormal, and a sum of
+/// normal products is exact wherever it is subnormal. Block scales then enter
+/// as `lanes * factor + total`, one FMA per lane and block: `nf = 32 *
+/// ceil(K/128)` of them, each off by up to `2^-150` where its result is
+/// subnormal. With `xmin * c * min(factor) >= nf * 2^-126`, any non-zero
+/// product makes `sum |x w| >= nf * 2^-126`, so together they stay within
+/// `2^-24 * sum |x w|`, one of [`error_bound`]'s terms. A per-tensor or
+/// per-channel factor multiplies the finished sum once: a subnormal result
+/// there is the output's own rounding. Rows of `x` this flags hold
+/// values below about `2^-109`, so the f64 sums cost nothing in practice.
+fn tiny_products(xmin: f32, w: &WeightRef<'_>, row: usize, k: usize) -> bool {
+    let WeightRef::Fp8(q) = w else {
+        return false;
+    };
+    let c = f64::from(q.format.min_subnormal() / e4m3_fixup(q.format));
+    let p = f64::from(xmin) * c;
+    let normal = f64::from(f32::MIN_POSITIVE);
+    if p < normal {
+        return true;
+    }
+    block_factors(w, row).is_some_and(|b| {
+        let fmin = b.iter().fold(f32::INFINITY, |a, &f| a.min(f));
+        p * f64::from(fmin) < (32 * k.div_ceil(BLOCK)) as f64 * normal
+    })
 }
 
 /// `x . w[row]` with the row's factors, summed in f64 and rounded once: the

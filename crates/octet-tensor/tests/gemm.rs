@@ -105,6 +105,56 @@ fn fp8_gemm_equals_the_product_of_what_the_codes_represent() {
     }
 }
 
+/// Operands with amaxes near `2^-68`: each scale factor is about `2^-77`,
+/// and their product (about `2^-154`) is below f32's smallest subnormal,
+/// while the product of the operands (`K` terms near `2^-137`) is a normal
+/// f32. Multiplying the two factors together first gave 0 for every recipe.
+#[test]
+fn fp8_gemm_keeps_products_whose_factors_multiply_below_f32() {
+    let (m, n, k) = (3, 4, 4096);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let tiny = 2f32.powi(-68);
+    let mut uniform = |len: usize| -> Vec<f32> {
+        (0..len)
+            .map(|_| rng.random_range(0.5f32..1.0) * tiny)
+            .collect()
+    };
+    let (a, b) = (uniform(m * k), uniform(n * k));
+    for name in Recipe::NAMES {
+        let r = Recipe::from_name(name).unwrap();
+        let ds = (name == "delayed").then_some(2f32.powi(76));
+        let quant = |x: &[f32], rows: usize, role: Role| {
+            let s = r.spec(role, Layout::Rowwise, ds, 0).unwrap();
+            quantize(x, rows, k, &s, &s, Usage::ROW, None).unwrap()
+        };
+        let (qa, qb) = (quant(&a, m, Role::Input), quant(&b, n, Role::Weight));
+        let c = fp8_gemm(
+            qa.get(Layout::Rowwise).unwrap(),
+            qb.get(Layout::Rowwise).unwrap(),
+        )
+        .unwrap();
+        let da: Vec<f64> = qa.dequantize().unwrap().iter().map(|&v| v as f64).collect();
+        let db: Vec<f64> = qb.dequantize().unwrap().iter().map(|&v| v as f64).collect();
+        let (want, abs) = reference(&da, &db, m, n, k);
+        // As in the test above; each stretch's scaled sum may be an f32
+        // subnormal, off by up to 2^-150 more.
+        let bound = (k + 3 * k.div_ceil(16)) as f64 * 2f64.powi(-24);
+        for i in 0..m * n {
+            assert!(
+                want[i] >= f32::MIN_POSITIVE as f64,
+                "{name}: too small a test"
+            );
+            let slack = k.div_ceil(16) as f64 * 2f64.powi(-150);
+            assert!(
+                ((c[i] as f64) - want[i]).abs() <= bound * abs[i] + slack,
+                "{name} [{i}]: {:e} vs {:e}",
+                c[i],
+                want[i]
+            );
+        }
+    }
+}
+
 #[test]
 fn shape_errors_are_values() {
     let a = Tensor::from_f32(&[3, 4], gaussian(12, 5)).unwrap();

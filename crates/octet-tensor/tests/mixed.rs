@@ -636,3 +636,72 @@ fn quantizing_an_empty_weight_says_it_is_empty() {
         .to_string();
     assert!(e.contains("5 values is not (2, 3)"), "{e}");
 }
+
+/// One product just above f32's normal range and K - 1 products that are f32
+/// subnormals in the streaming kernel's domain (the codes' values before the
+/// factor), each `0.75 * 2^-149`, which rounds up to `2^-149`: the sum is
+/// normal, but a quarter of a subnormal step on every term is far more than
+/// `2^-24` of the sum, and a factor (here `2^100`, or 1 where block scales
+/// multiply each block) carries it into the output. Both kernels must stay
+/// within [`error_bound`].
+#[test]
+fn tiny_inputs_whose_products_round_as_subnormals_keep_the_bound() {
+    let k: usize = 1025;
+    for (format, big) in [(Format::E4M3, 0x7Eu8), (Format::E5M2, 0x7B)] {
+        // E4M3 codes are decoded as `value * 2^-8` (see the module docs).
+        let domain = if format == Format::E4M3 {
+            2f64.powi(-8)
+        } else {
+            1.0
+        };
+        let small = format.decode(0x01) as f64 * domain;
+        let large = format.decode(big) as f64 * domain;
+        let mut x = vec![(1.5 * 2f64.powi(-126) / large) as f32];
+        x.extend((1..k).map(|_| (0.75 * 2f64.powi(-149) / small) as f32));
+        for (block, scales) in [
+            ((2, k), vec![2f32.powi(100)]),
+            ((1, k), vec![2f32.powi(100), 2f32.powi(90)]),
+            ((128, 128), vec![2f32.powi(40); k.div_ceil(128)]),
+        ] {
+            let mut data = vec![0x01u8; 2 * k];
+            data[0] = big;
+            data[k] = big | 0x80;
+            let q = Fp8Weight::from_quant_data(octet_fp8::QuantData {
+                rows: 2,
+                cols: k,
+                format,
+                data,
+                block,
+                scales: octet_fp8::Scales::F32(scales),
+                saturated: 0,
+                underflowed: 0,
+            })
+            .unwrap();
+            let wd = q.dequantize();
+            for m in [1usize, 4, 16, 17] {
+                let xs: Vec<f32> = (0..m).flat_map(|_| x.iter().copied()).collect();
+                let y = mixed_matmul(&Tensor::from_f32(&[m, k], xs.clone()).unwrap(), &q)
+                    .unwrap()
+                    .to_f32_vec();
+                for i in 0..m {
+                    for j in 0..2 {
+                        let (mut want, mut abs) = (0f64, 0f64);
+                        for c in 0..k {
+                            let t = x[c] as f64 * wd[j * k + c] as f64;
+                            want += t;
+                            abs += t.abs();
+                        }
+                        assert!(want.abs() >= f32::MIN_POSITIVE as f64);
+                        let v = y[i * 2 + j] as f64;
+                        assert!(
+                            (v - want).abs() <= error_bound(m, k, abs),
+                            "{format:?} {block:?} m={m} ({i}, {j}): {v:e} want {want:e} \
+                             (off by {:.2} bounds)",
+                            (v - want).abs() / error_bound(m, k, abs)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
