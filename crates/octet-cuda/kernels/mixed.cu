@@ -456,6 +456,9 @@ MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
 MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1)
+// 9 to 16 tokens whose 32-row blocks fill between half and all of the SMs:
+// 8 warps x 2 stages x 32 rows, one block an SM (`SMALL_FEW` in mixed.rs).
+MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2)
 #endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,

@@ -1299,6 +1299,9 @@ fn mixed_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         // 529 row tiles: 133 blocks of 64 rows on 132 SMs (`SMALL_WIDE`'s
         // widest), the last with one tile of its four.
         (16, 8456, 272),
+        // 94 blocks of 32 rows on 132 SMs: the few-block shape (`SMALL_FEW`,
+        // 8 warps over 9 column blocks, the last of 16 columns).
+        (14, 3000, 1040),
         (17, 200, 336),
         (40, 130, 272),
         (64, 384, 512),
@@ -1629,6 +1632,8 @@ fn mixed_swiglu_cases(gpu: &Gpu, seed: &mut u64, out: &mut Vec<CaseResult>) -> R
         // every tile, the last block's later tiles absent.
         (16, 2120, 272),
         (16, 4232, 272),
+        // 2992 rows: the few-block shape (`SMALL_FEW`) on 132 SMs.
+        (13, 1496, 1040),
     ] {
         for format in [Format::E4M3, Format::E5M2] {
             for scaling in [

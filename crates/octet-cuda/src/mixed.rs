@@ -19,7 +19,9 @@
 //!   where weight bytes are the cost. Its shape (warps, stages) depends on the
 //!   tokens (`SMALL_CFG`); at 9-64 tokens a block takes 64 or 32 weight rows
 //!   instead of 16 where those blocks still fill the SMs (`SMALL_WIDE`), so
-//!   that each x tile it reads through L2 serves more codes. [`Gpu::mixed_matmul_swiglu`] runs it over a
+//!   that each x tile it reads through L2 serves more codes; where 32-row
+//!   blocks fill more than half of the SMs but not all, 32 rows with 8 warps,
+//!   one block an SM (`SMALL_FEW`). [`Gpu::mixed_matmul_swiglu`] runs it over a
 //!   decoder's interleaved gate and up rows and writes `silu(gate) * up`
 //!   from its epilogue. On sm_90 and later it is launched as a
 //!   programmatic dependent of the previous kernel, its first copies of codes
@@ -86,6 +88,9 @@ pub(crate) struct MixedKernels {
     small_f16_few: Option<[ByLayout; 2]>,
     /// `SMALL_WIDE`'s kernels, `[shape][x type][format][layout][out]`.
     small_wide: [[[ByLayout; 2]; 2]; 2],
+    /// `SMALL_FEW`'s kernels, `[x type][format][layout][out]`: only where one
+    /// of its blocks fits (`SmallCfg::fits`; not on sm_86/89/120).
+    small_few: Option<[[ByLayout; 2]; 2]>,
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],
     /// `[out f32 / bf16]`.
@@ -365,7 +370,8 @@ const SMALL_CFG: [SmallCfg; 3] = [
 /// blocks reads more with more of them: 4096x4096 at 12-16 tokens 0.82-0.83
 /// -> 0.85-0.86 of copy, where 4096x14336 (896 blocks) read 0.83 against
 /// 0.86-0.87 with the table's 4 x 3; bf16 x gained nothing from it
-/// (BENCHMARKS.md, thirty-second session, calls a and b).
+/// (BENCHMARKS.md, thirty-second session, calls a and b). `SMALL_FEW` goes
+/// first where it applies.
 const SMALL_F16_FEW: SmallCfg = SmallCfg {
     tokens: 16,
     warps: 6,
@@ -403,6 +409,34 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         row_tiles: 2,
     },
 ];
+
+/// The 16-token shape for a launch whose 32-row blocks fill more than half
+/// of the SMs but not all of them (`few_shape`): 8 warps x 2 stages x 32
+/// rows, 128 KiB, one block an SM. The table's 16-row blocks come two to an
+/// SM there, 4 warps each; one block of 8 warps reads x once for 32 rows
+/// and keeps the same warps at work. Measured on the H200 (BENCHMARKS.md,
+/// forty-first session, calls a and b; bf16 x, tiled codes, 12-16 tokens,
+/// share of copy): 4096x4096 (128 blocks on 132 SMs) 0.58-0.59 -> 0.67-0.68,
+/// f16 x 0.60-0.62 (`SMALL_F16_FEW`) -> 0.69-0.70. 12 warps read the same,
+/// 10 or 13 less, 6 or 5 (warps that split 32 column blocks unevenly) or 3
+/// stages less again. Where the 32-row blocks fill every SM a wide shape
+/// reads more (4096x8192: 0.77 against 0.68); at half the SMs or fewer
+/// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Not measured on
+/// an H100, whose 4096x4096 cell read 0.81-0.82 with the table's shape.
+const SMALL_FEW: SmallCfg = SmallCfg {
+    tokens: 16,
+    warps: 8,
+    stages: 2,
+    row_tiles: 2,
+};
+
+/// Whether a 16-token launch of `groups` token groups over `n` weight rows
+/// takes `SMALL_FEW`: its blocks (`groups x ceil(n / 32)`) more than half of
+/// the `sms` SMs and fewer than all.
+fn few_shape(groups: u32, n: u32, sms: u32) -> bool {
+    let blocks = groups * n.div_ceil(SMALL_FEW.rows());
+    2 * blocks > sms && blocks < sms
+}
 
 /// Which of `SMALL_WIDE` a small-M launch of `groups` token groups over `n`
 /// weight rows takes: the one with the most rows whose blocks (`groups x
@@ -534,6 +568,13 @@ impl MixedKernels {
                     })
                 };
                 [wide(&SMALL_WIDE[0])?, wide(&SMALL_WIDE[1])?]
+            },
+            small_few: if SMALL_FEW.smem(SMALL_FEW.tokens) <= smem.per_block {
+                Some(per_x(|x| {
+                    per_fmt(|fmt| by_layout(&format!("mixed_{fmt}_n16r2w8{}", x.tag()), &SMALL_FEW))
+                })?)
+            } else {
+                None
             },
             small_f16_few: if few_fits(smem) {
                 Some(per_fmt(|fmt| {
@@ -1018,6 +1059,11 @@ impl Gpu {
         }
         let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
         let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
+        if let Some(few) = &self.k.mixed.small_few {
+            if c == 2 && few_shape(groups, n as u32, self.sm_count as u32) {
+                return self.launch_small(&few[xi][fmt][lay][out], &SMALL_FEW, w, x, y, dims);
+            }
+        }
         if let Some(few) = &self.k.mixed.small_f16_few {
             if xi == XType::F16 as usize && c == 2 && blocks <= 2 * self.sm_count as u32 {
                 return self.launch_small(&few[fmt][lay][out], &SMALL_F16_FEW, w, x, y, dims);
@@ -1241,6 +1287,15 @@ mod tests {
             let totals = wide.warps * wide.row_tiles * 2 * 4 * 32 * 4;
             assert!(totals <= wide.smem(1) && wide.smem(16) <= 227 * 1024);
         }
+        let few = &super::SMALL_FEW;
+        let line = format!(
+            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles
+        );
+        assert!(include_str!("../kernels/mixed.cu").contains(&line));
+        assert_eq!((few.group(), few.rows()), (SMALL_CFG[2].group(), 32));
+        let totals = few.warps * few.row_tiles * 2 * 4 * 32 * 4;
+        assert!(totals <= few.smem(1) && few.smem(16) <= 227 * 1024);
         // The most rows first (`wide_shape` takes the first that fills).
         assert!(super::SMALL_WIDE
             .windows(2)
@@ -1263,6 +1318,26 @@ mod tests {
         assert_eq!(wide_shape(1, 8385, 132), Some(0));
         assert_eq!(wide_shape(1, 14336, 132), Some(0));
         assert_eq!(wide_shape(1, 28672, 132), Some(0));
+    }
+
+    /// The few-block shape goes where the 32-row blocks fill more than half
+    /// of the SMs and fewer than all, which no wide shape takes: on 132 SMs
+    /// 4096 rows at one token group (128 blocks), not 2048 (64) nor 8192.
+    #[test]
+    fn the_few_block_shape_sits_below_the_wide_ones() {
+        use super::{few_shape, wide_shape};
+        assert!(few_shape(1, 4096, 132));
+        assert!(few_shape(1, 2113, 132)); // 67 blocks
+        assert!(!few_shape(1, 2112, 132)); // 66
+        assert!(!few_shape(1, 2048, 132));
+        assert!(few_shape(1, 4192, 132)); // 131
+        assert!(!few_shape(1, 4193, 132)); // 132: a wide shape's
+        assert!(!few_shape(2, 4096, 132));
+        for n in (16..20_000).step_by(16) {
+            for groups in 1..=4 {
+                assert!(!(few_shape(groups, n, 132) && wide_shape(groups, n, 132).is_some()));
+            }
+        }
     }
 
     /// Blocks that fit an SM side by side with `smem` dynamic bytes each (the
