@@ -19,7 +19,13 @@ mod util;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "octet", version, about = "FP8 mixed-precision training engine")]
+#[command(
+    name = "octet",
+    version,
+    about = "FP8 mixed-precision training engine",
+    after_help = "Without a subcommand, octet trains the default model as `octet train` with its \
+                  defaults would, into runs/default (runs/default-2, -3, ... where that holds a run)."
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -139,7 +145,7 @@ fn main() {
     init_tracing(cli.verbose);
     let cmd = match cli.cmd {
         Some(c) => Ok(c),
-        None => train::TrainArgs::bare().map(Cmd::Train),
+        None => train::TrainArgs::bare_in_a_free_run_dir().map(Cmd::Train),
     };
     let result = cmd.and_then(|cmd| match cmd {
         Cmd::Train(a) => train::run(a),

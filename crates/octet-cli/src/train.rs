@@ -174,6 +174,33 @@ impl TrainArgs {
         Ok(Self::from_arg_matches(&matches)?)
     }
 
+    /// [`TrainArgs::bare`] named for the first of `default`, `default-2`, ...
+    /// whose run directory holds no run: what `octet` without a subcommand
+    /// trains, so that running it again starts a new run rather than being
+    /// refused (a run directory takes one run, `check_run_dir`).
+    pub fn bare_in_a_free_run_dir() -> anyhow::Result<Self> {
+        let mut a = Self::bare()?;
+        let base = a.config()?;
+        for i in 1..10_000 {
+            let name = if i == 1 {
+                base.name.clone()
+            } else {
+                format!("{}-{i}", base.name)
+            };
+            let mut c = base.clone();
+            c.name = name.clone();
+            if c.check_run_dir(None).is_ok() {
+                a.name = Some(name);
+                return Ok(a);
+            }
+        }
+        anyhow::bail!(
+            "{} holds runs {0}/{1} to {0}/{1}-9999: name one with `octet train --name`",
+            base.out_dir.display(),
+            base.name
+        )
+    }
+
     /// An error unless the flags of sharded runs (`--nproc`, `--nnodes`,
     /// `--node-rank`, `--master-port`, `--reshard-after-forward`,
     /// `--grad-reduce`) are left unset: `cmd` runs one
@@ -246,6 +273,17 @@ impl TrainArgs {
     ) -> anyhow::Result<TrainConfig> {
         let mut c = TrainConfig::default();
         defaults(&mut c);
+        // A resumed run starts from the settings its checkpoint records (the
+        // tokenizer, data, batch, schedule, recipe, ...), not from the
+        // defaults: the file and the flags change them from there.
+        let recorded = self.recorded_settings()?;
+        if let Some(r) = &recorded {
+            c = r.clone();
+            c.init = None;
+            c.init_adapter = None;
+            c.init_adapter_base_format = None;
+            c.save = true;
+        }
         // Whether the config file places the run (`name`, `out_dir`).
         let mut file_places_run = false;
         if let Some(p) = &self.config {
@@ -315,6 +353,9 @@ impl TrainArgs {
                 "--init-adapter-base-format {f} applies to the adapter of --init-adapter; give one"
             );
             c.init_adapter_base_format = Some(f.clone());
+        }
+        if let Some(r) = &recorded {
+            resumed_differences(r, &c)?;
         }
         if self.no_save {
             c.save = false;
@@ -461,7 +502,67 @@ fn run_of_checkpoint(ck: &std::path::Path) -> Option<(PathBuf, String)> {
     Some((out, name))
 }
 
+/// An error where `now` (the resumed run's settings) tokenizes its data
+/// differently from `recorded` (the checkpoint's run): its ids would mean
+/// other text to the trained embeddings. A warning for each setting that
+/// changes the batches or the numerics, after which the resumed run no
+/// longer repeats the uninterrupted one bit for bit.
+fn resumed_differences(recorded: &TrainConfig, now: &TrainConfig) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        recorded.tokenizer == now.tokenizer,
+        "--tokenizer {}: the checkpoint's run was trained with the {} tokenizer",
+        now.tokenizer,
+        recorded.tokenizer
+    );
+    let show = |v: &dyn std::fmt::Debug| format!("{v:?}");
+    for (flag, was, is) in [
+        ("--data", show(&recorded.data), show(&now.data)),
+        ("--batch", show(&recorded.batch), show(&now.batch)),
+        ("--seq", show(&recorded.seq), show(&now.seq)),
+        (
+            "--grad-accum",
+            show(&recorded.grad_accum),
+            show(&now.grad_accum),
+        ),
+        ("--recipe", show(&recorded.recipe), show(&now.recipe)),
+        ("--backward", show(&recorded.backward), show(&now.backward)),
+        ("--seed", show(&recorded.seed), show(&now.seed)),
+    ] {
+        if was != is {
+            eprintln!(
+                "warning: {flag} {is} where the checkpoint's run had {was}: the resumed run will \
+                 not repeat the uninterrupted one bit for bit"
+            );
+        }
+    }
+    Ok(())
+}
+
 impl TrainArgs {
+    /// The settings recorded by the run whose checkpoint `--resume` names
+    /// (already resolved to a checkpoint), if it names one that records them.
+    /// A record this build cannot read (an older or newer octet's) is
+    /// skipped with a warning: the defaults, the file and the flags apply.
+    fn recorded_settings(&self) -> anyhow::Result<Option<TrainConfig>> {
+        let Some(ck) = &self.resume else {
+            return Ok(None);
+        };
+        let Some(text) = octet_train::checkpoint::read_trainer_settings(ck)? else {
+            return Ok(None);
+        };
+        match serde_json::from_str::<TrainConfig>(&text) {
+            Ok(c) => Ok(Some(c)),
+            Err(e) => {
+                eprintln!(
+                    "warning: the settings recorded in {} do not parse ({e}); the resumed run \
+                     takes the defaults and the flags",
+                    ck.display()
+                );
+                Ok(None)
+            }
+        }
+    }
+
     /// `--resume` given as a run directory (`runs/NAME`) becomes the
     /// checkpoint its `checkpoints/latest` names
     /// ([`octet_train::checkpoint::resolve_checkpoint_dir`]).

@@ -524,7 +524,7 @@ fn verbose_traces_steps_and_checkpoints_on_stderr() {
         let out = Command::new(env!("CARGO_BIN_EXE_octet"))
             .args(["train"])
             .args(QUICK)
-            .args(["--out-dir", "o", "--name", "v", "--steps", "2"])
+            .args(["--out-dir", "o", "--steps", "2"])
             .args(extra)
             .current_dir(&dir)
             .output()
@@ -532,11 +532,11 @@ fn verbose_traces_steps_and_checkpoints_on_stderr() {
         assert!(out.status.success(), "{out:?}");
         String::from_utf8_lossy(&out.stderr).into_owned()
     };
-    let traced = run(&["-v"]);
+    let traced = run(&["-v", "--name", "v"]);
     for want in ["DEBUG", "step=1", "step=2", "loss=", "checkpoint written"] {
         assert!(traced.contains(want), "no {want:?} in:\n{traced}");
     }
-    let quiet = run(&[]);
+    let quiet = run(&["--name", "q"]);
     assert!(!quiet.contains("DEBUG"), "{quiet}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -590,5 +590,78 @@ fn cpu_sharded_runs_refuse_the_multi_machine_flags() {
             "{extra:?}: {text}"
         );
     }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A second run into a run directory is refused: it appended its steps to
+/// the first's `metrics.jsonl` and replaced its checkpoints at the same
+/// steps. Resuming that run goes on in it; an empty `--name` (which wrote
+/// into the out-dir itself) is refused.
+#[test]
+fn a_run_directory_takes_one_run() {
+    let dir = tmpdir("onerun");
+    let out = dir.to_str().expect("utf-8 path");
+    let base = |steps: &'static str| {
+        let mut a = vec!["train", "--out-dir", out, "--name", "r", "--steps", steps];
+        a.extend(QUICK);
+        a
+    };
+    let (ok, text) = octet(&dir, &base("2"));
+    assert!(ok, "{text}");
+    let metrics = std::fs::read_to_string(dir.join("r/metrics.jsonl")).expect("metrics");
+    let (ok, text) = octet(&dir, &base("2"));
+    assert!(!ok && text.contains("already holds a run"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("r/metrics.jsonl")).expect("metrics"),
+        metrics,
+        "the refused run wrote metrics"
+    );
+    let run_dir = dir.join("r");
+    let mut resume = base("3");
+    resume.extend(["--resume", run_dir.to_str().expect("utf-8 path")]);
+    let (ok, text) = octet(&dir, &resume);
+    assert!(ok, "{text}");
+    let mut empty = vec!["train", "--out-dir", out, "--name", "", "--steps", "1"];
+    empty.extend(QUICK);
+    let (ok, text) = octet(&dir, &empty);
+    assert!(!ok && text.contains("--name"), "{text}");
+    assert!(!dir.join("metrics.jsonl").exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A resumed run takes the settings its checkpoint records where no flag
+/// gives them: it went on with the byte tokenizer and the default `--seq`
+/// (refused as too long for the model) after a GPT-2-tokenized run of 16
+/// tokens a row. Another tokenizer is an error.
+#[test]
+fn a_resumed_run_keeps_its_recorded_settings() {
+    let dir = tmpdir("resume-settings");
+    let out = dir.to_str().expect("utf-8 path");
+    let mut first = vec!["train", "--out-dir", out, "--name", "g", "--steps", "2"];
+    first.extend(QUICK);
+    first.extend(["--tokenizer", "gpt2"]);
+    let (ok, text) = octet(&dir, &first);
+    assert!(ok, "{text}");
+    let run = dir.join("g");
+    let run_s = run.to_str().expect("utf-8 path");
+    let resume = [
+        "train", "--device", "cpu", "--resume", run_s, "--steps", "3",
+    ];
+    let (ok, text) = octet(&dir, &resume);
+    assert!(ok, "{text}");
+    let ck = run.join("checkpoints/step_000003");
+    let rec = octet_train::checkpoint::read_trainer_settings(&ck)
+        .expect("readable")
+        .expect("recorded");
+    let rec: serde_json::Value = serde_json::from_str(&rec).expect("json");
+    assert_eq!(
+        (rec["tokenizer"].as_str(), rec["seq"].as_u64()),
+        (Some("gpt2"), Some(16))
+    );
+    let mut other = resume.to_vec();
+    other[6] = "4";
+    other.extend(["--tokenizer", "byte"]);
+    let (ok, text) = octet(&dir, &other);
+    assert!(!ok && text.contains("gpt2"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -883,6 +883,28 @@ fn parse_step(text: Option<&String>) -> std::result::Result<u64, String> {
 /// The optimizer step a checkpoint directory was saved at, read from the
 /// header of its `optimizer.safetensors` alone (the tensors are not read).
 pub fn read_step(dir: &Path) -> Result<u64> {
+    let path = dir.join("optimizer.safetensors");
+    let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
+    let meta = read_optimizer_metadata(dir)?;
+    let step = meta["step"].as_str().map(String::from);
+    parse_step(step.as_ref()).map_err(bad)
+}
+
+/// The settings of the run that saved the checkpoint in `dir` (the
+/// `trainer` metadata of its `optimizer.safetensors`, the run's
+/// [`TrainConfig`](crate::trainer::TrainConfig) as JSON), read from the header alone;
+/// `None` where the checkpoint records none (`{}` or no key).
+pub fn read_trainer_settings(dir: &Path) -> Result<Option<String>> {
+    let meta = read_optimizer_metadata(dir)?;
+    Ok(meta["trainer"]
+        .as_str()
+        .filter(|t| !t.trim().is_empty() && t.trim() != "{}")
+        .map(String::from))
+}
+
+/// The `__metadata__` of `dir/optimizer.safetensors`, from its header only
+/// (an optimizer file is three times the model's size).
+fn read_optimizer_metadata(dir: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
     let path = dir.join("optimizer.safetensors");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
@@ -908,10 +930,10 @@ pub fn read_step(dir: &Path) -> Result<u64> {
             header.len()
         )));
     }
-    let v: serde_json::Value = serde_json::from_slice(&header)
+    let mut v: serde_json::Value = serde_json::from_slice(&header)
         .map_err(|e| bad(format!("not a valid safetensors header ({e})")))?;
-    let step = v["__metadata__"]["step"].as_str().map(String::from);
-    parse_step(step.as_ref()).map_err(bad)
+    Ok(v.get_mut("__metadata__")
+        .map_or(serde_json::Value::Null, serde_json::Value::take))
 }
 
 /// Delayed-scaling state of a checkpoint: `(layer, role, state)`.

@@ -592,6 +592,7 @@ impl TrainConfig {
     /// checkpoint's optimizer step must be below `steps`), and a LoRA run
     /// continues the adapter as it was trained ([`LoraSettings::check_resume`]).
     pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
+        self.check_run_dir(resume)?;
         let Some(dir) = resume else {
             return Ok(());
         };
@@ -613,6 +614,46 @@ impl TrainConfig {
             )));
         }
         Ok(())
+    }
+
+    /// The run directory (`out_dir/name`) holds no other run: a new run
+    /// there would append to its `metrics.jsonl` and replace its checkpoints
+    /// at the same steps, next to the others it leaves. A run resumed from a
+    /// checkpoint of that directory goes on in it.
+    pub fn check_run_dir(&self, resume: Option<&Path>) -> Result<()> {
+        let dir = self.out_dir.join(&self.name);
+        if self.name.is_empty()
+            || self.name.contains(['/', '\\'])
+            || self.name == ".."
+            || self.name == "."
+        {
+            return Err(Error::Train(format!(
+                "--name {:?}: a run's name is one directory under --out-dir, not empty nor a path",
+                self.name
+            )));
+        }
+        let checkpoints = dir.join("checkpoints");
+        let holds_run = dir.join("metrics.jsonl").exists()
+            || std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some());
+        if !holds_run {
+            return Ok(());
+        }
+        let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        let resumes_here = resume
+            .and_then(|ck| ck.parent())
+            .is_some_and(|p| same(p, &checkpoints));
+        if resumes_here {
+            return Ok(());
+        }
+        Err(Error::Train(format!(
+            "{} already holds a run (metrics.jsonl or checkpoints): resume it with --resume {}, \
+             or give another --name or --out-dir, or remove the directory",
+            dir.display(),
+            dir.display()
+        )))
     }
 
     /// The tokenizer's ids and `seq` fit the dimensions of the checkpoint in
