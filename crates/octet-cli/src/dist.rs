@@ -24,7 +24,10 @@ struct Summary {
     tokens_per_s: f64,
     fp8_gather_bytes: u64,
     hp_gather_bytes: u64,
+    /// Steps this run took (from its start or its checkpoint to `--steps`).
     steps: u64,
+    /// `--sample-tokens` of text from the gathered model, if asked for.
+    sample: Option<String>,
 }
 
 pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> anyhow::Result<()> {
@@ -183,12 +186,13 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         // last step (a run resumed at its end), on the gathered model
         // (collectives: every rank, or none: the same on every rank).
         let final_eval = cfg.eval_batches > 0 && first >= cfg.steps;
-        let gathered = match cfg.save || final_eval {
+        let gathered = match cfg.save || final_eval || cfg.sample_tokens > 0 {
             true => Some((rank.gathered_model(comm)?, rank.gather_optimizer(comm)?)),
             false => None,
         };
         if comm.rank() == 0 {
             let mut val = last_val;
+            let mut sample = None;
             if let Some((mut full, opt)) = gathered {
                 if final_eval {
                     val = Some(
@@ -206,6 +210,24 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                     )
                     .map_err(|e| dist_err(e.to_string()))?;
                 }
+                // The text a one-process run prints, from the same prompt and seed.
+                if cfg.sample_tokens > 0 {
+                    let text = (|| -> octet_train::Result<String> {
+                        let tok = cfg.tokenizer()?;
+                        let prompt = tok.encode("ROMEO:\n");
+                        let toks = octet_train::trainer::sample(
+                            &mut full,
+                            &prompt,
+                            cfg.sample_tokens,
+                            0.8,
+                            40,
+                            cfg.seed,
+                        )?;
+                        Ok(tok.decode(&toks))
+                    })()
+                    .map_err(|e| dist_err(e.to_string()))?;
+                    sample = Some(text);
+                }
             }
             if let Ok(mut s) = summary.lock() {
                 *s = Some(Summary {
@@ -216,14 +238,24 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                         / time.max(1e-9),
                     fp8_gather_bytes: fp8_bytes,
                     hp_gather_bytes: hp_bytes,
-                    steps: cfg.steps,
+                    steps: cfg.steps.saturating_sub(first),
+                    sample,
                 });
             }
         }
         Ok(())
     })?;
-    if let Ok(o) = obs.lock() {
+    if let Ok(mut o) = obs.lock() {
         o.bar.finish();
+        let (train, val) = octet_train::metrics::curves_of_run(&dir, cfg.steps);
+        octet_train::trainer::plot_losses(
+            &dir,
+            &format!("train x{n} ({})", cfg.run_label()?),
+            cfg.tokenizer()?.loss_label(),
+            train,
+            val,
+            &mut *o,
+        );
     }
     let s = summary
         .into_inner()
@@ -248,14 +280,17 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         },
         s.hp_gather_bytes
     );
+    if let Some(text) = &s.sample {
+        println!("\nsample:\n{text}\n");
+    }
     if cfg.save {
         println!(
-            "wrote {}/metrics.jsonl and checkpoints/ (a single-file checkpoint, loads at any N)",
+            "wrote {}/metrics.jsonl, loss.png and checkpoints/ (a single-file checkpoint, loads at any N)",
             dir.display()
         );
     } else {
         println!(
-            "wrote {}/metrics.jsonl (no checkpoint: --no-save)",
+            "wrote {}/metrics.jsonl and loss.png (no checkpoint: --no-save)",
             dir.display()
         );
     }

@@ -665,3 +665,48 @@ fn a_resumed_run_keeps_its_recorded_settings() {
     assert!(!ok && text.contains("gpt2"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A sharded CPU run (`--nproc`) draws `loss.png` and prints its sample as
+/// one process does, and a resumed one counts the steps it took (it printed
+/// `--steps`, the steps before its checkpoint included).
+#[test]
+fn a_sharded_run_plots_samples_and_counts_its_own_steps() {
+    let dir = tmpdir("sharded");
+    let out = dir.to_str().expect("utf-8 path");
+    let mut first = vec![
+        "train",
+        "--out-dir",
+        out,
+        "--name",
+        "s",
+        "--steps",
+        "2",
+        "--nproc",
+        "2",
+    ];
+    first.extend(QUICK);
+    let n = first.len();
+    first[n - 3] = "5"; // --sample-tokens 5
+    let (ok, text) = octet(&dir, &first);
+    assert!(ok, "{text}");
+    assert!(dir.join("s/loss.png").exists(), "{text}");
+    assert!(
+        text.contains("sample:") && text.contains("over 2 steps"),
+        "{text}"
+    );
+    let run = dir.join("s");
+    let resume = [
+        "train",
+        "--device",
+        "cpu",
+        "--resume",
+        run.to_str().expect("utf-8 path"),
+        "--steps",
+        "3",
+        "--nproc",
+        "2",
+    ];
+    let (ok, text) = octet(&dir, &resume);
+    assert!(ok && text.contains("over 1 steps"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

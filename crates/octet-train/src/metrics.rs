@@ -52,11 +52,16 @@ pub type Curve = Vec<(f64, f64)>;
 /// record counts. Lines that are not step records (telemetry) are skipped; a
 /// file that cannot be read gives no points.
 pub fn curves_before(ckpt: &Path, upto: u64) -> (Curve, Curve) {
-    let text = ckpt
-        .parent()
-        .and_then(Path::parent)
-        .and_then(|run| std::fs::read_to_string(run.join("metrics.jsonl")).ok())
-        .unwrap_or_default();
+    match ckpt.parent().and_then(Path::parent) {
+        Some(run) => curves_of_run(run, upto),
+        None => (Vec::new(), Vec::new()),
+    }
+}
+
+/// The training and validation loss curves of the run directory `run` up to
+/// step `upto`, from its `metrics.jsonl`, as [`curves_before`] reads them.
+pub fn curves_of_run(run: &Path, upto: u64) -> (Curve, Curve) {
+    let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
     let mut steps = std::collections::BTreeMap::new();
     for m in text
         .lines()
