@@ -184,11 +184,32 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         .or(trained.as_ref().map(|t| t.alpha))
         .unwrap_or(defaults.alpha);
     let record = trained.as_ref().and_then(|t| t.record.as_ref());
-    let base_format = a
+    let mut base_format = a
         .base_format
         .clone()
         .or(record.map(|r| r.base_format.clone()))
         .unwrap_or(defaults.base_format);
+    // A base whose block matrices are stored in FP8 keeps them as stored
+    // under any FP8 form: the run reports and records the stored form, and a
+    // `--base-format` naming another is an error, not a label. (Matrices
+    // stored with different scalings keep the form asked for as the label.)
+    if let (Some(dir), true) = (&base, base_format != "bf16") {
+        if let Some(Some(stored)) = checkpoint::stored_fp8_scaling(dir)? {
+            let name = octet_nn::lora::BaseFormat::Fp8(stored).name();
+            let given = a.base_format.as_deref();
+            if let Some(flag) = given.filter(|f| {
+                octet_nn::lora::BaseFormat::from_name(f).map_or(true, |f| f.name() != name)
+            }) {
+                anyhow::bail!(
+                    "--base-format {flag}: the base {} stores its block matrices in FP8 ({name}), \
+                     which LoRA keeps as stored; drop the flag, or give bf16 to train on their \
+                     dequantized values",
+                    dir.display()
+                );
+            }
+            base_format = name.to_string();
+        }
+    }
     let compute = a
         .compute
         .clone()

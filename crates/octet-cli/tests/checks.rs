@@ -710,3 +710,54 @@ fn a_sharded_run_plots_samples_and_counts_its_own_steps() {
     assert!(ok && text.contains("over 1 steps"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A LoRA base stored in FP8 (here per tensor, by `lora merge --dtype fp8`)
+/// is kept as stored: `--base-format fp8-block` was printed and recorded
+/// while the per-tensor codes trained. It is now refused, and without the
+/// flag the run reports the stored form.
+#[test]
+fn a_base_stored_in_fp8_reports_its_own_form() {
+    let dir = tmpdir("fp8-base");
+    let out = dir.to_str().expect("utf-8 path");
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(QUICK);
+        a.extend(["--out-dir", out, "--steps", "1"]);
+        octet(&dir, &a)
+    };
+    let (ok, text) = run(&["train", "--name", "good"]);
+    assert!(ok, "{text}");
+    let good = dir.join("good");
+    let good = good.to_str().expect("utf-8 path");
+    let (ok, text) = run(&["lora", "--base", good, "--name", "l1"]);
+    assert!(ok, "{text}");
+    let (adapter, merged) = (dir.join("l1"), dir.join("merged8"));
+    let merge = [
+        "lora",
+        "merge",
+        "--base",
+        good,
+        "--adapter",
+        adapter.to_str().expect("utf-8 path"),
+        "--out",
+        merged.to_str().expect("utf-8 path"),
+        "--dtype",
+        "fp8",
+    ];
+    let (ok, text) = octet(&dir, &merge);
+    assert!(ok, "{text}");
+    let merged = merged.to_str().expect("utf-8 path");
+    let (ok, text) = run(&[
+        "lora",
+        "--base",
+        merged,
+        "--base-format",
+        "fp8-block",
+        "--name",
+        "l2",
+    ]);
+    assert!(!ok && text.contains("fp8-tensorwise"), "{text}");
+    let (ok, text) = run(&["lora", "--base", merged, "--name", "l3"]);
+    assert!(ok && text.contains("stored as fp8-tensorwise"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -905,10 +905,62 @@ pub fn read_trainer_settings(dir: &Path) -> Result<Option<String>> {
 /// The `__metadata__` of `dir/optimizer.safetensors`, from its header only
 /// (an optimizer file is three times the model's size).
 fn read_optimizer_metadata(dir: &Path) -> Result<serde_json::Value> {
+    let mut v = read_header(&dir.join("optimizer.safetensors"))?;
+    Ok(v.get_mut("__metadata__")
+        .map_or(serde_json::Value::Null, serde_json::Value::take))
+}
+
+/// How the checkpoint in `dir` stores its FP8 block matrices (`*_proj.weight`
+/// of dtype `F8_E4M3` or `F8_E5M2`), from the header of its
+/// `model.safetensors` alone: the scaling their factors' shapes give (see the
+/// module docs), `Some(None)` where they differ between matrices, and `None`
+/// where no block matrix is stored in FP8. A LoRA base keeps such matrices
+/// as stored whatever FP8 form it is asked for.
+pub fn stored_fp8_scaling(dir: &Path) -> Result<Option<Option<WeightScaling>>> {
+    let header = read_header(&dir.join("model.safetensors"))?;
+    let Some(map) = header.as_object() else {
+        return Ok(None);
+    };
+    let shape = |name: &str| -> Option<Vec<usize>> {
+        map.get(name)?["shape"]
+            .as_array()?
+            .iter()
+            .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+            .collect()
+    };
+    let mut found: Option<Option<WeightScaling>> = None;
+    for (name, info) in map {
+        let fp8 = matches!(info["dtype"].as_str(), Some("F8_E4M3" | "F8_E5M2"));
+        if !fp8 || !name.ends_with("_proj.weight") {
+            continue;
+        }
+        let dims = shape(name).and_then(|s| <[usize; 2]>::try_from(s).ok());
+        let factors =
+            shape(&format!("{name}_scale")).or_else(|| shape(&format!("{name}_scale_inv")));
+        // Anything else is for `load_weights_fp8` to name.
+        let (Some([n, k]), Some(d)) = (dims, factors) else {
+            continue;
+        };
+        let scaling = match d.as_slice() {
+            d if d.iter().product::<usize>() == 1 => WeightScaling::Tensor,
+            [r] | [r, 1] if *r == n => WeightScaling::Channel,
+            [r, c] if (*r, *c) == (n.div_ceil(128), k.div_ceil(128)) => WeightScaling::Block128,
+            _ => continue,
+        };
+        found = Some(match found {
+            None => Some(scaling),
+            Some(Some(s)) if s == scaling => Some(s),
+            Some(_) => None,
+        });
+    }
+    Ok(found)
+}
+
+/// The JSON header of the safetensors file at `path`, read without its data.
+fn read_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
-    let path = dir.join("optimizer.safetensors");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
-    let mut f = std::fs::File::open(&path).map_err(|e| bad(e.to_string()))?;
+    let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
         .map_err(|e| bad(format!("no safetensors header ({e})")))?;
@@ -930,10 +982,8 @@ fn read_optimizer_metadata(dir: &Path) -> Result<serde_json::Value> {
             header.len()
         )));
     }
-    let mut v: serde_json::Value = serde_json::from_slice(&header)
-        .map_err(|e| bad(format!("not a valid safetensors header ({e})")))?;
-    Ok(v.get_mut("__metadata__")
-        .map_or(serde_json::Value::Null, serde_json::Value::take))
+    serde_json::from_slice(&header)
+        .map_err(|e| bad(format!("not a valid safetensors header ({e})")))
 }
 
 /// Delayed-scaling state of a checkpoint: `(layer, role, state)`.
