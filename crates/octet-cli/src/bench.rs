@@ -70,6 +70,9 @@ enum Op {
 }
 
 pub fn run(a: BenchArgs) -> anyhow::Result<()> {
+    if let Some(p) = &a.json {
+        crate::util::check_json_path(p)?;
+    }
     if let Some(mut g) = crate::gpu::open(&a.device)? {
         if matches!(a.op, Op::Mixed) {
             let ms = parse_list(a.m.as_deref().unwrap_or("1,4,16,64,256,2048")).context("--m")?;

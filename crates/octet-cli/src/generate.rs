@@ -93,6 +93,10 @@ fn gpu_weights(name: &str) -> anyhow::Result<octet_cuda::decode::GpuWeights> {
 /// The prompt and `--max-tokens` must fit the model's positions (a sum
 /// that overflows does not fit either).
 fn check_positions(prompt: usize, max_tokens: usize, positions: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        max_tokens >= 1,
+        "--max-tokens 0 generates nothing; give at least 1"
+    );
     anyhow::ensure!(prompt > 0, "--prompt is empty");
     anyhow::ensure!(
         prompt
@@ -236,6 +240,12 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
             })?
         }
     };
+    anyhow::ensure!(
+        !octet_train::checkpoint::is_adapter_only(&dir),
+        "{} is a LoRA adapter's checkpoint: give its base with --checkpoint BASE --adapter {}",
+        dir.display(),
+        dir.display()
+    );
     if let Some(adapter) = &a.adapter {
         let adapter = &octet_train::checkpoint::resolve_checkpoint_dir(adapter)?;
         let m =
@@ -436,5 +446,6 @@ mod tests {
             "{e}"
         );
         assert!(check_positions(0, 1, 64).is_err());
+        assert!(check_positions(6, 0, 64).is_err());
     }
 }

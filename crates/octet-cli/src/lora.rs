@@ -227,8 +227,18 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             .or(trained.as_ref().and_then(|t| t.dropout))
             .unwrap_or(defaults.dropout),
     });
+    // The base's FP8 products quantize their inputs by an FP8 recipe: bf16
+    // there was read as the default tensorwise without a word.
+    if let Some(r) = Some(cfg.recipe.as_str()).filter(|r| matches!(*r, "bf16" | "hp")) {
+        anyhow::ensure!(
+            compute != "fp8",
+            "--recipe {r} with --compute fp8: the base's FP8 products quantize their inputs by an \
+             FP8 recipe (tensorwise unless given); for bf16 products over the FP8 base give --compute bf16"
+        );
+    }
     cfg.validate()?;
     cfg.check_resume(resume)?;
+    crate::train::warn_short_schedule(&cfg);
     let gpu = crate::gpu::open_for(
         &a.train.device,
         (compute == "fp8").then_some("--compute fp8"),

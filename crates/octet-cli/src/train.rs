@@ -243,11 +243,19 @@ impl TrainArgs {
             Some(m) => Some(m.clone()),
             None => self.file_model()?,
         };
-        self.config_with(|c| {
+        let c = self.config_with(|c| {
             if let Some(m) = &model {
                 c.use_preset_schedule(m);
             }
-        })
+        })?;
+        // The settings of a LoRA run's checkpoint carry its adapter settings.
+        if let (Some(ck), true) = (&self.resume, c.lora.is_some()) {
+            anyhow::bail!(
+                "{} is a LoRA adapter's checkpoint: continue it with `octet lora --resume`",
+                ck.display()
+            );
+        }
+        Ok(c)
     }
 
     /// The `model` key of the `--config` file, if there is a file and it has one.
@@ -502,6 +510,20 @@ fn run_of_checkpoint(ck: &std::path::Path) -> Option<(PathBuf, String)> {
     Some((out, name))
 }
 
+/// A warning where the run ends inside its warmup: the learning rate never
+/// reaches `--lr` (the default warmup of 30 steps under `--steps 5` peaked
+/// at a sixth of it without a word).
+pub fn warn_short_schedule(c: &TrainConfig) {
+    if c.warmup >= c.steps && c.steps > 0 {
+        let peak = octet_train::optim::lr_at(c.steps - 1, c.warmup, c.steps, c.lr, c.min_lr);
+        eprintln!(
+            "warning: --warmup {} is not below --steps {}: the learning rate peaks at {peak:.3e}, \
+             not --lr {:.3e}",
+            c.warmup, c.steps, c.lr
+        );
+    }
+}
+
 /// An error where `now` (the resumed run's settings) tokenizes its data
 /// differently from `recorded` (the checkpoint's run): its ids would mean
 /// other text to the trained embeddings. A warning for each setting that
@@ -578,6 +600,7 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
     a.resolve_resume()?;
     let cfg = a.config()?;
     cfg.check_resume(a.resume.as_deref())?;
+    warn_short_schedule(&cfg);
     anyhow::ensure!(a.nproc >= 1, "--nproc must be at least 1");
     anyhow::ensure!(a.nnodes >= 1, "--nnodes must be at least 1");
     anyhow::ensure!(

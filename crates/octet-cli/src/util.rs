@@ -131,9 +131,25 @@ pub fn machine() -> serde_json::Value {
 pub fn write_json(path: &Path, command: &str, rows: &serde_json::Value) -> anyhow::Result<()> {
     let doc = serde_json::json!({"date": today(), "machine": machine(), "command": command, "rows": rows});
     let text = serde_json::to_string_pretty(&doc)?;
-    // The error names the path already ("writing PATH: ...").
-    octet_train::checkpoint::write_atomic(path, text.as_bytes())?;
+    // The error names the path already ("writing PATH: ..."); it is no checkpoint's.
+    octet_train::checkpoint::write_atomic(path, text.as_bytes()).map_err(|e| match e {
+        octet_train::Error::Checkpoint(m) => anyhow::anyhow!(m),
+        e => e.into(),
+    })?;
     println!("wrote {}", path.display());
+    Ok(())
+}
+
+/// An error now, not after a long benchmark, where `--json PATH` cannot be
+/// written: a file beside it (`PATH.tmp`, as the atomic write makes) is
+/// created and removed.
+pub fn check_json_path(path: &Path) -> anyhow::Result<()> {
+    let mut probe = path.as_os_str().to_owned();
+    probe.push(".tmp");
+    let probe = std::path::PathBuf::from(probe);
+    std::fs::File::create(&probe)
+        .map_err(|e| anyhow::anyhow!("--json {}: cannot write there ({e})", path.display()))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 

@@ -761,3 +761,49 @@ fn a_base_stored_in_fp8_reports_its_own_form() {
     assert!(ok && text.contains("stored as fp8-tensorwise"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A LoRA run's checkpoint given where a full model is read, and a run
+/// directory whose `latest` file is gone, are named as such (they were
+/// reported as a missing `model.safetensors` or `config.json`).
+#[test]
+fn adapter_checkpoints_and_runs_without_latest_are_named() {
+    let dir = tmpdir("named");
+    let out = dir.to_str().expect("utf-8 path");
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(QUICK);
+        a.extend(["--out-dir", out, "--steps", "1"]);
+        octet(&dir, &a)
+    };
+    let (ok, text) = run(&["train", "--name", "base"]);
+    assert!(ok, "{text}");
+    let base = dir.join("base");
+    let (ok, text) = run(&[
+        "lora",
+        "--base",
+        base.to_str().expect("utf-8"),
+        "--name",
+        "ad",
+    ]);
+    assert!(ok, "{text}");
+    let ad = dir.join("ad");
+    let ad = ad.to_str().expect("utf-8 path");
+    let (ok, text) = octet(&dir, &["generate", "--checkpoint", ad, "--prompt", "hi"]);
+    assert!(
+        !ok && text.contains("LoRA adapter") && text.contains("--adapter"),
+        "{text}"
+    );
+    let (ok, text) = octet(
+        &dir,
+        &["train", "--device", "cpu", "--resume", ad, "--steps", "3"],
+    );
+    assert!(!ok && text.contains("octet lora --resume"), "{text}");
+    std::fs::remove_file(base.join("checkpoints/latest")).expect("latest");
+    let b = base.to_str().expect("utf-8 path");
+    let (ok, text) = octet(&dir, &["generate", "--checkpoint", b, "--prompt", "hi"]);
+    assert!(
+        !ok && text.contains("no `latest`") && text.contains("step_000001"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

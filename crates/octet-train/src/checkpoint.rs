@@ -577,6 +577,13 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
             "lora_alpha = {alpha}: a LoRA alpha must be a finite number above 0"
         )));
     }
+    if let Some(t) = v["target_modules"].as_str() {
+        // PEFT matches a string against whole module names as a regular expression.
+        return Err(bad(&format!(
+            "target_modules is the string {t:?}, which PEFT reads as a regular expression over \
+             full module names; octet takes a list of module names (e.g. [\"q_proj\", \"v_proj\"])"
+        )));
+    }
     let targets = v["target_modules"]
         .as_array()
         .ok_or_else(|| bad("missing target_modules"))?
@@ -671,7 +678,37 @@ pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
             return Ok(dir);
         }
     }
+    // A run directory whose `latest` is gone: name the checkpoints it holds.
+    for parent in [p.join("checkpoints"), p.to_path_buf()] {
+        let mut steps: Vec<PathBuf> = std::fs::read_dir(&parent)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|d| {
+                d.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("step_"))
+                    && holds(d)
+            })
+            .collect();
+        steps.sort();
+        if let Some(last) = steps.last() {
+            return Err(Error::Checkpoint(format!(
+                "{} holds checkpoints but no `latest` file naming one; name one, e.g. {}",
+                parent.display(),
+                last.display()
+            )));
+        }
+    }
     Ok(p.to_path_buf())
+}
+
+/// Whether the checkpoint in `dir` is a LoRA adapter's (PEFT's
+/// `adapter_config.json` and no `model.safetensors`), which needs its base
+/// to run.
+pub fn is_adapter_only(dir: &Path) -> bool {
+    dir.join("adapter_config.json").is_file() && !dir.join("model.safetensors").is_file()
 }
 
 /// Read `config.json` from a checkpoint directory and check its dimensions
@@ -917,7 +954,12 @@ fn read_optimizer_metadata(dir: &Path) -> Result<serde_json::Value> {
 /// where no block matrix is stored in FP8. A LoRA base keeps such matrices
 /// as stored whatever FP8 form it is asked for.
 pub fn stored_fp8_scaling(dir: &Path) -> Result<Option<Option<WeightScaling>>> {
-    let header = read_header(&dir.join("model.safetensors"))?;
+    let path = dir.join("model.safetensors");
+    if !path.is_file() {
+        // No weights (yet): what reads them names the path.
+        return Ok(None);
+    }
+    let header = read_header(&path)?;
     let Some(map) = header.as_object() else {
         return Ok(None);
     };

@@ -596,6 +596,12 @@ impl TrainConfig {
         let Some(dir) = resume else {
             return Ok(());
         };
+        if self.lora.is_none() && checkpoint::is_adapter_only(dir) {
+            return Err(Error::Train(format!(
+                "{} is a LoRA adapter's checkpoint: continue it with `octet lora --resume`",
+                dir.display()
+            )));
+        }
         let mcfg = checkpoint::load_config(dir)?;
         if self.lora.is_none() {
             // A resumed model keeps the checkpoint's dimensions (not
@@ -680,8 +686,13 @@ impl TrainConfig {
         if self.recipe == "bf16" || self.recipe == "hp" {
             return Ok(None);
         }
-        let r = Recipe::from_name(&self.recipe)?.with_backward(backward)?;
-        Ok(Some(r))
+        let r = Recipe::from_name(&self.recipe).map_err(|e| {
+            // The trainer's recipes are the FP8 ones plus the baseline.
+            Error::Train(format!(
+                "{e}; or bf16 (no FP8) for the high-precision baseline"
+            ))
+        })?;
+        Ok(Some(r.with_backward(backward)?))
     }
 
     /// What the run trains with, for summaries and plots: the recipe's
@@ -708,6 +719,14 @@ impl TrainConfig {
         let (mcfg, w) = match &self.init_adapter {
             Some(adapter) => {
                 let m = merge_adapter(dir, adapter, self.init_adapter_base_format.as_deref())?;
+                // As `octet lora merge` and `octet generate --adapter` warn.
+                if let Some(rec) = &m.recorded_other_base {
+                    tracing::warn!(
+                        "the adapter {} was trained on {rec}, not on {}; merging it anyway",
+                        adapter.display(),
+                        dir.display()
+                    );
+                }
                 (m.cfg, m.weights)
             }
             None => (

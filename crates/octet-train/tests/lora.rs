@@ -342,6 +342,15 @@ fn peft_options_that_change_the_arithmetic_are_errors_naming_them() {
         .expect("a numeric target should be refused")
         .to_string();
     assert!(e.contains("target_modules entry 7"), "{e}");
+    // A string is PEFT's regular expression over full module names: named so.
+    let mut v = plain.clone();
+    v["target_modules"] = serde_json::json!("q_proj");
+    std::fs::write(&cfg_path, v.to_string()).unwrap();
+    let e = octet_train::trainer::merge_adapter(&base, &ck, Some("bf16"))
+        .err()
+        .expect("a string of targets should be refused")
+        .to_string();
+    assert!(e.contains("regular expression"), "{e}");
     // PEFT writes the off values; those read as plain LoRA.
     let mut v = plain.clone();
     v["use_rslora"] = serde_json::json!(false);
