@@ -274,13 +274,9 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             None => train(c, resume, obs)?,
         })
     };
-    let mut runs = Vec::new();
-    let mut obs = bar("lora");
-    let s = run(&cfg, resume, &mut obs)?;
-    obs.bar.finish();
-    println!("\nsample:\n{}\n", s.sample);
-    runs.push(s);
-    if a.compare_bf16 {
+    // The bf16-base comparison trains from step 0 into its own directory:
+    // that must be free before the first run starts.
+    let compare = a.compare_bf16.then(|| {
         let mut c2 = cfg.clone();
         c2.name = format!("{}-bf16base", cfg.name);
         c2.sample_tokens = 0;
@@ -291,6 +287,23 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         // A bf16 base has no FP8 operand: its backward is the high-precision
         // one whatever the FP8 run's (`quantized` needs an FP8 base).
         c2.backward = "high_precision".into();
+        c2
+    });
+    if let Some(c2) = &compare {
+        c2.check_run_dir(None).with_context(|| {
+            format!(
+                "--compare-bf16 trains a bf16-base run from step 0 into {}",
+                c2.out_dir.join(&c2.name).display()
+            )
+        })?;
+    }
+    let mut runs = Vec::new();
+    let mut obs = bar("lora");
+    let s = run(&cfg, resume, &mut obs)?;
+    obs.bar.finish();
+    println!("\nsample:\n{}\n", s.sample);
+    runs.push(s);
+    if let Some(c2) = compare {
         let mut obs = bar("lora bf16 base");
         let s2 = run(&c2, None, &mut obs)?;
         obs.bar.finish();

@@ -248,13 +248,21 @@ impl TrainArgs {
                 c.use_preset_schedule(m);
             }
         })?;
-        // The settings of a LoRA run's checkpoint carry its adapter settings.
-        if let (Some(ck), true) = (&self.resume, c.lora.is_some()) {
+        // A LoRA run's checkpoint (its recorded settings carry the adapter's).
+        if let Some(ck) = self
+            .resume
+            .as_deref()
+            .filter(|ck| octet_train::checkpoint::is_adapter_only(ck))
+        {
             anyhow::bail!(
                 "{} is a LoRA adapter's checkpoint: continue it with `octet lora --resume`",
                 ck.display()
             );
         }
+        anyhow::ensure!(
+            c.lora.is_none(),
+            "the config file's [lora] table configures `octet lora`, not `octet train`"
+        );
         Ok(c)
     }
 
@@ -782,6 +790,10 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
             a.recipes,
             cfg.recipe
         );
+    }
+    // Every run's directory is free before the first trains.
+    for cfg in &cfgs {
+        cfg.check_run_dir(None)?;
     }
     let mut runs = Vec::new();
     let mut series = Vec::new();

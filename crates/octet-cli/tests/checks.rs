@@ -807,3 +807,99 @@ fn adapter_checkpoints_and_runs_without_latest_are_named() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every run directory a command will write is checked before the first
+/// run trains: `octet compare` trained its free recipes and then failed on
+/// a taken one, replacing the earlier comparison's files, and `lora
+/// --compare-bf16` failed after the FP8 run. A run with no checkpoint is
+/// not offered a resume it cannot take.
+#[test]
+fn taken_run_directories_are_refused_before_anything_trains() {
+    let dir = tmpdir("taken");
+    let out = dir.to_str().expect("utf-8 path");
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(QUICK);
+        a.extend(["--out-dir", out, "--steps", "1"]);
+        octet(&dir, &a)
+    };
+    let (ok, text) = run(&["train", "--name", "c-tensorwise", "--no-save"]);
+    assert!(ok, "{text}");
+    let (ok, text) = run(&["train", "--name", "c-tensorwise"]);
+    assert!(
+        !ok && text.contains("no checkpoint") && !text.contains("--resume"),
+        "{text}"
+    );
+    let (ok, text) = run(&["compare", "--name", "c", "--recipes", "bf16,tensorwise"]);
+    assert!(!ok && text.contains("c-tensorwise"), "{text}");
+    assert!(!dir.join("c-bf16").exists(), "compare trained bf16 first");
+    let (ok, text) = run(&["train", "--name", "l-bf16base"]);
+    assert!(ok, "{text}");
+    let (ok, text) = run(&["lora", "--name", "l", "--compare-bf16"]);
+    assert!(!ok && text.contains("--compare-bf16"), "{text}");
+    assert!(!dir.join("l").exists(), "the FP8 run trained first");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// An adapter recorded by an earlier build with the FP8 form asked for
+/// (here fp8-block) over a base stored per tensor resumes: every FP8 form
+/// trained the stored codes. Before, the resume asked for the recorded
+/// form and the base check refused it.
+#[test]
+fn an_adapter_over_an_fp8_base_resumes_whatever_fp8_form_it_recorded() {
+    let dir = tmpdir("old-record");
+    let out = dir.to_str().expect("utf-8 path");
+    let run = |extra: &[&str]| {
+        let mut a: Vec<&str> = extra.to_vec();
+        a.extend(QUICK);
+        a.extend(["--out-dir", out]);
+        octet(&dir, &a)
+    };
+    let (ok, text) = run(&["train", "--name", "good", "--steps", "1"]);
+    assert!(ok, "{text}");
+    let (good, adapter, merged) = (dir.join("good"), dir.join("l1"), dir.join("m8"));
+    let (ok, text) = run(&[
+        "lora",
+        "--base",
+        good.to_str().expect("utf-8"),
+        "--name",
+        "l1",
+        "--steps",
+        "1",
+    ]);
+    assert!(ok, "{text}");
+    let merge = [
+        "lora",
+        "merge",
+        "--base",
+        good.to_str().expect("utf-8"),
+        "--adapter",
+        adapter.to_str().expect("utf-8"),
+        "--out",
+        merged.to_str().expect("utf-8"),
+        "--dtype",
+        "fp8",
+    ];
+    let (ok, text) = octet(&dir, &merge);
+    assert!(ok, "{text}");
+    let m8 = merged.to_str().expect("utf-8");
+    let (ok, text) = run(&["lora", "--base", m8, "--name", "l2", "--steps", "1"]);
+    assert!(ok, "{text}");
+    let rec = dir.join("l2/checkpoints/step_000001/octet_lora.json");
+    let text = std::fs::read_to_string(&rec).expect("record");
+    assert!(text.contains("fp8-tensorwise"), "{text}");
+    std::fs::write(&rec, text.replace("fp8-tensorwise", "fp8-block")).expect("write");
+    let l2 = dir.join("l2");
+    let resume = [
+        "lora",
+        "--device",
+        "cpu",
+        "--resume",
+        l2.to_str().expect("utf-8"),
+        "--steps",
+        "2",
+    ];
+    let (ok, text) = octet(&dir, &resume);
+    assert!(ok, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -89,7 +89,7 @@ pub(crate) struct MixedKernels {
     /// `SMALL_WIDE`'s kernels, `[shape][x type][format][layout][out]`.
     small_wide: [[[ByLayout; 2]; 2]; 2],
     /// `SMALL_FEW`'s kernels, `[x type][format][layout][out]`: only where one
-    /// of its blocks fits (`SmallCfg::fits`; not on sm_86/89/120).
+    /// of its blocks fits a block's shared memory (128 KiB; not on sm_86/89/120).
     small_few: Option<[[ByLayout; 2]; 2]>,
     /// `[x type][format]`.
     upcast: [[CudaFunction; 2]; 2],

@@ -156,10 +156,11 @@ impl BackwardMode {
 }
 
 /// The largest delayed-scaling margin for `format`: the amax lands at
-/// `max * 2^-margin`, which must stay at or above the smallest subnormal
-/// (17 for E4M3, 31 for E5M2).
+/// `max * 2^-margin`, which must stay above half the smallest subnormal,
+/// where round-to-nearest-even still gives it a non-zero code (18 for E4M3,
+/// 32 for E5M2; neither ratio is a power of two).
 fn max_margin(format: Format) -> i32 {
-    (format.max() / format.min_subnormal()).log2().floor() as i32
+    (2.0 * format.max() / format.min_subnormal()).log2().floor() as i32
 }
 
 /// A validated scaling recipe.
@@ -241,9 +242,9 @@ impl Recipe {
                     "delayed scaling margin must be >= 0, got {margin}"
                 )));
             }
-            // The margin puts the amax at `max * 2^-margin`: past the format's
-            // range in binades (17 for E4M3, 31 for E5M2) even the amax
-            // quantizes to zero, and far past it the scale is no normal f32.
+            // The margin puts the amax at `max * 2^-margin`: past 18 binades
+            // (E4M3) or 32 (E5M2) even the amax quantizes to zero, and far
+            // past them the scale is no normal f32.
             for f in [fwd_format, grad_format] {
                 let most = max_margin(f);
                 if margin > most {
@@ -708,17 +709,21 @@ mod tests {
             };
             Recipe::new(sc, fwd, grad, BackwardMode::Quantized)
         };
-        assert!(margin(17, Format::E4M3, Format::E5M2).is_ok());
-        assert!(margin(18, Format::E4M3, Format::E5M2).is_err());
+        assert!(margin(18, Format::E4M3, Format::E5M2).is_ok());
+        assert!(margin(19, Format::E4M3, Format::E5M2).is_err());
         assert!(margin(140, Format::E4M3, Format::E5M2).is_err());
-        assert!(margin(31, Format::E5M2, Format::E5M2).is_ok());
-        assert!(margin(32, Format::E5M2, Format::E5M2).is_err());
-        for (f, most) in [(Format::E4M3, 17), (Format::E5M2, 31)] {
+        assert!(margin(32, Format::E5M2, Format::E5M2).is_ok());
+        assert!(margin(33, Format::E5M2, Format::E5M2).is_err());
+        for (f, most) in [(Format::E4M3, 18), (Format::E5M2, 32)] {
             assert_eq!(max_margin(f), most);
-            // At the limit, an amax of 1 still quantizes to a non-zero code;
-            // one binade further it would not.
-            let s = crate::scale::scale_from_amax(1.0, f, most, false).unwrap();
-            assert!(s >= f.min_subnormal() && s / 2.0 < f.min_subnormal(), "{f}");
+            // At the limit an amax of 1 still quantizes to a non-zero code;
+            // one binade further it quantizes to zero.
+            let code = |m| {
+                let s = crate::scale::scale_from_amax(1.0, f, m, false).unwrap();
+                f.encode_rne(s, crate::Overflow::Saturate)
+            };
+            assert_ne!(code(most) & 0x7F, 0, "{f}");
+            assert_eq!(code(most + 1) & 0x7F, 0, "{f}");
         }
         assert!(t.spec(Role::Input, Layout::Rowwise, Some(1.0), 0).is_err());
         assert!(d.spec(Role::Input, Layout::Rowwise, None, 0).is_err());

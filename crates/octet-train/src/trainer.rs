@@ -302,11 +302,19 @@ impl LoraSettings {
             };
             let recorded = BaseFormat::from_name(&rec.base_format).map_err(bad)?.name();
             Compute::from_name(&rec.compute).map_err(bad)?;
+            // Over a base stored in FP8 every FP8 form trains on the stored
+            // codes; earlier builds recorded the form asked for, not those.
+            let stored_fp8 = match &self.base {
+                Some(b) => checkpoint::stored_fp8_scaling(b)?.is_some(),
+                None => false,
+            };
+            let fp8 = |f: &str| f.starts_with("fp8");
             for (flag, have, want) in [
                 ("--base-format", recorded, mine.base_format.as_str()),
                 ("--compute", rec.compute.as_str(), mine.compute.as_str()),
             ] {
-                if have != want {
+                let same_codes = flag == "--base-format" && stored_fp8 && fp8(have) && fp8(want);
+                if have != want && !same_codes {
                     return Err(Error::Train(format!(
                         "{flag} {want}: the adapter of {ck} was trained with {flag} {have}; a resumed adapter keeps it (give {flag} {have})"
                     )));
@@ -639,9 +647,8 @@ impl TrainConfig {
             )));
         }
         let checkpoints = dir.join("checkpoints");
-        let holds_run = dir.join("metrics.jsonl").exists()
-            || std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some());
-        if !holds_run {
+        let has_checkpoints = std::fs::read_dir(&checkpoints).is_ok_and(|mut d| d.next().is_some());
+        if !has_checkpoints && !dir.join("metrics.jsonl").exists() {
             return Ok(());
         }
         let same = |a: &Path, b: &Path| match (a.canonicalize(), b.canonicalize()) {
@@ -654,12 +661,18 @@ impl TrainConfig {
         if resumes_here {
             return Ok(());
         }
-        Err(Error::Train(format!(
-            "{} already holds a run (metrics.jsonl or checkpoints): resume it with --resume {}, \
-             or give another --name or --out-dir, or remove the directory",
-            dir.display(),
-            dir.display()
-        )))
+        let d = dir.display();
+        Err(Error::Train(if has_checkpoints {
+            format!(
+                "{d} already holds a run: resume it with --resume {d}, or give another --name \
+                 or --out-dir, or remove the directory"
+            )
+        } else {
+            format!(
+                "{d} already holds the metrics.jsonl of a run with no checkpoint (--no-save, or \
+                 stopped before its first): give another --name or --out-dir, or remove the directory"
+            )
+        }))
     }
 
     /// The tokenizer's ids and `seq` fit the dimensions of the checkpoint in
