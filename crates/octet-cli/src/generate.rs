@@ -76,6 +76,18 @@ fn tokenizer(a: &GenerateArgs, cfg: &LlamaConfig) -> anyhow::Result<Tokenizer> {
         name => Tokenizer::from_name(name)?,
     };
     tok.check_fits(cfg.vocab_size)?;
+    // A vocabulary `octet train` made for the other tokenizer: most sampled
+    // ids would decode to nothing (byte on GPT-2's) or to other text.
+    if let Ok(made) = Tokenizer::for_vocab(cfg.vocab_size) {
+        anyhow::ensure!(
+            made == tok,
+            "--tokenizer {}: the model's {} ids are the {} tokenizer's; drop the flag or give {}",
+            tok.name(),
+            cfg.vocab_size,
+            made.name(),
+            made.name()
+        );
+    }
     Ok(tok)
 }
 

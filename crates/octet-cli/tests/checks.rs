@@ -663,6 +663,18 @@ fn a_resumed_run_keeps_its_recorded_settings() {
     other.extend(["--tokenizer", "byte"]);
     let (ok, text) = octet(&dir, &other);
     assert!(!ok && text.contains("gpt2"), "{text}");
+    // Generation with the other tokenizer decoded most ids as U+FFFD.
+    let gen = [
+        "generate",
+        "--device",
+        "cpu",
+        "--checkpoint",
+        run_s,
+        "--prompt",
+        "hi",
+    ];
+    let (ok, text) = octet(&dir, &[&gen[..], &["--tokenizer", "byte"]].concat());
+    assert!(!ok && text.contains("gpt2"), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
