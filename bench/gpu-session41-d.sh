@@ -6,7 +6,7 @@
 set -uo pipefail
 t0=$SECONDS
 gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
-B=dev-bin/octet
+B=$PWD/dev-bin/octet
 cd /tmp
 {
 $B train --device cuda --model tiny --steps 20 --name g > g1.txt 2>&1; echo "train rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'tokens/s|wrote' g1.txt | tail -2 | tr '\n' ' ')"
