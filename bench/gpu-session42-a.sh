@@ -1,33 +1,28 @@
 #!/usr/bin/env bash
-# Forty-second session, call a, one H200 (carry dev-bin: octet.gz = HEAD, the
-# binary of the forty-first session's call d, which never ran). Part 1: the GPU
-# trainer through the CLI review's paths (call d's script). Part 2: where the
-# 16-token few-block kernel (n16r2w8) spends its time on 4096x4096 against the
-# 8-token one: ncu stall reasons per issued instruction, one launch each (bf16 x,
-# tiled codes; f16 x beside), and the SASS source page of the 16-token kernel.
+# Forty-second session, call a, one H200 (carry dev-bin: octet.gz = HEAD with
+# the K split over clusters of two blocks, `OCTET_MIXED_TUNE=...:ksplit`).
+# Part 1: the GPU trainer through the forty-first session's CLI review paths
+# (call d of that session, which never ran). Part 2: the weight-only selftest
+# with 16-token launches on 64-row blocks whose clusters of two split K; then
+# the table against cluster shapes at 12-16 tokens, two rounds in opposite orders.
 set -uo pipefail
 t0=$SECONDS
+gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
+. bench/session12_runs.sh
 bash bench/gpu-session41-d.sh
 mv $OUT/summary.txt $OUT/cli-summary.txt
 R=/tmp/r42; mkdir -p $R
-M="gpu__time_duration.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum,sm__warps_active.avg.per_cycle_active,smsp__issue_active.avg.per_cycle_active,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-prof() {  # NAME KERNEL-REGEX M
-  timeout 150 /usr/local/cuda/bin/ncu --clock-control none --cache-control none --kernel-name "regex:$2" \
-    --launch-skip 5 --launch-count 1 --csv --metrics "$M" \
-    dev-bin/octet bench mixed --device cuda --m $3 --kn 4096x4096 > $R/ncu-$1.csv 2>&1
-  echo "== $1 rc=$? ($((SECONDS-t0)) s): $(python3 bench/ncu_stalls.py $R/ncu-$1.csv)"
-}
 {
-prof m8 '^mixed_e4m3_n8_bf16t$' 8
-prof m16 '^mixed_e4m3_n16r2w8_bf16t$' 16
-prof m16f16 '^mixed_e4m3_n16r2w8_xf16_bf16t$' 16
-timeout 150 /usr/local/cuda/bin/ncu --clock-control none --kernel-name 'regex:^mixed_e4m3_n16r2w8_bf16t$' --launch-skip 5 --launch-count 1 \
-  --section SourceCounters --section WarpStateStats -o $R/rep-m16 dev-bin/octet bench mixed --device cuda --m 16 --kn 4096x4096 > $R/ncu-src.log 2>&1
-echo "== source rc=$? ($((SECONDS-t0)) s)"
-/usr/local/cuda/bin/ncu --import $R/rep-m16.ncu-rep --page source --print-source sass --csv > $R/sass-m16.csv 2> $R/sass-m16.err
-echo "source page rc=$? lines $(wc -l < $R/sass-m16.csv)"
-/usr/local/cuda/bin/ncu --import $R/rep-m16.ncu-rep --page details --csv > $R/details-m16.csv 2>&1
+for t in 2:8:2:4:2 2:4:3:4:2; do
+  OCTET_MIXED_TUNE=$t OCTET_SELFTEST_ONLY=mixed timeout 150 dev-bin/octet selftest --device cuda > $R/selftest-$t.txt 2>&1
+  echo "mixed selftest tune $t rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-$t.txt | head -3 | cut -c1-300)"
+done
+run() {  # ROUND TUNE
+  OCTET_MIXED_TUNE=$2 timeout 100 dev-bin/octet bench mixed --device cuda --m 12,16 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-$1-$2.txt 2>&1
+  echo "== round $1 tune ${2:-table} rc=$? ($((SECONDS-t0)) s)"; tiled_vs_row $R/mixed-$1-$2.txt
+}
+for t in table 2:8:2:4:2 2:4:3:4:2 2:4:4:4:2 2:8:2:2:2; do run 1 $t; done
+for t in 2:8:2:2:2 2:4:4:4:2 2:4:3:4:2 2:8:2:4:2 table; do run 2 $t; done
 echo "done ($((SECONDS-t0)) s)"
 } 2>&1 | tee $OUT/summary.txt
-gzip -f $R/*.csv
 tar czf $OUT/raw.tgz -C $R . -C /tmp g1.txt g2.txt g3.txt g4.txt g5.txt g6.txt

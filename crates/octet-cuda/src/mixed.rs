@@ -211,10 +211,12 @@ pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
-/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles]`
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:ksplit]]`
 /// (e.g. `2:4:2`: 16 tokens, 4 warps, 2 stages; `2:4:3:2`: the same with 3
-/// stages and 32 weight rows a block; `table` or empty: the table's): for
-/// tuning the table on a new GPU with `octet bench mixed`, compiled at start-up.
+/// stages and 32 weight rows a block; `2:8:2:4:2`: 64 rows a block, K split
+/// over clusters of two blocks (sm_90 and later); `table` or empty: the
+/// table's): for tuning the table on a new GPU with `octet bench mixed`,
+/// compiled at start-up.
 pub(crate) struct SmallTune(SmallCfg);
 
 impl SmallTune {
@@ -231,23 +233,25 @@ impl SmallTune {
         };
         let bad = || {
             Error::Toolkit(format!(
-                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles], \
-                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4"
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:ksplit]], \
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, ksplit 1 or 2"
             ))
         };
         let f: Vec<u32> = v
             .split(':')
             .map(|p| p.parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let (g, w, st, rt) = match *f.as_slice() {
-            [g, w, st] => (g, w, st, 1),
-            [g, w, st, rt] => (g, w, st, rt),
+        let (g, w, st, rt, ks) = match *f.as_slice() {
+            [g, w, st] => (g, w, st, 1, 1),
+            [g, w, st, rt] => (g, w, st, rt, 1),
+            [g, w, st, rt, ks] => (g, w, st, rt, ks),
             _ => return Err(bad()),
         };
         if !(1..=2).contains(&g)
             || !(1..=16).contains(&w)
             || !(2..=8).contains(&st)
             || ![1, 2, 4].contains(&rt)
+            || !(1..=2).contains(&ks)
         {
             return Err(bad());
         }
@@ -256,6 +260,7 @@ impl SmallTune {
             warps: w,
             stages: st,
             row_tiles: rt,
+            ksplit: ks,
         })))
     }
 
@@ -263,11 +268,12 @@ impl SmallTune {
     pub(crate) fn source_line(&self) -> String {
         let c = &self.0;
         format!(
-            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {})\n",
+            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {}, {})\n",
             c.tokens / 8,
             c.warps,
             c.stages,
-            c.row_tiles
+            c.row_tiles,
+            c.ksplit
         )
     }
 }
@@ -314,6 +320,10 @@ struct SmallCfg {
     /// x tile it copies with this many tiles of codes, so x's traffic
     /// through L2 per weight byte falls by this factor.
     row_tiles: u32,
+    /// Blocks of a cluster that split K (1, or 2 on sm_90 and later): each
+    /// multiplies its share of the 128-column blocks, and the first sums the
+    /// cluster's totals through distributed shared memory (`KS` in `mixed.cu`).
+    ksplit: u32,
 }
 
 impl SmallCfg {
@@ -329,8 +339,19 @@ impl SmallCfg {
 
     /// Dynamic shared memory with `xrows` token rows a slot: `rows()` x 128
     /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
+    /// The warps' totals are summed through the same memory once the ring
+    /// is drained (a cluster's block total after them), which is the larger
+    /// need for a shape with a short ring.
     const fn smem(&self, xrows: u32) -> u32 {
-        self.warps * self.stages * (self.rows() * 128 + xrows * 256)
+        let ring = self.warps * self.stages * (self.rows() * 128 + xrows * 256);
+        // f32 totals: each warp's (rows x group tokens), then the block's.
+        let warp_totals = self.rows() * self.group() * 4;
+        let sums = (self.warps + (self.ksplit > 1) as u32) * warp_totals;
+        if ring > sums {
+            ring
+        } else {
+            sums
+        }
     }
 }
 
@@ -349,18 +370,21 @@ const SMALL_CFG: [SmallCfg; 3] = [
         warps: 8,
         stages: 3,
         row_tiles: 1,
+        ksplit: 1,
     },
     SmallCfg {
         tokens: 8,
         warps: 8,
         stages: 2,
         row_tiles: 1,
+        ksplit: 1,
     },
     SmallCfg {
         tokens: 16,
         warps: 4,
         stages: 3,
         row_tiles: 1,
+        ksplit: 1,
     },
 ];
 
@@ -377,6 +401,7 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     warps: 6,
     stages: 3,
     row_tiles: 1,
+    ksplit: 1,
 };
 
 /// The 16-token shapes with more weight rows a block: 64 rows (4 warps x 2
@@ -401,12 +426,14 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         warps: 4,
         stages: 2,
         row_tiles: 4,
+        ksplit: 1,
     },
     SmallCfg {
         tokens: 16,
         warps: 4,
         stages: 3,
         row_tiles: 2,
+        ksplit: 1,
     },
 ];
 
@@ -428,6 +455,7 @@ const SMALL_FEW: SmallCfg = SmallCfg {
     warps: 8,
     stages: 2,
     row_tiles: 2,
+    ksplit: 1,
 };
 
 /// Whether a 16-token launch of `groups` token groups over `n` weight rows
@@ -539,6 +567,11 @@ impl MixedKernels {
         let tune = match tune {
             None => None,
             Some(SmallTune(c)) => {
+                if c.ksplit > 1 && arch.starts_with("sm_8") {
+                    return Err(Error::Toolkit(format!(
+                        "OCTET_MIXED_TUNE: a K split over clusters needs sm_90 or later, not {arch}"
+                    )));
+                }
                 if c.smem(c.tokens) > smem.per_block {
                     return Err(Error::Toolkit(format!(
                         "OCTET_MIXED_TUNE: {} warps x {} stages at {} tokens and {} rows need {} \
@@ -1103,6 +1136,7 @@ impl Gpu {
         let grid = (
             (dims[0] as u32).div_ceil(cfg.group()),
             (dims[1] as u32).div_ceil(cfg.rows()),
+            cfg.ksplit,
         );
         // The first token group is the largest; a slot holds its rows.
         let xrows = (dims[0] as u32).min(cfg.group());
@@ -1110,7 +1144,7 @@ impl Gpu {
         if self.k.mixed.spread {
             smem = small_smem(
                 smem,
-                grid.0 * grid.1,
+                grid.0 * grid.1 * grid.2,
                 self.sm_count as u32,
                 self.k.mixed.smem,
             );
@@ -1120,8 +1154,11 @@ impl Gpu {
         for &d in dims {
             a.i32(d);
         }
+        if cfg.ksplit > 1 {
+            a.cluster((1, 1, cfg.ksplit));
+        }
         let cfg = LaunchConfig {
-            grid_dim: (grid.0, grid.1, 1),
+            grid_dim: grid,
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
@@ -1189,7 +1226,10 @@ mod tests {
         let t = t.expect("a shape");
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (16, 8, 3, 1));
         let line = SmallTune(t).source_line();
-        assert!(line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1)"), "{line}");
+        assert!(
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, 1)"),
+            "{line}"
+        );
         let t = SmallTune::parse(Some("1:4:2:2"))
             .ok()
             .flatten()
@@ -1197,6 +1237,22 @@ mod tests {
         let t = t.expect("a shape with row tiles");
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (8, 4, 2, 2));
         assert_eq!((t.rows(), t.smem(8)), (32, 4 * 2 * (32 * 128 + 8 * 256)));
+        // K split over clusters of two: the ring (8 warps x 2 slots of 64
+        // rows' codes and 16 tokens' x), larger than the totals it then holds
+        // (8 warps' and the block's, 64 x 16 f32 each).
+        let t = SmallTune::parse(Some("2:8:2:4:2"))
+            .ok()
+            .flatten()
+            .map(|t| t.0);
+        let t = t.expect("a shape with a K split");
+        assert_eq!((t.rows(), t.ksplit), (64, 2));
+        assert_eq!(t.smem(16), 8 * 2 * (64 * 128 + 16 * 256));
+        assert!(t.smem(16) > 9 * 64 * 16 * 4);
+        let line = SmallTune(t).source_line();
+        assert!(
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 4, 2)"),
+            "{line}"
+        );
         for bad in [
             "3:4:2",
             "1:0:2",
@@ -1205,7 +1261,9 @@ mod tests {
             "1:4:2:3",
             "1:4:2:0",
             "1:4:2:8",
-            "1:4:2:2:1",
+            "1:4:2:2:3",
+            "1:4:2:2:0",
+            "1:4:2:2:1:1",
             "a:b:c",
             "1:17:2",
         ] {
@@ -1227,9 +1285,15 @@ mod tests {
             return;
         }
         let src = crate::KERNEL_SOURCES[2].1;
-        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4"] {
+        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4", "2:8:2:4:2"] {
             let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
-            for arch in ["sm_90a", "sm_80"] {
+            // A K split over clusters is refused before sm_90 (`MixedKernels::load`).
+            let archs: &[&str] = if t.0.ksplit > 1 {
+                &["sm_90a"]
+            } else {
+                &["sm_90a", "sm_80"]
+            };
+            for &arch in archs {
                 let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
                 if let Err(e) = crate::nvrtc::compile_log("mixed", &s, arch) {
                     panic!("{v} for {arch}: {e}");
@@ -1247,8 +1311,8 @@ mod tests {
         for c in &SMALL_CFG {
             let groups = if c.tokens > 8 { 2 } else { 1 };
             let line = format!(
-                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {})",
-                c.tokens, c.warps, c.stages, c.row_tiles
+                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {})",
+                c.tokens, c.warps, c.stages, c.row_tiles, c.ksplit
             );
             assert!(src.contains(&line), "mixed.cu lacks `{line}`");
         }
@@ -1272,15 +1336,15 @@ mod tests {
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
         let few = &super::SMALL_F16_FEW;
         let line = format!(
-            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles
+            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.ksplit
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
         for wide in &super::SMALL_WIDE {
             let line = format!(
-                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {})",
-                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles
+                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {})",
+                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.ksplit
             );
             assert!(include_str!("../kernels/mixed.cu").contains(&line));
             assert_eq!(wide.group(), SMALL_CFG[2].group());
@@ -1289,8 +1353,8 @@ mod tests {
         }
         let few = &super::SMALL_FEW;
         let line = format!(
-            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles
+            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.ksplit
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!((few.group(), few.rows()), (SMALL_CFG[2].group(), 32));
