@@ -439,26 +439,6 @@ __device__ __forceinline__ void grid_trigger() {
 #endif
 }
 
-// Thread block clusters (sm_90 and later; the host launches a kernel that
-// uses these only there, with a cluster shape): `cluster_sync` is a barrier
-// over every thread of the cluster that orders their shared-memory writes
-// before it against the reads after it; `ld_shared_rank` reads the f32 at
-// `p` in the shared memory of the cluster's block `rank` (the same offset).
-__device__ __forceinline__ void cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ float ld_shared_rank(const float* p, unsigned rank) {
-    float v = 0.f;
-#if __CUDA_ARCH__ >= 900
-    unsigned a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(smem_addr(p)), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-#endif
-    return v;
-}
-
 // SwiGLU of one feature, silu(a) * u in f32, as the decoder's kernels
 // compute it wherever they apply it (the gate/up product's epilogue in
 // mixed.cu, `swiglu_bf16` in decode.cu), so the two give the same bits.

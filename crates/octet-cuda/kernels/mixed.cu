@@ -126,15 +126,9 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // directly. The entry point below takes that path for tensor and row scales
 // with bf16 x and two token groups only; see there.
 //
-// KS: blocks of a cluster that split K (1, or 2 on sm_90 and later, launched
-// as clusters of (1, 1, KS) with gridDim.z = KS). Cluster block r multiplies
-// the r-th of KS runs of 128-column blocks; each sums its warps' totals in
-// warp order, then block 0 adds the others' through distributed shared
-// memory, in rank order, and writes the output. A launch with few weight rows
-// then keeps every SM busy with blocks of more rows, so that each x tile
-// read through L2 serves more codes.
+// ST: stepped copies (below) at two token groups as well, over tiled codes.
 template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK, int RT,
-          int KS>
+          bool ST>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -159,14 +153,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     y += (size_t)tok0 * (swiglu ? N / 2 : N);
     M = min(M - tok0, NT * 8);
     const int kblocks = (K + 127) / 128;
-    // This block's run of column blocks [kbeg, kend) (all of them unless KS > 1);
-    // the warp takes kbeg + warp, kbeg + warp + WARPS, ...
-    static_assert(KS == 1 || KS == 2, "KS must be 1 or 2");
-    const int kper = (kblocks + KS - 1) / KS;
-    const int kbeg = KS > 1 ? (int)blockIdx.z * kper : 0;
-    const int kend = KS > 1 ? min(kblocks, kbeg + kper) : kblocks;
-    const int kb0 = kbeg + warp;
-    const int nk = kend > kb0 ? (kend - kb0 + WARPS - 1) / WARPS : 0;
+    const int nk = kblocks > warp ? (kblocks - warp + WARPS - 1) / WARPS : 0;
     unsigned char* ring = smem + warp * STAGES * SLOT;
     const unsigned ring_s = smem_addr(ring);
 
@@ -185,15 +172,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // not in the overlap with the previous one: without PDL it stays, and
     // ncu shows the burst of copies doubling the warps' long-scoreboard
     // stalls (thirty-fourth session, call a).
-    constexpr bool STEP = TILED && NT == 1;
-    const unsigned char* wl = w + ((size_t)tile0 * kblocks + kb0) * TBYTES + lane * 16;
+    constexpr bool STEP = TILED && (NT == 1 || ST);
+    const unsigned char* wl = w + ((size_t)tile0 * kblocks + warp) * TBYTES + lane * 16;
     const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
     const unsigned xdl = WBYTES + (lane >> 4) * 256 + (((lane & 15) ^ ((lane >> 4) & 1)) << 4);
     const unsigned short* xl = x + (size_t)(lane >> 4) * K + (lane & 15) * 8;
     const int xrow = lane >> 4;
     // Copies of the warp's i-th block (k block warp + i * WARPS) into slot i % STAGES.
     auto copy_w = [&](int i) {
-        const int kb = kb0 + i * WARPS;
+        const int kb = warp + i * WARPS;
         const unsigned dst = ring_s + (i % STAGES) * SLOT;
 #pragma unroll
         for (int rt = 0; rt < RT; rt++) {
@@ -224,7 +211,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
     };
     auto copy_x = [&](int i) {
-        const int kb = kb0 + i * WARPS;
+        const int kb = warp + i * WARPS;
         if (STEP) {
             const unsigned dst = ring_s + (i % STAGES) * SLOT + xdl;
             const bool in = kb * 128 + (lane & 15) * 8 < K;
@@ -354,7 +341,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
         if (PER_BLOCK) {
             // A block's RT tiles lie in one 128-row block of factors (128 % (16 RT) == 0).
-            const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + kb0 + i * WARPS] : 1.f;
+            const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
 #pragma unroll
             for (int rt = 0; rt < RT; rt++)
 #pragma unroll
@@ -380,30 +367,6 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
             for (int e = 0; e < 4; e++) red[(warp * PER_WARP + (rt * NT + j) * 4 + e) * 32 + lane] = tot[rt][j][e];
     __syncthreads();
-    // The block's total of element e = idx * 32 + l (value idx of lane l),
-    // over its warps in order; with KS > 1, over the cluster's blocks too.
-    auto warps_sum = [&](int e) {
-        float v = 0.f;
-#pragma unroll
-        for (int q = 0; q < WARPS; q++) v += red[q * PER_WARP * 32 + e];
-        return v;
-    };
-    float* fin = red + WARPS * PER_WARP * 32;
-    if (KS > 1) {
-        for (int e = threadIdx.x; e < PER_WARP * 32; e += WARPS * 32) fin[e] = warps_sum(e);
-        cluster_sync();
-        if (blockIdx.z == 0)
-            for (int e = threadIdx.x; e < PER_WARP * 32; e += WARPS * 32) {
-                float v = fin[e];
-#pragma unroll
-                for (int r = 1; r < KS; r++) v += ld_shared_rank(fin + e, r);
-                fin[e] = v;
-            }
-        // The other blocks' shared memory stays until block 0 has read it.
-        cluster_sync();
-        if (blockIdx.z != 0) return;
-    }
-    auto total = [&](int e) { return KS > 1 ? fin[e] : warps_sum(e); };
     // A thread's own factors for tile rt, by selects (a register array
     // indexed by a value known only at run time would go to local memory).
     auto pick = [&](const float (&f)[RT], int rt) {
@@ -419,8 +382,12 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         // 8 (tile0 + rt) + g: each pair summed as below, scaled, then joined.
         for (int e = threadIdx.x; e < RT * NT * 2 * 32; e += WARPS * 32) {
             const int rt = e / (NT * 64), j = (e >> 6) % NT, i = (e >> 5) & 1, l = e & 31;
-            const float a = total(((rt * NT + j) * 4 + i) * 32 + l);
-            const float u = total(((rt * NT + j) * 4 + i + 2) * 32 + l);
+            float a = 0.f, u = 0.f;
+#pragma unroll
+            for (int q = 0; q < WARPS; q++) {
+                a += red[(q * PER_WARP + (rt * NT + j) * 4 + i) * 32 + l];
+                u += red[(q * PER_WARP + (rt * NT + j) * 4 + i + 2) * 32 + l];
+            }
             const int row = row0 + rt * 16 + (l >> 2);
             const int tok = j * 8 + 2 * (l & 3) + i;
             if (row + 8 < N && tok < M)
@@ -431,7 +398,9 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     }
     for (int e = threadIdx.x; e < PER_WARP * 32; e += WARPS * 32) {
         const int idx = e >> 5, l = e & 31;
-        const float v = total(e);
+        float v = 0.f;
+#pragma unroll
+        for (int q = 0; q < WARPS; q++) v += red[(q * PER_WARP + idx) * 32 + l];
         const int rt = idx / (NT * 4), j = (idx >> 2) % NT, i = idx & 3;
         const int row = row0 + rt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
@@ -450,49 +419,49 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 // at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products
 // to the running total rather than to a fresh zero, so outputs can differ
 // from the other path in the last bits (accumulation order only).
-#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, KS)                            \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, ST)                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
         if (NT == 2 && !XF16 && (mode & SCALE_BITS) != SCALE_BLOCK)                                      \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, KS>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, ST>(w, x, factors, y, M, N, K, mode); \
         else                                                                                             \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, KS>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, ST>(w, x, factors, y, M, N, K, mode); \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, KS)                                     \
-    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, KS)                                \
-    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, KS)
-#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, KS)                                                   \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, KS)                      \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, KS)                      \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, KS)            \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, KS)
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, ST)                                     \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, ST)                                \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, ST)
+#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, ST)                                                   \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, ST)            \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, ST)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
 // tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
 // name for row-major codes, and with a `t` appended for tiled codes; for
 // bf16 x, and with `_xf16` after the shape's tag for f16 x.
-#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, KS)                                                          \
-    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, KS)                                                       \
-    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, KS)
+#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, ST)                                                          \
+    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, ST)                                                       \
+    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, ST)
 #if MIXED_IN_PART(0)
-MIXED_SMALL_CFG(n4, 1, 8, 3, 1, 1)
-MIXED_SMALL_CFG(n8, 1, 8, 2, 1, 1)
+MIXED_SMALL_CFG(n4, 1, 8, 3, 1, false)
+MIXED_SMALL_CFG(n8, 1, 8, 2, 1, false)
 // 9 to 16 tokens with 64 weight rows a block (`SMALL_WIDE` in mixed.rs),
 // here to even out the parts' compile times.
-MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, 1)
+MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, false)
 #endif
 #if MIXED_IN_PART(1)
-MIXED_SMALL_CFG(n16, 2, 4, 3, 1, 1)
+MIXED_SMALL_CFG(n16, 2, 4, 3, 1, false)
 // 9 to 16 tokens with 32 weight rows a block, where those blocks still fill
 // the SMs (`SMALL_WIDE` in mixed.rs; the 64-row shape is in part 0).
-MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, 1)
+MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, false)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
-MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, 1)
+MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, false)
 // 9 to 16 tokens whose 32-row blocks fill between half and all of the SMs:
 // 8 warps x 2 stages x 32 rows, one block an SM (`SMALL_FEW` in mixed.rs).
-MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, 1)
+MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, true)
 #endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,

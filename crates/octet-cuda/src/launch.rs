@@ -19,8 +19,6 @@ pub(crate) struct Dep<'a> {
     stream: &'a CudaStream,
     vals: Vec<u64>,
     guards: Vec<SyncOnDrop<'a>>,
-    /// Launched as clusters of this shape (sm_90 and later), if set.
-    cluster: Option<(u32, u32, u32)>,
 }
 
 impl<'a> Dep<'a> {
@@ -29,15 +27,7 @@ impl<'a> Dep<'a> {
             stream,
             vals: Vec::with_capacity(12),
             guards: Vec::with_capacity(8),
-            cluster: None,
         }
-    }
-
-    /// Launch as thread block clusters of `dims` blocks (sm_90 and later;
-    /// each grid dimension a multiple of the cluster's).
-    pub(crate) fn cluster(&mut self, dims: (u32, u32, u32)) -> &mut Self {
-        self.cluster = Some(dims);
-        self
     }
 
     /// A buffer the kernel reads.
@@ -85,21 +75,9 @@ impl<'a> Dep<'a> {
             .map(|v| v as *mut u64 as *mut c_void)
             .collect();
         // SAFETY: an all-zero launch attribute is valid (id "ignore").
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut n = 0;
-        if pdl {
-            attrs[n].id =
-                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            attrs[n].value.programmaticStreamSerializationAllowed = 1;
-            n += 1;
-        }
-        if let Some((x, y, z)) = self.cluster {
-            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            attrs[n].value.clusterDim.x = x;
-            attrs[n].value.clusterDim.y = y;
-            attrs[n].value.clusterDim.z = z;
-            n += 1;
-        }
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let c = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -109,8 +87,8 @@ impl<'a> Dep<'a> {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: n as u32,
+            attrs: &mut attr,
+            numAttrs: u32::from(pdl),
         };
         self.stream.context().bind_to_thread()?;
         // SAFETY: `params` points at one value per kernel parameter (the

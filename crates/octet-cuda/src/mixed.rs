@@ -211,10 +211,10 @@ pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
-/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:ksplit]]`
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:stepped]]`
 /// (e.g. `2:4:2`: 16 tokens, 4 warps, 2 stages; `2:4:3:2`: the same with 3
-/// stages and 32 weight rows a block; `2:8:2:4:2`: 64 rows a block, K split
-/// over clusters of two blocks (sm_90 and later); `table` or empty: the
+/// stages and 32 weight rows a block; `2:8:2:2:1`: 8 warps, 32 rows, stepped
+/// copies over tiled codes (`SmallCfg::stepped`); `table` or empty: the
 /// table's): for tuning the table on a new GPU with `octet bench mixed`,
 /// compiled at start-up.
 pub(crate) struct SmallTune(SmallCfg);
@@ -233,25 +233,25 @@ impl SmallTune {
         };
         let bad = || {
             Error::Toolkit(format!(
-                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:ksplit]], \
-                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, ksplit 1 or 2"
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:stepped]], \
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, stepped 0 or 1"
             ))
         };
         let f: Vec<u32> = v
             .split(':')
             .map(|p| p.parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let (g, w, st, rt, ks) = match *f.as_slice() {
-            [g, w, st] => (g, w, st, 1, 1),
-            [g, w, st, rt] => (g, w, st, rt, 1),
-            [g, w, st, rt, ks] => (g, w, st, rt, ks),
+        let (g, w, st, rt, step) = match *f.as_slice() {
+            [g, w, st] => (g, w, st, 1, 0),
+            [g, w, st, rt] => (g, w, st, rt, 0),
+            [g, w, st, rt, step] => (g, w, st, rt, step),
             _ => return Err(bad()),
         };
         if !(1..=2).contains(&g)
             || !(1..=16).contains(&w)
             || !(2..=8).contains(&st)
             || ![1, 2, 4].contains(&rt)
-            || !(1..=2).contains(&ks)
+            || step > 1
         {
             return Err(bad());
         }
@@ -260,7 +260,7 @@ impl SmallTune {
             warps: w,
             stages: st,
             row_tiles: rt,
-            ksplit: ks,
+            stepped: step == 1,
         })))
     }
 
@@ -273,7 +273,7 @@ impl SmallTune {
             c.warps,
             c.stages,
             c.row_tiles,
-            c.ksplit
+            c.stepped
         )
     }
 }
@@ -320,10 +320,10 @@ struct SmallCfg {
     /// x tile it copies with this many tiles of codes, so x's traffic
     /// through L2 per weight byte falls by this factor.
     row_tiles: u32,
-    /// Blocks of a cluster that split K (1, or 2 on sm_90 and later): each
-    /// multiplies its share of the 128-column blocks, and the first sums the
-    /// cluster's totals through distributed shared memory (`KS` in `mixed.cu`).
-    ksplit: u32,
+    /// Stepped copies over tiled codes at two token groups too (`ST` in
+    /// `mixed.cu`; one group always steps): fixed per-lane offsets instead of
+    /// each piece's address worked out again in every block.
+    stepped: bool,
 }
 
 impl SmallCfg {
@@ -339,19 +339,8 @@ impl SmallCfg {
 
     /// Dynamic shared memory with `xrows` token rows a slot: `rows()` x 128
     /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
-    /// The warps' totals are summed through the same memory once the ring
-    /// is drained (a cluster's block total after them), which is the larger
-    /// need for a shape with a short ring.
     const fn smem(&self, xrows: u32) -> u32 {
-        let ring = self.warps * self.stages * (self.rows() * 128 + xrows * 256);
-        // f32 totals: each warp's (rows x group tokens), then the block's.
-        let warp_totals = self.rows() * self.group() * 4;
-        let sums = (self.warps + (self.ksplit > 1) as u32) * warp_totals;
-        if ring > sums {
-            ring
-        } else {
-            sums
-        }
+        self.warps * self.stages * (self.rows() * 128 + xrows * 256)
     }
 }
 
@@ -370,21 +359,21 @@ const SMALL_CFG: [SmallCfg; 3] = [
         warps: 8,
         stages: 3,
         row_tiles: 1,
-        ksplit: 1,
+        stepped: false,
     },
     SmallCfg {
         tokens: 8,
         warps: 8,
         stages: 2,
         row_tiles: 1,
-        ksplit: 1,
+        stepped: false,
     },
     SmallCfg {
         tokens: 16,
         warps: 4,
         stages: 3,
         row_tiles: 1,
-        ksplit: 1,
+        stepped: false,
     },
 ];
 
@@ -401,7 +390,7 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     warps: 6,
     stages: 3,
     row_tiles: 1,
-    ksplit: 1,
+    stepped: false,
 };
 
 /// The 16-token shapes with more weight rows a block: 64 rows (4 warps x 2
@@ -426,14 +415,14 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         warps: 4,
         stages: 2,
         row_tiles: 4,
-        ksplit: 1,
+        stepped: false,
     },
     SmallCfg {
         tokens: 16,
         warps: 4,
         stages: 3,
         row_tiles: 2,
-        ksplit: 1,
+        stepped: false,
     },
 ];
 
@@ -455,7 +444,7 @@ const SMALL_FEW: SmallCfg = SmallCfg {
     warps: 8,
     stages: 2,
     row_tiles: 2,
-    ksplit: 1,
+    stepped: true,
 };
 
 /// Whether a 16-token launch of `groups` token groups over `n` weight rows
@@ -567,11 +556,6 @@ impl MixedKernels {
         let tune = match tune {
             None => None,
             Some(SmallTune(c)) => {
-                if c.ksplit > 1 && arch.starts_with("sm_8") {
-                    return Err(Error::Toolkit(format!(
-                        "OCTET_MIXED_TUNE: a K split over clusters needs sm_90 or later, not {arch}"
-                    )));
-                }
                 if c.smem(c.tokens) > smem.per_block {
                     return Err(Error::Toolkit(format!(
                         "OCTET_MIXED_TUNE: {} warps x {} stages at {} tokens and {} rows need {} \
@@ -1136,7 +1120,6 @@ impl Gpu {
         let grid = (
             (dims[0] as u32).div_ceil(cfg.group()),
             (dims[1] as u32).div_ceil(cfg.rows()),
-            cfg.ksplit,
         );
         // The first token group is the largest; a slot holds its rows.
         let xrows = (dims[0] as u32).min(cfg.group());
@@ -1144,7 +1127,7 @@ impl Gpu {
         if self.k.mixed.spread {
             smem = small_smem(
                 smem,
-                grid.0 * grid.1 * grid.2,
+                grid.0 * grid.1,
                 self.sm_count as u32,
                 self.k.mixed.smem,
             );
@@ -1154,11 +1137,8 @@ impl Gpu {
         for &d in dims {
             a.i32(d);
         }
-        if cfg.ksplit > 1 {
-            a.cluster((1, 1, cfg.ksplit));
-        }
         let cfg = LaunchConfig {
-            grid_dim: grid,
+            grid_dim: (grid.0, grid.1, 1),
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem,
         };
@@ -1227,7 +1207,7 @@ mod tests {
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (16, 8, 3, 1));
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, 1)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, false)"),
             "{line}"
         );
         let t = SmallTune::parse(Some("1:4:2:2"))
@@ -1237,20 +1217,15 @@ mod tests {
         let t = t.expect("a shape with row tiles");
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (8, 4, 2, 2));
         assert_eq!((t.rows(), t.smem(8)), (32, 4 * 2 * (32 * 128 + 8 * 256)));
-        // K split over clusters of two: the ring (8 warps x 2 slots of 64
-        // rows' codes and 16 tokens' x), larger than the totals it then holds
-        // (8 warps' and the block's, 64 x 16 f32 each).
-        let t = SmallTune::parse(Some("2:8:2:4:2"))
+        let t = SmallTune::parse(Some("2:8:2:2:1"))
             .ok()
             .flatten()
             .map(|t| t.0);
-        let t = t.expect("a shape with a K split");
-        assert_eq!((t.rows(), t.ksplit), (64, 2));
-        assert_eq!(t.smem(16), 8 * 2 * (64 * 128 + 16 * 256));
-        assert!(t.smem(16) > 9 * 64 * 16 * 4);
+        let t = t.expect("a shape with stepped copies");
+        assert!(t.stepped);
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 4, 2)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true)"),
             "{line}"
         );
         for bad in [
@@ -1261,8 +1236,7 @@ mod tests {
             "1:4:2:3",
             "1:4:2:0",
             "1:4:2:8",
-            "1:4:2:2:3",
-            "1:4:2:2:0",
+            "1:4:2:2:2",
             "1:4:2:2:1:1",
             "a:b:c",
             "1:17:2",
@@ -1285,15 +1259,9 @@ mod tests {
             return;
         }
         let src = crate::KERNEL_SOURCES[2].1;
-        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4", "2:8:2:4:2"] {
+        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4", "2:8:2:2:1"] {
             let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
-            // A K split over clusters is refused before sm_90 (`MixedKernels::load`).
-            let archs: &[&str] = if t.0.ksplit > 1 {
-                &["sm_90a"]
-            } else {
-                &["sm_90a", "sm_80"]
-            };
-            for &arch in archs {
+            for arch in ["sm_90a", "sm_80"] {
                 let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
                 if let Err(e) = crate::nvrtc::compile_log("mixed", &s, arch) {
                     panic!("{v} for {arch}: {e}");
@@ -1312,7 +1280,7 @@ mod tests {
             let groups = if c.tokens > 8 { 2 } else { 1 };
             let line = format!(
                 "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {})",
-                c.tokens, c.warps, c.stages, c.row_tiles, c.ksplit
+                c.tokens, c.warps, c.stages, c.row_tiles, c.stepped
             );
             assert!(src.contains(&line), "mixed.cu lacks `{line}`");
         }
@@ -1337,14 +1305,14 @@ mod tests {
         let few = &super::SMALL_F16_FEW;
         let line = format!(
             "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.ksplit
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
         for wide in &super::SMALL_WIDE {
             let line = format!(
                 "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {})",
-                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.ksplit
+                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.stepped
             );
             assert!(include_str!("../kernels/mixed.cu").contains(&line));
             assert_eq!(wide.group(), SMALL_CFG[2].group());
@@ -1354,7 +1322,7 @@ mod tests {
         let few = &super::SMALL_FEW;
         let line = format!(
             "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.ksplit
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!((few.group(), few.rows()), (SMALL_CFG[2].group(), 32));
