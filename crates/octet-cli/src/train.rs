@@ -522,14 +522,23 @@ fn run_of_checkpoint(ck: &std::path::Path) -> Option<(PathBuf, String)> {
 /// reaches `--lr` (the default warmup of 30 steps under `--steps 5` peaked
 /// at a sixth of it without a word).
 pub fn warn_short_schedule(c: &TrainConfig) {
-    if c.warmup >= c.steps && c.steps > 0 {
-        let peak = octet_train::optim::lr_at(c.steps - 1, c.warmup, c.steps, c.lr, c.min_lr);
-        eprintln!(
-            "warning: --warmup {} is not below --steps {}: the learning rate peaks at {peak:.3e}, \
-             not --lr {:.3e}",
-            c.warmup, c.steps, c.lr
-        );
+    if let Some(w) = short_schedule_warning(c) {
+        eprintln!("{w}");
     }
+}
+
+/// The warning of [`warn_short_schedule`], if the run ends before its warmup
+/// does. A warmup of exactly `--steps` steps reaches `--lr` at the last step.
+fn short_schedule_warning(c: &TrainConfig) -> Option<String> {
+    if c.warmup <= c.steps || c.steps == 0 {
+        return None;
+    }
+    let peak = octet_train::optim::lr_at(c.steps - 1, c.warmup, c.steps, c.lr, c.min_lr);
+    Some(format!(
+        "warning: --warmup {} is longer than --steps {}: the learning rate peaks at {peak:.3e}, \
+         not --lr {:.3e}",
+        c.warmup, c.steps, c.lr
+    ))
 }
 
 /// An error where `now` (the resumed run's settings) tokenizes its data
@@ -866,6 +875,36 @@ mod tests {
         assert_eq!(
             (c.model.as_str(), c.lr, c.warmup, c.steps),
             ("small", d.lr, d.warmup, d.steps)
+        );
+    }
+
+    /// The short-schedule warning is for runs that end inside their warmup.
+    /// A warmup of exactly `--steps` reaches `--lr` at the last step (a
+    /// resumed GPU run of 30 steps under the tiny model's 30-step warmup was
+    /// told its rate "peaks at 3.000e-3, not --lr 3.000e-3").
+    #[test]
+    fn short_schedule_warning_only_when_the_warmup_outlasts_the_run() {
+        let mut c = TrainConfig {
+            lr: 3e-3,
+            min_lr: 3e-4,
+            ..TrainConfig::default()
+        };
+        for (warmup, steps) in [(30, 30), (30, 31), (0, 5), (30, 0)] {
+            (c.warmup, c.steps) = (warmup, steps);
+            assert_eq!(
+                short_schedule_warning(&c),
+                None,
+                "warmup {warmup}, steps {steps}"
+            );
+        }
+        // The warmup's last step is at the peak.
+        let top = octet_train::optim::lr_at(29, 30, 30, c.lr, c.min_lr);
+        assert!((top - c.lr).abs() <= f32::EPSILON * c.lr, "{top}");
+        (c.warmup, c.steps) = (30, 5);
+        let w = short_schedule_warning(&c).expect("a warning");
+        assert!(
+            w.contains("peaks at 5.000e-4") && w.contains("--lr 3.000e-3"),
+            "{w}"
         );
     }
 
