@@ -439,13 +439,6 @@ __device__ __forceinline__ void grid_trigger() {
 #endif
 }
 
-// Named barrier `id` (1-15; 0 is `__syncthreads`') over `threads` threads of
-// the block, whole warps, ordering their shared-memory accesses as
-// `__syncthreads` does.
-__device__ __forceinline__ void named_sync(int id, int threads) {
-    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // SwiGLU of one feature, silu(a) * u in f32, as the decoder's kernels
 // compute it wherever they apply it (the gate/up product's epilogue in
 // mixed.cu, `swiglu_bf16` in decode.cu), so the two give the same bits.

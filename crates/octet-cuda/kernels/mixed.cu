@@ -127,15 +127,8 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // with bf16 x and two token groups only; see there.
 //
 // ST: stepped copies (below) at two token groups as well, over tiled codes.
-//
-// PR: paired warps (RT = 2). Warps 2p and 2p + 1 share one ring, the 128-column
-// blocks p, p + WARPS / 2, ..., and each x tile in it; the first multiplies the
-// block's first row tile, the second its second. Each copies its own tile's
-// codes and half of x's rows, and a named barrier over the pair stands where
-// `__syncwarp` stands otherwise. Twice the warps of the same shared memory,
-// and each x tile read through L2 still serves 32 rows.
 template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK, int RT,
-          bool ST, bool PR>
+          bool ST>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -151,11 +144,6 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     const int xrows = min(M, NT * 8), SLOT = WBYTES + xrows * 256;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t = lane & 3;
-    // Rings (ways K is split), the row tiles a warp multiplies, this warp's
-    // ring and (paired) its tile.
-    static_assert(!PR || (RT == 2 && WARPS % 2 == 0 && WARPS <= 30), "paired warps take two row tiles");
-    constexpr int VW = PR ? WARPS / 2 : WARPS, TR = PR ? 1 : RT;
-    const int vw = PR ? warp >> 1 : warp, hw = PR ? warp & 1 : 0;
     // The block's RT tiles of 16 rows: tile0, tile0 + 1, ... (the last
     // block's may pass N's last tile, `ntiles - 1`: those are not copied).
     const int tile0 = blockIdx.y * RT, ntiles = (N + 15) / 16;
@@ -165,8 +153,8 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     y += (size_t)tok0 * (swiglu ? N / 2 : N);
     M = min(M - tok0, NT * 8);
     const int kblocks = (K + 127) / 128;
-    const int nk = kblocks > vw ? (kblocks - vw + VW - 1) / VW : 0;
-    unsigned char* ring = smem + vw * STAGES * SLOT;
+    const int nk = kblocks > warp ? (kblocks - warp + WARPS - 1) / WARPS : 0;
+    unsigned char* ring = smem + warp * STAGES * SLOT;
     const unsigned ring_s = smem_addr(ring);
 
     // Stepped copies (tiled codes, one group of 8 tokens): each lane's
@@ -185,23 +173,21 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // ncu shows the burst of copies doubling the warps' long-scoreboard
     // stalls (thirty-fourth session, call a).
     constexpr bool STEP = TILED && (NT == 1 || ST);
-    const unsigned char* wl = w + ((size_t)tile0 * kblocks + vw) * TBYTES + lane * 16;
+    const unsigned char* wl = w + ((size_t)tile0 * kblocks + warp) * TBYTES + lane * 16;
     const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
     const unsigned xdl = WBYTES + (lane >> 4) * 256 + (((lane & 15) ^ ((lane >> 4) & 1)) << 4);
     const unsigned short* xl = x + (size_t)(lane >> 4) * K + (lane & 15) * 8;
     const int xrow = lane >> 4;
-    // Copies of the ring's i-th block (k block vw + i * VW) into slot i % STAGES:
-    // the codes of the warp's tiles (tile hw of the block when paired).
+    // Copies of the warp's i-th block (k block warp + i * WARPS) into slot i % STAGES.
     auto copy_w = [&](int i) {
-        const int kb = vw + i * VW;
+        const int kb = warp + i * WARPS;
         const unsigned dst = ring_s + (i % STAGES) * SLOT;
 #pragma unroll
-        for (int r2 = 0; r2 < TR; r2++) {
-            const int rt = PR ? hw : r2;
+        for (int rt = 0; rt < RT; rt++) {
             if (RT > 1 && tile0 + rt >= ntiles) break;
             const unsigned d = dst + rt * TBYTES;
             if (STEP) {
-                const unsigned char* src = wl + (size_t)rt * kblocks * TBYTES + (size_t)i * (VW * TBYTES);
+                const unsigned char* src = wl + (size_t)rt * kblocks * TBYTES + (size_t)i * (WARPS * TBYTES);
 #pragma unroll
                 for (int p = 0; p < 4; p++) cp_async16(d + wdl + 512 * p, src + 512 * p, 16);
             } else if (TILED) {
@@ -224,21 +210,20 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
             }
         }
     };
-    // x's rows (paired: the pieces of parity hw, half of them).
     auto copy_x = [&](int i) {
-        const int kb = vw + i * VW;
+        const int kb = warp + i * WARPS;
         if (STEP) {
             const unsigned dst = ring_s + (i % STAGES) * SLOT + xdl;
             const bool in = kb * 128 + (lane & 15) * 8 < K;
             const unsigned short* src = in ? xl + kb * 128 : xl;
 #pragma unroll
-            for (int p = PR ? hw : 0; p < NT * 4; p += PR ? 2 : 1)
+            for (int p = 0; p < NT * 4; p++)
                 if (xrow + 2 * p < M) cp_async16(dst + 512 * p, src + (size_t)p * 2 * K, in ? 16 : 0);
             return;
         }
         const unsigned dst = ring_s + (i % STAGES) * SLOT + WBYTES;
 #pragma unroll
-        for (int p = PR ? hw : 0; p < NT * 4; p += PR ? 2 : 1) {
+        for (int p = 0; p < NT * 4; p++) {
             const int q = lane + 32 * p, r = q >> 4, c = q & 15;
             const int k = kb * 128 + c * 8;
             if (r < M)
@@ -246,9 +231,9 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
     };
 
-    float tot[TR][NT][4];
+    float tot[RT][NT][4];
 #pragma unroll
-    for (int rt = 0; rt < TR; rt++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -298,15 +283,13 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         cp_commit();
         cp_wait<STAGES - 1>();
         __syncwarp();
-        // The partner's copies into this slot have landed too.
-        if (PR) named_sync(1 + vw, 64);
         const unsigned char* ws = ring + (i % STAGES) * SLOT;
         const unsigned char* xs_base = ws + WBYTES;
-        float part[TR][NT][4];
-        float (&acc)[TR][NT][4] = PER_BLOCK ? part : tot;
+        float part[RT][NT][4];
+        float (&acc)[RT][NT][4] = PER_BLOCK ? part : tot;
         if (PER_BLOCK) {
 #pragma unroll
-            for (int rt = 0; rt < TR; rt++)
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -315,12 +298,11 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
-            uint4 wa[TR], wb[TR];
+            uint4 wa[RT], wb[RT];
 #pragma unroll
-            for (int rt = 0; rt < TR; rt++) {
-                const unsigned char* wt = ws + (PR ? hw : rt) * TBYTES;
-                wa[rt] = *reinterpret_cast<const uint4*>(wt + g * 128 + cw);
-                wb[rt] = *reinterpret_cast<const uint4*>(wt + (g + 8) * 128 + cw);
+            for (int rt = 0; rt < RT; rt++) {
+                wa[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + g * 128 + cw);
+                wb[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + (g + 8) * 128 + cw);
             }
             uint4 xv[NT][2];
 #pragma unroll
@@ -336,7 +318,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
             for (int s = 0; s < 4; s++)
 #pragma unroll
-                for (int rt = 0; rt < TR; rt++) {
+                for (int rt = 0; rt < RT; rt++) {
                     const unsigned int ua = word(wa[rt], s), ub = word(wb[rt], s);
                     unsigned int a0, a1, a2, a3;
                     if (XF16) {
@@ -359,35 +341,31 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
         if (PER_BLOCK) {
             // A block's RT tiles lie in one 128-row block of factors (128 % (16 RT) == 0).
-            const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + vw + i * VW] : 1.f;
+            const float f = mode == SCALE_BLOCK ? factors[(row0 / 128) * kblocks + warp + i * WARPS] : 1.f;
 #pragma unroll
-            for (int rt = 0; rt < TR; rt++)
+            for (int rt = 0; rt < RT; rt++)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
                     for (int e = 0; e < 4; e++) tot[rt][j][e] = fmaf(acc[rt][j][e], f, tot[rt][j][e]);
         }
-        // Every lane (of the pair) is done with this slot before a later copy refills it.
-        if (PR)
-            named_sync(1 + vw, 64);
-        else
-            __syncwarp();
+        // Every lane is done with this slot before a later copy refills it.
+        __syncwarp();
     }
     cp_wait<0>();
     if (!TILED) load_factors();
     __syncthreads();
-    // The rings' totals, summed in ring order (the ring is free now).
-    // [VW][RT * NT * 4][32]: ring q's value e of tile rt, token group j
-    // at ((q RT + rt) NT + j) 4 + e (paired, tile rt is warp 2q + rt's).
+    // The warps' totals, summed in warp order (the ring is free now).
+    // [WARPS][RT * NT * 4][32]: warp q's value e of tile rt, token group j
+    // at ((q RT + rt) NT + j) 4 + e.
     constexpr int PER_WARP = RT * NT * 4;
     float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
-    for (int r2 = 0; r2 < TR; r2++)
+    for (int rt = 0; rt < RT; rt++)
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
-                red[(vw * PER_WARP + ((PR ? hw : r2) * NT + j) * 4 + e) * 32 + lane] = tot[r2][j][e];
+            for (int e = 0; e < 4; e++) red[(warp * PER_WARP + (rt * NT + j) * 4 + e) * 32 + lane] = tot[rt][j][e];
     __syncthreads();
     // A thread's own factors for tile rt, by selects (a register array
     // indexed by a value known only at run time would go to local memory).
@@ -406,7 +384,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
             const int rt = e / (NT * 64), j = (e >> 6) % NT, i = (e >> 5) & 1, l = e & 31;
             float a = 0.f, u = 0.f;
 #pragma unroll
-            for (int q = 0; q < VW; q++) {
+            for (int q = 0; q < WARPS; q++) {
                 a += red[(q * PER_WARP + (rt * NT + j) * 4 + i) * 32 + l];
                 u += red[(q * PER_WARP + (rt * NT + j) * 4 + i + 2) * 32 + l];
             }
@@ -422,7 +400,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         const int idx = e >> 5, l = e & 31;
         float v = 0.f;
 #pragma unroll
-        for (int q = 0; q < VW; q++) v += red[(q * PER_WARP + idx) * 32 + l];
+        for (int q = 0; q < WARPS; q++) v += red[(q * PER_WARP + idx) * 32 + l];
         const int rt = idx / (NT * 4), j = (idx >> 2) % NT, i = idx & 3;
         const int row = row0 + rt * 16 + (l >> 2) + (i >= 2 ? 8 : 0);
         const int tok = j * 8 + 2 * (l & 3) + (i & 1);
@@ -441,49 +419,49 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 // at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products
 // to the running total rather than to a fresh zero, so outputs can differ
 // from the other path in the last bits (accumulation order only).
-#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, ST, PR)                        \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, ST)                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
         if (NT == 2 && !XF16 && (mode & SCALE_BITS) != SCALE_BLOCK)                                      \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, ST, PR>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, ST>(w, x, factors, y, M, N, K, mode); \
         else                                                                                             \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, ST, PR>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, ST>(w, x, factors, y, M, N, K, mode); \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, ST, PR)                                 \
-    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, ST, PR)                            \
-    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, ST, PR)
-#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, ST, PR)                                               \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, ST, PR)                  \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, ST, PR)                  \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, ST, PR)        \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, ST, PR)
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, ST)                                     \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, ST)                                \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, ST)
+#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, ST)                                                   \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, ST)            \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, ST)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
 // tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
 // name for row-major codes, and with a `t` appended for tiled codes; for
 // bf16 x, and with `_xf16` after the shape's tag for f16 x.
-#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, ST, PR)                                                      \
-    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, ST, PR)                                                   \
-    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, ST, PR)
+#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, ST)                                                          \
+    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, ST)                                                       \
+    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, ST)
 #if MIXED_IN_PART(0)
-MIXED_SMALL_CFG(n4, 1, 8, 3, 1, false, false)
-MIXED_SMALL_CFG(n8, 1, 8, 2, 1, false, false)
+MIXED_SMALL_CFG(n4, 1, 8, 3, 1, false)
+MIXED_SMALL_CFG(n8, 1, 8, 2, 1, false)
 // 9 to 16 tokens with 64 weight rows a block (`SMALL_WIDE` in mixed.rs),
 // here to even out the parts' compile times.
-MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, false, false)
+MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, false)
 #endif
 #if MIXED_IN_PART(1)
-MIXED_SMALL_CFG(n16, 2, 4, 3, 1, false, false)
+MIXED_SMALL_CFG(n16, 2, 4, 3, 1, false)
 // 9 to 16 tokens with 32 weight rows a block, where those blocks still fill
 // the SMs (`SMALL_WIDE` in mixed.rs; the 64-row shape is in part 0).
-MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, false, false)
+MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, false)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
-MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, false, false)
+MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, false)
 // 9 to 16 tokens whose 32-row blocks fill between half and all of the SMs:
 // 8 warps x 2 stages x 32 rows, one block an SM (`SMALL_FEW` in mixed.rs).
-MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, true, false)
+MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, true)
 #endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,

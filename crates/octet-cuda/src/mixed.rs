@@ -211,11 +211,10 @@ pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
-/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:stepped[:paired]]]`
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:stepped]]`
 /// (e.g. `2:4:2`: 16 tokens, 4 warps, 2 stages; `2:4:3:2`: the same with 3
 /// stages and 32 weight rows a block; `2:8:2:2:1`: 8 warps, 32 rows, stepped
-/// copies over tiled codes (`SmallCfg::stepped`); `2:16:2:2:1:1`: 16 warps in
-/// pairs over 8 rings (`SmallCfg::paired`); `table` or empty: the
+/// copies over tiled codes (`SmallCfg::stepped`); `table` or empty: the
 /// table's): for tuning the table on a new GPU with `octet bench mixed`,
 /// compiled at start-up.
 pub(crate) struct SmallTune(SmallCfg);
@@ -234,20 +233,18 @@ impl SmallTune {
         };
         let bad = || {
             Error::Toolkit(format!(
-                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:stepped[:paired]]], \
-                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, stepped 0 or 1, \
-                 paired 0 or 1 (with 2 row tiles and even warps)"
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:stepped]], \
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, stepped 0 or 1"
             ))
         };
         let f: Vec<u32> = v
             .split(':')
             .map(|p| p.parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let (g, w, st, rt, step, pair) = match *f.as_slice() {
-            [g, w, st] => (g, w, st, 1, 0, 0),
-            [g, w, st, rt] => (g, w, st, rt, 0, 0),
-            [g, w, st, rt, step] => (g, w, st, rt, step, 0),
-            [g, w, st, rt, step, pair] => (g, w, st, rt, step, pair),
+        let (g, w, st, rt, step) = match *f.as_slice() {
+            [g, w, st] => (g, w, st, 1, 0),
+            [g, w, st, rt] => (g, w, st, rt, 0),
+            [g, w, st, rt, step] => (g, w, st, rt, step),
             _ => return Err(bad()),
         };
         if !(1..=2).contains(&g)
@@ -255,8 +252,6 @@ impl SmallTune {
             || !(2..=8).contains(&st)
             || ![1, 2, 4].contains(&rt)
             || step > 1
-            || pair > 1
-            || (pair == 1 && (rt != 2 || w % 2 != 0))
         {
             return Err(bad());
         }
@@ -266,7 +261,6 @@ impl SmallTune {
             stages: st,
             row_tiles: rt,
             stepped: step == 1,
-            paired: pair == 1,
         })))
     }
 
@@ -274,13 +268,12 @@ impl SmallTune {
     pub(crate) fn source_line(&self) -> String {
         let c = &self.0;
         format!(
-            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {}, {}, {})\n",
+            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {}, {})\n",
             c.tokens / 8,
             c.warps,
             c.stages,
             c.row_tiles,
-            c.stepped,
-            c.paired
+            c.stepped
         )
     }
 }
@@ -331,10 +324,6 @@ struct SmallCfg {
     /// `mixed.cu`; one group always steps): fixed per-lane offsets instead of
     /// each piece's address worked out again in every block.
     stepped: bool,
-    /// Paired warps (`PR` in `mixed.cu`; two row tiles): warps 2p and 2p + 1
-    /// share a ring and its x tiles, each multiplying one of the tiles, so a
-    /// block has twice the warps for the same shared memory.
-    paired: bool,
 }
 
 impl SmallCfg {
@@ -351,12 +340,7 @@ impl SmallCfg {
     /// Dynamic shared memory with `xrows` token rows a slot: `rows()` x 128
     /// codes and `xrows` x 128 bf16 of x, a slot per stage per warp.
     const fn smem(&self, xrows: u32) -> u32 {
-        let rings = if self.paired {
-            self.warps / 2
-        } else {
-            self.warps
-        };
-        rings * self.stages * (self.rows() * 128 + xrows * 256)
+        self.warps * self.stages * (self.rows() * 128 + xrows * 256)
     }
 }
 
@@ -376,7 +360,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 3,
         row_tiles: 1,
         stepped: false,
-        paired: false,
     },
     SmallCfg {
         tokens: 8,
@@ -384,7 +367,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 2,
         row_tiles: 1,
         stepped: false,
-        paired: false,
     },
     SmallCfg {
         tokens: 16,
@@ -392,7 +374,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 3,
         row_tiles: 1,
         stepped: false,
-        paired: false,
     },
 ];
 
@@ -410,7 +391,6 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     stages: 3,
     row_tiles: 1,
     stepped: false,
-    paired: false,
 };
 
 /// The 16-token shapes with more weight rows a block: 64 rows (4 warps x 2
@@ -436,7 +416,6 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         stages: 2,
         row_tiles: 4,
         stepped: false,
-        paired: false,
     },
     SmallCfg {
         tokens: 16,
@@ -444,7 +423,6 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         stages: 3,
         row_tiles: 2,
         stepped: false,
-        paired: false,
     },
 ];
 
@@ -461,13 +439,16 @@ const SMALL_WIDE: [SmallCfg; 2] = [
 /// reads more (4096x8192: 0.77 against 0.68); at half the SMs or fewer
 /// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Not measured on
 /// an H100, whose 4096x4096 cell read 0.81-0.82 with the table's shape.
+/// Stepped copies (`ST`) over per-piece ones: 0.68-0.69/0.68 against
+/// 0.68/0.67 at 12/16 tokens (forty-second session, call c), kept; two warps
+/// sharing a ring (call d) read less everywhere (0.64 at 16 tokens) and were
+/// taken out again (`bench/session42-paired.patch`).
 const SMALL_FEW: SmallCfg = SmallCfg {
     tokens: 16,
     warps: 8,
     stages: 2,
     row_tiles: 2,
     stepped: true,
-    paired: false,
 };
 
 /// Whether a 16-token launch of `groups` token groups over `n` weight rows
@@ -1230,7 +1211,7 @@ mod tests {
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (16, 8, 3, 1));
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, false, false)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, false)"),
             "{line}"
         );
         let t = SmallTune::parse(Some("1:4:2:2"))
@@ -1248,20 +1229,7 @@ mod tests {
         assert!(t.stepped);
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true, false)"),
-            "{line}"
-        );
-        // Paired warps: 16 warps over 8 rings of 32 rows' codes and 16 tokens' x.
-        let t = SmallTune::parse(Some("2:16:2:2:1:1"))
-            .ok()
-            .flatten()
-            .map(|t| t.0);
-        let t = t.expect("a shape with paired warps");
-        assert!(t.paired && t.stepped);
-        assert_eq!(t.smem(16), 8 * 2 * (32 * 128 + 16 * 256));
-        let line = SmallTune(t).source_line();
-        assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 16, 2, 2, true, true)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true)"),
             "{line}"
         );
         for bad in [
@@ -1273,10 +1241,7 @@ mod tests {
             "1:4:2:0",
             "1:4:2:8",
             "1:4:2:2:2",
-            "1:4:2:1:1:1",
-            "1:5:2:2:1:1",
-            "1:4:2:2:1:2",
-            "1:4:2:2:1:1:1",
+            "1:4:2:2:1:1",
             "a:b:c",
             "1:17:2",
         ] {
@@ -1298,14 +1263,7 @@ mod tests {
             return;
         }
         let src = crate::KERNEL_SOURCES[2].1;
-        for v in [
-            "1:8:3:2",
-            "2:4:3:2",
-            "2:4:2:4",
-            "2:8:2:2:1",
-            "2:16:2:2:1:1",
-            "1:8:2:2:0:1",
-        ] {
+        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4", "2:8:2:2:1"] {
             let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
             for arch in ["sm_90a", "sm_80"] {
                 let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
@@ -1325,8 +1283,8 @@ mod tests {
         for c in &SMALL_CFG {
             let groups = if c.tokens > 8 { 2 } else { 1 };
             let line = format!(
-                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {}, {})",
-                c.tokens, c.warps, c.stages, c.row_tiles, c.stepped, c.paired
+                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {})",
+                c.tokens, c.warps, c.stages, c.row_tiles, c.stepped
             );
             assert!(src.contains(&line), "mixed.cu lacks `{line}`");
         }
@@ -1350,15 +1308,15 @@ mod tests {
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
         let few = &super::SMALL_F16_FEW;
         let line = format!(
-            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.stepped, few.paired
+            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
         for wide in &super::SMALL_WIDE {
             let line = format!(
-                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {}, {})",
-                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.stepped, wide.paired
+                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {})",
+                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.stepped
             );
             assert!(include_str!("../kernels/mixed.cu").contains(&line));
             assert_eq!(wide.group(), SMALL_CFG[2].group());
@@ -1367,8 +1325,8 @@ mod tests {
         }
         let few = &super::SMALL_FEW;
         let line = format!(
-            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.stepped, few.paired
+            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!((few.group(), few.rows()), (SMALL_CFG[2].group(), 32));
