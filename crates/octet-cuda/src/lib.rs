@@ -146,6 +146,18 @@ pub const KERNEL_SOURCES: [(&str, &str); 11] = [
     ("lora", kernel_source!("lora.cu")),
 ];
 
+/// Peak DRAM bandwidth in GB/s: two transfers a memory clock (DDR; HBM
+/// reports its clock so that this holds) over the bus width. `None` where the
+/// driver reports either as zero or not at all.
+fn dram_peak_gbps(ctx: &CudaContext) -> Option<f64> {
+    use cudarc::driver::sys::CUdevice_attribute::*;
+    let khz = ctx.attribute(CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).ok()?;
+    let bits = ctx
+        .attribute(CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH)
+        .ok()?;
+    (khz > 0 && bits > 0).then(|| 2.0 * khz as f64 * 1e3 * bits as f64 / 8.0 / 1e9)
+}
+
 /// The NVRTC target for a compute capability: `sm_90a` on Hopper, for its
 /// architecture-specific instructions (wgmma, TMA). Ampere (8.0, 8.6, 8.7)
 /// has bf16 tensor cores but no FP8: its kernels convert FP8 in integer code
@@ -231,6 +243,12 @@ pub struct GpuInfo {
     pub total_mem: usize,
     /// Streaming multiprocessors.
     pub sm_count: i32,
+    /// Peak DRAM bandwidth in GB/s, from the memory clock and bus width the
+    /// driver reports (`None` where it reports neither).
+    pub dram_gbps: Option<f64>,
+    /// 16-token weight-only launches take the wide and few-block shapes
+    /// (`OCTET_MIXED_WIDE`, else by DRAM bandwidth an SM: see `mixed.rs`).
+    pub mixed_wide: bool,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
     /// FP8 <-> f32 conversions by the hardware's instructions (`false`: by
@@ -245,7 +263,7 @@ impl std::fmt::Display for GpuInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, NVRTC {}.{}, FP8 conversions {}, {}",
+            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, DRAM peak {}, NVRTC {}.{}, FP8 conversions {}, {}",
             self.name,
             self.ordinal,
             self.compute_capability.0,
@@ -253,6 +271,13 @@ impl std::fmt::Display for GpuInfo {
             self.arch,
             self.sm_count,
             self.total_mem as f64 / (1u64 << 30) as f64,
+            match self.dram_gbps {
+                Some(g) => format!(
+                    "{g:.0} GB/s ({} 16-token shapes)",
+                    if self.mixed_wide { "wide" } else { "table" }
+                ),
+                None => "unknown".into(),
+            },
             self.nvrtc.0,
             self.nvrtc.1,
             if self.fp8_convert_hw {
@@ -303,6 +328,8 @@ pub struct Gpu {
     pub cc: (i32, i32),
     /// Streaming multiprocessors.
     pub sm_count: i32,
+    /// Peak DRAM bandwidth in GB/s (`GpuInfo::dram_gbps`).
+    pub(crate) dram_gbps: Option<f64>,
     /// Walk the cast kernel's tiles last-to-first, so that it starts on the
     /// part of the tensor the amax pass read last (likely still in L2).
     /// Bit-identical either way; only the speed differs (see NOTES.md).
@@ -377,6 +404,7 @@ impl Gpu {
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
         )?;
         let arch = arch_for(cc)?;
+        let dram_gbps = dram_peak_gbps(&ctx);
         tracing::debug!(
             ordinal,
             compute_capability = ?cc,
@@ -470,7 +498,12 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
-        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune)?;
+        let wide = mixed::wide_shapes(
+            std::env::var("OCTET_MIXED_WIDE").ok().as_deref(),
+            dram_gbps,
+            sm_count,
+        )?;
+        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune, wide)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {
@@ -502,6 +535,7 @@ impl Gpu {
             ctx,
             stream,
             cc,
+            dram_gbps,
             sm_count,
             reverse_cast: true,
             ordinal,
@@ -550,6 +584,8 @@ impl Gpu {
             arch: self.arch,
             total_mem: self.ctx.total_mem()?,
             sm_count: self.sm_count,
+            dram_gbps: self.dram_gbps,
+            mixed_wide: self.k.mixed.wide(),
             nvrtc: nvrtc::nvrtc_version()?,
             fp8_convert_hw: self.fp8_convert_hw,
             fp8_gemm: self.fp8_gemm,

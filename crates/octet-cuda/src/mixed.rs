@@ -115,6 +115,9 @@ pub(crate) struct MixedKernels {
     /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels
     /// `[x type][format][layout][out]`.
     tune: Option<(SmallCfg, [[ByLayout; 2]; 2])>,
+    /// 16-token launches take the shapes that read x once for more weight
+    /// rows (`SMALL_WIDE`, `SMALL_FEW`) where they apply: see [`wide_shapes`].
+    wide: bool,
 }
 
 /// The element type of the activations `x` of a weight-only product on the
@@ -406,9 +409,10 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
 ///   an SM) or 2 warps it lost.
 ///
 /// 4096x4096 at one token group keeps the table's shape: 128 blocks of 32
-/// rows on 132 SMs read 0.60-0.61 against 0.58-0.59 (call b), but on the H100
-/// that cell (0.81-0.82) was measured with the table's shape and the wide
-/// ones were not. At 1-8 tokens two row tiles lost on every weight (call b).
+/// rows on 132 SMs read 0.60-0.61 against 0.58-0.59 (call b); `SMALL_FEW`
+/// is its shape. At 1-8 tokens two row tiles lost on every weight (call b).
+/// Only on GPUs with as much DRAM bandwidth an SM as the H200 (`wide_shapes`):
+/// the H100's figures were measured with the table's shapes.
 const SMALL_WIDE: [SmallCfg; 2] = [
     SmallCfg {
         tokens: 16,
@@ -437,8 +441,9 @@ const SMALL_WIDE: [SmallCfg; 2] = [
 /// 10 or 13 less, 6 or 5 (warps that split 32 column blocks unevenly) or 3
 /// stages less again. Where the 32-row blocks fill every SM a wide shape
 /// reads more (4096x8192: 0.77 against 0.68); at half the SMs or fewer
-/// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Not measured on
-/// an H100, whose 4096x4096 cell read 0.81-0.82 with the table's shape.
+/// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Like
+/// `SMALL_WIDE`, only where `wide_shapes` says: the H100's 4096x4096 cell
+/// read 0.81-0.82 with the table's shape, and this one has not run there.
 /// Stepped copies (`ST`) over per-piece ones: 0.68-0.69/0.68 against
 /// 0.68/0.67 at 12/16 tokens (forty-second session, call c), kept; two warps
 /// sharing a ring (call d) read less everywhere (0.64 at 16 tokens) and were
@@ -477,6 +482,35 @@ fn few_fits(lim: SmemLimits) -> bool {
     need <= lim.per_block && 2 * (need + lim.reserved) <= lim.per_sm
 }
 
+/// Peak DRAM bandwidth an SM, in GB/s, from which 16-token launches take the
+/// shapes that read x once for more weight rows (`SMALL_WIDE`, `SMALL_FEW`).
+///
+/// At 16 tokens the table's 16-row blocks read 2 bytes of x through L2 for
+/// every byte of codes, so an SM keeping up with DRAM pulls three times its
+/// share of DRAM bandwidth out of L2. On the H200 (4.9 TB/s peak, 37 GB/s an
+/// SM) cutting that traffic lifted 9-16 tokens by 0.09-0.13 of copy
+/// (fortieth and forty-first sessions); on the H100 (3.35 TB/s, 25 GB/s an
+/// SM) three ways of cutting it gained nothing (seventeenth, thirty-third and
+/// thirty-fifth sessions), and its figures were measured with the table's
+/// shapes, the wide ones never. The threshold lies between the two GPUs
+/// measured; nothing finer is known.
+pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
+
+/// Whether 16-token launches take the wide and few-block shapes: by
+/// `OCTET_MIXED_WIDE` (`env`: `1` on, `0` off, for comparisons), else where
+/// the device's peak DRAM bandwidth (`dram_gbps`, GB/s; `None` where the
+/// driver does not report it) is at least [`WIDE_DRAM_GBPS_PER_SM`] an SM.
+pub(crate) fn wide_shapes(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<bool> {
+    match env {
+        Some("1") => Ok(true),
+        Some("0") => Ok(false),
+        Some(v) => Err(Error::Shape(format!(
+            "OCTET_MIXED_WIDE={v:?}: expected 1 (the wide and few-block 16-token shapes) or 0 (the table's)"
+        ))),
+        None => Ok(dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64)),
+    }
+}
+
 /// Dynamic shared memory of `mixed_wg`: five 40 KiB stages, their five
 /// barriers, and 1 KiB of slack for the 1024-byte alignment of the swizzled tiles.
 const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
@@ -484,11 +518,17 @@ const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
 const WG_TILE: (usize, usize) = (128, 256);
 
 impl MixedKernels {
+    /// Whether 16-token launches take the wide and few-block shapes.
+    pub(crate) fn wide(&self) -> bool {
+        self.wide
+    }
+
     pub(crate) fn load(
         parts: &[Arc<CudaModule>],
         arch: &str,
         smem: SmemLimits,
         tune: Option<SmallTune>,
+        wide: bool,
     ) -> Result<MixedKernels> {
         use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
         // A kernel from whichever part of the module built it.
@@ -614,6 +654,7 @@ impl MixedKernels {
             smem,
             read_floor: f("read_floor")?,
             tune,
+            wide,
         })
     }
 }
@@ -1080,8 +1121,9 @@ impl Gpu {
         }
         let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
         let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
+        let wide = self.k.mixed.wide && c == 2;
         if let Some(few) = &self.k.mixed.small_few {
-            if c == 2 && few_shape(groups, n as u32, self.sm_count as u32) {
+            if wide && few_shape(groups, n as u32, self.sm_count as u32) {
                 return self.launch_small(&few[xi][fmt][lay][out], &SMALL_FEW, w, x, y, dims);
             }
         }
@@ -1090,7 +1132,7 @@ impl Gpu {
                 return self.launch_small(&few[fmt][lay][out], &SMALL_F16_FEW, w, x, y, dims);
             }
         }
-        if c == 2 {
+        if wide {
             if let Some(s) = wide_shape(groups, n as u32, self.sm_count as u32) {
                 let f = &self.k.mixed.small_wide[s][xi][fmt][lay][out];
                 return self.launch_small(f, &SMALL_WIDE[s], w, x, y, dims);
@@ -1336,6 +1378,29 @@ mod tests {
         assert!(super::SMALL_WIDE
             .windows(2)
             .all(|w| w[0].rows() > w[1].rows()));
+    }
+
+    /// The wide and few-block shapes go to the GPU they were measured on: the
+    /// H200's peak (3201 MHz x 6144 bits, 4917 GB/s on 132 SMs) takes them,
+    /// the H100 SXM's (2619 MHz x 5120 bits, 3352 GB/s) keeps the table, as
+    /// does a device whose driver reports no memory clock. The variable wins
+    /// either way, and a value other than 0 or 1 is an error naming it.
+    #[test]
+    fn wide_shapes_follow_dram_bandwidth_an_sm() {
+        use super::wide_shapes;
+        let peak = |mhz: f64, bits: f64| 2.0 * mhz * 1e6 * bits / 8.0 / 1e9;
+        let (h200, h100) = (peak(3201.0, 6144.0), peak(2619.0, 5120.0));
+        assert!((h200 - 4917.0).abs() < 1.0 && (h100 - 3352.0).abs() < 1.0);
+        assert!(wide_shapes(None, Some(h200), 132).unwrap());
+        assert!(!wide_shapes(None, Some(h100), 132).unwrap());
+        assert!(!wide_shapes(None, None, 132).unwrap());
+        // The same bandwidth over half the SMs is twice as much an SM.
+        assert!(wide_shapes(None, Some(h100), 66).unwrap());
+        assert!(wide_shapes(Some("1"), Some(h100), 132).unwrap());
+        assert!(wide_shapes(Some("1"), None, 132).unwrap());
+        assert!(!wide_shapes(Some("0"), Some(h200), 132).unwrap());
+        let e = wide_shapes(Some("yes"), Some(h200), 132).unwrap_err();
+        assert!(e.to_string().contains("OCTET_MIXED_WIDE"), "{e}");
     }
 
     /// A wide 16-token shape goes where its blocks still fill the SMs, the
