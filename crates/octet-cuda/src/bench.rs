@@ -563,6 +563,10 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
         ratio: 1.0,
         vs: "copy".into(),
     });
+    let l2_bytes = gpu
+        .ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?
+        as usize;
     for &(k, n) in kns {
         let wf = random_f32(n * k, 11, 0.02);
         let w = Fp8Weight::quantize(&wf, n, k, Format::E4M3, WeightScaling::Channel)
@@ -752,6 +756,35 @@ pub fn bench_mixed(gpu: &Gpu, ms: &[usize], kns: &[(usize, usize)]) -> Result<Ve
                     bf,
                 );
                 rows.push(x16);
+                // One weight over and over: where it fits in half of L2 the
+                // codes stay there, and the time is what the kernel needs
+                // without DRAM (on-chip traffic, instructions, launch gaps).
+                if dw.bytes() <= l2_bytes / 2 {
+                    let same = |x: &CudaSlice<u16>, t: crate::XType, y: &mut CudaSlice<u16>| {
+                        time_graph_ms(gpu, 2, 10, |g| {
+                            (0..copies).try_for_each(|_| g.mixed_matmul_x(x, t, m, &dw, y))
+                        })
+                        .map(per)
+                    };
+                    let hot = [
+                        ("", same(&dx, crate::XType::Bf16, &mut y)?),
+                        (", x f16", same(&dx16, f16x, &mut y)?),
+                    ];
+                    for (how, t) in hot {
+                        let rate = gbs(dwr.bytes(), t);
+                        rows.push(BenchRow {
+                            name: format!(
+                                "mixed fp8 e4m3 per-channel K={k} N={n} M={m}{how}, one weight {copies} times in a graph (L2-resident, {} MiB L2)",
+                                l2_bytes >> 20
+                            ),
+                            ms: t,
+                            rate,
+                            unit: "weight GB/s",
+                            ratio: rate / copy_gbs,
+                            vs: "copy".into(),
+                        });
+                    }
+                }
                 let rate = gbs(dwr.bytes(), mixed);
                 rows.push(BenchRow {
                     name: format!(

@@ -41,7 +41,7 @@ mod tma;
 pub use bench::{bench, bench_linear, BenchRow};
 pub use check::{selftest, CaseResult};
 pub use gemm::{AddTo, GemmDst, GemmOut, OutType};
-pub use mixed::{tile_codes, CodeLayout, DeviceFp8Weight, XType};
+pub use mixed::{tile_codes, CodeLayout, DeviceFp8Weight, Shapes16, XType};
 pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput, TensorAmax};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr};
@@ -246,9 +246,10 @@ pub struct GpuInfo {
     /// Peak DRAM bandwidth in GB/s, from the memory clock and bus width the
     /// driver reports (`None` where it reports neither).
     pub dram_gbps: Option<f64>,
-    /// 16-token weight-only launches take the wide and few-block shapes
-    /// (`OCTET_MIXED_WIDE`, else by DRAM bandwidth an SM: see `mixed.rs`).
-    pub mixed_wide: bool,
+    /// Which of the wide and few-block shapes 16-token weight-only launches
+    /// take (`OCTET_MIXED_WIDE`, else the wide ones by DRAM bandwidth an SM:
+    /// see `mixed.rs`).
+    pub mixed_shapes16: mixed::Shapes16,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
     /// FP8 <-> f32 conversions by the hardware's instructions (`false`: by
@@ -263,7 +264,7 @@ impl std::fmt::Display for GpuInfo {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, DRAM peak {}, NVRTC {}.{}, FP8 conversions {}, {}",
+            "{} (cuda:{}), compute capability {}.{} ({}), {} SMs, {:.1} GiB, DRAM peak {} ({} 16-token shapes), NVRTC {}.{}, FP8 conversions {}, {}",
             self.name,
             self.ordinal,
             self.compute_capability.0,
@@ -272,11 +273,14 @@ impl std::fmt::Display for GpuInfo {
             self.sm_count,
             self.total_mem as f64 / (1u64 << 30) as f64,
             match self.dram_gbps {
-                Some(g) => format!(
-                    "{g:.0} GB/s ({} 16-token shapes)",
-                    if self.mixed_wide { "wide" } else { "table" }
-                ),
+                Some(g) => format!("{g:.0} GB/s"),
                 None => "unknown".into(),
+            },
+            match (self.mixed_shapes16.wide, self.mixed_shapes16.few) {
+                (true, true) => "wide and few-block",
+                (true, false) => "wide",
+                (false, true) => "few-block",
+                (false, false) => "table",
             },
             self.nvrtc.0,
             self.nvrtc.1,
@@ -498,12 +502,12 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
-        let wide = mixed::wide_shapes(
+        let shapes16 = mixed::shapes16(
             std::env::var("OCTET_MIXED_WIDE").ok().as_deref(),
             dram_gbps,
             sm_count,
         )?;
-        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune, wide)?;
+        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune, shapes16)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {
@@ -585,7 +589,7 @@ impl Gpu {
             total_mem: self.ctx.total_mem()?,
             sm_count: self.sm_count,
             dram_gbps: self.dram_gbps,
-            mixed_wide: self.k.mixed.wide(),
+            mixed_shapes16: self.k.mixed.shapes16(),
             nvrtc: nvrtc::nvrtc_version()?,
             fp8_convert_hw: self.fp8_convert_hw,
             fp8_gemm: self.fp8_gemm,

@@ -115,9 +115,9 @@ pub(crate) struct MixedKernels {
     /// A shape under trial (`OCTET_MIXED_TUNE`) and its kernels
     /// `[x type][format][layout][out]`.
     tune: Option<(SmallCfg, [[ByLayout; 2]; 2])>,
-    /// 16-token launches take the shapes that read x once for more weight
-    /// rows (`SMALL_WIDE`, `SMALL_FEW`) where they apply: see [`wide_shapes`].
-    wide: bool,
+    /// Which of the 16-token shapes that read x once for more weight rows
+    /// (`SMALL_WIDE`, `SMALL_FEW`) this device takes: see [`shapes16`].
+    shapes: Shapes16,
 }
 
 /// The element type of the activations `x` of a weight-only product on the
@@ -411,7 +411,7 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
 /// 4096x4096 at one token group keeps the table's shape: 128 blocks of 32
 /// rows on 132 SMs read 0.60-0.61 against 0.58-0.59 (call b); `SMALL_FEW`
 /// is its shape. At 1-8 tokens two row tiles lost on every weight (call b).
-/// Only on GPUs with as much DRAM bandwidth an SM as the H200 (`wide_shapes`):
+/// Only on GPUs with as much DRAM bandwidth an SM as the H200 (`shapes16`):
 /// the H100's figures were measured with the table's shapes.
 const SMALL_WIDE: [SmallCfg; 2] = [
     SmallCfg {
@@ -441,9 +441,10 @@ const SMALL_WIDE: [SmallCfg; 2] = [
 /// 10 or 13 less, 6 or 5 (warps that split 32 column blocks unevenly) or 3
 /// stages less again. Where the 32-row blocks fill every SM a wide shape
 /// reads more (4096x8192: 0.77 against 0.68); at half the SMs or fewer
-/// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Like
-/// `SMALL_WIDE`, only where `wide_shapes` says: the H100's 4096x4096 cell
-/// read 0.81-0.82 with the table's shape, and this one has not run there.
+/// (2048x2048, 64 blocks) the table's (0.35 against 0.31). Unlike
+/// `SMALL_WIDE`, not bound to DRAM bandwidth an SM (`shapes16` says why):
+/// the H100's 4096x4096 cell read 0.81-0.82 with the table's shape, and this
+/// one is predicted, not yet measured, to read more there.
 /// Stepped copies (`ST`) over per-piece ones: 0.68-0.69/0.68 against
 /// 0.68/0.67 at 12/16 tokens (forty-second session, call c), kept; two warps
 /// sharing a ring (call d) read less everywhere (0.64 at 16 tokens) and were
@@ -483,7 +484,7 @@ fn few_fits(lim: SmemLimits) -> bool {
 }
 
 /// Peak DRAM bandwidth an SM, in GB/s, from which 16-token launches take the
-/// shapes that read x once for more weight rows (`SMALL_WIDE`, `SMALL_FEW`).
+/// wide shapes (`SMALL_WIDE`), which read x once for more weight rows.
 ///
 /// At 16 tokens the table's 16-row blocks read 2 bytes of x through L2 for
 /// every byte of codes, so an SM keeping up with DRAM pulls three times its
@@ -491,23 +492,55 @@ fn few_fits(lim: SmemLimits) -> bool {
 /// SM) cutting that traffic lifted 9-16 tokens by 0.09-0.13 of copy
 /// (fortieth and forty-first sessions); on the H100 (3.35 TB/s, 25 GB/s an
 /// SM) three ways of cutting it gained nothing (seventeenth, thirty-third and
-/// thirty-fifth sessions), and its figures were measured with the table's
-/// shapes, the wide ones never. The threshold lies between the two GPUs
+/// thirty-fifth sessions): there the launches that fill every SM are held by
+/// DRAM (4096x14336 at 16 tokens, table shape: 0.87 of copy on the H100). The threshold lies between the two GPUs
 /// measured; nothing finer is known.
 pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 
-/// Whether 16-token launches take the wide and few-block shapes: by
-/// `OCTET_MIXED_WIDE` (`env`: `1` on, `0` off, for comparisons), else where
-/// the device's peak DRAM bandwidth (`dram_gbps`, GB/s; `None` where the
-/// driver does not report it) is at least [`WIDE_DRAM_GBPS_PER_SM`] an SM.
-pub(crate) fn wide_shapes(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<bool> {
+/// Which of the 16-token shapes that read x once for more weight rows a
+/// device takes: the wide ones (`SMALL_WIDE`, where their blocks fill every
+/// SM) and the few-block one (`SMALL_FEW`, where 32-row blocks fill more
+/// than half of the SMs but not all).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shapes16 {
+    /// `SMALL_WIDE`: by DRAM bandwidth an SM ([`WIDE_DRAM_GBPS_PER_SM`]).
+    pub wide: bool,
+    /// `SMALL_FEW`: on every device whose shared memory holds its block.
+    pub few: bool,
+}
+
+/// The 16-token shapes a device takes: by `OCTET_MIXED_WIDE` (`env`: `1`
+/// both, `0` neither, for comparisons), else the wide ones where the peak
+/// DRAM bandwidth (`dram_gbps`, GB/s; `None` where the driver does not
+/// report it) is at least [`WIDE_DRAM_GBPS_PER_SM`] an SM, and the few-block
+/// one everywhere.
+///
+/// Why the few-block shape does not follow DRAM bandwidth: the launches it
+/// takes (4096x4096 at 9-16 tokens: 128 blocks of 32 rows on 132 SMs) are not
+/// held by DRAM on either Hopper. With the table's shape such a launch took
+/// the same time on both, 6.9 us at 16 tokens (H100: 0.81 of its 2983 GB/s
+/// copy, thirty-eighth session, call c; H200: 0.58 of 4201 GB/s, forty-third
+/// session, call b), and with f16 x 6.6 us on both (0.85 and 0.60), though
+/// the H200 moves bytes 1.4 times as fast. What holds it is per SM: x read
+/// through L2 twice over for every byte of codes, and the instructions. The
+/// few-block shape halves x's traffic and took 5.9 us on the H200 (0.68).
+/// The same 132 SMs at the same clock should need no longer on the H100,
+/// where its 8-token launches of the same weight take 6.5 us (0.87 of copy):
+/// the prediction is that DRAM holds the few-block shape there, near 0.87,
+/// against 0.81-0.82 with the table's. No H100 has run it yet: `bash
+/// bench/gpu-session44-h100.sh` measures it both ways.
+pub(crate) fn shapes16(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<Shapes16> {
+    let both = |on: bool| Shapes16 { wide: on, few: on };
     match env {
-        Some("1") => Ok(true),
-        Some("0") => Ok(false),
+        Some("1") => Ok(both(true)),
+        Some("0") => Ok(both(false)),
         Some(v) => Err(Error::Shape(format!(
             "OCTET_MIXED_WIDE={v:?}: expected 1 (the wide and few-block 16-token shapes) or 0 (the table's)"
         ))),
-        None => Ok(dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64)),
+        None => Ok(Shapes16 {
+            wide: dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64),
+            few: true,
+        }),
     }
 }
 
@@ -518,9 +551,13 @@ const WG_SMEM: usize = 5 * (256 * 64 * 2 + 128 * 64) + 64 + 1024;
 const WG_TILE: (usize, usize) = (128, 256);
 
 impl MixedKernels {
-    /// Whether 16-token launches take the wide and few-block shapes.
-    pub(crate) fn wide(&self) -> bool {
-        self.wide
+    /// Which of the wide and few-block 16-token shapes launches take (the
+    /// few-block one only where its kernels were built).
+    pub(crate) fn shapes16(&self) -> Shapes16 {
+        Shapes16 {
+            few: self.shapes.few && self.small_few.is_some(),
+            ..self.shapes
+        }
     }
 
     pub(crate) fn load(
@@ -528,7 +565,7 @@ impl MixedKernels {
         arch: &str,
         smem: SmemLimits,
         tune: Option<SmallTune>,
-        wide: bool,
+        shapes: Shapes16,
     ) -> Result<MixedKernels> {
         use cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES as MAXSMEM;
         // A kernel from whichever part of the module built it.
@@ -654,7 +691,7 @@ impl MixedKernels {
             smem,
             read_floor: f("read_floor")?,
             tune,
-            wide,
+            shapes,
         })
     }
 }
@@ -1121,9 +1158,10 @@ impl Gpu {
         }
         let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
         let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
-        let wide = self.k.mixed.wide && c == 2;
+        let shapes = self.k.mixed.shapes;
+        let (wide, few16) = (shapes.wide && c == 2, shapes.few && c == 2);
         if let Some(few) = &self.k.mixed.small_few {
-            if wide && few_shape(groups, n as u32, self.sm_count as u32) {
+            if few16 && few_shape(groups, n as u32, self.sm_count as u32) {
                 return self.launch_small(&few[xi][fmt][lay][out], &SMALL_FEW, w, x, y, dims);
             }
         }
@@ -1380,27 +1418,31 @@ mod tests {
             .all(|w| w[0].rows() > w[1].rows()));
     }
 
-    /// The wide and few-block shapes go to the GPU they were measured on: the
-    /// H200's peak (4814 GB/s on 132 SMs as its driver reports it, forty-third
-    /// session, call b) takes them, the H100 SXM's (2619 MHz x 5120 bits,
-    /// 3352 GB/s) keeps the table, as does a device whose driver reports no
-    /// memory clock. The variable wins either way, and a value other than 0
-    /// or 1 is an error naming it.
+    /// The wide shapes go to the GPU they were measured on: the H200's peak
+    /// (4814 GB/s on 132 SMs as its driver reports it, forty-third session,
+    /// call b) takes them, the H100 SXM's (2619 MHz x 5120 bits, 3352 GB/s)
+    /// does not, nor a device whose driver reports no memory clock. The
+    /// few-block shape goes everywhere. The variable wins either way, for
+    /// both, and a value other than 0 or 1 is an error naming it.
     #[test]
     fn wide_shapes_follow_dram_bandwidth_an_sm() {
-        use super::wide_shapes;
+        use super::{shapes16, Shapes16};
         let peak = |mhz: f64, bits: f64| 2.0 * mhz * 1e6 * bits / 8.0 / 1e9;
         let (h200, h100) = (4814.0, peak(2619.0, 5120.0));
         assert!((h100 - 3352.0).abs() < 1.0);
-        assert!(wide_shapes(None, Some(h200), 132).unwrap());
-        assert!(!wide_shapes(None, Some(h100), 132).unwrap());
-        assert!(!wide_shapes(None, None, 132).unwrap());
+        let s = |wide, few| Shapes16 { wide, few };
+        assert_eq!(shapes16(None, Some(h200), 132).unwrap(), s(true, true));
+        assert_eq!(shapes16(None, Some(h100), 132).unwrap(), s(false, true));
+        assert_eq!(shapes16(None, None, 132).unwrap(), s(false, true));
         // The same bandwidth over half the SMs is twice as much an SM.
-        assert!(wide_shapes(None, Some(h100), 66).unwrap());
-        assert!(wide_shapes(Some("1"), Some(h100), 132).unwrap());
-        assert!(wide_shapes(Some("1"), None, 132).unwrap());
-        assert!(!wide_shapes(Some("0"), Some(h200), 132).unwrap());
-        let e = wide_shapes(Some("yes"), Some(h200), 132).unwrap_err();
+        assert_eq!(shapes16(None, Some(h100), 66).unwrap(), s(true, true));
+        assert_eq!(shapes16(Some("1"), Some(h100), 132).unwrap(), s(true, true));
+        assert_eq!(shapes16(Some("1"), None, 132).unwrap(), s(true, true));
+        assert_eq!(
+            shapes16(Some("0"), Some(h200), 132).unwrap(),
+            s(false, false)
+        );
+        let e = shapes16(Some("yes"), Some(h200), 132).unwrap_err();
         assert!(e.to_string().contains("OCTET_MIXED_WIDE"), "{e}");
     }
 
