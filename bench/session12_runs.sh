@@ -147,3 +147,15 @@ large_m_rows() {
     awk '{t="tiled"; if ($0 ~ /x f16/) t="f16"; else if ($0 ~ /row-major/) t="row"; print $4, $5 $6, $7, t, $(NF-2)}' |
     sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
 }
+# l2_rows FILE: "KxN M ratio" (ratio of the 1 GiB copy) for the L2-resident rows of
+# `octet bench mixed --device cuda` (one weight over and over in a graph), bf16 x
+# then f16 x (forty-fourth session).
+l2_rows() {
+  local how
+  for how in bf16 f16; do
+    echo -n "$how x: "
+    grep -a "L2-resident" "$1" | if [ $how = f16 ]; then grep -a "x f16"; else grep -av "x f16"; fi |
+      sed 's/   */ /g' | awk '{print $5 $6, $7, $(NF-4) "GB/s", $(NF-1)}' |
+      sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
+  done
+}
