@@ -521,14 +521,16 @@ pub struct Shapes16 {
 /// the same time on both, 6.9 us at 16 tokens (H100: 0.81 of its 2983 GB/s
 /// copy, thirty-eighth session, call c; H200: 0.58 of 4201 GB/s, forty-third
 /// session, call b), and with f16 x 6.6 us on both (0.85 and 0.60), though
-/// the H200 moves bytes 1.4 times as fast. What holds it is per SM: x read
-/// through L2 twice over for every byte of codes, and the instructions. The
-/// few-block shape halves x's traffic and took 5.9 us on the H200 (0.68).
-/// The same 132 SMs at the same clock should need no longer on the H100,
-/// where its 8-token launches of the same weight take 6.5 us (0.87 of copy):
-/// the prediction is that DRAM holds the few-block shape there, near 0.87,
-/// against 0.81-0.82 with the table's. No H100 has run it yet: `bash
-/// bench/gpu-session44-h100.sh` measures it both ways.
+/// the H200 moves bytes 1.4 times as fast. With its weight resident in L2
+/// (one weight over and over) the H200 took 6.6 us, barely less (forty-fourth
+/// session, call a): what holds it is per SM, x read through L2 twice over
+/// for every byte of codes, and the instructions. The few-block shape halves
+/// x's traffic: 5.1 us L2-resident, 5.9 us from DRAM (0.68 of copy). The same
+/// 132 SMs at the same clock should need no more than 5.1 us on the H100,
+/// where DRAM delivers the same weight to an 8-token launch in 6.5 us (0.87
+/// of copy): the prediction is that DRAM holds the few-block shape there,
+/// near 0.87, against 0.81-0.82 with the table's. No H100 has run it yet:
+/// `bash bench/gpu-session44-h100.sh` measures it both ways.
 pub(crate) fn shapes16(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<Shapes16> {
     let both = |on: bool| Shapes16 { wide: on, few: on };
     match env {

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# For the first H100 lent after the forty-fourth session (carry dev-bin: octet.gz =
+# HEAD). That session gave 16-token launches the few-block shape on every device
+# (the H100 included), on a prediction: 4096x4096 at 9-16 tokens near 0.87 of copy
+# against 0.81-0.82 with the table's shape (crates/octet-cuda/src/mixed.rs,
+# `shapes16`). This measures it: the full selftest; the weight-only selftest with
+# integer FP8 conversions; issue 6's table at the default (few-block) and under
+# OCTET_MIXED_WIDE=0 (the table's shapes), two rounds in opposite orders, with the
+# L2-resident rows; M = 2048; decode with FP8 against bf16 weights.
+set -uo pipefail
+t0=$SECONDS
+gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
+. bench/session12_runs.sh
+R=/tmp/r44h; mkdir -p $R
+B=$PWD/dev-bin/octet
+{
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+timeout 300 $B selftest --device cuda > $R/selftest.txt 2>&1
+echo "selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest.txt | head -3)"
+grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
+grep -a -m1 "DRAM peak" $R/selftest.txt | cut -c1-400
+OCTET_FP8_CONVERT=soft OCTET_SELFTEST_ONLY=mixed timeout 200 $B selftest --device cuda > $R/selftest-soft.txt 2>&1
+echo "soft mixed selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-soft.txt | head -3)"
+run() {  # ROUND WIDE
+  if [ $2 = default ]; then unset OCTET_MIXED_WIDE; else export OCTET_MIXED_WIDE=$2; fi
+  timeout 150 $B bench mixed --device cuda --m 1,4,8,12,16 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-$1-$2.txt 2>&1
+  echo "== round $1 wide $2 rc=$? ($((SECONDS-t0)) s)"
+  echo "back to back (DRAM): $(tiled_vs_row $R/mixed-$1-$2.txt)"
+  l2_rows $R/mixed-$1-$2.txt | sed 's/^/L2-resident, /'
+}
+run 1 default; run 1 0; run 2 0; run 2 default
+unset OCTET_MIXED_WIDE
+timeout 150 $B bench mixed --device cuda --m 2048 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-2048.txt 2>&1
+echo "== M = 2048 rc=$? ($((SECONDS-t0)) s): $(large_m_rows $R/mixed-2048.txt)"
+timeout 200 $B generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 --temperature 0 > $R/decode.txt 2>&1
+echo "decode 1b rc=$? ($((SECONDS-t0)) s): $(generate_rows $R/decode.txt)"
+echo "done ($((SECONDS-t0)) s)"
+} 2>&1 | tee $OUT/summary.txt
+tar czf $OUT/raw.tgz -C $R .
