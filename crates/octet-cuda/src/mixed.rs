@@ -503,7 +503,7 @@ pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 /// than half of the SMs but not all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shapes16 {
-    /// `SMALL_WIDE`: by DRAM bandwidth an SM ([`WIDE_DRAM_GBPS_PER_SM`]).
+    /// `SMALL_WIDE`: where peak DRAM bandwidth reaches 31 GB/s an SM.
     pub wide: bool,
     /// `SMALL_FEW`: on every device whose shared memory holds its block.
     pub few: bool,
