@@ -21,15 +21,9 @@ grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
 grep -a -m1 "DRAM peak" $R/selftest.txt | cut -c1-400
 OCTET_FP8_CONVERT=soft OCTET_SELFTEST_ONLY=mixed timeout 200 $B selftest --device cuda > $R/selftest-soft.txt 2>&1
 echo "soft mixed selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-soft.txt | head -3)"
-run() {  # ROUND WIDE
-  if [ $2 = default ]; then unset OCTET_MIXED_WIDE; else export OCTET_MIXED_WIDE=$2; fi
-  timeout 150 $B bench mixed --device cuda --m 1,4,8,12,16 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-$1-$2.txt 2>&1
-  echo "== round $1 wide $2 rc=$? ($((SECONDS-t0)) s)"
-  echo "back to back (DRAM): $(tiled_vs_row $R/mixed-$1-$2.txt)"
-  l2_rows $R/mixed-$1-$2.txt | sed 's/^/L2-resident, /'
-}
-run 1 default; run 1 0; run 2 0; run 2 default
-unset OCTET_MIXED_WIDE
+for r in "1 default" "1 0" "2 0" "2 default"; do
+  wide_round $r --m 1,4,8,12,16 --kn 4096x4096,4096x14336,8192x28672
+done
 timeout 150 $B bench mixed --device cuda --m 2048 --kn 4096x4096,4096x14336,8192x28672 > $R/mixed-2048.txt 2>&1
 echo "== M = 2048 rc=$? ($((SECONDS-t0)) s): $(large_m_rows $R/mixed-2048.txt)"
 timeout 200 $B generate --random-model 1b --device cuda --weights fp8 --compare bf16 --max-tokens 256 --temperature 0 > $R/decode.txt 2>&1

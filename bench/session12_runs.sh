@@ -159,3 +159,16 @@ l2_rows() {
       sed 's/K=//;s/N=/x/;s/M=//;s/,//g' | paste -sd' '
   done
 }
+# wide_round ROUND WIDE [bench mixed flags...]: `octet bench mixed --device cuda`
+# with OCTET_MIXED_WIDE unset (WIDE = default) or set to WIDE, into
+# $R/mixed-ROUND-WIDE.txt; then its back-to-back and L2-resident rows. Reads $B, $t0.
+wide_round() {
+  local round=$1 wide=$2
+  shift 2
+  if [ "$wide" = default ]; then unset OCTET_MIXED_WIDE; else export OCTET_MIXED_WIDE=$wide; fi
+  timeout 150 "$B" bench mixed --device cuda "$@" > "$R/mixed-$round-$wide.txt" 2>&1
+  echo "== round $round wide $wide rc=$? ($((SECONDS-t0)) s)"
+  echo "back to back (DRAM): $(tiled_vs_row "$R/mixed-$round-$wide.txt")"
+  l2_rows "$R/mixed-$round-$wide.txt" | sed 's/^/L2-resident, /'
+  unset OCTET_MIXED_WIDE
+}

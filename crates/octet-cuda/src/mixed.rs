@@ -493,8 +493,8 @@ fn few_fits(lim: SmemLimits) -> bool {
 /// (fortieth and forty-first sessions); on the H100 (3.35 TB/s, 25 GB/s an
 /// SM) three ways of cutting it gained nothing (seventeenth, thirty-third and
 /// thirty-fifth sessions): there the launches that fill every SM are held by
-/// DRAM (4096x14336 at 16 tokens, table shape: 0.87 of copy on the H100). The threshold lies between the two GPUs
-/// measured; nothing finer is known.
+/// DRAM (4096x14336 at 16 tokens, table shape: 0.87 of copy on the H100).
+/// The threshold lies between the two GPUs measured; nothing finer is known.
 pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 
 /// Which of the 16-token shapes that read x once for more weight rows a
