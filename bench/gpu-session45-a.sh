@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Forty-fifth session, call a, one H200 (carry dev-bin: octet.gz = the PRE
-# experiment). `PRE` in mixed.cu: the codes copied before griddepcontrol.wait
+# experiment, 99b282b; reverted after this call, the patch is bench/session45-pre.patch). `PRE` in mixed.cu: the codes copied before griddepcontrol.wait
 # form their own cp.async group, and the first block's codes are converted while
 # its x tile (copied only after the wait) is on its way. Tried through
 # OCTET_MIXED_TUNE's sixth field against the same shape without it:

@@ -294,11 +294,6 @@ __device__ __forceinline__ unsigned int fp8x2_to_x2(unsigned int two) {
     return XF16 ? fp8x2_to_f16x2_exact<FMT, false>(two) : fp8x2_to_bf16x2<FMT, false>(two);
 }
 
-// A compile-time flag as a value, for generic lambdas (`decltype(f)::value`).
-template <bool B> struct Flag {
-    static constexpr bool value = B;
-};
-
 // ---------------------------------------------------------------- mma.sync
 
 // c (16 x 8 f32) += A (16 x 16, registers a0..a3 in mma's A-fragment

@@ -127,13 +127,8 @@ __device__ __forceinline__ float post_factor(const float* factors, int mode, int
 // with bf16 x and two token groups only; see there.
 //
 // ST: stepped copies (below) at two token groups as well, over tiled codes.
-//
-// PRE: the codes copied before `grid_wait` form a cp.async group of their
-// own, and the first block's codes are converted to x's type while its x
-// tile is still on its way (x is copied only after `grid_wait`, so its
-// latency is otherwise spent idle at the start of every launch).
 template <int FMT, int NT, typename OUT, int WARPS, int STAGES, bool TILED, bool XF16, bool PER_BLOCK, int RT,
-          bool ST, bool PRE>
+          bool ST>
 __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ w,
                                               const unsigned short* __restrict__ x,
                                               const float* __restrict__ factors, OUT* __restrict__ y, int M,
@@ -255,7 +250,6 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++)
         if (s < nk) copy_w(s);
-    if (PRE) cp_commit();
     // The factors are constant as well: the two this thread's outputs use
     // (rows lane / 4 and lane / 4 + 8 of the tile; every epilogue element a
     // thread takes has its lane). Over tiled codes they load here, where
@@ -281,54 +275,15 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         if (s < nk) copy_x(s);
         cp_commit();
     }
-    // The mma's A fragment (a0..a3) from a thread's word of row g (`ua`) and
-    // of row g + 8 (`ub`): four codes each, columns {2t, 2t+1} then {2t+8, 2t+9}.
-    auto convert_pairs = [&](unsigned int ua, unsigned int ub, unsigned int (&a)[4]) {
-        if (XF16) {
-            a[0] = fp8x2_to_x2<FMT, true>(ua & 0xffffu);
-            a[1] = fp8x2_to_x2<FMT, true>(ub & 0xffffu);
-            a[2] = fp8x2_to_x2<FMT, true>(ua >> 16);
-            a[3] = fp8x2_to_x2<FMT, true>(ub >> 16);
-        } else {
-            a[0] = fp8x2_sel_to_bf16x2<FMT>(ua, 0x9180u);
-            a[1] = fp8x2_sel_to_bf16x2<FMT>(ub, 0x9180u);
-            a[2] = fp8x2_sel_to_bf16x2<FMT>(ua, 0xb3a2u);
-            a[3] = fp8x2_sel_to_bf16x2<FMT>(ub, 0xb3a2u);
-        }
-    };
-    // Every A fragment of one 64-column half (`h`) of a slot's codes:
-    // `a[s][rt]` for step s of tile rt.
-    auto convert_half = [&](const unsigned char* ws, int h, unsigned int (&a)[4][RT][4]) {
-        const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
-#pragma unroll
-        for (int rt = 0; rt < RT; rt++) {
-            const uint4 wa = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + g * 128 + cw);
-            const uint4 wb = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + (g + 8) * 128 + cw);
-#pragma unroll
-            for (int s = 0; s < 4; s++) convert_pairs(word(wa, s), word(wb, s), a[s][rt]);
-        }
-    };
-    // One block of the loop. `first` (a `Flag`): the first block under PRE,
-    // whose codes are converted between the wait for the codes' group and
-    // the wait for its x.
-    auto stage = [&](int i, auto first) {
-        constexpr bool EARLY = decltype(first)::value;
+    for (int i = 0; i < nk; i++) {
         if (i + STAGES - 1 < nk) {
             copy_w(i + STAGES - 1);
             copy_x(i + STAGES - 1);
         }
         cp_commit();
-        const unsigned char* ws = ring + (i % STAGES) * SLOT;
-        unsigned int early[EARLY ? 2 : 1][4][RT][4];
-        if (EARLY) {
-            // Groups: the codes, the prologue's x, this one: the oldest is done.
-            cp_wait<STAGES>();
-            __syncwarp();
-#pragma unroll
-            for (int h = 0; h < (EARLY ? 2 : 1); h++) convert_half(ws, h, early[h]);
-        }
         cp_wait<STAGES - 1>();
         __syncwarp();
+        const unsigned char* ws = ring + (i % STAGES) * SLOT;
         const unsigned char* xs_base = ws + WBYTES;
         float part[RT][NT][4];
         float (&acc)[RT][NT][4] = PER_BLOCK ? part : tot;
@@ -344,12 +299,10 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         for (int h = 0; h < 2; h++) {
             const int cw = ((h * 4 + t) ^ ((g & 1) << 2)) << 4;
             uint4 wa[RT], wb[RT];
-            if (!EARLY) {
 #pragma unroll
-                for (int rt = 0; rt < RT; rt++) {
-                    wa[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + g * 128 + cw);
-                    wb[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + (g + 8) * 128 + cw);
-                }
+            for (int rt = 0; rt < RT; rt++) {
+                wa[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + g * 128 + cw);
+                wb[rt] = *reinterpret_cast<const uint4*>(ws + rt * TBYTES + (g + 8) * 128 + cw);
             }
             uint4 xv[NT][2];
 #pragma unroll
@@ -366,18 +319,23 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
             for (int s = 0; s < 4; s++)
 #pragma unroll
                 for (int rt = 0; rt < RT; rt++) {
-                    unsigned int a[4];
-                    if (EARLY) {
-#pragma unroll
-                        for (int q = 0; q < 4; q++) a[q] = early[EARLY ? h : 0][s][rt][q];
+                    const unsigned int ua = word(wa[rt], s), ub = word(wb[rt], s);
+                    unsigned int a0, a1, a2, a3;
+                    if (XF16) {
+                        a0 = fp8x2_to_x2<FMT, true>(ua & 0xffffu);
+                        a1 = fp8x2_to_x2<FMT, true>(ub & 0xffffu);
+                        a2 = fp8x2_to_x2<FMT, true>(ua >> 16);
+                        a3 = fp8x2_to_x2<FMT, true>(ub >> 16);
                     } else {
-                        convert_pairs(word(wa[rt], s), word(wb[rt], s), a);
+                        a0 = fp8x2_sel_to_bf16x2<FMT>(ua, 0x9180u);
+                        a1 = fp8x2_sel_to_bf16x2<FMT>(ub, 0x9180u);
+                        a2 = fp8x2_sel_to_bf16x2<FMT>(ua, 0xb3a2u);
+                        a3 = fp8x2_sel_to_bf16x2<FMT>(ub, 0xb3a2u);
                     }
 #pragma unroll
                     for (int j = 0; j < NT; j++) {
                         const uint4& xq = xv[j][s >> 1];
-                        mma_x<XF16>(acc[rt][j], a[0], a[1], a[2], a[3], word(xq, (s & 1) * 2),
-                                    word(xq, (s & 1) * 2 + 1));
+                        mma_x<XF16>(acc[rt][j], a0, a1, a2, a3, word(xq, (s & 1) * 2), word(xq, (s & 1) * 2 + 1));
                     }
                 }
         }
@@ -393,15 +351,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
         }
         // Every lane is done with this slot before a later copy refills it.
         __syncwarp();
-    };
-    int i0 = 0;
-    if constexpr (PRE) {
-        if (nk > 0) {
-            stage(0, Flag<true>());
-            i0 = 1;
-        }
     }
-    for (int i = i0; i < nk; i++) stage(i, Flag<false>());
     cp_wait<0>();
     if (!TILED) load_factors();
     __syncthreads();
@@ -469,49 +419,49 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 // at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products
 // to the running total rather than to a fresh zero, so outputs can differ
 // from the other path in the last bits (accumulation order only).
-#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, ST, PRE)                            \
+#define MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, TILED, XF16, RT, ST)                            \
     extern "C" __global__ void __launch_bounds__(WARPS * 32) NAME(const unsigned char* w, const unsigned short* x, \
                                                                   const float* factors, OUT* y, int M, int N, \
                                                                   int K, int mode) {                     \
         if (NT == 2 && !XF16 && (mode & SCALE_BITS) != SCALE_BLOCK)                                      \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, ST, PRE>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, false, RT, ST>(w, x, factors, y, M, N, K, mode); \
         else                                                                                             \
-            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, ST, PRE>(w, x, factors, y, M, N, K, mode); \
+            mixed_small_m<FMT, NT, OUT, WARPS, STAGES, TILED, XF16, true, RT, ST>(w, x, factors, y, M, N, K, mode); \
     }
-#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, ST, PRE)                                \
-    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, ST, PRE)                           \
-    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, ST, PRE)
-#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, ST, PRE)                                              \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, ST, PRE)                 \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, ST, PRE)                 \
-    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, ST, PRE)       \
-    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, ST, PRE)
+#define MIXED_SMALL(NAME, FMT, NT, OUT, WARPS, STAGES, XF16, RT, ST)                                     \
+    MIXED_SMALL_T(NAME, FMT, NT, OUT, WARPS, STAGES, false, XF16, RT, ST)                                \
+    MIXED_SMALL_T(NAME##t, FMT, NT, OUT, WARPS, STAGES, true, XF16, RT, ST)
+#define MIXED_SMALL_X(TAG, X, XF16, NT, W, S, RT, ST)                                                   \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_f32, FMT_E4M3, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_f32, FMT_E5M2, NT, float, W, S, XF16, RT, ST)                      \
+    MIXED_SMALL(mixed_e4m3_##TAG##X##_bf16, FMT_E4M3, NT, unsigned short, W, S, XF16, RT, ST)            \
+    MIXED_SMALL(mixed_e5m2_##TAG##X##_bf16, FMT_E5M2, NT, unsigned short, W, S, XF16, RT, ST)
 // The three shapes `Gpu::mixed_matmul` picks from (warps x stages; see
 // `SMALL_CFG` in mixed.rs): up to 4 tokens, 8 warps and 3 stages; 5 to 8
 // tokens, 8 warps and 2 stages; 9 to 16 tokens, 4 warps and 3 stages. Each
 // name for row-major codes, and with a `t` appended for tiled codes; for
 // bf16 x, and with `_xf16` after the shape's tag for f16 x.
-#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, ST, PRE)                                                     \
-    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, ST, PRE)                                                  \
-    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, ST, PRE)
+#define MIXED_SMALL_CFG(TAG, NT, W, S, RT, ST)                                                          \
+    MIXED_SMALL_X(TAG, , false, NT, W, S, RT, ST)                                                       \
+    MIXED_SMALL_X(TAG, _xf16, true, NT, W, S, RT, ST)
 #if MIXED_IN_PART(0)
-MIXED_SMALL_CFG(n4, 1, 8, 3, 1, false, false)
-MIXED_SMALL_CFG(n8, 1, 8, 2, 1, false, false)
+MIXED_SMALL_CFG(n4, 1, 8, 3, 1, false)
+MIXED_SMALL_CFG(n8, 1, 8, 2, 1, false)
 // 9 to 16 tokens with 64 weight rows a block (`SMALL_WIDE` in mixed.rs),
 // here to even out the parts' compile times.
-MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, false, false)
+MIXED_SMALL_CFG(n16r4, 2, 4, 2, 4, false)
 #endif
 #if MIXED_IN_PART(1)
-MIXED_SMALL_CFG(n16, 2, 4, 3, 1, false, false)
+MIXED_SMALL_CFG(n16, 2, 4, 3, 1, false)
 // 9 to 16 tokens with 32 weight rows a block, where those blocks still fill
 // the SMs (`SMALL_WIDE` in mixed.rs; the 64-row shape is in part 0).
-MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, false, false)
+MIXED_SMALL_CFG(n16r2, 2, 4, 3, 2, false)
 // f16 x, 9 to 16 tokens, a launch of at most two blocks an SM: 6 warps x 3
 // stages (`SMALL_F16_FEW` in mixed.rs).
-MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, false, false)
+MIXED_SMALL_X(n16w6, _xf16, true, 2, 6, 3, 1, false)
 // 9 to 16 tokens whose 32-row blocks fill between half and all of the SMs:
 // 8 warps x 2 stages x 32 rows, one block an SM (`SMALL_FEW` in mixed.rs).
-MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, true, false)
+MIXED_SMALL_CFG(n16r2w8, 2, 8, 2, 2, true)
 #endif
 
 // Calibration for `octet bench mixed`: read `n16` 16-byte words (grid-stride,

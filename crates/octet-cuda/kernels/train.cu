@@ -1513,6 +1513,10 @@ __device__ __forceinline__ void mma_pb(float acc[D / 8][4], const float p[2 * KC
     }
 }
 
+template <bool B> struct Flag {
+    static constexpr bool value = B;
+};
+
 // The forward's online softmax over one 64-key tile of scores `s` (raw
 // Q K^T; the probabilities come back in `s`): running row max `m` (raw
 // units), row sum `l`, and the output accumulators rescaled. MASK: the tile

@@ -214,11 +214,10 @@ pub fn interleave_gate_up<T: Copy>(stacked: &[T], ff: usize, k: usize) -> Result
 }
 
 /// A small-M shape to try in place of the table's for the launches of its
-/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:stepped[:pre]]]`
+/// token group, named by `OCTET_MIXED_TUNE=groups:warps:stages[:row_tiles[:stepped]]`
 /// (e.g. `2:4:2`: 16 tokens, 4 warps, 2 stages; `2:4:3:2`: the same with 3
 /// stages and 32 weight rows a block; `2:8:2:2:1`: 8 warps, 32 rows, stepped
-/// copies over tiled codes (`SmallCfg::stepped`); `2:8:2:2:1:1`: the same
-/// with the first block's codes converted early (`SmallCfg::pre`); `table` or empty: the
+/// copies over tiled codes (`SmallCfg::stepped`); `table` or empty: the
 /// table's): for tuning the table on a new GPU with `octet bench mixed`,
 /// compiled at start-up.
 pub(crate) struct SmallTune(SmallCfg);
@@ -237,19 +236,18 @@ impl SmallTune {
         };
         let bad = || {
             Error::Toolkit(format!(
-                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:stepped[:pre]]], \
-                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, stepped and pre 0 or 1"
+                "OCTET_MIXED_TUNE={v:?}: expected groups:warps:stages[:row_tiles[:stepped]], \
+                 groups 1-2, warps 1-16, stages 2-8, row tiles 1, 2 or 4, stepped 0 or 1"
             ))
         };
         let f: Vec<u32> = v
             .split(':')
             .map(|p| p.parse().map_err(|_| bad()))
             .collect::<Result<_>>()?;
-        let (g, w, st, rt, step, pre) = match *f.as_slice() {
-            [g, w, st] => (g, w, st, 1, 0, 0),
-            [g, w, st, rt] => (g, w, st, rt, 0, 0),
-            [g, w, st, rt, step] => (g, w, st, rt, step, 0),
-            [g, w, st, rt, step, pre] => (g, w, st, rt, step, pre),
+        let (g, w, st, rt, step) = match *f.as_slice() {
+            [g, w, st] => (g, w, st, 1, 0),
+            [g, w, st, rt] => (g, w, st, rt, 0),
+            [g, w, st, rt, step] => (g, w, st, rt, step),
             _ => return Err(bad()),
         };
         if !(1..=2).contains(&g)
@@ -257,7 +255,6 @@ impl SmallTune {
             || !(2..=8).contains(&st)
             || ![1, 2, 4].contains(&rt)
             || step > 1
-            || pre > 1
         {
             return Err(bad());
         }
@@ -267,7 +264,6 @@ impl SmallTune {
             stages: st,
             row_tiles: rt,
             stepped: step == 1,
-            pre: pre == 1,
         })))
     }
 
@@ -275,13 +271,12 @@ impl SmallTune {
     pub(crate) fn source_line(&self) -> String {
         let c = &self.0;
         format!(
-            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {}, {}, {})\n",
+            "\nMIXED_SMALL_CFG(tune, {}, {}, {}, {}, {})\n",
             c.tokens / 8,
             c.warps,
             c.stages,
             c.row_tiles,
-            c.stepped,
-            c.pre
+            c.stepped
         )
     }
 }
@@ -332,9 +327,6 @@ struct SmallCfg {
     /// `mixed.cu`; one group always steps): fixed per-lane offsets instead of
     /// each piece's address worked out again in every block.
     stepped: bool,
-    /// The first block's codes converted while its x tile is on its way
-    /// (`PRE` in `mixed.cu`): x is copied only after `griddepcontrol.wait`.
-    pre: bool,
 }
 
 impl SmallCfg {
@@ -371,7 +363,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 3,
         row_tiles: 1,
         stepped: false,
-        pre: false,
     },
     SmallCfg {
         tokens: 8,
@@ -379,7 +370,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 2,
         row_tiles: 1,
         stepped: false,
-        pre: false,
     },
     SmallCfg {
         tokens: 16,
@@ -387,7 +377,6 @@ const SMALL_CFG: [SmallCfg; 3] = [
         stages: 3,
         row_tiles: 1,
         stepped: false,
-        pre: false,
     },
 ];
 
@@ -405,7 +394,6 @@ const SMALL_F16_FEW: SmallCfg = SmallCfg {
     stages: 3,
     row_tiles: 1,
     stepped: false,
-    pre: false,
 };
 
 /// The 16-token shapes with more weight rows a block: 64 rows (4 warps x 2
@@ -432,7 +420,6 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         stages: 2,
         row_tiles: 4,
         stepped: false,
-        pre: false,
     },
     SmallCfg {
         tokens: 16,
@@ -440,7 +427,6 @@ const SMALL_WIDE: [SmallCfg; 2] = [
         stages: 3,
         row_tiles: 2,
         stepped: false,
-        pre: false,
     },
 ];
 
@@ -469,7 +455,6 @@ const SMALL_FEW: SmallCfg = SmallCfg {
     stages: 2,
     row_tiles: 2,
     stepped: true,
-    pre: false,
 };
 
 /// Whether a 16-token launch of `groups` token groups over `n` weight rows
@@ -1308,7 +1293,7 @@ mod tests {
         assert_eq!((t.tokens, t.warps, t.stages, t.row_tiles), (16, 8, 3, 1));
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, false, false)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 3, 1, false)"),
             "{line}"
         );
         let t = SmallTune::parse(Some("1:4:2:2"))
@@ -1323,21 +1308,10 @@ mod tests {
             .flatten()
             .map(|t| t.0);
         let t = t.expect("a shape with stepped copies");
-        assert!(t.stepped && !t.pre);
+        assert!(t.stepped);
         let line = SmallTune(t).source_line();
         assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true, false)"),
-            "{line}"
-        );
-        let t = SmallTune::parse(Some("2:8:2:2:1:1"))
-            .ok()
-            .flatten()
-            .map(|t| t.0);
-        let t = t.expect("a shape with early conversion");
-        assert!(t.stepped && t.pre);
-        let line = SmallTune(t).source_line();
-        assert!(
-            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true, true)"),
+            line.contains("MIXED_SMALL_CFG(tune, 2, 8, 2, 2, true)"),
             "{line}"
         );
         for bad in [
@@ -1349,8 +1323,7 @@ mod tests {
             "1:4:2:0",
             "1:4:2:8",
             "1:4:2:2:2",
-            "1:4:2:2:1:2",
-            "1:4:2:2:1:1:1",
+            "1:4:2:2:1:1",
             "a:b:c",
             "1:17:2",
         ] {
@@ -1372,14 +1345,7 @@ mod tests {
             return;
         }
         let src = crate::KERNEL_SOURCES[2].1;
-        for v in [
-            "1:8:3:2",
-            "2:4:3:2",
-            "2:4:2:4",
-            "2:8:2:2:1",
-            "2:8:2:2:1:1",
-            "1:8:2:1:0:1",
-        ] {
+        for v in ["1:8:3:2", "2:4:3:2", "2:4:2:4", "2:8:2:2:1"] {
             let t = SmallTune::parse(Some(v)).ok().flatten().expect("a shape");
             for arch in ["sm_90a", "sm_80"] {
                 let s = format!("#define MIXED_PART 0\n{src}{}", t.source_line());
@@ -1399,8 +1365,8 @@ mod tests {
         for c in &SMALL_CFG {
             let groups = if c.tokens > 8 { 2 } else { 1 };
             let line = format!(
-                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {}, {})",
-                c.tokens, c.warps, c.stages, c.row_tiles, c.stepped, c.pre
+                "MIXED_SMALL_CFG(n{}, {groups}, {}, {}, {}, {})",
+                c.tokens, c.warps, c.stages, c.row_tiles, c.stepped
             );
             assert!(src.contains(&line), "mixed.cu lacks `{line}`");
         }
@@ -1424,15 +1390,15 @@ mod tests {
         assert!(SMALL_CFG.windows(2).all(|w| w[0].tokens < w[1].tokens));
         let few = &super::SMALL_F16_FEW;
         let line = format!(
-            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.stepped, few.pre
+            "MIXED_SMALL_X(n16w6, _xf16, true, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!(few.group(), SMALL_CFG[2].group());
         for wide in &super::SMALL_WIDE {
             let line = format!(
-                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {}, {})",
-                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.stepped, wide.pre
+                "MIXED_SMALL_CFG(n16r{}, 2, {}, {}, {}, {})",
+                wide.row_tiles, wide.warps, wide.stages, wide.row_tiles, wide.stepped
             );
             assert!(include_str!("../kernels/mixed.cu").contains(&line));
             assert_eq!(wide.group(), SMALL_CFG[2].group());
@@ -1441,8 +1407,8 @@ mod tests {
         }
         let few = &super::SMALL_FEW;
         let line = format!(
-            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {}, {})",
-            few.warps, few.stages, few.row_tiles, few.stepped, few.pre
+            "MIXED_SMALL_CFG(n16r2w8, 2, {}, {}, {}, {})",
+            few.warps, few.stages, few.row_tiles, few.stepped
         );
         assert!(include_str!("../kernels/mixed.cu").contains(&line));
         assert_eq!((few.group(), few.rows()), (SMALL_CFG[2].group(), 32));
