@@ -10,18 +10,13 @@
 # tokens on two weights, default and OCTET_MIXED_WIDE=0, two rounds in opposite orders.
 set -uo pipefail
 t0=$SECONDS
-gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
 . bench/session12_runs.sh
-R=/tmp/r44a; mkdir -p $R
-B=$PWD/dev-bin/octet
+dev_bin /tmp/r44a
 {
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
-timeout 300 $B selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest.txt | head -3)"
-grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
+gpu_line
+timed_selftest selftest selftest.txt 300
 grep -a -m1 "DRAM peak" $R/selftest.txt | cut -c1-400
-OCTET_MIXED_WIDE=0 OCTET_SELFTEST_ONLY=mixed timeout 150 $B selftest --device cuda > $R/selftest-0.txt 2>&1
-echo "mixed selftest wide=0 rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-0.txt | head -3)"
+timed_selftest "mixed selftest wide=0" selftest-0.txt 150 OCTET_MIXED_WIDE=0 OCTET_SELFTEST_ONLY=mixed
 grep -a -m1 "DRAM peak" $R/selftest-0.txt | cut -c1-400
 run() {  # ROUND WIDE
   if [ $2 = default ]; then unset OCTET_MIXED_WIDE; else export OCTET_MIXED_WIDE=$2; fi

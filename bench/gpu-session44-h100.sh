@@ -9,18 +9,13 @@
 # L2-resident rows; M = 2048; decode with FP8 against bf16 weights.
 set -uo pipefail
 t0=$SECONDS
-gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
 . bench/session12_runs.sh
-R=/tmp/r44h; mkdir -p $R
-B=$PWD/dev-bin/octet
+dev_bin /tmp/r44h
 {
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
-timeout 300 $B selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest.txt | head -3)"
-grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
+gpu_line
+timed_selftest selftest selftest.txt 300
 grep -a -m1 "DRAM peak" $R/selftest.txt | cut -c1-400
-OCTET_FP8_CONVERT=soft OCTET_SELFTEST_ONLY=mixed timeout 200 $B selftest --device cuda > $R/selftest-soft.txt 2>&1
-echo "soft mixed selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-soft.txt | head -3)"
+timed_selftest "soft mixed selftest" selftest-soft.txt 200 OCTET_FP8_CONVERT=soft OCTET_SELFTEST_ONLY=mixed
 for r in "1 default" "1 0" "2 0" "2 default"; do
   wide_round $r --m 1,4,8,12,16 --kn 4096x4096,4096x14336,8192x28672
 done

@@ -11,19 +11,13 @@
 #   without PRE, two rounds in opposite orders, DRAM and L2-resident rows.
 set -uo pipefail
 t0=$SECONDS
-gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
 . bench/session12_runs.sh
-R=/tmp/r45a; mkdir -p $R
-B=$PWD/dev-bin/octet
+dev_bin /tmp/r45a
 {
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
-timeout 300 $B selftest --device cuda > $R/selftest.txt 2>&1
-echo "selftest rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest.txt | head -3)"
-grep -a FAIL $R/selftest.txt | head -10 | cut -c1-300
+gpu_line
+timed_selftest selftest selftest.txt 300
 for tune in 2:8:2:2:1:1 1:8:2:1:0:1; do
-  OCTET_MIXED_TUNE=$tune OCTET_SELFTEST_ONLY=mixed timeout 150 $B selftest --device cuda > $R/selftest-$tune.txt 2>&1
-  echo "mixed selftest tune $tune rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' $R/selftest-$tune.txt | head -3)"
-  grep -a FAIL $R/selftest-$tune.txt | head -5 | cut -c1-300
+  timed_selftest "mixed selftest tune $tune" selftest-$tune.txt 150 OCTET_MIXED_TUNE=$tune OCTET_SELFTEST_ONLY=mixed
 done
 tuned() {  # ROUND TUNE M
   OCTET_MIXED_TUNE=$2 timeout 100 $B bench mixed --device cuda --m $3 --kn 4096x4096 > $R/mixed-$1-$2.txt 2>&1

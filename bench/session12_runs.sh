@@ -172,3 +172,24 @@ wide_round() {
   l2_rows "$R/mixed-$round-$wide.txt" | sed 's/^/L2-resident, /'
   unset OCTET_MIXED_WIDE
 }
+# dev_bin DIR (forty-fifth session): unpack dev-bin/*.gz, make the binaries
+# executable, set B to dev-bin/octet and R to DIR (created): the preamble of a
+# device script that carries dev-bin.
+dev_bin() {
+  gunzip -f dev-bin/*.gz 2>/dev/null; chmod +x dev-bin/octet*
+  B=$PWD/dev-bin/octet; R=$1; mkdir -p "$R"
+}
+# gpu_line: the GPU's name, memory, driver and maximum clocks.
+gpu_line() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv
+}
+# timed_selftest LABEL FILE SECONDS [VAR=VALUE ...]: `$B selftest --device cuda`
+# under `timeout SECONDS` with the variables set, into $R/FILE; then "LABEL rc=N
+# (T s): summary" and up to 10 failing lines. Reads $B, $R, $t0.
+timed_selftest() {
+  local label=$1 file=$R/$2 secs=$3
+  shift 3
+  env "$@" timeout "$secs" "$B" selftest --device cuda > "$file" 2>&1
+  echo "$label rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' "$file" | head -3)"
+  grep -a FAIL "$file" | head -10 | cut -c1-300
+}

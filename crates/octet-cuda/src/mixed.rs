@@ -529,7 +529,9 @@ pub struct Shapes16 {
 /// 132 SMs at the same clock should need no more than 5.1 us on the H100,
 /// where DRAM delivers the same weight to an 8-token launch in 6.5 us (0.87
 /// of copy): the prediction is that DRAM holds the few-block shape there,
-/// near 0.87, against 0.81-0.82 with the table's. No H100 has run it yet:
+/// near 0.87, against 0.81-0.82 with the table's (a model that fits every
+/// H100 figure of this weight gives the same: NOTES.md, forty-fifth
+/// session). No H100 has run it yet:
 /// `bash bench/gpu-session44-h100.sh` measures it both ways.
 pub(crate) fn shapes16(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<Shapes16> {
     let both = |on: bool| Shapes16 { wide: on, few: on };
