@@ -247,8 +247,9 @@ pub struct GpuInfo {
     /// driver reports (`None` where it reports neither).
     pub dram_gbps: Option<f64>,
     /// Which of the wide and few-block shapes 16-token weight-only launches
-    /// take (`OCTET_MIXED_WIDE`, else the wide ones by DRAM bandwidth an SM:
-    /// see `mixed.rs`).
+    /// take (`OCTET_MIXED_WIDE`, else the wide ones by DRAM bandwidth an SM,
+    /// the few-block one for bf16 x everywhere and for f16 x with the wide
+    /// ones: see `mixed.rs`).
     pub mixed_shapes16: mixed::Shapes16,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
@@ -276,11 +277,16 @@ impl std::fmt::Display for GpuInfo {
                 Some(g) => format!("{g:.0} GB/s"),
                 None => "unknown".into(),
             },
-            match (self.mixed_shapes16.wide, self.mixed_shapes16.few) {
-                (true, true) => "wide and few-block",
-                (true, false) => "wide",
-                (false, true) => "few-block",
-                (false, false) => "table",
+            {
+                let s = self.mixed_shapes16;
+                match (s.wide, s.few, s.few_f16) {
+                    (true, true, true) => "wide and few-block",
+                    (true, true, false) => "wide and few-block for bf16 x",
+                    (false, true, true) => "few-block",
+                    (false, true, false) => "few-block for bf16 x",
+                    (true, false, _) => "wide",
+                    (false, false, _) => "table",
+                }
             },
             self.nvrtc.0,
             self.nvrtc.1,

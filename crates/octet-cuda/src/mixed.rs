@@ -387,7 +387,8 @@ const SMALL_CFG: [SmallCfg; 3] = [
 /// -> 0.85-0.86 of copy, where 4096x14336 (896 blocks) read 0.83 against
 /// 0.86-0.87 with the table's 4 x 3; bf16 x gained nothing from it
 /// (BENCHMARKS.md, thirty-second session, calls a and b). `SMALL_FEW` goes
-/// first where it applies.
+/// first where it applies to f16 x: on the GPUs that take the wide shapes
+/// (`shapes16`).
 const SMALL_F16_FEW: SmallCfg = SmallCfg {
     tokens: 16,
     warps: 6,
@@ -500,20 +501,25 @@ pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 /// Which of the 16-token shapes that read x once for more weight rows a
 /// device takes: the wide ones (`SMALL_WIDE`, where their blocks fill every
 /// SM) and the few-block one (`SMALL_FEW`, where 32-row blocks fill more
-/// than half of the SMs but not all).
+/// than half of the SMs but not all), for bf16 x and for f16 x.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shapes16 {
     /// `SMALL_WIDE`: where peak DRAM bandwidth reaches 31 GB/s an SM.
     pub wide: bool,
-    /// `SMALL_FEW`: on every device whose shared memory holds its block.
+    /// `SMALL_FEW` for bf16 x: on every device whose shared memory holds its
+    /// block.
     pub few: bool,
+    /// `SMALL_FEW` for f16 x: with the wide shapes only. Elsewhere f16 x
+    /// keeps `SMALL_F16_FEW`, which read 0.85-0.86 of copy on the H100, where
+    /// the few-block shape is predicted at 0.84-0.88 (`shapes16`).
+    pub few_f16: bool,
 }
 
 /// The 16-token shapes a device takes: by `OCTET_MIXED_WIDE` (`env`: `1`
-/// both, `0` neither, for comparisons), else the wide ones where the peak
-/// DRAM bandwidth (`dram_gbps`, GB/s; `None` where the driver does not
-/// report it) is at least [`WIDE_DRAM_GBPS_PER_SM`] an SM, and the few-block
-/// one everywhere.
+/// all, `0` none, for comparisons), else the wide ones where the peak DRAM
+/// bandwidth (`dram_gbps`, GB/s; `None` where the driver does not report
+/// it) is at least [`WIDE_DRAM_GBPS_PER_SM`] an SM, the few-block one for
+/// bf16 x everywhere, and for f16 x where the wide ones go.
 ///
 /// Why the few-block shape does not follow DRAM bandwidth: the launches it
 /// takes (4096x4096 at 9-16 tokens: 128 blocks of 32 rows on 132 SMs) are not
@@ -533,18 +539,36 @@ pub struct Shapes16 {
 /// H100 figure of this weight gives the same: NOTES.md, forty-fifth
 /// session). No H100 has run it yet:
 /// `bash bench/gpu-session44-h100.sh` measures it both ways.
+///
+/// f16 x is another matter (forty-sixth session). On the H100 it already
+/// meets the target with `SMALL_F16_FEW` (0.85-0.86 of copy, thirty-second
+/// session). The same model puts the few-block shape there at 0.84 with the
+/// ramp the H200 shows for it (1.1 us), or 0.88 with the ramp the H100
+/// showed for f16 x at 8 tokens (0.77 us, where the H200 showed 1.1 too): a
+/// range that reaches below the target, against a measured figure above it.
+/// So f16 x takes the few-block shape only where the wide shapes go, the
+/// GPUs it was measured on (H200: 0.69-0.71 against 0.60-0.62), until an
+/// H100 measures it (`OCTET_MIXED_WIDE=1` in that script).
 pub(crate) fn shapes16(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<Shapes16> {
-    let both = |on: bool| Shapes16 { wide: on, few: on };
+    let all = |on: bool| Shapes16 {
+        wide: on,
+        few: on,
+        few_f16: on,
+    };
     match env {
-        Some("1") => Ok(both(true)),
-        Some("0") => Ok(both(false)),
+        Some("1") => Ok(all(true)),
+        Some("0") => Ok(all(false)),
         Some(v) => Err(Error::Shape(format!(
             "OCTET_MIXED_WIDE={v:?}: expected 1 (the wide and few-block 16-token shapes) or 0 (the table's)"
         ))),
-        None => Ok(Shapes16 {
-            wide: dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64),
-            few: true,
-        }),
+        None => {
+            let wide = dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64);
+            Ok(Shapes16 {
+                wide,
+                few: true,
+                few_f16: wide,
+            })
+        }
     }
 }
 
@@ -558,8 +582,10 @@ impl MixedKernels {
     /// Which of the wide and few-block 16-token shapes launches take (the
     /// few-block one only where its kernels were built).
     pub(crate) fn shapes16(&self) -> Shapes16 {
+        let built = self.small_few.is_some();
         Shapes16 {
-            few: self.shapes.few && self.small_few.is_some(),
+            few: self.shapes.few && built,
+            few_f16: self.shapes.few_f16 && built,
             ..self.shapes
         }
     }
@@ -1163,7 +1189,12 @@ impl Gpu {
         let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
         let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
         let shapes = self.k.mixed.shapes;
-        let (wide, few16) = (shapes.wide && c == 2, shapes.few && c == 2);
+        let few = if xi == XType::F16 as usize {
+            shapes.few_f16
+        } else {
+            shapes.few
+        };
+        let (wide, few16) = (shapes.wide && c == 2, few && c == 2);
         if let Some(few) = &self.k.mixed.small_few {
             if few16 && few_shape(groups, n as u32, self.sm_count as u32) {
                 return self.launch_small(&few[xi][fmt][lay][out], &SMALL_FEW, w, x, y, dims);
@@ -1426,25 +1457,35 @@ mod tests {
     /// (4814 GB/s on 132 SMs as its driver reports it, forty-third session,
     /// call b) takes them, the H100 SXM's (2619 MHz x 5120 bits, 3352 GB/s)
     /// does not, nor a device whose driver reports no memory clock. The
-    /// few-block shape goes everywhere. The variable wins either way, for
-    /// both, and a value other than 0 or 1 is an error naming it.
+    /// few-block shape goes everywhere for bf16 x, and with the wide ones for
+    /// f16 x. The variable wins either way, for all three, and a value other
+    /// than 0 or 1 is an error naming it.
     #[test]
     fn wide_shapes_follow_dram_bandwidth_an_sm() {
         use super::{shapes16, Shapes16};
         let peak = |mhz: f64, bits: f64| 2.0 * mhz * 1e6 * bits / 8.0 / 1e9;
         let (h200, h100) = (4814.0, peak(2619.0, 5120.0));
         assert!((h100 - 3352.0).abs() < 1.0);
-        let s = |wide, few| Shapes16 { wide, few };
-        assert_eq!(shapes16(None, Some(h200), 132).unwrap(), s(true, true));
-        assert_eq!(shapes16(None, Some(h100), 132).unwrap(), s(false, true));
-        assert_eq!(shapes16(None, None, 132).unwrap(), s(false, true));
+        let s = |wide, few, few_f16| Shapes16 { wide, few, few_f16 };
+        assert_eq!(
+            shapes16(None, Some(h200), 132).unwrap(),
+            s(true, true, true)
+        );
+        assert_eq!(
+            shapes16(None, Some(h100), 132).unwrap(),
+            s(false, true, false)
+        );
+        assert_eq!(shapes16(None, None, 132).unwrap(), s(false, true, false));
         // The same bandwidth over half the SMs is twice as much an SM.
-        assert_eq!(shapes16(None, Some(h100), 66).unwrap(), s(true, true));
-        assert_eq!(shapes16(Some("1"), Some(h100), 132).unwrap(), s(true, true));
-        assert_eq!(shapes16(Some("1"), None, 132).unwrap(), s(true, true));
+        assert_eq!(shapes16(None, Some(h100), 66).unwrap(), s(true, true, true));
+        assert_eq!(
+            shapes16(Some("1"), Some(h100), 132).unwrap(),
+            s(true, true, true)
+        );
+        assert_eq!(shapes16(Some("1"), None, 132).unwrap(), s(true, true, true));
         assert_eq!(
             shapes16(Some("0"), Some(h200), 132).unwrap(),
-            s(false, false)
+            s(false, false, false)
         );
         let e = shapes16(Some("yes"), Some(h200), 132).unwrap_err();
         assert!(e.to_string().contains("OCTET_MIXED_WIDE"), "{e}");
