@@ -185,11 +185,13 @@ gpu_line() {
 }
 # timed_selftest LABEL FILE SECONDS [VAR=VALUE ...]: `$B selftest --device cuda`
 # under `timeout SECONDS` with the variables set, into $R/FILE; then "LABEL rc=N
-# (T s): summary" and up to 10 failing lines. Reads $B, $R, $t0.
+# (T s): summary", the device line (it names the 16-token shapes taken) and up to
+# 10 failing lines. Reads $B, $R, $t0.
 timed_selftest() {
   local label=$1 file=$R/$2 secs=$3
   shift 3
   env "$@" timeout "$secs" "$B" selftest --device cuda > "$file" 2>&1
   echo "$label rc=$? ($((SECONDS-t0)) s): $(grep -a -E 'cases pass|FAIL' "$file" | head -3)"
+  grep -a -m1 "DRAM peak" "$file" | cut -c1-400
   grep -a FAIL "$file" | head -10 | cut -c1-300
 }
