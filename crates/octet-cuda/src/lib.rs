@@ -277,16 +277,11 @@ impl std::fmt::Display for GpuInfo {
                 Some(g) => format!("{g:.0} GB/s"),
                 None => "unknown".into(),
             },
-            {
-                let s = self.mixed_shapes16;
-                match (s.wide, s.few, s.few_f16) {
-                    (true, true, true) => "wide and few-block",
-                    (true, true, false) => "wide and few-block for bf16 x",
-                    (false, true, true) => "few-block",
-                    (false, true, false) => "few-block for bf16 x",
-                    (true, false, _) => "wide",
-                    (false, false, _) => "table",
-                }
+            match (self.mixed_shapes16.wide, self.mixed_shapes16.few) {
+                (true, true) => "wide and few-block",
+                (true, false) => "wide",
+                (false, true) => "few-block for bf16 x",
+                (false, false) => "table",
             },
             self.nvrtc.0,
             self.nvrtc.1,

@@ -501,18 +501,24 @@ pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 /// Which of the 16-token shapes that read x once for more weight rows a
 /// device takes: the wide ones (`SMALL_WIDE`, where their blocks fill every
 /// SM) and the few-block one (`SMALL_FEW`, where 32-row blocks fill more
-/// than half of the SMs but not all), for bf16 x and for f16 x.
+/// than half of the SMs but not all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shapes16 {
     /// `SMALL_WIDE`: where peak DRAM bandwidth reaches 31 GB/s an SM.
     pub wide: bool,
-    /// `SMALL_FEW` for bf16 x: on every device whose shared memory holds its
-    /// block.
+    /// `SMALL_FEW`: for bf16 x on every device whose shared memory holds its
+    /// block, for f16 x only with `wide` ([`Shapes16::few_for`]).
     pub few: bool,
-    /// `SMALL_FEW` for f16 x: with the wide shapes only. Elsewhere f16 x
-    /// keeps `SMALL_F16_FEW`, which read 0.85-0.86 of copy on the H100, where
-    /// the few-block shape is predicted at 0.84-0.88 (`shapes16`).
-    pub few_f16: bool,
+}
+
+impl Shapes16 {
+    /// Whether launches with f16 x (`f16`) or bf16 x take `SMALL_FEW`: f16 x
+    /// only together with the wide shapes. Elsewhere it keeps
+    /// `SMALL_F16_FEW`, which read 0.85-0.86 of copy on the H100, where the
+    /// few-block shape is predicted at 0.84-0.88 (`shapes16`).
+    pub fn few_for(&self, f16: bool) -> bool {
+        self.few && (self.wide || !f16)
+    }
 }
 
 /// The 16-token shapes a device takes: by `OCTET_MIXED_WIDE` (`env`: `1`
@@ -550,25 +556,17 @@ pub struct Shapes16 {
 /// GPUs it was measured on (H200: 0.69-0.71 against 0.60-0.62), until an
 /// H100 measures it (`OCTET_MIXED_WIDE=1` in that script).
 pub(crate) fn shapes16(env: Option<&str>, dram_gbps: Option<f64>, sms: i32) -> Result<Shapes16> {
-    let all = |on: bool| Shapes16 {
-        wide: on,
-        few: on,
-        few_f16: on,
-    };
+    let both = |on: bool| Shapes16 { wide: on, few: on };
     match env {
-        Some("1") => Ok(all(true)),
-        Some("0") => Ok(all(false)),
+        Some("1") => Ok(both(true)),
+        Some("0") => Ok(both(false)),
         Some(v) => Err(Error::Shape(format!(
             "OCTET_MIXED_WIDE={v:?}: expected 1 (the wide and few-block 16-token shapes) or 0 (the table's)"
         ))),
-        None => {
-            let wide = dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64);
-            Ok(Shapes16 {
-                wide,
-                few: true,
-                few_f16: wide,
-            })
-        }
+        None => Ok(Shapes16 {
+            wide: dram_gbps.is_some_and(|g| g >= WIDE_DRAM_GBPS_PER_SM * sms.max(1) as f64),
+            few: true,
+        }),
     }
 }
 
@@ -582,10 +580,8 @@ impl MixedKernels {
     /// Which of the wide and few-block 16-token shapes launches take (the
     /// few-block one only where its kernels were built).
     pub(crate) fn shapes16(&self) -> Shapes16 {
-        let built = self.small_few.is_some();
         Shapes16 {
-            few: self.shapes.few && built,
-            few_f16: self.shapes.few_f16 && built,
+            few: self.shapes.few && self.small_few.is_some(),
             ..self.shapes
         }
     }
@@ -1189,12 +1185,8 @@ impl Gpu {
         let groups = (m as u32).div_ceil(SMALL_CFG[c].group());
         let blocks = groups * (n as u32).div_ceil(SMALL_CFG[c].rows());
         let shapes = self.k.mixed.shapes;
-        let few = if xi == XType::F16 as usize {
-            shapes.few_f16
-        } else {
-            shapes.few
-        };
-        let (wide, few16) = (shapes.wide && c == 2, few && c == 2);
+        let few16 = shapes.few_for(xi == XType::F16 as usize) && c == 2;
+        let wide = shapes.wide && c == 2;
         if let Some(few) = &self.k.mixed.small_few {
             if few16 && few_shape(groups, n as u32, self.sm_count as u32) {
                 return self.launch_small(&few[xi][fmt][lay][out], &SMALL_FEW, w, x, y, dims);
@@ -1458,34 +1450,33 @@ mod tests {
     /// call b) takes them, the H100 SXM's (2619 MHz x 5120 bits, 3352 GB/s)
     /// does not, nor a device whose driver reports no memory clock. The
     /// few-block shape goes everywhere for bf16 x, and with the wide ones for
-    /// f16 x. The variable wins either way, for all three, and a value other
-    /// than 0 or 1 is an error naming it.
+    /// f16 x. The variable wins either way, for both, and a value other than
+    /// 0 or 1 is an error naming it.
     #[test]
     fn wide_shapes_follow_dram_bandwidth_an_sm() {
         use super::{shapes16, Shapes16};
         let peak = |mhz: f64, bits: f64| 2.0 * mhz * 1e6 * bits / 8.0 / 1e9;
         let (h200, h100) = (4814.0, peak(2619.0, 5120.0));
         assert!((h100 - 3352.0).abs() < 1.0);
-        let s = |wide, few, few_f16| Shapes16 { wide, few, few_f16 };
+        let s = |wide, few| Shapes16 { wide, few };
+        assert_eq!(shapes16(None, Some(h200), 132).unwrap(), s(true, true));
+        assert_eq!(shapes16(None, Some(h100), 132).unwrap(), s(false, true));
+        assert_eq!(shapes16(None, None, 132).unwrap(), s(false, true));
+        // f16 x takes the few-block shape only with the wide ones.
+        let few = |s: Shapes16| (s.few_for(false), s.few_for(true));
+        assert_eq!(few(shapes16(None, Some(h200), 132).unwrap()), (true, true));
+        assert_eq!(few(shapes16(None, Some(h100), 132).unwrap()), (true, false));
         assert_eq!(
-            shapes16(None, Some(h200), 132).unwrap(),
-            s(true, true, true)
+            few(shapes16(Some("0"), Some(h200), 132).unwrap()),
+            (false, false)
         );
-        assert_eq!(
-            shapes16(None, Some(h100), 132).unwrap(),
-            s(false, true, false)
-        );
-        assert_eq!(shapes16(None, None, 132).unwrap(), s(false, true, false));
         // The same bandwidth over half the SMs is twice as much an SM.
-        assert_eq!(shapes16(None, Some(h100), 66).unwrap(), s(true, true, true));
-        assert_eq!(
-            shapes16(Some("1"), Some(h100), 132).unwrap(),
-            s(true, true, true)
-        );
-        assert_eq!(shapes16(Some("1"), None, 132).unwrap(), s(true, true, true));
+        assert_eq!(shapes16(None, Some(h100), 66).unwrap(), s(true, true));
+        assert_eq!(shapes16(Some("1"), Some(h100), 132).unwrap(), s(true, true));
+        assert_eq!(shapes16(Some("1"), None, 132).unwrap(), s(true, true));
         assert_eq!(
             shapes16(Some("0"), Some(h200), 132).unwrap(),
-            s(false, false, false)
+            s(false, false)
         );
         let e = shapes16(Some("yes"), Some(h200), 132).unwrap_err();
         assert!(e.to_string().contains("OCTET_MIXED_WIDE"), "{e}");
