@@ -216,11 +216,9 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                         let tok = cfg.tokenizer()?;
                         let prompt = tok.encode("ROMEO:\n");
                         let toks = octet_train::trainer::sample(
-                            &mut full,
+                            &full,
                             &prompt,
                             cfg.sample_tokens,
-                            0.8,
-                            40,
                             cfg.seed,
                         )?;
                         Ok(tok.decode(&toks))

@@ -97,23 +97,21 @@ pub fn describe() -> String {
 /// ones ([`octet_cuda::recipe_uses_fp8_gemm`]).
 /// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
 /// with each backward mode it supports (checked by `octet selftest`).
-pub fn recipe_support(name: &str) -> &'static str {
+pub fn recipe_support(name: &str) -> (&'static str, &'static str) {
     match name {
-        "tensorwise" => "native: fused quantize + cuBLASLt FP8 GEMM",
-        "delayed" => "native: one-pass quantize with the given scale, amax history updated on the device, cuBLASLt FP8 GEMM",
-        "blockwise" => "native: 1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (widths multiples of 16; a reduction dim short of a multiple of 128 is zero-padded for the call)",
-        "rowwise" => {
-            "native: fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"
-        }
-        "mxfp8" => "emulated: bit-exact MX quantize (E8M0 1x32), exact dequantize to bf16, bf16 GEMM (native MX GEMMs need sm_100, for which octet has no path yet)",
-        "nvfp4" => "emulated: bit-exact NVFP4 quantize (stochastic rounding included), exact dequantize to bf16, bf16 GEMM (native FP4 GEMMs need sm_100, for which octet has no path yet)",
-        _ => "not yet (CPU reference)",
+        "tensorwise" => ("FP8 GEMMs", "fused quantize + cuBLASLt FP8 GEMM"),
+        "delayed" => ("FP8 GEMMs", "one-pass quantize with the given scale, amax history updated on the device, cuBLASLt FP8 GEMM"),
+        "blockwise" => ("FP8 GEMMs", "1x128 and 128x128 quantize + cuBLASLt block-scaled FP8 GEMMs (widths multiples of 16; a reduction dim short of a multiple of 128 is zero-padded for the call)"),
+        "rowwise" => ("FP8 GEMMs", "fused row-wise quantize (both copies) + cuBLASLt outer-vector FP8 GEMM"),
+        "mxfp8" => ("emulated", "bit-exact MX quantize (E8M0 1x32), exact dequantize to bf16, bf16 GEMM (native MX GEMMs need sm_100, for which octet has no path yet)"),
+        "nvfp4" => ("emulated", "bit-exact NVFP4 quantize (stochastic rounding included), exact dequantize to bf16, bf16 GEMM (native FP4 GEMMs need sm_100, for which octet has no path yet)"),
+        _ => ("no", "CPU reference only"),
     }
 }
 
-pub fn selftest(gpu: &mut Gpu) -> anyhow::Result<()> {
+pub fn selftest(gpu: &mut Gpu, scope: check::Scope) -> anyhow::Result<()> {
     println!("octet selftest on {}\n", gpu.info()?);
-    let (cases, skipped) = check::selftest_groups(gpu)?;
+    let (cases, skipped) = check::selftest_groups(gpu, scope)?;
     let mut t = Table::new(&["case", "result", "worst"]);
     for c in &cases {
         t.row(vec![

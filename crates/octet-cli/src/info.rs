@@ -21,17 +21,15 @@ pub fn run() -> anyhow::Result<()> {
         ]);
     }
     t.print();
-    println!(
-        "\nrecipes (default formats; backward modes: {})",
-        BackwardMode::ALL.map(|m| m.name()).join(", ")
-    );
+    println!("\nrecipes (the CPU emulates every one exactly: the reference)");
     let mut t = Table::new(&[
         "recipe",
-        "roles",
-        "cpu",
-        "cuda (this build)",
+        "roles (default formats)",
+        "cuda",
         "backward modes",
-    ]);
+    ])
+    .text();
+    let mut notes = Vec::new();
     for name in Recipe::NAMES {
         let r = Recipe::from_name(name)?;
         let modes: Vec<&str> = BackwardMode::ALL
@@ -39,15 +37,18 @@ pub fn run() -> anyhow::Result<()> {
             .filter(|&m| r.with_backward(m).is_ok())
             .map(|m| m.name())
             .collect();
-        t.row(vec![
-            name.into(),
-            r.to_string(),
-            "emulated (exact reference)".into(),
-            crate::gpu::recipe_support(name).into(),
-            modes.join(", "),
-        ]);
+        let (cuda, how) = crate::gpu::recipe_support(name);
+        // The roles without the backward mode, which has its own column.
+        let roles = r.to_string();
+        let roles = roles.split(",bwd:").next().unwrap_or_default().to_string();
+        t.row(vec![name.into(), roles, cuda.into(), modes.join(", ")]);
+        notes.push(format!("  {name}: {how}"));
     }
     t.print();
+    println!("\non the GPU:");
+    for n in notes {
+        println!("{n}");
+    }
     println!("\ndevices");
     println!(
         "  cpu: {} threads (reference backend)",

@@ -33,7 +33,7 @@ struct Cli {
     /// compiles and cache hits, data, checkpoints and every step (the
     /// progress bar gives way to a line a step); `-vv` more detail.
     /// `OCTET_LOG` (a tracing filter, e.g. `octet_cuda=debug`) overrides it.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, display_order = 1000)]
     verbose: u8,
 }
 
@@ -101,6 +101,10 @@ enum Cmd {
         /// cuda or auto.
         #[arg(long, default_value = "cuda")]
         device: String,
+        /// Run only these checks: `weight-only` (the FP8 conversions and the
+        /// weight-only products).
+        #[arg(long, value_parser = ["weight-only"])]
+        only: Option<String>,
     },
 }
 
@@ -155,8 +159,14 @@ fn main() {
         Cmd::Generate(a) => generate::run(a),
         Cmd::Lora(a) => lora::run(*a),
         Cmd::Info => info::run(),
-        Cmd::Selftest { device } => match gpu::open_for_selftest(&device) {
-            Ok(Some(mut g)) => gpu::selftest(&mut g),
+        Cmd::Selftest { device, only } => match gpu::open_for_selftest(&device) {
+            Ok(Some(mut g)) => {
+                let scope = match only.as_deref() {
+                    Some("weight-only") => octet_cuda::check::Scope::WeightOnly,
+                    _ => octet_cuda::check::Scope::All,
+                };
+                gpu::selftest(&mut g, scope)
+            }
             Ok(None) => Err(anyhow::anyhow!(
                 "selftest compares a GPU with the CPU reference; no GPU is available (the CPU side runs in `cargo test`)"
             )),

@@ -21,7 +21,7 @@ pub struct TrainArgs {
     /// Parent directory of runs.
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Model preset: tiny, small, medium, 1b.
+    /// Model preset: tiny, small, medium, 1b (default: small).
     #[arg(long)]
     model: Option<String>,
     /// Training text file, directory of .txt files, or .bin token file (default: embedded Tiny Shakespeare).
@@ -32,22 +32,22 @@ pub struct TrainArgs {
     /// gets a vocabulary of 50304).
     #[arg(long)]
     tokenizer: Option<String>,
-    /// bf16 (no FP8) or an FP8 recipe: delayed, tensorwise, rowwise, blockwise, mxfp8, nvfp4.
+    /// bf16 (no FP8) or an FP8 recipe: delayed, tensorwise (the default), rowwise, blockwise, mxfp8, nvfp4.
     #[arg(long)]
     recipe: Option<String>,
     /// Backward of FP8 recipes: quantized, high_precision, dequantized.
     #[arg(long)]
     backward: Option<String>,
-    /// Sequences per micro-batch.
+    /// Sequences per micro-batch (default: 8).
     #[arg(long)]
     batch: Option<usize>,
-    /// Tokens per sequence.
+    /// Tokens per sequence (default: 128).
     #[arg(long)]
     seq: Option<usize>,
     /// Micro-batches per optimizer step.
     #[arg(long)]
     grad_accum: Option<usize>,
-    /// Optimizer steps.
+    /// Optimizer steps (default: 300; 200 for `octet lora`).
     #[arg(long)]
     steps: Option<u64>,
     /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
@@ -737,6 +737,32 @@ pub fn wrote(dir: &std::path::Path, save: bool, what: &str) -> String {
     }
 }
 
+/// The first of `NAME`, `NAME-2`, ... (`NAME` from `base`) under which no
+/// recipe of `recipes` has a run yet and no comparison plot was written.
+fn free_compare_name(base: &TrainConfig, recipes: &str) -> anyhow::Result<String> {
+    for i in 1..10_000 {
+        let name = if i == 1 {
+            base.name.clone()
+        } else {
+            format!("{}-{i}", base.name)
+        };
+        let free = !base.out_dir.join(format!("{name}-compare.png")).exists()
+            && recipes.split(',').map(str::trim).all(|r| {
+                let mut c = base.clone();
+                c.name = format!("{name}-{r}");
+                c.check_run_dir(None).is_ok()
+            });
+        if free {
+            return Ok(name);
+        }
+    }
+    anyhow::bail!(
+        "{} holds comparisons {1} to {1}-9999: name one with `octet compare --name`",
+        base.out_dir.display(),
+        base.name
+    )
+}
+
 /// Flags of `octet compare`.
 #[derive(clap::Args, Clone)]
 pub struct CompareArgs {
@@ -769,7 +795,13 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     if let Some(n) = a.train.sample_tokens.filter(|&n| n > 0) {
         anyhow::bail!("--sample-tokens {n}: octet compare samples no text (octet train does)");
     }
-    let base = a.train.config()?;
+    let mut base = a.train.config()?;
+    // Without `--name`, the first of `default`, `default-2`, ... whose runs
+    // are all free, as bare `octet` numbers its runs: running compare again
+    // starts new runs rather than being refused.
+    if a.train.name.is_none() {
+        base.name = free_compare_name(&base, &a.recipes)?;
+    }
     let gpu = crate::gpu::open(&a.train.device)?;
     if let Some(g) = &gpu {
         println!("octet compare on {}", g.info()?);
@@ -802,7 +834,15 @@ pub fn compare(a: CompareArgs) -> anyhow::Result<()> {
     }
     // Every run's directory is free before the first trains.
     for cfg in &cfgs {
-        cfg.check_run_dir(None)?;
+        cfg.check_run_dir(None).map_err(|_| {
+            anyhow::anyhow!(
+                "compare: {} already holds a run; give another --name (without one, compare \
+                 picks the first free name: {}, {}-2, ...)",
+                cfg.out_dir.join(&cfg.name).display(),
+                base.name,
+                base.name
+            )
+        })?;
     }
     let mut runs = Vec::new();
     let mut series = Vec::new();

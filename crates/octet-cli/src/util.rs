@@ -28,10 +28,12 @@ pub fn gaussian(n: usize, seed: u64, std: f32) -> Vec<f32> {
         .collect()
 }
 
-/// A plain-text table with right-aligned numeric columns.
+/// A plain-text table: the first column left-aligned, the others right-aligned
+/// (numbers), or every column left-aligned ([`Table::text`]).
 pub struct Table {
     header: Vec<String>,
     rows: Vec<Vec<String>>,
+    text: bool,
 }
 
 impl Table {
@@ -39,7 +41,14 @@ impl Table {
         Table {
             header: header.iter().map(|s| s.to_string()).collect(),
             rows: Vec::new(),
+            text: false,
         }
+    }
+
+    /// The same table with every column left-aligned, for words.
+    pub fn text(mut self) -> Table {
+        self.text = true;
+        self
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -59,14 +68,14 @@ impl Table {
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    if i == 0 {
+                    if i == 0 || self.text {
                         format!("{c:<width$}", width = w[i])
                     } else {
                         format!("{c:>width$}", width = w[i])
                     }
                 })
                 .collect();
-            println!("{}", cells.join("  "));
+            println!("{}", cells.join("  ").trim_end());
         };
         line(&self.header);
         println!(

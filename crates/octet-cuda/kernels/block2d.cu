@@ -275,7 +275,7 @@ struct TransposeMany {
 // `__grid_constant__`: the list is read in place from the parameters; indexed
 // by blockIdx.z without it, every thread first copied it to local memory (96
 // bytes for the 16 it moves), and gate and up's launch took 57 us instead of
-// 17.6 (ncu, call c).
+// 17.6 (ncu).
 extern "C" __global__ void __launch_bounds__(256) transpose_u8_v4_many(const __grid_constant__ TransposeMany l) {
     const int z = blockIdx.z;
     transpose_u8_v4_tile(l.in[z], l.out[z], l.rows[z], l.cols[z]);

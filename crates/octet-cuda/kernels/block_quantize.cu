@@ -184,5 +184,5 @@ __device__ __forceinline__ void block_cast_transpose(const unsigned short* __res
 
 BLOCK_KERNEL(block1x128_cast_transpose_bf16_e4m3, FMT_E4M3, 448.f, true)
 BLOCK_KERNEL(block1x128_cast_transpose_bf16_e5m2, FMT_E5M2, 57344.f, true)
-// The direct-store variant, kept for the A/B in the benchmark (see NOTES.md).
+// The direct-store variant, kept for the A/B in the benchmark (docs/design.md).
 BLOCK_KERNEL(block1x128_direct_cast_transpose_bf16_e4m3, FMT_E4M3, 448.f, false)

@@ -210,7 +210,7 @@ CAST_DU_RANKS(FMT_E4M3, e4m3, 448.f)
 // waits are 4% of its stall samples; more stages, more warp groups and 7%
 // fewer instructions (this version's one permute a pair and running
 // addresses, kept as the simpler code) each left its time as it was
-// (crates/octet-cuda/NOTES.md, twenty-second session).
+// (docs/design.md).
 //
 // Requirements checked by the host: M % 16 == 0, T % 16 == 0, K % 16 == 0,
 // 1 <= R <= 16 MT, 16-byte aligned buffers.

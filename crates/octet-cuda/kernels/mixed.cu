@@ -8,7 +8,7 @@
 // FP8 value exactly. To f16 a pair of codes is one conversion instruction
 // (FP8 -> f16x2); to bf16 it is four (FP8 -> f16x2, two f16 -> f32, f32x2 ->
 // bf16x2), which is what bounds the small-M kernel at 16 tokens on the
-// smaller weights (BENCHMARKS.md, thirty-second session). This is the
+// smaller weights (docs/design.md). This is the
 // trade ComfyUI-FeatherOps makes with f16 activations and E5M2 weights.
 //
 // Two layouts of the codes, both read by every kernel here:
@@ -17,7 +17,7 @@
 //   16t..16t+15, columns 128b..128b+127, each row's 128 codes contiguous,
 //   zero past N and K. One small-M warp copy (16 rows x 128 columns) is one
 //   contiguous 2 KiB run, and a block's 16 rows one run of 16 ceil(K/128)
-//   x 128 bytes. Measured on the H100 (BENCHMARKS.md, thirty-first session):
+//   x 128 bytes. Measured on the H100:
 //   +0.00 to +0.06 of copy bandwidth at 1 to 16 tokens over row-major (least
 //   on the smallest weight), whose warp copies gather 16 pieces of 128 bytes
 //   K bytes apart.
@@ -47,7 +47,7 @@
 //
 // Against the register-pipelined kernel it replaced (the next block's codes
 // and x held in registers, 8 warps, 60 / 88 registers for 8 / 16 tokens),
-// measured on the H100 (BENCHMARKS.md, twenty-fourth session): M = 16 on
+// measured on the H100: M = 16 on
 // 8192x28672 from 0.82 to 0.89 of copy bandwidth, M = 1 from 0.91 to 0.97.
 //
 // Requirements checked by the host: K % 16 == 0 (a thread's 16 columns are
@@ -58,8 +58,7 @@
 // small-M and wgmma kernels decode by integer code on every GPU
 // (`fp8x2_sel_to_bf16x2`: the byte permute picks the pair from its word, so
 // the upper pair needs no shift): four instructions a pair against four and
-// a shift by the FP8 conversion. Measured on the H100 (BENCHMARKS.md,
-// thirty-eighth session, call c): row-major codes at 12-16 tokens on
+// a shift by the FP8 conversion. Measured on the H100: row-major codes at 12-16 tokens on
 // 4096x4096 0.72-0.73 -> 0.77-0.78 of copy, tiled ones 0.80-0.81 -> 0.81-0.82.
 
 // The module compiles in parts, at once (`MIXED_PARTS` in mixed.rs): the host
@@ -162,8 +161,8 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // both sides, and only the block steps. Codes: piece p of lane l is row
     // l / 8 + 4p, chunk l % 8 (one swizzle parity per lane); x: row l / 16 +
     // 2p, chunk l % 16. The compiler otherwise rederives every address from
-    // the lane id in each block. Measured on the H100 (thirty-second
-    // session, call c), against the per-piece addresses below: the 4-token
+    // the lane id in each block. Measured on the H100 against the per-piece
+    // addresses below: the 4-token
     // loop 304 -> 247 SASS instructions, 4096x4096 at 1-4 tokens 0.88-0.89
     // -> 0.90-0.92 of copy, 4096x14336 at 1 token 0.94 -> 0.98, 8 tokens
     // level, decode +1.1%. For 16 tokens (424 -> 333 instructions) it read
@@ -171,7 +170,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // groups keep the per-piece addresses. The loss is inside the kernel,
     // not in the overlap with the previous one: without PDL it stays, and
     // ncu shows the burst of copies doubling the warps' long-scoreboard
-    // stalls (thirty-fourth session, call a).
+    // stalls.
     constexpr bool STEP = TILED && (NT == 1 || ST);
     const unsigned char* wl = w + ((size_t)tile0 * kblocks + warp) * TBYTES + lane * 16;
     const unsigned wdl = (lane >> 3) * 128 + (((lane & 7) ^ (((lane >> 3) & 1) << 2)) << 4);
@@ -254,7 +253,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
     // (rows lane / 4 and lane / 4 + 8 of the tile; every epilogue element a
     // thread takes has its lane). Over tiled codes they load here, where
     // they were a dependent load at the end of every launch (4096x4096:
-    // 0.84 -> 0.87-0.88 of copy at 1-4 tokens, thirty-first session). Over
+    // 0.84 -> 0.87-0.88 of copy at 1-4 tokens). Over
     // row-major codes the two registers held through the loop took the
     // 4-token kernel to 83 registers and two blocks an SM (0.89 -> 0.84 on
     // 4096x14336), so there they load after the loop.
@@ -412,8 +411,7 @@ __device__ __forceinline__ void mixed_small_m(const unsigned char* __restrict__ 
 // (PER_BLOCK = false) for bf16 x at two token groups when the scales are per
 // tensor or per row: their zeroing and FMA by 1 go, and ptxas schedules the
 // 16-token loop in 390 SASS instructions instead of 424 at the same 65
-// registers. Measured on the H100 (thirty-third session, call d, three
-// rounds against HEAD): 4096x4096 at 12-16 tokens 0.76-0.77 -> 0.80-0.81 of
+// registers. Measured on the H100 (three rounds): 4096x4096 at 12-16 tokens 0.76-0.77 -> 0.80-0.81 of
 // copy, the larger weights level. Where it is not used: one token group
 // (4096x14336 at 1 token 0.98 -> 0.95, decode -1.8%) and f16 x (4096x4096
 // at 16 tokens 0.86 -> 0.83-0.85). The mma then adds each block's products

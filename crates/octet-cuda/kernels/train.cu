@@ -2303,7 +2303,7 @@ __device__ void attn_dq_wg(const unsigned short* q, const unsigned short* k, con
 // The backward kernels with NWG warpgroups a block (64 NWG rows). One is
 // instantiated: it leaves two independent blocks on an SM, out of step with
 // each other, and measured 1.07x two warpgroups sharing each staged tile
-// (H100, 4x2048x16x128; BENCHMARKS.md, ninth session).
+// (H100, 4x2048x16x128).
 #define ATTN_WG_BWD(D, NWG)                                                                                     \
     extern "C" __global__ void __launch_bounds__(128 * NWG, 2 / NWG) attn_dkdv_wg##D##_##NWG(                    \
         const unsigned short* q, const unsigned short* k, const unsigned short* v, const unsigned short* dout,   \

@@ -162,12 +162,10 @@ pub fn to_host(gpu: &Gpu, q: &crate::DeviceFp8, layout: Layout) -> Result<QuantD
 
 /// The conformance suite: quantize bit-exact against the CPU, FP8 and bf16
 /// GEMMs within tolerance, weight-only products, the layers, the training and
-/// LoRA models, and the bad-input errors (about a minute on an H100). With
-/// `OCTET_SELFTEST_ONLY=mixed`, the FP8 conversions and the weight-only
-/// product cases alone. See [`selftest_groups`] for the groups skipped on a
+/// LoRA models, and the bad-input errors (about a minute on an H100). See [`selftest_groups`] for the groups skipped on a
 /// GPU without FP8 GEMMs.
 pub fn selftest(gpu: &Gpu) -> Result<Vec<CaseResult>> {
-    Ok(selftest_groups(gpu)?.0)
+    Ok(selftest_groups(gpu, Scope::All)?.0)
 }
 
 /// A group of conformance cases.
@@ -193,6 +191,17 @@ pub(crate) fn skip_without_fp8_gemm(
     skip
 }
 
+/// Which cases [`selftest_groups`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Every group.
+    All,
+    /// The FP8 conversions and the weight-only products alone (`octet
+    /// selftest --only weight-only`): the checks a GPU without FP8 GEMMs
+    /// runs in full, in a fraction of the time.
+    WeightOnly,
+}
+
 /// What [`Error::Unsupported`] displays first (checked by a unit test).
 const UNSUPPORTED: &str = "not supported on this GPU: ";
 
@@ -203,13 +212,10 @@ const UNSUPPORTED: &str = "not supported on this GPU: ";
 /// [`Error::Unsupported`] is skipped from there on (its name is listed), and
 /// one case checks that an FP8 GEMM is refused. A group that fails with any
 /// other error is a failed case named after it.
-pub fn selftest_groups(gpu: &Gpu) -> Result<(Vec<CaseResult>, Vec<String>)> {
+pub fn selftest_groups(gpu: &Gpu, scope: Scope) -> Result<(Vec<CaseResult>, Vec<String>)> {
     let mut out = Vec::new();
     let mut skipped = Vec::new();
-    // `OCTET_SELFTEST_ONLY=mixed`: the weight-only products alone, for
-    // comparing kernel variants within one device call.
-    let only_mixed = std::env::var("OCTET_SELFTEST_ONLY").as_deref() == Ok("mixed");
-    let groups: &[(&'static str, Group)] = if only_mixed {
+    let groups: &[(&'static str, Group)] = if scope == Scope::WeightOnly {
         &[
             ("FP8 conversion cases", conversion_cases),
             ("weight-only product cases", mixed_cases),
@@ -3595,7 +3601,7 @@ pub(crate) fn test_config(
 /// after each step. The collectives run on the
 /// communicator's own stream, ordered with the compute stream by events, so
 /// these cases also check that ordering (a missing wait reads stale or
-/// half-written weights or gradients). Several ranks: `bench/gpu-dist.sh`.
+/// half-written weights or gradients). Several ranks: `bench/multi-gpu.sh`.
 pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     use crate::model::GpuLlama;
     use crate::nccl::NcclComm;

@@ -205,6 +205,20 @@ pub fn fp8_gemm_allowed() -> Result<bool> {
     Ok(!env_switch("OCTET_FP8_GEMM", "off")?)
 }
 
+/// `OCTET_PROFILE=1`: GPU training prints where a step's time goes (per
+/// phase, and the host's time to the loss, to enqueue the backward and to
+/// its end on the device). `0` or unset: off; other values are an error.
+pub fn profile_enabled() -> Result<bool> {
+    match std::env::var("OCTET_PROFILE").as_deref() {
+        Err(std::env::VarError::NotPresent) | Ok("0") => Ok(false),
+        Ok("1") => Ok(true),
+        Ok(v) => Err(Error::Toolkit(format!(
+            "OCTET_PROFILE={v:?}: expected 1 (print the time per phase) or 0"
+        ))),
+        Err(e) => Err(Error::Toolkit(format!("OCTET_PROFILE: {e}"))),
+    }
+}
+
 /// An environment switch that is `auto` (or unset: `false`) or `word`
 /// (`true`); any other value is an error naming the variable.
 pub(crate) fn env_switch(var: &str, word: &str) -> Result<bool> {
@@ -246,10 +260,8 @@ pub struct GpuInfo {
     /// Peak DRAM bandwidth in GB/s, from the memory clock and bus width the
     /// driver reports (`None` where it reports neither).
     pub dram_gbps: Option<f64>,
-    /// Which of the wide and few-block shapes 16-token weight-only launches
-    /// take (`OCTET_MIXED_WIDE`, else the wide ones by DRAM bandwidth an SM,
-    /// the few-block one for bf16 x everywhere and for f16 x with the wide
-    /// ones: see `mixed.rs`).
+    /// Whether 16-token weight-only launches take the shapes that read x
+    /// once for more weight rows (by DRAM bandwidth an SM: see `mixed.rs`).
     pub mixed_shapes16: mixed::Shapes16,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
@@ -280,8 +292,7 @@ impl std::fmt::Display for GpuInfo {
             match (self.mixed_shapes16.wide, self.mixed_shapes16.few) {
                 (true, true) => "wide and few-block",
                 (true, false) => "wide",
-                (false, true) => "few-block for bf16 x",
-                (false, false) => "table",
+                (false, _) => "table",
             },
             self.nvrtc.0,
             self.nvrtc.1,
@@ -337,7 +348,7 @@ pub struct Gpu {
     pub(crate) dram_gbps: Option<f64>,
     /// Walk the cast kernel's tiles last-to-first, so that it starts on the
     /// part of the tensor the amax pass read last (likely still in L2).
-    /// Bit-identical either way; only the speed differs (see NOTES.md).
+    /// Bit-identical either way; only the speed differs (docs/design.md).
     pub reverse_cast: bool,
     pub(crate) ordinal: usize,
     pub(crate) arch: &'static str,
@@ -424,26 +435,17 @@ impl Gpu {
         // the ones loaded on first use, into the disk cache only, so that a
         // run does not stop later to compile them. An error in those is left
         // for their first use to report.
-        let tune = mixed::SmallTune::from_env()?;
         let mut jobs: Vec<(String, String)> = Vec::new();
         for part in (0..mixed::MIXED_PARTS).rev() {
-            // A tuning shape (`OCTET_MIXED_TUNE`) is built in part 0.
-            let tune_line = match (&tune, part) {
-                (Some(t), 0) => t.source_line(),
-                _ => String::new(),
-            };
             jobs.push((
                 format!("mixed.{part}"),
-                format!(
-                    "#define MIXED_PART {part}\n{}{tune_line}",
-                    KERNEL_SOURCES[2].1
-                ),
+                format!("#define MIXED_PART {part}\n{}", KERNEL_SOURCES[2].1),
             ));
         }
         for i in [9, 1, 10, 6, 0, 4, 3, 8, 7, 5] {
             // train, block_quantize, lora, block2d, quantize, rowwise, decode,
             // nvfp4, mx, delayed: the order of their compile times on an H100
-            // host (bench-results/h100-session37-b/open-trace.txt).
+            // host.
             jobs.push((KERNEL_SOURCES[i].0.into(), KERNEL_SOURCES[i].1.into()));
         }
         let mut compiled: std::collections::HashMap<String, Result<cudarc::nvrtc::Ptx>> = jobs
@@ -503,12 +505,8 @@ impl Gpu {
                 reserved: a(CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK)?,
             }
         };
-        let shapes16 = mixed::shapes16(
-            std::env::var("OCTET_MIXED_WIDE").ok().as_deref(),
-            dram_gbps,
-            sm_count,
-        )?;
-        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, tune, shapes16)?;
+        let shapes16 = mixed::shapes16(dram_gbps, sm_count);
+        let mixed = mixed::MixedKernels::load(&mixed_parts, arch, smem, shapes16)?;
         let mut q = q.into_iter();
         let mut b = b.into_iter();
         let next = |it: &mut std::vec::IntoIter<CudaFunction>| {

@@ -203,14 +203,14 @@ struct Prof {
 }
 
 impl Prof {
-    /// On when the `OCTET_PROFILE` environment variable is set.
-    fn from_env() -> Prof {
-        Prof {
-            on: std::env::var_os("OCTET_PROFILE").is_some(),
+    /// On under `OCTET_PROFILE=1` ([`crate::profile_enabled`]).
+    fn from_env() -> Result<Prof> {
+        Ok(Prof {
+            on: crate::profile_enabled()?,
             recomputing: false,
             last: std::time::Instant::now(),
             acc: Vec::new(),
-        }
+        })
     }
 
     fn mark(&mut self, gpu: &Gpu, what: &'static str) -> Result<()> {
@@ -810,10 +810,10 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
             // stages of K, V. dK/dV (one warpgroup): K, V + two stages of Q,
             // dO and of lse, delta (64 f32 each). dQ (one warpgroup): Q, dO +
             // two stages of K, V. `OCTET_ATTN=mma` keeps the mma.sync kernels
-            // (for comparisons).
+            // (the ones other GPUs run).
             let wgmma = gpu.arch == "sm_90a"
                 && matches!(d, 64 | 128)
-                && std::env::var("OCTET_ATTN").map_or(true, |v| v != "mma");
+                && !crate::env_switch("OCTET_ATTN", "mma")?;
             let tile = 64 * d * 2;
             let wg = |name: String, nwg: usize, smem: usize| -> Result<AttnKernel> {
                 Ok(AttnKernel {
@@ -1026,7 +1026,7 @@ impl<'g> GpuLlama<'g> {
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,
-            prof: Prof::from_env(),
+            prof: Prof::from_env()?,
             shard,
             lora: None,
         })
@@ -3033,7 +3033,7 @@ impl<'g> GpuLlama<'g> {
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,
-            prof: Prof::from_env(),
+            prof: Prof::from_env()?,
             shard: None,
             lora: Some(LoraMode {
                 base_slots,

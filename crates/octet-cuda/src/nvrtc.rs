@@ -300,8 +300,8 @@ pub fn compile_all(jobs: &[(String, String)], arch: &'static str) -> Vec<Result<
 /// returns the CUBIN (ELF machine code), which the driver loads as it is.
 /// NVRTC runs the assembler for a real target anyway; loading its PTX instead
 /// made the driver assemble every module again, one after another, at load
-/// (18.7 s on a fresh H100 host for the modules a GPU opens with,
-/// thirty-seventh session, call e), or read it from its own JIT cache.
+/// (18.7 s on a fresh H100 host for the modules a GPU opens with), or read
+/// it from its own JIT cache.
 pub fn compile_cubin_uncached(name: &str, src: &str, arch: &'static str) -> Result<Vec<u8>> {
     let cubin = nvrtc_build(name, src, arch, Output::Cubin)?;
     if !cubin.starts_with(b"\x7fELF") {

@@ -645,9 +645,8 @@ fn small_m(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f3
 /// Under block scaling the bound scales with the row's smallest block
 /// factor: values below about `2^-86` with factors near `2^-13` and K =
 /// 4096, or any row at all against a weight row with a block of factors
-/// near `2^-100`. A flagged output costs about 25 times its f32 sum (the
-/// forty-first session's review measured 3 -> 85 ms at M = 4 over 4096x4096
-/// when every row was flagged); no trained model's activations or
+/// near `2^-100`. A flagged output costs about 25 times its f32 sum (3 ->
+/// 85 ms at M = 4 over 4096x4096 when every row was flagged); no trained model's activations or
 /// weights come near either.
 fn tiny_products(xmin: f32, w: &WeightRef<'_>, row: usize, k: usize) -> bool {
     let WeightRef::Fp8(q) = w else {

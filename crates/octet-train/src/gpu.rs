@@ -19,7 +19,9 @@ use crate::checkpoint;
 use crate::data::{Dataset, Split};
 use crate::metrics::{MetricsWriter, StepMetrics};
 use crate::optim::{lr_at, AdamW, ParamState};
-use crate::trainer::{pick_token, plot_losses, LoraSettings, Observer, RunSummary, TrainConfig};
+use crate::trainer::{
+    plot_losses, sample_windowed, Feed, LoraSettings, Observer, RunSummary, TrainConfig,
+};
 use crate::{Error, Result};
 use octet_cuda::decode::{GpuDecoder, GpuWeights};
 use octet_cuda::model::{AdamParams, GpuLlama, SavedActivations};
@@ -27,7 +29,6 @@ use octet_cuda::nccl::{NcclComm, NcclStats};
 use octet_cuda::Gpu;
 use octet_nn::llama::Llama;
 use octet_tensor::{DType, Tensor};
-use rand::SeedableRng;
 use std::collections::HashMap;
 use std::path::Path;
 use std::time::Instant;
@@ -64,59 +65,6 @@ pub fn evaluate_gpu(
         Some(c) => Ok(c.sum_f64(model.gpu(), mean)? / world as f64),
         None => Ok(mean),
     }
-}
-
-/// What [`sample_windowed`] asks of a KV-cache decoder; either returns the
-/// logits of the token it leaves last in the cache.
-enum Feed<'a> {
-    /// Append one token to the cache.
-    Step(u32),
-    /// Empty the cache and fill it with these tokens (positions from 0).
-    Fill(&'a [u32]),
-}
-
-/// `n` tokens after `prompt`, each picked (temperature 0.8, top 40, `seed`)
-/// from the logits of the last `ctx` tokens, as the CPU trainer's
-/// [`crate::trainer::sample`] picks them, on a decoder driven by `feed`:
-/// while the sequence fits the `ctx` positions each token is one step;
-/// past them the window slides, and the cache is filled with it again.
-fn sample_windowed(
-    prompt: &[u32],
-    n: usize,
-    ctx: usize,
-    seed: u64,
-    mut feed: impl FnMut(Feed<'_>) -> Result<Vec<f32>>,
-) -> Result<Vec<u32>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    if prompt.is_empty() || ctx == 0 {
-        return Err(Error::Train(format!(
-            "sampling needs a prompt and a context: {} prompt tokens, {ctx} positions",
-            prompt.len()
-        )));
-    }
-    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-    let mut toks = prompt.to_vec();
-    let mut logits = Vec::new();
-    if prompt.len() <= ctx {
-        for &t in prompt {
-            logits = feed(Feed::Step(t))?;
-        }
-    } else {
-        logits = feed(Feed::Fill(&toks[toks.len() - ctx..]))?;
-    }
-    for i in 0..n {
-        let t = pick_token(&logits, 0.8, 40, &mut rng);
-        toks.push(t);
-        if i + 1 < n {
-            logits = match toks.len() <= ctx {
-                true => feed(Feed::Step(t))?,
-                false => feed(Feed::Fill(&toks[toks.len() - ctx..]))?,
-            };
-        }
-    }
-    Ok(toks.split_off(prompt.len()))
 }
 
 /// Rank `rank`'s equal share of a batch's rows (`world` divides the batch).
@@ -408,12 +356,12 @@ pub fn train_gpu_ranked(
     let mut last_val = f64::NAN;
     let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
     let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
-    // `OCTET_HOST_TIMING`: per micro-step, the host's time to the loss
-    // (batch and forward, which ends reading the loss back), to enqueue the
+    // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss (batch
+    // and forward, which ends reading the loss back), to enqueue the
     // backward, and to its end on the device (a synchronization added after
     // it). An enqueue time near the device's means the host's launches pace
     // the backward.
-    let mut host: Option<Vec<[f64; 3]>> = std::env::var_os("OCTET_HOST_TIMING").map(|_| Vec::new());
+    let mut host: Option<Vec<[f64; 3]>> = octet_cuda::profile_enabled()?.then(Vec::new);
     while model.step < cfg.steps {
         let step = model.step;
         // NCCL bytes per step, counted over the steps after the first.
@@ -663,10 +611,10 @@ pub fn train_gpu_ranked(
 mod tests {
     use super::*;
 
-    /// The GPU run's sample picks the CPU run's tokens: a decoder whose cache
-    /// is a list of tokens and whose logits are the CPU model's at the
-    /// cache's last token, driven by `sample_windowed`, gives what
-    /// `trainer::sample` gives, also past the model's positions (the prompt
+    /// The windowed sample picks what re-running the model over the last
+    /// `ctx` tokens picks: a decoder whose cache is a list of tokens and
+    /// whose logits are the CPU model's at the cache's last token, driven by
+    /// `sample_windowed`, gives what `trainer::sample_rerun` gives, also past the model's positions (the prompt
     /// alone, or with the sampled tokens); the cache never holds more than them.
     #[test]
     fn windowed_sample_is_the_cpu_trainers_sample() {
@@ -675,7 +623,7 @@ mod tests {
         for (ctx, n) in [(64, 10), (8, 12), (5, 9), (7, 1), (3, 0)] {
             cfg.max_position_embeddings = ctx;
             let mut model = Llama::new_random(&cfg, DType::F32, None, 3).unwrap();
-            let want = crate::trainer::sample(&mut model, &prompt, n, 0.8, 40, 11).unwrap();
+            let want = crate::trainer::sample_rerun(&mut model, &prompt, n, 11).unwrap();
             let v = cfg.vocab_size;
             let mut cache: Vec<u32> = Vec::new();
             let got = sample_windowed(&prompt, n, ctx, 11, |feed| {
