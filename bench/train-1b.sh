@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Training speed and memory of the ~1B Llama (d=2048, 16 layers, 16 heads,
 # SwiGLU 5632, byte vocabulary) on one GPU at batch 16 x 2048 tokens:
-# - octet bf16 (no FP8), octet FP8 tensorwise (quantized backward), and
-#   tensorwise with FP8 saved activations (--saved-activations fp8);
+# - octet bf16 (no FP8), octet FP8 tensorwise with its defaults (quantized
+#   backward, FP8 saved activations), and tensorwise keeping its activations
+#   whole (--saved-activations full);
 # - bench/peers/train.py at the same batch: PyTorch bf16 under torch.compile
 #   and torchao float8 tensorwise under torch.compile (skipped without torchao).
 # Prints tokens/s over the steps after the first three and the peak memory of each.
@@ -24,15 +25,15 @@ common=(--device cuda --model 1b --batch "$BATCH" --seq 2048 --steps "$STEPS"
   --eval-batches 0 --sample-tokens 0 --no-save)
 octet_run bf16 train "${common[@]}" --recipe bf16
 octet_run tensorwise train "${common[@]}" --recipe tensorwise
-octet_run tensorwise-fp8saved train "${common[@]}" --recipe tensorwise --saved-activations fp8
+octet_run tensorwise-fullsaved train "${common[@]}" --recipe tensorwise --saved-activations full
 step peers-train "$PYTHON" "$PEERS/train.py" "$OUT/peers-train.json" \
   --batch "$BATCH" --steps "$PEER_STEPS" --warmup 3 --runs compile,ao
 
 summarize() {
   echo "  ~1B Llama, batch $BATCH x 2048 tokens; octet: steps 4-$STEPS timed; peak device = the driver's used memory;"
   echo "  the peers train on random tokens, octet on its default text: their losses do not compare"
-  summarize_py runs --dir "$OUT/runs" --names bf16,tensorwise,tensorwise-fp8saved --first 4 \
+  summarize_py runs --dir "$OUT/runs" --names bf16,tensorwise,tensorwise-fullsaved --first 4 \
     --tokens $((BATCH * 2048)) --peers "$OUT/peers-train.json" \
-    --ratios "tensorwise/bf16,tensorwise-fp8saved/bf16,bf16/peer: torch bf16 compile,tensorwise/peer: torchao float8 tensorwise compile"
+    --ratios "tensorwise/bf16,tensorwise-fullsaved/bf16,bf16/peer: torch bf16 compile,tensorwise/peer: torchao float8 tensorwise compile"
 }
 bench_finish summarize

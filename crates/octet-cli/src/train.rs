@@ -21,9 +21,13 @@ pub struct TrainArgs {
     /// Parent directory of runs.
     #[arg(long)]
     out_dir: Option<PathBuf>,
-    /// Model preset: tiny, small, medium, 1b (default: small).
+    /// Model preset: tiny, small, medium, 1b, 8b (Llama 3 8B's shape) (default: small).
     #[arg(long)]
     model: Option<String>,
+    /// Blocks of the preset in place of its own count, e.g. `--model 8b
+    /// --layers 8` for as many of the 8B shape's blocks as fit one GPU.
+    #[arg(long)]
+    layers: Option<usize>,
     /// Training text file, directory of .txt files, or .bin token file (default: embedded Tiny Shakespeare).
     #[arg(long)]
     data: Option<PathBuf>,
@@ -99,8 +103,10 @@ pub struct TrainArgs {
     /// inputs at 1/4 of f32, SwiGLU inputs at 1/2 of bf16; the attention
     /// output not at all where the o projection keeps an FP8 copy; in `octet
     /// lora` with the quantized backward, the adapters' inputs as the E4M3
-    /// codes the base's product read) or `full` (the default). The forward
-    /// and loss are unchanged.
+    /// codes the base's product read), `full`, or `auto` (the default:
+    /// `fp8` on the GPU where the matrices run in FP8, i.e. under an FP8
+    /// recipe or with an FP8 LoRA base; `full` elsewhere). The forward and
+    /// loss are unchanged.
     #[arg(long)]
     saved_activations: Option<String>,
     /// Activation recomputation: keep only each block's input residual for
@@ -348,6 +354,9 @@ impl TrainArgs {
                 c.out_dir = out_dir;
                 c.name = name;
             }
+        }
+        if let Some(l) = self.layers {
+            c.layers = Some(l);
         }
         if let Some(d) = &self.data {
             c.data = Some(d.clone());

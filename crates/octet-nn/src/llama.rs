@@ -137,21 +137,29 @@ fn check_rope_scaling(rs: &RopeScaling) -> Result<()> {
 }
 
 impl LlamaConfig {
-    /// Named presets: `tiny` (tests), `small` (the CPU default, ~0.8M parameters), `1b` (the GPU target shape).
+    /// Named presets: `tiny` (tests), `small` (the CPU default, ~0.8M
+    /// parameters), `medium`, `1b` (the GPU target shape) and `8b` (Llama 3
+    /// 8B's shape: 32 blocks of width 4096, FFN 14336, 32 query and 8
+    /// key-value heads, a 128,256-token vocabulary, RoPE base 500,000).
     pub fn preset(name: &str) -> Result<LlamaConfig> {
         let (c, f, l, h, kv, t) = match name {
             "tiny" => (32, 64, 2, 4, 2, 64),
             "small" => (128, 352, 4, 4, 2, 256),
             "medium" => (512, 1408, 8, 8, 4, 1024),
             "1b" => (2048, 5632, 16, 16, 16, 2048),
+            "8b" => (4096, 14336, 32, 32, 8, 8192),
             other => {
                 return Err(Error::Config(format!(
-                    "unknown model preset '{other}' (tiny, small, medium, 1b)"
+                    "unknown model preset '{other}' (tiny, small, medium, 1b, 8b)"
                 )))
             }
         };
+        let (vocab_size, rope_theta) = match name {
+            "8b" => (128_256, 500_000.0),
+            _ => (256, 10_000.0),
+        };
         let cfg = LlamaConfig {
-            vocab_size: 256,
+            vocab_size,
             hidden_size: c,
             intermediate_size: f,
             num_hidden_layers: l,
@@ -159,7 +167,7 @@ impl LlamaConfig {
             num_key_value_heads: kv,
             max_position_embeddings: t,
             rms_norm_eps: 1e-5,
-            rope_theta: 10000.0,
+            rope_theta,
             tie_word_embeddings: false,
             rope_scaling: None,
         };

@@ -327,9 +327,9 @@ pub fn train_gpu_ranked(
         }
     };
     model.set_grad_reduce_bf16(cfg.grad_reduce == "bf16");
-    model.saved_activations = match cfg.saved_activations.as_str() {
-        "fp8" => SavedActivations::Fp8,
-        _ => SavedActivations::Full,
+    model.saved_activations = match cfg.fp8_saved_activations()? {
+        true => SavedActivations::Fp8,
+        false => SavedActivations::Full,
     };
     if cfg.reshard_after_forward {
         model.set_reshard_after_forward(true)?;

@@ -353,7 +353,26 @@ fn fp8_saved_activations_are_a_gpu_setting_and_unknown_names_are_rejected() {
         err.to_string().contains("--saved-activations e5m2"),
         "{err}"
     );
-    // The CPU model keeps f32 activations: a clear error, not a silent full run.
+    // `auto` (the default) means FP8 where the matrices run in FP8 (on the
+    // GPU; the CPU keeps f32 whatever it says), full under bf16.
+    let mut auto = TrainConfig::default();
+    assert_eq!(auto.saved_activations, "auto");
+    assert!(
+        auto.fp8_saved_activations().unwrap(),
+        "tensorwise by default"
+    );
+    auto.recipe = "bf16".into();
+    assert!(
+        !auto.fp8_saved_activations().unwrap(),
+        "bf16 keeps them whole"
+    );
+    auto.saved_activations = "fp8".into();
+    assert!(auto.fp8_saved_activations().unwrap());
+    auto.recipe = "tensorwise".into();
+    auto.saved_activations = "full".into();
+    assert!(!auto.fp8_saved_activations().unwrap());
+    // The CPU model keeps f32 activations: asking for FP8 there is a clear
+    // error, not a silent full run.
     let out = tmpdir("saved-fp8");
     let mut run = small_run("cpu-fp8", &out, "tensorwise");
     run.saved_activations = "fp8".into();
@@ -432,4 +451,36 @@ fn a_resumed_run_takes_its_own_adamw_settings() {
     let (opt, _, _) = checkpoint::load_optimizer_for(&ck3, &params).unwrap();
     assert_eq!(opt.cfg, again.adamw);
     let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
+fn the_8b_preset_has_llama3_8bs_shape_and_layers_keeps_its_first_blocks() {
+    let mut cfg = TrainConfig {
+        model: "8b".into(),
+        layers: Some(2),
+        ..Default::default()
+    };
+    let m = cfg.llama_config().unwrap();
+    assert_eq!(
+        (
+            m.hidden_size,
+            m.intermediate_size,
+            m.num_attention_heads,
+            m.num_key_value_heads,
+            m.vocab_size,
+            m.num_hidden_layers,
+            m.rope_theta,
+        ),
+        (4096, 14336, 32, 8, 128_256, 2, 500_000.0)
+    );
+    cfg.layers = None;
+    assert_eq!(cfg.llama_config().unwrap().num_hidden_layers, 32);
+    cfg.layers = Some(0);
+    let err = cfg.llama_config().expect_err("no blocks");
+    assert!(err.to_string().contains("--layers 0"), "{err}");
+    // A checkpoint gives its own blocks: --layers with --init is an error.
+    cfg.layers = Some(2);
+    cfg.init = Some("some/checkpoint".into());
+    let err = cfg.llama_config().expect_err("--layers with --init");
+    assert!(err.to_string().contains("--layers 2"), "{err}");
 }
