@@ -720,6 +720,22 @@ pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     Ok(hf.config)
 }
 
+/// A checkpoint directory or Hugging Face model folder: its config and its
+/// weights (as `dtype`), checked against each other
+/// ([`Llama::check_weights`]); a missing, misshapen or left-over tensor is an
+/// error naming the weights file and the tensor.
+pub fn load_model_folder(
+    dir: &Path,
+    dtype: DType,
+) -> Result<(LlamaConfig, HashMap<String, Tensor>)> {
+    let cfg = load_config(dir)?;
+    let w = load_weights(dir, dtype)?;
+    Llama::check_weights(&cfg, &w).map_err(|e| {
+        Error::Checkpoint(format!("{}: {e}", dir.join("model.safetensors").display()))
+    })?;
+    Ok((cfg, w))
+}
+
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
 /// matrices dequantized); errors name the tensor.
 pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>> {
