@@ -80,6 +80,26 @@ pub fn fp8_gate(
     Ok(gpu)
 }
 
+/// The check of a model's family switches on an opened GPU (or none): a
+/// config the GPU model does not implement
+/// ([`octet_cuda::model::unsupported_config`]: attention biases, Qwen3's q/k
+/// norms, a head width of its own) is an error under `--device cuda` that
+/// says the CPU runs it, and under `--device auto` runs on the CPU, saying so.
+pub fn model_gate(
+    gpu: Option<Gpu>,
+    device: &str,
+    cfg: &octet_nn::LlamaConfig,
+) -> anyhow::Result<Option<Gpu>> {
+    match (&gpu, octet_cuda::model::unsupported_config(cfg)) {
+        (Some(_), Some(why)) if device == "auto" => {
+            println!("--device auto: running on the CPU: {why}");
+            Ok(None)
+        }
+        (Some(_), Some(why)) => anyhow::bail!("--device {device}: {why}"),
+        _ => Ok(gpu),
+    }
+}
+
 /// One line about the GPU, or why there is none.
 pub fn describe() -> String {
     match Gpu::open(0) {

@@ -707,7 +707,8 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
             cfg.steps,
         )
     };
-    if let Some(gpu) = crate::gpu::open_for(&a.device, fp8_use.as_deref())? {
+    let gpu = crate::gpu::open_for(&a.device, fp8_use.as_deref())?;
+    if let Some(gpu) = crate::gpu::model_gate(gpu, &a.device, &mcfg)? {
         header(gpu.info()?);
         let mut obs = bar("train");
         let s = octet_train::gpu::train_gpu(&cfg, a.resume.as_deref(), &mut obs, &gpu)?;

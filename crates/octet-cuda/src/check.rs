@@ -3583,6 +3583,10 @@ pub(crate) fn test_config(
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         rope_scaling: None,
+        head_dim: None,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
     }
 }
 

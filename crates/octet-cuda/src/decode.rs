@@ -195,6 +195,7 @@ impl<'g> GpuDecoder<'g> {
         weights: GpuWeights,
     ) -> Result<GpuDecoder<'g>> {
         octet_nn::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
+        crate::model::check_config(cfg)?;
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
             crate::KERNEL_SOURCES[3].1,

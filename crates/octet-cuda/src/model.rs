@@ -41,6 +41,40 @@ use shard::Sharding;
 
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
+
+/// Why the GPU model and decoder cannot run `cfg`, if they cannot: the
+/// family switches of `octet_nn::llama::LlamaConfig` the kernels do not
+/// implement yet (q/k/v/o biases, Qwen3's per-head q/k norms, a head width
+/// other than `hidden_size / num_attention_heads`). The CPU model runs them
+/// all; the message names the field and says so.
+pub fn unsupported_config(cfg: &LlamaConfig) -> Option<String> {
+    let what = if cfg.qkv_bias || cfg.o_bias {
+        "attention_bias (biases on the attention projections: Qwen2/2.5, or Llama's attention_bias)"
+            .to_string()
+    } else if cfg.qk_norm {
+        "qk_norm (Qwen3's per-head RMSNorm of q and k)".to_string()
+    } else if cfg.head_dim() * cfg.num_attention_heads != cfg.hidden_size {
+        format!(
+            "head_dim {} other than hidden_size {} / num_attention_heads {}",
+            cfg.head_dim(),
+            cfg.hidden_size,
+            cfg.num_attention_heads
+        )
+    } else {
+        return None;
+    };
+    Some(format!(
+        "the GPU model does not implement {what} yet; the CPU runs this model (--device cpu)"
+    ))
+}
+
+/// [`unsupported_config`] as an error.
+pub fn check_config(cfg: &LlamaConfig) -> Result<()> {
+    match unsupported_config(cfg) {
+        Some(why) => Err(Error::Unsupported(why)),
+        None => Ok(()),
+    }
+}
 const TILE: usize = 64;
 /// Rows per block of the norm backward: each block writes one row of the
 /// gain's partial sums (a fixed grouping, so that the sum is deterministic),
@@ -904,6 +938,7 @@ impl<'g> GpuLlama<'g> {
         comm: Option<&'g NcclComm>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        check_config(cfg)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(
@@ -2806,6 +2841,7 @@ impl<'g> GpuLlama<'g> {
         as_stored: &mut HashMap<String, octet_tensor::mixed::Fp8Weight>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
+        check_config(cfg)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(

@@ -97,6 +97,14 @@ struct DecodeBlock {
     k: Matrix,
     v: Matrix,
     o: Matrix,
+    /// Biases of q, k, v (`qkv_bias`) and o (`o_bias`), f32.
+    q_bias: Option<Vec<f32>>,
+    k_bias: Option<Vec<f32>>,
+    v_bias: Option<Vec<f32>>,
+    o_bias: Option<Vec<f32>>,
+    /// Per-head norms of q and k, width `D` (`qk_norm`).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
     mlp_norm: Vec<f32>,
     gate: Matrix,
     up: Matrix,
@@ -145,7 +153,17 @@ impl DecodeModel {
         for i in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{i}");
             let mat = |n: &str| Matrix::new(get(&format!("{p}.{n}.weight"))?, storage);
+            let vec_if = |on: bool, n: &str| -> Result<Option<Vec<f32>>> {
+                on.then(|| get(&format!("{p}.{n}")).map(Tensor::to_f32_vec))
+                    .transpose()
+            };
             blocks.push(DecodeBlock {
+                q_bias: vec_if(cfg.qkv_bias, "self_attn.q_proj.bias")?,
+                k_bias: vec_if(cfg.qkv_bias, "self_attn.k_proj.bias")?,
+                v_bias: vec_if(cfg.qkv_bias, "self_attn.v_proj.bias")?,
+                o_bias: vec_if(cfg.o_bias, "self_attn.o_proj.bias")?,
+                q_norm: vec_if(cfg.qk_norm, "self_attn.q_norm.weight")?,
+                k_norm: vec_if(cfg.qk_norm, "self_attn.k_norm.weight")?,
                 attn_norm: get(&format!("{p}.input_layernorm.weight"))?.to_f32_vec(),
                 q: mat("self_attn.q_proj")?,
                 k: mat("self_attn.k_proj")?,
@@ -250,15 +268,22 @@ impl DecodeModel {
         let start = self.len;
         for blk in &mut self.blocks {
             let h = rms_norm(&x, &blk.attn_norm, eps);
-            let mut q = blk.q.apply(&h, m)?;
-            let mut k = blk.k.apply(&h, m)?;
-            let vv = blk.v.apply(&h, m)?;
+            let mut q = with_bias(blk.q.apply(&h, m)?, &blk.q_bias);
+            let mut k = with_bias(blk.k.apply(&h, m)?, &blk.k_bias);
+            let vv = with_bias(blk.v.apply(&h, m)?, &blk.v_bias);
+            // Per-head norms: rows of width D, one per (token, head).
+            if let Some(g) = &blk.q_norm {
+                q = rms_norm(&q, g, eps);
+            }
+            if let Some(g) = &blk.k_norm {
+                k = rms_norm(&k, g, eps);
+            }
             rope(&mut q, m, hq, d, start, &inv_freq);
             rope(&mut k, m, hkv, d, start, &inv_freq);
             blk.k_cache.extend_from_slice(&k);
             blk.v_cache.extend_from_slice(&vv);
             let a = attend(&q, &blk.k_cache, &blk.v_cache, m, start, hq, hkv, d);
-            let o = blk.o.apply(&a, m)?;
+            let o = with_bias(blk.o.apply(&a, m)?, &blk.o_bias);
             x.iter_mut().zip(&o).for_each(|(xi, oi)| *xi += oi);
             let h2 = rms_norm(&x, &blk.mlp_norm, eps);
             let g = blk.gate.apply(&h2, m)?;
@@ -279,6 +304,16 @@ impl DecodeModel {
         )?;
         Ok(logits.to_f32_vec())
     }
+}
+
+/// `y (m, N)` plus `bias (N)` on every row, if there is one.
+fn with_bias(mut y: Vec<f32>, bias: &Option<Vec<f32>>) -> Vec<f32> {
+    if let Some(b) = bias {
+        for row in y.chunks_mut(b.len().max(1)) {
+            row.iter_mut().zip(b).for_each(|(o, &bi)| *o += bi);
+        }
+    }
+    y
 }
 
 /// Row-wise RMSNorm in f32 with an f64 mean of squares.

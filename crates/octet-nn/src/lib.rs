@@ -8,6 +8,7 @@
 pub mod attention;
 pub mod decode;
 pub mod embedding;
+pub mod hf_config;
 pub mod linear;
 pub mod llama;
 pub mod lora;

@@ -45,8 +45,19 @@ pub const MAX_ROPE_ENTRIES: usize = 1 << 28;
 /// (about 1.1 trillion), counted with overflow checks.
 pub const MAX_PARAMS: usize = 1 << 40;
 
-/// Model dimensions, with Hugging Face `config.json` field names.
+/// Model dimensions, with Hugging Face `config.json` field names where
+/// they have one, and the switches that make the one decoder each family:
+///
+/// | family | `qkv_bias` | `o_bias` | `qk_norm` | `head_dim` |
+/// |---|---|---|---|---|
+/// | Llama, Mistral, SmolLM | no (Llama's `attention_bias`: yes) | as `qkv_bias` | no | `C / Hq` unless given |
+/// | Qwen2, Qwen2.5 | yes | no | no | `C / Hq` unless given |
+/// | Qwen3 | `attention_bias` | as `qkv_bias` | yes | given (128 by default) |
+///
+/// Read from and written to `config.json` by [`crate::hf_config`], whose
+/// form serde uses too.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "serde_json::Value", into = "serde_json::Value")]
 pub struct LlamaConfig {
     /// Vocabulary size `V`.
     pub vocab_size: usize,
@@ -67,12 +78,23 @@ pub struct LlamaConfig {
     /// RoPE base.
     pub rope_theta: f64,
     /// Whether the LM head shares the embedding matrix (then there is no `lm_head.weight`).
-    #[serde(default)]
     pub tie_word_embeddings: bool,
     /// Hugging Face's `rope_scaling`: how the rotary frequencies are
     /// stretched for long contexts (`None`: plain `rope_theta`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rope_scaling: Option<RopeScaling>,
+    /// Width `D` of a head, when the config gives one (Qwen3's differs from
+    /// `C / Hq`); `None`: `hidden_size / num_attention_heads`. See
+    /// [`LlamaConfig::head_dim`].
+    pub head_dim: Option<usize>,
+    /// q, k and v projections add a bias `(Hq*D)`, `(Hkv*D)`, `(Hkv*D)`
+    /// (`self_attn.{q,k,v}_proj.bias`).
+    pub qkv_bias: bool,
+    /// The o projection adds a bias `(C)` (`self_attn.o_proj.bias`).
+    pub o_bias: bool,
+    /// Each head of q and k goes through an RMSNorm of width `D` after its
+    /// projection and before RoPE (`self_attn.q_norm.weight`,
+    /// `self_attn.k_norm.weight`, both `(D)`).
+    pub qk_norm: bool,
 }
 
 /// Hugging Face's `rope_scaling` entry of `config.json`, for the kinds this
@@ -170,6 +192,10 @@ impl LlamaConfig {
             rope_theta,
             tie_word_embeddings: false,
             rope_scaling: None,
+            head_dim: None,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: false,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -218,9 +244,21 @@ impl LlamaConfig {
         }
     }
 
-    /// Head dimension `D = C / Hq`.
+    /// Head dimension `D`: `head_dim` when given, else `C / Hq`.
     pub fn head_dim(&self) -> usize {
-        self.hidden_size / self.num_attention_heads.max(1)
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    /// Width of the attention, `Hq * D` (q's and the o projection's input
+    /// features; `C` unless `head_dim` says otherwise).
+    pub fn attn_width(&self) -> usize {
+        self.num_attention_heads * self.head_dim()
+    }
+
+    /// Width of keys and values, `Hkv * D`.
+    pub fn kv_width(&self) -> usize {
+        self.num_key_value_heads * self.head_dim()
     }
 
     /// Check the dimensions fit together and stay within the caps:
@@ -271,13 +309,42 @@ impl LlamaConfig {
                 self.rope_theta
             ));
         }
-        if self.num_attention_heads == 0
-            || !self.hidden_size.is_multiple_of(self.num_attention_heads)
+        if self.num_attention_heads == 0 {
+            return bad("num_attention_heads must be at least 1".into());
+        }
+        match self.head_dim {
+            Some(d) if d == 0 || d > MAX_DIM => {
+                return bad(format!("head_dim {d} must be between 1 and {MAX_DIM}"));
+            }
+            Some(_) => {}
+            None if !self.hidden_size.is_multiple_of(self.num_attention_heads) => {
+                return bad(format!(
+                    "hidden_size {} is not a multiple of {} heads (give head_dim to set the head width)",
+                    self.hidden_size, self.num_attention_heads
+                ));
+            }
+            None => {}
+        }
+        if self.num_attention_heads > MAX_DIM
+            || self.num_attention_heads.saturating_mul(self.head_dim()) > MAX_DIM
         {
             return bad(format!(
-                "hidden_size {} is not a multiple of {} heads",
-                self.hidden_size, self.num_attention_heads
+                "num_attention_heads {} x head_dim {} exceeds the limit of {MAX_DIM}",
+                self.num_attention_heads,
+                self.head_dim()
             ));
+        }
+        // Each pattern is one family's (see the table on [`LlamaConfig`]):
+        // only these have a config.json form to be saved in.
+        match (self.qkv_bias, self.o_bias, self.qk_norm) {
+            (false, false, _) | (true, true, _) | (true, false, false) => {}
+            (q, o, n) => {
+                return bad(format!(
+                    "qkv_bias {q}, o_bias {o}, qk_norm {n} is no family's attention (Llama: \
+                     attention_bias on all four projections; Qwen2: q, k, v only; Qwen3: \
+                     qk_norm with attention_bias on all four or none)"
+                ))
+            }
         }
         if self.num_key_value_heads == 0
             || !self
@@ -328,10 +395,20 @@ impl LlamaConfig {
     fn checked_num_params(&self) -> Option<usize> {
         let (c, f, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
         let kv = self.num_key_value_heads.checked_mul(self.head_dim())?;
-        let cc = c.checked_mul(c)?;
+        let a = self.num_attention_heads.checked_mul(self.head_dim())?;
+        let ca = c.checked_mul(a)?;
         let ckv = c.checked_mul(kv)?;
         let cf = c.checked_mul(f)?;
-        let block = (2 * c as u128) + 2 * cc as u128 + 2 * ckv as u128 + 3 * cf as u128;
+        let mut block = (2 * c as u128) + 2 * ca as u128 + 2 * ckv as u128 + 3 * cf as u128;
+        if self.qkv_bias {
+            block += a as u128 + 2 * kv as u128;
+        }
+        if self.o_bias {
+            block += c as u128;
+        }
+        if self.qk_norm {
+            block += 2 * self.head_dim() as u128;
+        }
         let heads: u128 = if self.tie_word_embeddings { 1 } else { 2 };
         let total = heads * v.checked_mul(c)? as u128
             + (self.num_hidden_layers as u128).checked_mul(block)?
@@ -369,7 +446,8 @@ impl ProjSaved {
 }
 
 /// A [`Proj`]'s gradients: the input's, and its trainable tensors' in
-/// parameter order (`[weight]` or `[lora_A, lora_B]`; none when frozen).
+/// parameter order (`[weight]`, `[weight, bias]` or `[lora_A, lora_B]`;
+/// none when frozen).
 struct ProjGrads {
     d_input: Option<Tensor>,
     params: Vec<Tensor>,
@@ -401,7 +479,7 @@ impl Proj {
                 let g = l.backward(s, dy)?;
                 Ok(ProjGrads {
                     d_input: g.d_input,
-                    params: g.d_weight.into_iter().collect(),
+                    params: g.d_weight.into_iter().chain(g.d_bias).collect(),
                 })
             }
             (Proj::Lora(l), ProjSaved::Lora(s)) => {
@@ -420,6 +498,34 @@ impl Proj {
             Proj::Full(l) => l.set_grad_calls(n),
             Proj::Lora(l) => l.set_grad_calls(n),
         }
+    }
+
+    /// The trainable tensors of a full layer in parameter order: the weight,
+    /// then the bias if it has one (none for a LoRA layer, whose base and
+    /// bias are frozen).
+    fn tensors(&self) -> Vec<&Tensor> {
+        match self {
+            Proj::Full(l) => std::iter::once(&l.weight).chain(&l.bias).collect(),
+            Proj::Lora(_) => Vec::new(),
+        }
+    }
+
+    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        match self {
+            Proj::Full(l) => std::iter::once(&mut l.weight)
+                .chain(l.bias.as_mut())
+                .collect(),
+            Proj::Lora(_) => Vec::new(),
+        }
+    }
+
+    /// The weight as a dense f32 matrix (a LoRA layer's merged with its
+    /// adapter) and the bias.
+    fn dense(&self) -> Result<(Tensor, Option<Tensor>)> {
+        Ok(match self {
+            Proj::Full(l) => (l.weight.clone(), l.bias.clone()),
+            Proj::Lora(l) => (l.merged()?, l.bias.clone()),
+        })
     }
 
     /// The trainable [`Linear`], if this is one.
@@ -479,6 +585,9 @@ pub struct Block {
     k: Proj,
     v: Proj,
     o: Proj,
+    /// Per-head norms of q and k, width `D` (`qk_norm`: Qwen3).
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
     mlp_norm: RmsNorm,
     gate: Proj,
     up: Proj,
@@ -486,6 +595,77 @@ pub struct Block {
 }
 
 impl Block {
+    /// Every tensor under full training, in [`block_param_shapes`] order.
+    fn tensors(&self) -> Vec<&Tensor> {
+        let mut out = vec![&self.attn_norm.weight];
+        for p in [&self.q, &self.k, &self.v, &self.o] {
+            out.extend(p.tensors());
+        }
+        out.extend(self.q_norm.iter().chain(&self.k_norm).map(|n| &n.weight));
+        out.push(&self.mlp_norm.weight);
+        for p in [&self.gate, &self.up, &self.down] {
+            out.extend(p.tensors());
+        }
+        out
+    }
+
+    fn tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let Block {
+            attn_norm,
+            q,
+            k,
+            v,
+            o,
+            q_norm,
+            k_norm,
+            mlp_norm,
+            gate,
+            up,
+            down,
+        } = self;
+        let mut out = vec![&mut attn_norm.weight];
+        for p in [q, k, v, o] {
+            out.extend(p.tensors_mut());
+        }
+        out.extend(
+            q_norm
+                .iter_mut()
+                .chain(k_norm.iter_mut())
+                .map(|n| &mut n.weight),
+        );
+        out.push(&mut mlp_norm.weight);
+        for p in [gate, up, down] {
+            out.extend(p.tensors_mut());
+        }
+        out
+    }
+
+    /// Every tensor in [`block_param_shapes`] order, each LoRA matrix merged
+    /// with its adapter (f32).
+    fn dense(&self) -> Result<Vec<Tensor>> {
+        let mut out = vec![self.attn_norm.weight.clone()];
+        let proj = |out: &mut Vec<Tensor>, p: &Proj| -> Result<()> {
+            let (w, b) = p.dense()?;
+            out.push(w);
+            out.extend(b);
+            Ok(())
+        };
+        for p in [&self.q, &self.k, &self.v, &self.o] {
+            proj(&mut out, p)?;
+        }
+        out.extend(
+            self.q_norm
+                .iter()
+                .chain(&self.k_norm)
+                .map(|n| n.weight.clone()),
+        );
+        out.push(self.mlp_norm.weight.clone());
+        for p in [&self.gate, &self.up, &self.down] {
+            proj(&mut out, p)?;
+        }
+        Ok(out)
+    }
+
     fn projs(&self) -> [&Proj; 7] {
         [
             &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
@@ -514,6 +694,9 @@ pub struct BlockSaved {
     q: ProjSaved,
     k: ProjSaved,
     v: ProjSaved,
+    /// Of the per-head q and k norms (`qk_norm`).
+    q_norm: Option<RmsNormSaved>,
+    k_norm: Option<RmsNormSaved>,
     attn: AttentionSaved,
     o: ProjSaved,
     mlp_norm: RmsNormSaved,
@@ -530,6 +713,8 @@ impl BlockSaved {
             + self.q.bytes()
             + self.k.bytes()
             + self.v.bytes()
+            + self.q_norm.as_ref().map_or(0, RmsNormSaved::bytes)
+            + self.k_norm.as_ref().map_or(0, RmsNormSaved::bytes)
             + self.attn.bytes()
             + self.o.bytes()
             + self.mlp_norm.bytes()
@@ -599,40 +784,50 @@ impl LlamaSaved {
     }
 }
 
-fn block_names(i: usize) -> [String; 9] {
+/// `(name, shape)` of block `i`'s tensors in parameter order:
+/// `input_layernorm`, q, k, v, o (each weight then its bias, where the
+/// config has one), `q_norm`, `k_norm` (`qk_norm`),
+/// `post_attention_layernorm`, gate, up, down.
+fn block_param_shapes(cfg: &LlamaConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+    let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
+    let (a, kv, d) = (cfg.attn_width(), cfg.kv_width(), cfg.head_dim());
     let p = format!("model.layers.{i}");
-    [
-        format!("{p}.input_layernorm.weight"),
-        format!("{p}.self_attn.q_proj.weight"),
-        format!("{p}.self_attn.k_proj.weight"),
-        format!("{p}.self_attn.v_proj.weight"),
-        format!("{p}.self_attn.o_proj.weight"),
-        format!("{p}.post_attention_layernorm.weight"),
-        format!("{p}.mlp.gate_proj.weight"),
-        format!("{p}.mlp.up_proj.weight"),
-        format!("{p}.mlp.down_proj.weight"),
-    ]
+    let mut out = vec![(format!("{p}.input_layernorm.weight"), vec![c])];
+    for (m, n, k, bias) in [
+        ("q_proj", a, c, cfg.qkv_bias),
+        ("k_proj", kv, c, cfg.qkv_bias),
+        ("v_proj", kv, c, cfg.qkv_bias),
+        ("o_proj", c, a, cfg.o_bias),
+    ] {
+        out.push((format!("{p}.self_attn.{m}.weight"), vec![n, k]));
+        if bias {
+            out.push((format!("{p}.self_attn.{m}.bias"), vec![n]));
+        }
+    }
+    if cfg.qk_norm {
+        out.push((format!("{p}.self_attn.q_norm.weight"), vec![d]));
+        out.push((format!("{p}.self_attn.k_norm.weight"), vec![d]));
+    }
+    out.push((format!("{p}.post_attention_layernorm.weight"), vec![c]));
+    for (m, n, k) in [("gate_proj", f, c), ("up_proj", f, c), ("down_proj", c, f)] {
+        out.push((format!("{p}.mlp.{m}.weight"), vec![n, k]));
+    }
+    out
+}
+
+/// Take tensor `name` out of `w`.
+fn take(w: &mut HashMap<String, Tensor>, name: &str) -> Result<Tensor> {
+    w.remove(name)
+        .ok_or_else(|| Error::Config(format!("missing tensor {name}")))
 }
 
 impl Llama {
     /// Expected `(name, shape)` of every parameter, in the model's order.
     pub fn param_shapes(cfg: &LlamaConfig) -> Vec<(String, Vec<usize>)> {
-        let (c, f, v) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
-        let kv = cfg.num_key_value_heads * cfg.head_dim();
+        let (c, v) = (cfg.hidden_size, cfg.vocab_size);
         let mut out = vec![("model.embed_tokens.weight".to_string(), vec![v, c])];
         for i in 0..cfg.num_hidden_layers {
-            let shapes = [
-                vec![c],
-                vec![c, c],
-                vec![kv, c],
-                vec![kv, c],
-                vec![c, c],
-                vec![c],
-                vec![f, c],
-                vec![f, c],
-                vec![c, f],
-            ];
-            out.extend(block_names(i).into_iter().zip(shapes));
+            out.extend(block_param_shapes(cfg, i));
         }
         out.push(("model.norm.weight".into(), vec![c]));
         if !cfg.tie_word_embeddings {
@@ -642,7 +837,8 @@ impl Llama {
     }
 
     /// A randomly initialised model (normal(0, 0.02) matrices, the output
-    /// projections scaled by 1/sqrt(2L) as GPT-2 does, unit norm gains).
+    /// projections scaled by 1/sqrt(2L) as GPT-2 does, unit norm gains, zero
+    /// biases).
     pub fn new_random(
         cfg: &LlamaConfig,
         dtype: DType,
@@ -655,7 +851,9 @@ impl Llama {
         let mut weights = HashMap::new();
         for (name, shape) in Llama::param_shapes(cfg) {
             let n: usize = shape.iter().product();
-            let data: Vec<f64> = if shape.len() == 1 {
+            let data: Vec<f64> = if name.ends_with(".bias") {
+                vec![0.0; n]
+            } else if shape.len() == 1 {
                 vec![1.0; n]
             } else {
                 let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
@@ -749,40 +947,58 @@ impl Llama {
         recipe: Option<Recipe>,
     ) -> Result<Llama> {
         Llama::check_weights(cfg, &w)?;
-        let mut take = |name: &str| -> Result<Tensor> {
-            w.remove(name)
-                .ok_or_else(|| Error::Config(format!("missing tensor {name}")))
-        };
-        let shapes = Llama::param_shapes(cfg);
-        let mut it = shapes.iter();
-        let mut next = || -> Result<Tensor> {
-            let (n, _) = it
-                .next()
-                .ok_or_else(|| Error::Config("parameter list exhausted".into()))?;
-            take(n)
-        };
         let eps = cfg.rms_norm_eps;
-        let lin = |t: Tensor| Linear::new(t, None, recipe, true).map(Proj::Full);
-        let embed = Embedding::new(next()?)?;
+        let embed = Embedding::new(take(&mut w, "model.embed_tokens.weight")?)?;
         let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
-        for _ in 0..cfg.num_hidden_layers {
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let w = &mut w;
+            let mut proj = |m: &str, bias: bool| -> Result<Proj> {
+                let weight = take(w, &format!("{p}.{m}.weight"))?;
+                let bias = match bias {
+                    true => Some(take(w, &format!("{p}.{m}.bias"))?),
+                    false => None,
+                };
+                Ok(Proj::Full(Linear::new(weight, bias, recipe, true)?))
+            };
+            let (q, k, v) = (
+                proj("self_attn.q_proj", cfg.qkv_bias)?,
+                proj("self_attn.k_proj", cfg.qkv_bias)?,
+                proj("self_attn.v_proj", cfg.qkv_bias)?,
+            );
+            let o = proj("self_attn.o_proj", cfg.o_bias)?;
+            let (gate, up, down) = (
+                proj("mlp.gate_proj", false)?,
+                proj("mlp.up_proj", false)?,
+                proj("mlp.down_proj", false)?,
+            );
+            let mut norm = |n: &str| RmsNorm::new(take(w, &format!("{p}.{n}.weight"))?, eps);
+            let (q_norm, k_norm) = match cfg.qk_norm {
+                true => (
+                    Some(norm("self_attn.q_norm")?),
+                    Some(norm("self_attn.k_norm")?),
+                ),
+                false => (None, None),
+            };
             blocks.push(Block {
-                attn_norm: RmsNorm::new(next()?, eps)?,
-                q: lin(next()?)?,
-                k: lin(next()?)?,
-                v: lin(next()?)?,
-                o: lin(next()?)?,
-                mlp_norm: RmsNorm::new(next()?, eps)?,
-                gate: lin(next()?)?,
-                up: lin(next()?)?,
-                down: lin(next()?)?,
+                attn_norm: norm("input_layernorm")?,
+                q,
+                k,
+                v,
+                o,
+                q_norm,
+                k_norm,
+                mlp_norm: norm("post_attention_layernorm")?,
+                gate,
+                up,
+                down,
             });
         }
-        let norm = RmsNorm::new(next()?, eps)?;
+        let norm = RmsNorm::new(take(&mut w, "model.norm.weight")?, eps)?;
         let head_weight = if cfg.tie_word_embeddings {
             embed.weight.clone()
         } else {
-            next()?
+            take(&mut w, "lm_head.weight")?
         };
         let lm_head = Linear::new(head_weight, None, None, true)?;
         let rope = Rope::for_config(cfg)?;
@@ -822,12 +1038,8 @@ impl Llama {
         }
         let mut out = vec![("model.embed_tokens.weight".to_string(), &self.embed.weight)];
         for (i, b) in self.blocks.iter().enumerate() {
-            let mut ts = vec![&b.attn_norm.weight];
-            let w = weight_of;
-            ts.extend([&b.q, &b.k, &b.v, &b.o].into_iter().filter_map(w));
-            ts.push(&b.mlp_norm.weight);
-            ts.extend([&b.gate, &b.up, &b.down].into_iter().filter_map(w));
-            out.extend(block_names(i).into_iter().zip(ts));
+            let names = block_param_shapes(&self.cfg, i).into_iter().map(|(n, _)| n);
+            out.extend(names.zip(b.tensors()));
         }
         out.push(("model.norm.weight".into(), &self.norm.weight));
         if !self.cfg.tie_word_embeddings {
@@ -859,23 +1071,8 @@ impl Llama {
             &mut self.embed.weight,
         )];
         for (i, b) in self.blocks.iter_mut().enumerate() {
-            let Block {
-                attn_norm,
-                q,
-                k,
-                v,
-                o,
-                mlp_norm,
-                gate,
-                up,
-                down,
-            } = b;
-            let mut ts = vec![&mut attn_norm.weight];
-            let w = weight_of_mut;
-            ts.extend([q, k, v, o].into_iter().filter_map(w));
-            ts.push(&mut mlp_norm.weight);
-            ts.extend([gate, up, down].into_iter().filter_map(w));
-            out.extend(block_names(i).into_iter().zip(ts));
+            let names = block_param_shapes(&self.cfg, i).into_iter().map(|(n, _)| n);
+            out.extend(names.zip(b.tensors_mut()));
         }
         out.push(("model.norm.weight".into(), &mut self.norm.weight));
         if !self.cfg.tie_word_embeddings {
@@ -1030,7 +1227,11 @@ impl Llama {
                 } else {
                     None
                 };
-                *p = Proj::Lora(LoraLinear::new(base, adapter, spec.compute, spec.recipe)?);
+                // The bias stays with the frozen base: it trains no more than the matrix.
+                let bias = l.bias.take();
+                *p = Proj::Lora(
+                    LoraLinear::new(base, adapter, spec.compute, spec.recipe)?.with_bias(bias)?,
+                );
             }
         }
         self.lm_head.trainable = false;
@@ -1052,28 +1253,16 @@ impl Llama {
     }
 
     /// Dense weights with Hugging Face names where every LoRA matrix is merged
-    /// (`W + (alpha/r) B A`, f32), one matrix at a time; the other tensors as they are.
+    /// (`W + (alpha/r) B A`, f32), one matrix at a time; the other tensors
+    /// (biases and norms included) as they are.
     pub fn merged_weights(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
             self.embed.weight.clone(),
         )];
         for (i, b) in self.blocks.iter().enumerate() {
-            let names = block_names(i);
-            let dense = |p: &Proj| -> Result<Tensor> {
-                match p {
-                    Proj::Full(l) => Ok(l.weight.clone()),
-                    Proj::Lora(l) => l.merged(),
-                }
-            };
-            out.push((names[0].clone(), b.attn_norm.weight.clone()));
-            for (j, p) in [&b.q, &b.k, &b.v, &b.o].into_iter().enumerate() {
-                out.push((names[1 + j].clone(), dense(p)?));
-            }
-            out.push((names[5].clone(), b.mlp_norm.weight.clone()));
-            for (j, p) in [&b.gate, &b.up, &b.down].into_iter().enumerate() {
-                out.push((names[6 + j].clone(), dense(p)?));
-            }
+            let names = block_param_shapes(&self.cfg, i).into_iter().map(|(n, _)| n);
+            out.extend(names.zip(b.dense()?));
         }
         out.push(("model.norm.weight".into(), self.norm.weight.clone()));
         if !self.cfg.tie_word_embeddings {
@@ -1364,14 +1553,6 @@ impl Llama {
     }
 }
 
-fn weight_of(p: &Proj) -> Option<&Tensor> {
-    p.linear().map(|l| &l.weight)
-}
-
-fn weight_of_mut(p: &mut Proj) -> Option<&mut Tensor> {
-    p.linear_mut().map(|l| &mut l.weight)
-}
-
 fn need(t: Option<Tensor>, what: &str) -> Result<Tensor> {
     t.ok_or_else(|| Error::Shape(format!("missing gradient: {what}")))
 }
@@ -1424,6 +1605,8 @@ fn block_forward(
     let (q, sq) = blk.q.forward(&h, true, dr(0)?)?; // (B*T, Hq*D)
     let (k, sk) = blk.k.forward(&h, true, dr(1)?)?; // (B*T, Hkv*D)
     let (v, sv) = blk.v.forward(&h, true, dr(2)?)?; // (B*T, Hkv*D)
+    let (q, q_norm) = head_norm(blk.q_norm.as_ref(), q)?; // (B*T, Hq*D)
+    let (k, k_norm) = head_norm(blk.k_norm.as_ref(), k)?; // (B*T, Hkv*D)
     let q = rope.forward(&q.reshape(&[b, t, hq, d])?)?; // (B, T, Hq, D)
     let k = rope.forward(&k.reshape(&[b, t, hkv, d])?)?; // (B, T, Hkv, D)
     let v = v.reshape(&[b, t, hkv, d])?;
@@ -1443,6 +1626,8 @@ fn block_forward(
         q: sq,
         k: sk,
         v: sv,
+        q_norm,
+        k_norm,
         attn,
         o: so,
         mlp_norm,
@@ -1477,8 +1662,8 @@ fn block_backward(
     let o = blk.o.backward(s.o, &dx1)?;
     let da = need(o.d_input, "o input")?.reshape(&s.attn_shape)?; // (B, T, Hq, D)
     let (dq, dk, dv) = attention_backward(s.attn, &da)?;
-    let dq = rope.backward(&dq)?;
-    let dk = rope.backward(&dk)?;
+    let (dq, d_q_norm) = head_norm_backward(blk.q_norm.as_ref(), s.q_norm, rope.backward(&dq)?)?;
+    let (dk, d_k_norm) = head_norm_backward(blk.k_norm.as_ref(), s.k_norm, rope.backward(&dk)?)?;
     let flat = |t: Tensor| -> Result<Tensor> {
         let n = t.numel() / bt;
         Ok(t.reshape(&[bt, n])?)
@@ -1502,10 +1687,45 @@ fn block_backward(
         grads.extend(g);
     }
     if !lora {
+        grads.extend(d_q_norm.into_iter().chain(d_k_norm));
         grads.push(d_mlp_norm);
     }
     for g in [gate.params, up.params, down.params] {
         grads.extend(g);
     }
     Ok((dx, grads))
+}
+
+/// Qwen3's per-head RMSNorm: `x (B*T, H*D)` with each head's `D` values
+/// normalised by `norm` (width `D`), or `x` as it is without one.
+fn head_norm(norm: Option<&RmsNorm>, x: Tensor) -> Result<(Tensor, Option<RmsNormSaved>)> {
+    let Some(n) = norm else {
+        return Ok((x, None));
+    };
+    let shape = x.shape().to_vec();
+    let d = n.weight.numel();
+    let (y, saved) = n.forward(&x.reshape(&[shape.iter().product::<usize>() / d, d])?)?; // (B*T*H, D)
+    Ok((y.reshape(&shape)?, Some(saved)))
+}
+
+/// Backward of [`head_norm`] from `dy` (any shape of `B*T*H*D` values): the
+/// input gradient in `dy`'s shape and the norm's weight gradient `(D)`.
+fn head_norm_backward(
+    norm: Option<&RmsNorm>,
+    saved: Option<RmsNormSaved>,
+    dy: Tensor,
+) -> Result<(Tensor, Option<Tensor>)> {
+    match (norm, saved) {
+        (None, None) => Ok((dy, None)),
+        (Some(n), Some(s)) => {
+            let shape = dy.shape().to_vec();
+            let d = n.weight.numel();
+            let (dx, dw) =
+                n.backward(s, &dy.reshape(&[shape.iter().product::<usize>() / d, d])?)?;
+            Ok((dx.reshape(&shape)?, Some(dw)))
+        }
+        _ => Err(Error::Shape(
+            "saved state of a per-head norm the block does not have".into(),
+        )),
+    }
 }

@@ -382,6 +382,8 @@ pub struct LoraLinear {
     pub base: Base,
     /// The adapter (none: a frozen layer that LoRA does not target).
     pub adapter: Option<Adapter>,
+    /// The base's bias `(N)`, frozen with it (Qwen2's q, k, v projections).
+    pub bias: Option<Tensor>,
     compute: Compute,
     backward: BackwardMode,
     /// Quantization of inputs and gradients under `Compute::Fp8`.
@@ -476,11 +478,27 @@ impl LoraLinear {
         Ok(LoraLinear {
             base,
             adapter,
+            bias: None,
             compute,
             backward,
             recipe,
             calls: 0,
         })
+    }
+
+    /// The layer with a frozen bias `(N)` added to its output (`None`: none).
+    pub fn with_bias(mut self, bias: Option<Tensor>) -> Result<LoraLinear> {
+        let (n, _) = self.dims();
+        if let Some(b) = &bias {
+            if b.shape() != [n] {
+                return Err(Error::Shape(format!(
+                    "bias must be ({n}), got {:?}",
+                    b.shape()
+                )));
+            }
+        }
+        self.bias = bias;
+        Ok(self)
     }
 
     /// `(N, K)`.
@@ -596,6 +614,11 @@ impl LoraLinear {
                 }
                 Tensor::from_f32(&[m, n], yv)?
             }
+        };
+        // As in `Linear`: the bias added in f32, one rounding to x's dtype.
+        let y = match &self.bias {
+            Some(b) => cpu::add_bias(&y, b)?,
+            None => y,
         };
         Ok((y.to_dtype(x.dtype()), saved))
     }

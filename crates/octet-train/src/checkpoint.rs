@@ -348,22 +348,10 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
     write_config(dir, &model.cfg, dtype)
 }
 
-/// Write `config.json` in Hugging Face's Llama form.
+/// Write `config.json` in Hugging Face's form for the model's family
+/// ([`octet_nn::hf_config::to_json`]), for weights stored as `dtype`.
 pub fn write_config(dir: &Path, model_cfg: &LlamaConfig, dtype: DType) -> Result<()> {
-    let mut cfg = serde_json::to_value(model_cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
-    if let Some(o) = cfg.as_object_mut() {
-        o.insert(
-            "architectures".into(),
-            serde_json::json!(["LlamaForCausalLM"]),
-        );
-        o.insert("model_type".into(), "llama".into());
-        let td = match dtype {
-            DType::Bf16 => "bfloat16",
-            DType::F64 => "float64",
-            DType::F32 => "float32",
-        };
-        o.insert("torch_dtype".into(), td.into());
-    }
+    let cfg = octet_nn::hf_config::to_json(model_cfg, dtype);
     let text = serde_json::to_string_pretty(&cfg).map_err(|e| Error::Checkpoint(e.to_string()))?;
     write_atomic(&dir.join("config.json"), text.as_bytes())
 }
@@ -711,62 +699,41 @@ pub fn is_adapter_only(dir: &Path) -> bool {
     dir.join("adapter_config.json").is_file() && !dir.join("model.safetensors").is_file()
 }
 
-/// Read `config.json` from a checkpoint directory and check its dimensions
-/// ([`LlamaConfig::validate`]: they fit together and stay within its caps).
-/// Hugging Face fields that change the forward and that the model does not
-/// implement are errors, not dropped: a `rope_scaling` kind other than
-/// `default`, `linear` and `llama3` (Llama 3.1+; see
-/// [`LlamaConfig::rope_inv_freq`]), a non-zero `attention_dropout`, a
-/// `hidden_act` other than `silu`, a `head_dim` other than `hidden_size /
-/// num_attention_heads`. A missing `num_key_value_heads` is
-/// `num_attention_heads`, as Hugging Face reads it.
+/// Read `config.json` from a checkpoint directory or a Hugging Face model
+/// folder, in the form transformers 4 or 5 writes (and octet's own), for
+/// the families of [`octet_nn::hf_config`]; the dimensions are checked
+/// ([`LlamaConfig::validate`]). A field that would change the forward in a
+/// way the model does not implement is an error naming it and its value;
+/// fields the reader does not know are logged, not read.
 pub fn load_config(dir: &Path) -> Result<LlamaConfig> {
     let p = dir.join("config.json");
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", p.display()));
     let text = std::fs::read_to_string(&p).map_err(|e| bad(e.to_string()))?;
-    let mut raw: serde_json::Value = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-    unsupported_hf_fields(&raw).map_err(bad)?;
-    // Hugging Face's default: no `num_key_value_heads` is multi-head
-    // attention, one key/value head a query head.
-    if let Some(obj) = raw.as_object_mut() {
-        if obj.get("num_key_value_heads").is_none_or(|v| v.is_null()) {
-            if let Some(h) = obj.get("num_attention_heads").cloned() {
-                obj.insert("num_key_value_heads".into(), h);
-            }
-        }
+    let hf = octet_nn::hf_config::parse(&text).map_err(|e| bad(e.to_string()))?;
+    if !hf.ignored.is_empty() {
+        tracing::warn!(
+            config = %p.display(),
+            fields = ?hf.ignored,
+            "config.json fields octet does not read"
+        );
     }
-    let cfg: LlamaConfig = serde_json::from_value(raw.clone()).map_err(|e| bad(e.to_string()))?;
-    // A `head_dim` other than hidden_size / num_attention_heads (Hugging
-    // Face allows one) would shape q, k and v otherwise than the model does.
-    if let Some(d) = raw.get("head_dim").filter(|v| !v.is_null()) {
-        let want = cfg.hidden_size / cfg.num_attention_heads.max(1);
-        if d.as_u64() != Some(want as u64) {
-            return Err(bad(format!(
-                "head_dim {d} is not supported: the model's head_dim is hidden_size / \
-                 num_attention_heads = {want}"
-            )));
-        }
-    }
-    cfg.validate().map_err(|e| bad(e.to_string()))?;
-    Ok(cfg)
+    Ok(hf.config)
 }
 
-/// The first Hugging Face `config.json` field that would change the forward
-/// in a way [`LlamaConfig`] does not model (see [`load_config`]).
-fn unsupported_hf_fields(raw: &serde_json::Value) -> std::result::Result<(), String> {
-    // `rope_scaling` is a field of `LlamaConfig`, whose `validate` refuses
-    // the kinds it does not implement.
-    if let Some(p) = raw.get("attention_dropout") {
-        if !(p.is_null() || p.as_f64() == Some(0.0)) {
-            return Err(format!("attention_dropout {p} is not supported (only 0)"));
-        }
-    }
-    if let Some(act) = raw.get("hidden_act") {
-        if !(act.is_null() || act.as_str() == Some("silu")) {
-            return Err(format!("hidden_act {act} is not supported (only silu)"));
-        }
-    }
-    Ok(())
+/// A checkpoint directory or Hugging Face model folder: its config and its
+/// weights (as `dtype`), checked against each other
+/// ([`Llama::check_weights`]); a missing, misshapen or left-over tensor is an
+/// error naming the weights file and the tensor.
+pub fn load_model_folder(
+    dir: &Path,
+    dtype: DType,
+) -> Result<(LlamaConfig, HashMap<String, Tensor>)> {
+    let cfg = load_config(dir)?;
+    let w = load_weights(dir, dtype)?;
+    Llama::check_weights(&cfg, &w).map_err(|e| {
+        Error::Checkpoint(format!("{}: {e}", dir.join("model.safetensors").display()))
+    })?;
+    Ok((cfg, w))
 }
 
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
@@ -1436,6 +1403,8 @@ mod tests {
             r#", "attention_dropout": 0.0, "hidden_act": "silu""#,
             r#", "head_dim": 4"#,
             r#", "head_dim": null"#,
+            r#", "head_dim": 8"#,
+            r#", "architectures": ["Qwen2ForCausalLM"]"#,
         ] {
             assert!(load(ok).is_ok(), "{ok}: {:?}", load(ok));
         }
@@ -1458,7 +1427,11 @@ mod tests {
             ),
             (r#", "attention_dropout": 0.1"#, "attention_dropout"),
             (r#", "hidden_act": "gelu""#, "hidden_act"),
-            (r#", "head_dim": 8"#, "head_dim"),
+            (
+                r#", "architectures": ["GemmaForCausalLM"]"#,
+                "GemmaForCausalLM",
+            ),
+            (r#", "mlp_bias": true"#, "mlp_bias"),
         ] {
             let e = load(bad).expect_err(bad).to_string();
             assert!(e.contains(field) && e.contains("config.json"), "{e}");

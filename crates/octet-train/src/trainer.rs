@@ -782,10 +782,7 @@ impl TrainConfig {
                 }
                 (m.cfg, m.weights)
             }
-            None => (
-                checkpoint::load_config(dir)?,
-                checkpoint::load_weights(dir, DType::F32)?,
-            ),
+            None => checkpoint::load_model_folder(dir, DType::F32)?,
         };
         Ok(Some((mcfg, w)))
     }

@@ -24,6 +24,10 @@ fn cfg() -> LlamaConfig {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         rope_scaling: None,
+        head_dim: None,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
     }
 }
 

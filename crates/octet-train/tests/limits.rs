@@ -86,7 +86,7 @@ fn checkpoint_files_with_absurd_numbers_are_errors_naming_the_field() {
     big.max_position_embeddings = 1_000_000_000_000;
     std::fs::write(
         dir.join("config.json"),
-        serde_json::to_string(&big).unwrap(),
+        octet_nn::hf_config::to_json(&big, DType::F32).to_string(),
     )
     .unwrap();
     let e = checkpoint::load_config(&dir).unwrap_err().to_string();

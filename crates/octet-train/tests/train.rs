@@ -22,6 +22,10 @@ fn tiny() -> LlamaConfig {
         rope_theta: 10000.0,
         tie_word_embeddings: false,
         rope_scaling: None,
+        head_dim: None,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
     }
 }
 
