@@ -3,15 +3,13 @@
 
 use crate::train::{bar, summary_table, TrainArgs};
 use anyhow::Context;
-use octet_fp8::Format;
 use octet_nn::llama::Llama;
 use octet_nn::lora::BaseFormat;
-use octet_tensor::mixed::{Fp8Weight, WeightScaling};
+use octet_tensor::mixed::WeightScaling;
 use octet_tensor::DType;
 use octet_train::checkpoint;
 use octet_train::plot::{line_plot, Series};
 use octet_train::trainer::{merge_adapter, train, LoraSettings};
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 /// Flags of `octet lora`.
@@ -357,25 +355,6 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The block matrices (q, k, v, o, gate, up, down) of `model` quantized to
-/// E4M3 with `scaling`, by Hugging Face name.
-fn requantize_block_matrices(
-    model: &Llama,
-    scaling: WeightScaling,
-) -> anyhow::Result<HashMap<String, Fp8Weight>> {
-    let mut out = HashMap::new();
-    for (name, t) in model.params() {
-        if !name.starts_with("model.layers.") || !name.ends_with("_proj.weight") {
-            continue;
-        }
-        let (n, k) = t.dims2()?;
-        let q = Fp8Weight::quantize(&t.to_f32_vec(), n, k, Format::E4M3, scaling)
-            .with_context(|| format!("quantizing {name}"))?;
-        out.insert(name, q);
-    }
-    Ok(out)
-}
-
 /// `octet lora merge --out` must be a directory of its own: not the base
 /// (whose weights the merge would replace, leaving its optimizer state
 /// beside weights it does not belong to), not the adapter, not another
@@ -453,8 +432,8 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
                 BaseFormat::Fp8(s) => s,
                 BaseFormat::Bf16 => WeightScaling::Channel,
             };
-            let fp8 = requantize_block_matrices(&full, scaling)?;
-            checkpoint::save_model_fp8(&m.out, &full, &fp8)?;
+            let fp8 = octet_train::export::quantize_block_matrices(&full, scaling)?;
+            checkpoint::save_model_fp8(&m.out, &full, &fp8, scaling)?;
         }
     }
     println!(

@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod dist;
 mod dist_gpu;
+mod export;
 mod generate;
 mod gpu;
 mod info;
@@ -92,6 +93,8 @@ enum Cmd {
     Lora(Box<lora::LoraArgs>),
     /// Sample text from a trained model with a KV cache (FP8, bf16 or f32 weights).
     Generate(generate::GenerateArgs),
+    /// Write a checkpoint as an FP8 model folder a serving engine loads (compressed-tensors or fine-grained FP8).
+    Export(export::ExportArgs),
     /// Measure kernel throughput.
     Bench(bench::BenchArgs),
     /// Version, formats, recipes and devices.
@@ -157,6 +160,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Bench(a) => bench::run(a),
         Cmd::Generate(a) => generate::run(a),
+        Cmd::Export(a) => export::run(a),
         Cmd::Lora(a) => lora::run(*a),
         Cmd::Info => info::run(),
         Cmd::Selftest { device, only } => match gpu::open_for_selftest(&device) {

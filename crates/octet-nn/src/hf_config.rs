@@ -101,6 +101,8 @@ pub struct HfConfig {
     /// Fields this reader does not know, sorted: they are not read, so a
     /// caller should say so.
     pub ignored: Vec<String>,
+    /// The FP8 layout `quantization_config` names, if any.
+    pub quantization: Option<Fp8Layout>,
 }
 
 /// Fields that do not change the forward.
@@ -232,6 +234,10 @@ pub fn parse_value(v: Value) -> Result<HfConfig> {
         }
     }
     check_partial_rotary(f.f64("partial_rotary_factor")?, "partial_rotary_factor")?;
+    let quantization = f
+        .take("quantization_config")
+        .map(quantization)
+        .transpose()?;
     let (rope_theta, rope_scaling) = rope(&mut f)?;
     let dtype = match f.string("dtype")? {
         Some(d) => Some(d),
@@ -269,7 +275,133 @@ pub fn parse_value(v: Value) -> Result<HfConfig> {
         architecture,
         dtype,
         ignored,
+        quantization,
     })
+}
+
+/// How a checkpoint's FP8 matrices are laid out, as its `quantization_config`
+/// says: the two layouts serving engines load, which octet reads and writes
+/// (`octet export`). Either way a matrix `X.weight` is `F8_E4M3` codes and
+/// its value is code x factor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fp8Layout {
+    /// compressed-tensors' `float-quantized` format (vLLM, llm-compressor):
+    /// factors in `X.weight_scale`, one per tensor (`per_channel` false) or
+    /// one per output row, `(N, 1)`; activations quantized dynamically.
+    CompressedTensors {
+        /// One factor per output row (`strategy: channel`), else one per tensor.
+        per_channel: bool,
+    },
+    /// Hugging Face's fine-grained FP8 (`quant_method: fp8`, DeepSeek's
+    /// layout): factors in `X.weight_scale_inv`, one per 128x128 block.
+    FineGrained,
+}
+
+impl Fp8Layout {
+    /// The `quantization_config` entry of `config.json` for this layout; the
+    /// LM head is left in high precision (`ignore`, `modules_to_not_convert`).
+    pub fn to_json(self) -> Value {
+        match self {
+            Fp8Layout::CompressedTensors { per_channel } => {
+                let quant = |strategy: &str, dynamic: bool, observer: Value| {
+                    json!({
+                        "num_bits": 8, "type": "float", "symmetric": true,
+                        "strategy": strategy, "dynamic": dynamic, "group_size": null,
+                        "block_structure": null, "actorder": null,
+                        "observer": observer, "observer_kwargs": {}
+                    })
+                };
+                json!({
+                    "quant_method": "compressed-tensors",
+                    "format": "float-quantized",
+                    "quantization_status": "compressed",
+                    "config_groups": {"group_0": {
+                        "targets": ["Linear"],
+                        "weights": quant(if per_channel { "channel" } else { "tensor" }, false, json!("minmax")),
+                        "input_activations": quant("token", true, Value::Null),
+                        "output_activations": null
+                    }},
+                    "ignore": ["lm_head"],
+                    "kv_cache_scheme": null
+                })
+            }
+            Fp8Layout::FineGrained => json!({
+                "quant_method": "fp8",
+                "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128],
+                "modules_to_not_convert": ["lm_head"]
+            }),
+        }
+    }
+}
+
+/// The layout a `quantization_config` describes, or an error naming what
+/// octet does not read (another method, integer or 4-bit weights, static
+/// activation scales, other block sizes).
+fn quantization(v: Value) -> Result<Fp8Layout> {
+    let q = |m: String| bad(format!("quantization_config: {m}"));
+    let method = v.get("quant_method").and_then(Value::as_str).unwrap_or("");
+    match method {
+        "fp8" => {
+            let block = v.get("weight_block_size");
+            if block != Some(&json!([128, 128])) {
+                return Err(q(format!(
+                    "weight_block_size {} is not supported (only [128, 128])",
+                    block.unwrap_or(&Value::Null)
+                )));
+            }
+            match v.get("activation_scheme").and_then(Value::as_str) {
+                None | Some("dynamic") => Ok(Fp8Layout::FineGrained),
+                Some(s) => Err(q(format!(
+                    "activation_scheme '{s}' is not supported (only dynamic)"
+                ))),
+            }
+        }
+        "compressed-tensors" => {
+            let format = v.get("format").and_then(Value::as_str).unwrap_or("");
+            if format != "float-quantized" {
+                return Err(q(format!(
+                    "compressed-tensors format '{format}' is not supported (only float-quantized)"
+                )));
+            }
+            let groups = v
+                .get("config_groups")
+                .and_then(Value::as_object)
+                .filter(|g| g.len() == 1)
+                .ok_or_else(|| q("expected one entry in config_groups".into()))?;
+            let (name, g) = groups
+                .iter()
+                .next()
+                .ok_or_else(|| q("no config group".into()))?;
+            let w = g.get("weights").unwrap_or(&Value::Null);
+            let bits = w.get("num_bits").and_then(Value::as_u64);
+            let ty = w.get("type").and_then(Value::as_str);
+            if (bits, ty) != (Some(8), Some("float")) {
+                return Err(q(format!(
+                    "{name}.weights: {bits:?}-bit {ty:?} weights are not supported (only 8-bit float)"
+                )));
+            }
+            let per_channel = match w.get("strategy").and_then(Value::as_str) {
+                Some("channel") => true,
+                Some("tensor") => false,
+                s => {
+                    return Err(q(format!(
+                        "{name}.weights.strategy {s:?} is not supported (tensor or channel)"
+                    )))
+                }
+            };
+            let a = g.get("input_activations").unwrap_or(&Value::Null);
+            if !a.is_null() && a.get("dynamic").and_then(Value::as_bool) != Some(true) {
+                return Err(q(format!(
+                    "{name}.input_activations: static activation scales are not supported (only dynamic)"
+                )));
+            }
+            Ok(Fp8Layout::CompressedTensors { per_channel })
+        }
+        other => Err(q(format!(
+            "quant_method '{other}' is not supported (compressed-tensors float-quantized, or fp8)"
+        ))),
+    }
 }
 
 /// The family `architectures` names (one entry), else `model_type`'s, else Llama.

@@ -784,7 +784,15 @@ pub fn load_base_fp8(
 /// Save `model`'s weights with its block matrices (q, k, v, o, gate, up,
 /// down) stored as `fp8` gives them (by name: FP8 codes and f32 factors, see
 /// the module docs) and every other tensor in bf16, and `config.json`.
-pub fn save_model_fp8(dir: &Path, model: &Llama, fp8: &HashMap<String, Fp8Weight>) -> Result<()> {
+/// `scaling` is the one the matrices were quantized with: it names the
+/// factors (`_scale_inv` for 128x128 blocks, also where a matrix is one
+/// block and so has one factor).
+pub fn save_model_fp8(
+    dir: &Path,
+    model: &Llama,
+    fp8: &HashMap<String, Fp8Weight>,
+    scaling: WeightScaling,
+) -> Result<()> {
     let mut out: Vec<(String, Lazy)> = Vec::new();
     for (name, t) in model.params() {
         let Some(w) = fp8.get(&name) else {
@@ -809,10 +817,12 @@ pub fn save_model_fp8(dir: &Path, model: &Llama, fp8: &HashMap<String, Fp8Weight
             name.clone(),
             Lazy::Raw(d, vec![n, k], std::borrow::Cow::Borrowed(w.codes())),
         ));
+        let blocks = vec![n.div_ceil(128), k.div_ceil(128)];
         let (suffix, shape) = match w.scaling() {
+            WeightScaling::Tensor if scaling == WeightScaling::Block128 => ("_scale_inv", blocks),
             WeightScaling::Tensor => ("_scale", vec![1]),
             WeightScaling::Channel => ("_scale", vec![n, 1]),
-            WeightScaling::Block128 => ("_scale_inv", vec![n.div_ceil(128), k.div_ceil(128)]),
+            WeightScaling::Block128 => ("_scale_inv", blocks),
         };
         let factors: Vec<u8> = w.factors().iter().flat_map(|f| f.to_le_bytes()).collect();
         out.push((

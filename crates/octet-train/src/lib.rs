@@ -9,6 +9,7 @@
 
 pub mod checkpoint;
 pub mod data;
+pub mod export;
 pub mod gpu;
 pub mod metrics;
 pub mod optim;

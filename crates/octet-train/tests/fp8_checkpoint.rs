@@ -63,7 +63,7 @@ fn fp8_checkpoints_keep_codes_and_factors() {
         let fp8 = quantized(&model, format, scaling);
         assert_eq!(fp8.len(), 14);
         let dir = tmpdir(&format!("{}-{scaling:?}", format.name()));
-        checkpoint::save_model_fp8(&dir, &model, &fp8).unwrap();
+        checkpoint::save_model_fp8(&dir, &model, &fp8, scaling).unwrap();
         let (dense, back) = checkpoint::load_weights_fp8(&dir, DType::F32).unwrap();
         assert_eq!(back.len(), fp8.len());
         for (name, q) in &fp8 {
@@ -197,7 +197,7 @@ fn lora_on_an_fp8_checkpoint_keeps_its_codes() {
     // make other codes, so keeping them is observable.
     let fp8 = quantized(&model, Format::E4M3, WeightScaling::Channel);
     let dir = tmpdir("lora");
-    checkpoint::save_model_fp8(&dir, &model, &fp8).unwrap();
+    checkpoint::save_model_fp8(&dir, &model, &fp8, WeightScaling::Channel).unwrap();
     let spec = LoraSpec {
         rank: 4,
         alpha: 8.0,
