@@ -101,31 +101,26 @@ fn matches_transformers(family: &str) -> (f32, f64) {
 }
 
 #[test]
-#[ignore = "needs the transformers 5.17 fixtures in crates/octet-nn/tests/fixtures/hf"]
 fn llama_matches_transformers() {
     matches_transformers("llama");
 }
 
 #[test]
-#[ignore = "needs the transformers 5.17 fixtures in crates/octet-nn/tests/fixtures/hf"]
 fn llama3_rope_scaling_matches_transformers() {
     matches_transformers("llama3");
 }
 
 #[test]
-#[ignore = "needs the transformers 5.17 fixtures in crates/octet-nn/tests/fixtures/hf"]
 fn mistral_matches_transformers() {
     matches_transformers("mistral");
 }
 
 #[test]
-#[ignore = "needs the transformers 5.17 fixtures in crates/octet-nn/tests/fixtures/hf"]
 fn qwen2_attention_biases_match_transformers() {
     matches_transformers("qwen2");
 }
 
 #[test]
-#[ignore = "needs the transformers 5.17 fixtures in crates/octet-nn/tests/fixtures/hf"]
 fn qwen3_qk_norms_match_transformers() {
     matches_transformers("qwen3");
 }
