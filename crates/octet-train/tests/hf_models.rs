@@ -2,7 +2,7 @@
 //! transformers computes, and bad folders are errors naming what is wrong.
 //!
 //! The fixtures (`crates/octet-nn/tests/fixtures/hf/<family>/`) were made by
-//! transformers 5.17: `config.json` (transformers 5 form), `config_v4.json`
+//! transformers 5 (`make_fixtures.py` beside them): `config.json` (transformers 5 form), `config_v4.json`
 //! (the same model in transformers 4 form), `model.safetensors` (f32) and
 //! `reference.safetensors` with `tokens` (i64 `[16]`), `logits` (f32
 //! `[16, 128]`) and `loss` (f32 `[1]`: the causal LM loss with labels =
