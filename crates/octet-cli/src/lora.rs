@@ -433,8 +433,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
     }
     let (r, alpha, base_format) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
-    std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;
-    match dtype {
+    let fp8 = match dtype {
         Some(dtype) => {
             for (_, t) in full.params_mut() {
                 *t = t.to_dtype(dtype);
@@ -445,17 +444,21 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
             octet_train::trainer::check_finite(named).map_err(|e| {
                 anyhow::anyhow!("merged weights in {}: {e}; nothing is written", m.dtype)
             })?;
-            checkpoint::save_model(&m.out, &full)?;
+            None
         }
         None => {
             let scaling = match base_format {
                 BaseFormat::Fp8(s) => s,
                 BaseFormat::Bf16 => WeightScaling::Channel,
             };
-            let fp8 = requantize_block_matrices(&full, scaling)?;
-            checkpoint::save_model_fp8(&m.out, &full, &fp8)?;
+            Some(requantize_block_matrices(&full, scaling)?)
         }
-    }
+    };
+    // The merged model appears only whole: one file, or shards and index.
+    checkpoint::write_new_dir(&m.out, |out| match &fp8 {
+        None => checkpoint::save_model(out, &full),
+        Some(fp8) => checkpoint::save_model_fp8(out, &full, fp8),
+    })?;
     println!(
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
         adapter.display(),
