@@ -227,6 +227,11 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             .or(trained.as_ref().and_then(|t| t.dropout))
             .unwrap_or(defaults.dropout),
     });
+    // A base from Hugging Face brings its tokenizer (a new adapter; a
+    // resumed one keeps the tokenizer its run recorded).
+    if !a.train.tokenizer_given() && resume.is_none() {
+        cfg.use_model_tokenizer();
+    }
     // The base's FP8 products quantize their inputs by an FP8 recipe: bf16
     // there was read as the default tensorwise without a word.
     if let Some(r) = Some(cfg.recipe.as_str()).filter(|r| matches!(*r, "bf16" | "hp")) {
