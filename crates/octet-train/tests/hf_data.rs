@@ -342,3 +342,55 @@ fn a_cpu_run_trains_on_masked_jsonl_data() {
     assert!(run.losses[5] < run.losses[0], "{:?}", run.losses);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The fixture made by Python's tokenizers and transformers
+/// (`tests/fixtures/tokenizer/`): ids and decodes of its corpus, the chat
+/// template's renderings and their ids all equal Python's, and a JSONL
+/// conversation counts exactly the assistant's turn.
+#[test]
+fn the_python_fixture_ids_decodes_and_chat_renderings_match() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+    let want: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("expected.json")).expect("expected.json"),
+    )
+    .expect("JSON");
+    let hf = HfTokenizer::load(&dir).expect("load the fixture");
+    let tok = Tokenizer::Hf(hf.clone());
+    let corpus = want["corpus"].as_array().expect("corpus");
+    for (i, text) in corpus.iter().enumerate() {
+        let text = text.as_str().expect("a string");
+        let ids: Vec<u32> = serde_json::from_value(want["ids"][i].clone()).expect("ids");
+        assert_eq!(tok.encode(text), ids, "corpus[{i}] {text:?}");
+        assert_eq!(tok.decode(&ids), want["decoded"][i], "corpus[{i}]");
+        // Text without special tokens round-trips exactly.
+        if !text.contains("<|") {
+            assert_eq!(tok.decode(&tok.encode(text)), text, "corpus[{i}]");
+        }
+    }
+    assert_eq!(tok.eos_ids(), [hf.eos.as_ref().expect("eos").id]);
+    assert!(hf.bos.is_none(), "bos_token is null");
+    let chat = want["chat"].to_string();
+    let rendered = hf.render_chat_json(&chat, false).expect("render");
+    assert_eq!(rendered, want["rendered"]);
+    let n = want["chat"].as_array().expect("chat").len();
+    let before: Vec<serde_json::Value> = serde_json::from_value(want["chat"].clone()).unwrap();
+    let prompt = serde_json::to_string(&before[..n - 1]).expect("JSON");
+    assert_eq!(
+        hf.render_chat_json(&prompt, true).expect("render"),
+        want["rendered_generation_prompt"]
+    );
+    let ids: Vec<u32> = serde_json::from_value(want["rendered_ids"].clone()).expect("ids");
+    assert_eq!(hf.encode(&rendered, false).expect("encode"), ids);
+    // As fine-tuning data: the assistant's turn, and its end of turn, count.
+    let data = tmpdir("fixture").join("chat.jsonl");
+    std::fs::write(&data, format!(r#"{{"messages": {chat}}}"#)).expect("write");
+    let p = load_jsonl(&data, &tok, LossOn::Completion).expect("load");
+    assert_eq!(p.tokens, ids);
+    let counted: Vec<u32> = (0..ids.len())
+        .filter(|&i| p.counted[i])
+        .map(|i| ids[i])
+        .collect();
+    let text = hf.encode("A Montague.<|im_end|>\n", false).expect("encode");
+    assert_eq!(counted, text);
+    let _ = std::fs::remove_dir_all(data.parent().expect("a folder"));
+}
