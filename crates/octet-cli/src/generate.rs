@@ -63,22 +63,34 @@ pub struct GenerateArgs {
     /// cpu, cuda or auto (the GPU when there is one).
     #[arg(long, default_value = "auto")]
     device: String,
-    /// byte, gpt2, or auto: the one `octet train` made the model's
-    /// vocabulary for (256 ids: byte; 50257 to 50304: gpt2).
+    /// byte, gpt2, a tokenizer.json (or a model folder holding one), or
+    /// auto: the checkpoint's own tokenizer.json where it has one, else the
+    /// one `octet train` made the model's vocabulary for (256 ids: byte;
+    /// 50257 to 50304: gpt2). Generation stops at the tokenizer's EOS
+    /// (tokenizer_config.json's eos_token and generation_config.json's
+    /// eos_token_id, any of them).
     #[arg(long, default_value = "auto")]
     tokenizer: String,
 }
 
-/// The tokenizer of `--tokenizer` for a model of `cfg`'s vocabulary.
-fn tokenizer(a: &GenerateArgs, cfg: &LlamaConfig) -> anyhow::Result<Tokenizer> {
-    let tok = match a.tokenizer.as_str() {
-        "auto" => Tokenizer::for_vocab(cfg.vocab_size)?,
-        name => Tokenizer::from_name(name)?,
+/// The tokenizer of `--tokenizer` for a model of `cfg`'s vocabulary, whose
+/// folder (`None` for a random model) may hold a `tokenizer.json`.
+fn tokenizer(
+    a: &GenerateArgs,
+    cfg: &LlamaConfig,
+    folder: Option<&std::path::Path>,
+) -> anyhow::Result<Tokenizer> {
+    let own = folder.filter(|d| d.join("tokenizer.json").is_file());
+    let tok = match (a.tokenizer.as_str(), own) {
+        ("auto", Some(d)) => Tokenizer::from_name(&d.display().to_string())?,
+        ("auto", None) => Tokenizer::for_vocab(cfg.vocab_size)?,
+        (name, _) => Tokenizer::from_name(name)?,
     };
     tok.check_fits(cfg.vocab_size)?;
     // A vocabulary `octet train` made for the other tokenizer: most sampled
     // ids would decode to nothing (byte on GPT-2's) or to other text.
-    if let Ok(made) = Tokenizer::for_vocab(cfg.vocab_size) {
+    let preset = matches!(tok, Tokenizer::Byte | Tokenizer::Gpt2);
+    if let Some(made) = Tokenizer::for_vocab(cfg.vocab_size).ok().filter(|_| preset) {
         anyhow::ensure!(
             made == tok,
             "--tokenizer {}: the model's {} ids are the {} tokenizer's; drop the flag or give {}",
@@ -144,10 +156,9 @@ fn run_one_gpu(
     gpu: &octet_cuda::Gpu,
     cfg: &LlamaConfig,
     w: &HashMap<String, Tensor>,
-    weights: &str,
+    (weights, tok): (&str, &Tokenizer),
     echo: bool,
 ) -> anyhow::Result<Run> {
-    let tok = tokenizer(a, cfg)?;
     let mut dec = octet_cuda::decode::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
@@ -168,7 +179,8 @@ fn run_one_gpu(
     let prefill = t0.elapsed().as_secs_f64();
     let mut out = Vec::with_capacity(a.max_tokens);
     // Characters whose bytes span tokens are echoed once complete.
-    let stream = std::cell::RefCell::new(TextStream::new(tok));
+    let stream = std::cell::RefCell::new(TextStream::new(tok.clone()));
+    let eos = tok.eos_ids();
     let show = |t: &[u32]| -> std::io::Result<()> {
         if echo {
             echo_text(&stream.borrow_mut().push(t))?;
@@ -180,16 +192,25 @@ fn run_one_gpu(
         // The first token from the prompt's logits here, the rest on the
         // device: step i samples token i + 1 with the seed's (i + 1)-th draw,
         // as the loop below would; the last step's token is not kept.
+        // The device runs every step; the tokens after an EOS are dropped.
         check_logits(&last, 0)?;
         let first = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
         show(&[first])?;
         out.push(first);
         let u: Vec<f64> = (0..a.max_tokens).map(|_| rng.random::<f64>()).collect();
-        let mut left = a.max_tokens - 1;
+        let mut left = if eos.contains(&first) {
+            0
+        } else {
+            a.max_tokens - 1
+        };
         let mut failed = None;
         let rest = dec
             .generate(first, &u, a.temperature, a.top_k, |t| {
-                let keep = &t[..t.len().min(left)];
+                let mut keep = &t[..t.len().min(left)];
+                if let Some(i) = keep.iter().position(|x| eos.contains(x)) {
+                    keep = &keep[..=i];
+                    left = keep.len();
+                }
                 left -= keep.len();
                 if failed.is_none() {
                     failed = show(keep).err();
@@ -206,13 +227,20 @@ fn run_one_gpu(
         if let Some(e) = failed {
             return Err(e.into());
         }
-        out.extend(&rest[..a.max_tokens - 1]);
+        if !eos.contains(&first) {
+            let rest = &rest[..a.max_tokens - 1];
+            let end = rest.iter().position(|x| eos.contains(x));
+            out.extend(&rest[..end.map_or(rest.len(), |i| i + 1)]);
+        }
     } else {
         for step in 0..a.max_tokens {
             check_logits(&last, step)?;
             let next = sample(&last, a.temperature, a.top_k, rng.random::<f64>());
             out.push(next);
             show(&[next])?;
+            if eos.contains(&next) {
+                break;
+            }
             last = dec.step(next)?;
         }
     }
@@ -223,12 +251,21 @@ fn run_one_gpu(
     Ok(Run {
         text: tok.decode(&out),
         prefill_tps: prompt.len() as f64 / prefill,
-        decode_tps: a.max_tokens as f64 / decode.max(1e-9),
+        decode_tps: out.len() as f64 / decode.max(1e-9),
         bytes: dec.matrix_bytes(),
     })
 }
 
-fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor>, String)> {
+/// A model to sample from: its dimensions, weights, a description, and the
+/// folder it was read from (`None` for a random model).
+type Loaded = (
+    LlamaConfig,
+    HashMap<String, Tensor>,
+    String,
+    Option<PathBuf>,
+);
+
+fn load(a: &GenerateArgs) -> anyhow::Result<Loaded> {
     if let Some(preset) = &a.random_model {
         anyhow::ensure!(
             a.adapter.is_none(),
@@ -241,7 +278,7 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
             .into_iter()
             .map(|(n, t)| (n, t.clone()))
             .collect();
-        return Ok((cfg, w, format!("random {preset} model")));
+        return Ok((cfg, w, format!("random {preset} model"), None));
     }
     let dir = match &a.checkpoint {
         Some(d) => octet_train::checkpoint::resolve_checkpoint_dir(d)?,
@@ -277,11 +314,12 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
             m.alpha,
             m.base.name()
         );
-        return Ok((m.cfg, m.weights, what));
+        return Ok((m.cfg, m.weights, what, Some(dir)));
     }
     let cfg = checkpoint::load_config(&dir)?;
     let w = checkpoint::load_weights(&dir, DType::F32)?;
-    Ok((cfg, w, dir.display().to_string()))
+    let what = dir.display().to_string();
+    Ok((cfg, w, what, Some(dir)))
 }
 
 struct Run {
@@ -295,10 +333,9 @@ fn run_one(
     a: &GenerateArgs,
     cfg: &LlamaConfig,
     w: &HashMap<String, Tensor>,
-    storage: WeightStorage,
+    (storage, tok): (WeightStorage, &Tokenizer),
     echo: bool,
 ) -> anyhow::Result<Run> {
-    let tok = tokenizer(a, cfg)?;
     let mut model = DecodeModel::new(cfg, w, storage)?;
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
@@ -316,7 +353,7 @@ fn run_one(
     let mut last = logits[logits.len() - v..].to_vec();
     let mut out = Vec::with_capacity(a.max_tokens);
     // Characters whose bytes span tokens are echoed once complete.
-    let mut stream = TextStream::new(tok);
+    let mut stream = TextStream::new(tok.clone());
     let t1 = Instant::now();
     for step in 0..a.max_tokens {
         check_logits(&last, step)?;
@@ -324,6 +361,9 @@ fn run_one(
         out.push(next);
         if echo {
             echo_text(&stream.push(&[next]))?;
+        }
+        if tok.eos_ids().contains(&next) {
+            break;
         }
         last = model.forward(&[next])?;
     }
@@ -334,20 +374,21 @@ fn run_one(
     Ok(Run {
         text: tok.decode(&out),
         prefill_tps: prompt.len() as f64 / prefill,
-        decode_tps: a.max_tokens as f64 / decode.max(1e-9),
+        decode_tps: out.len() as f64 / decode.max(1e-9),
         bytes: model.matrix_bytes(),
     })
 }
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     check_args(&a)?; // a bad argument is an error before anything loads
-    let (cfg, w, source) = load(&a)?;
+    let (cfg, w, source, folder) = load(&a)?;
+    let tok = tokenizer(&a, &cfg, folder.as_deref())?;
     // The decoders build from these names; a config that disagrees with the
     // tensors (a dropped layer, a tied head with its own matrix) is an error
     // on the CPU and the GPU alike.
     Llama::check_weights(&cfg, &w).with_context(|| source.clone())?;
     check_positions(
-        tokenizer(&a, &cfg)?.encode(&a.prompt).len(),
+        tok.encode(&a.prompt).len(),
         a.max_tokens,
         cfg.max_position_embeddings,
     )?;
@@ -370,8 +411,8 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     ))?;
     let one = |name: &str, echo: bool| -> anyhow::Result<Run> {
         match &gpu {
-            Some(g) => run_one_gpu(&a, g, &cfg, &w, name, echo),
-            None => run_one(&a, &cfg, &w, WeightStorage::from_name(name)?, echo),
+            Some(g) => run_one_gpu(&a, g, &cfg, &w, (name, &tok), echo),
+            None => run_one(&a, &cfg, &w, (WeightStorage::from_name(name)?, &tok), echo),
         }
     };
     echo_text(&a.prompt)?;

@@ -225,6 +225,11 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
             .or(trained.as_ref().and_then(|t| t.dropout))
             .unwrap_or(defaults.dropout),
     });
+    // A base from Hugging Face brings its tokenizer (a new adapter; a
+    // resumed one keeps the tokenizer its run recorded).
+    if !a.train.tokenizer_given() && resume.is_none() {
+        cfg.use_model_tokenizer();
+    }
     // The base's FP8 products quantize their inputs by an FP8 recipe: bf16
     // there was read as the default tensorwise without a word.
     if let Some(r) = Some(cfg.recipe.as_str()).filter(|r| matches!(*r, "bf16" | "hp")) {
@@ -413,8 +418,7 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
     }
     let (r, alpha, base_format) = (merged.rank, merged.alpha, merged.base);
     let mut full = Llama::from_weights(&merged.cfg, merged.weights, None)?;
-    std::fs::create_dir_all(&m.out).with_context(|| format!("creating {}", m.out.display()))?;
-    match dtype {
+    let fp8 = match dtype {
         Some(dtype) => {
             for (_, t) in full.params_mut() {
                 *t = t.to_dtype(dtype);
@@ -425,17 +429,24 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
             octet_train::trainer::check_finite(named).map_err(|e| {
                 anyhow::anyhow!("merged weights in {}: {e}; nothing is written", m.dtype)
             })?;
-            checkpoint::save_model(&m.out, &full)?;
+            None
         }
         None => {
             let scaling = match base_format {
                 BaseFormat::Fp8(s) => s,
                 BaseFormat::Bf16 => WeightScaling::Channel,
             };
-            let fp8 = octet_train::export::quantize_block_matrices(&full, scaling)?;
-            checkpoint::save_model_fp8(&m.out, &full, &fp8, scaling)?;
+            Some((
+                octet_train::export::quantize_block_matrices(&full, scaling)?,
+                scaling,
+            ))
         }
-    }
+    };
+    // The merged model appears only whole: one file, or shards and index.
+    checkpoint::write_new_dir(&m.out, |out| match &fp8 {
+        None => checkpoint::save_model(out, &full),
+        Some((fp8, scaling)) => checkpoint::save_model_fp8(out, &full, fp8, *scaling),
+    })?;
     println!(
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",
         adapter.display(),

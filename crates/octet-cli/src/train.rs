@@ -28,14 +28,30 @@ pub struct TrainArgs {
     /// --layers 8` for as many of the 8B shape's blocks as fit one GPU.
     #[arg(long)]
     layers: Option<usize>,
-    /// Training text file, directory of .txt files, or .bin token file (default: embedded Tiny Shakespeare).
+    /// Training text file, directory of .txt files, .bin token file, or
+    /// fine-tuning examples as .jsonl, one a line: {"text": ...},
+    /// {"prompt": ..., "completion": ...} or {"messages": [{"role": ...,
+    /// "content": ...}, ...]} (rendered by the model's chat template).
+    /// Default: embedded Tiny Shakespeare.
     #[arg(long)]
     data: Option<PathBuf>,
-    /// Tokenizer of text data and samples: `byte` (the default, 256 ids) or
+    /// Tokenizer of text data and samples: `byte` (the default, 256 ids),
     /// `gpt2` (GPT-2's BPE, shipped by the tiktoken-rs crate; a preset model
-    /// gets a vocabulary of 50304).
+    /// gets a vocabulary of 50304), or a tokenizer.json or a model folder
+    /// holding one (with its tokenizer_config.json: special tokens and chat
+    /// template). Without the flag, a --init or --base folder holding a
+    /// tokenizer.json gives that one.
     #[arg(long)]
     tokenizer: Option<String>,
+    /// Which tokens of .jsonl data the loss counts: `completion` (the
+    /// default: the completions and the assistant messages, each with its
+    /// EOS or end of turn; every token of a {"text"} line) or `all`. The
+    /// examples are packed one after another (each ending in the EOS) and
+    /// windows of --seq are drawn across them, every target keeping its
+    /// mask; the mean is over the counted tokens. CPU only for now where
+    /// tokens are masked.
+    #[arg(long)]
+    loss_on: Option<String>,
     /// bf16 (no FP8) or an FP8 recipe: delayed, tensorwise (the default), rowwise, blockwise, mxfp8, nvfp4.
     #[arg(long)]
     recipe: Option<String>,
@@ -343,7 +359,8 @@ impl TrainArgs {
             sample_tokens,
             grad_reduce,
             saved_activations,
-            tokenizer
+            tokenizer,
+            loss_on
         );
         // A resumed run goes on in its own run directory (`RUN` of
         // `RUN/checkpoints/step_N`) unless the flags or the file place it:
@@ -378,6 +395,9 @@ impl TrainArgs {
                 "--init-adapter-base-format {f} applies to the adapter of --init-adapter; give one"
             );
             c.init_adapter_base_format = Some(f.clone());
+        }
+        if self.tokenizer.is_none() && recorded.is_none() {
+            c.use_model_tokenizer();
         }
         if let Some(r) = &recorded {
             resumed_differences(r, &c)?;
@@ -587,6 +607,11 @@ fn resumed_differences(recorded: &TrainConfig, now: &TrainConfig) -> anyhow::Res
 }
 
 impl TrainArgs {
+    /// Whether `--tokenizer` was given (else a model folder's own applies).
+    pub fn tokenizer_given(&self) -> bool {
+        self.tokenizer.is_some()
+    }
+
     /// The settings recorded by the run whose checkpoint `--resume` names
     /// (already resolved to a checkpoint), if it names one that records them.
     /// A record this build cannot read (an older or newer octet's) is

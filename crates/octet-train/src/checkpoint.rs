@@ -4,7 +4,9 @@
 //! (written under a temporary name, then renamed).
 //!
 //! Layout of `dir/`:
-//! - `model.safetensors`: the weights (`model.embed_tokens.weight`, ...)
+//! - `model.safetensors`: the weights (`model.embed_tokens.weight`, ...), or
+//!   past 5 GB shards `model-0000i-of-0000n.safetensors` with their index
+//!   `model.safetensors.index.json`, as transformers writes them ([`shards`])
 //! - `config.json`: `LlamaConfig` in Hugging Face's form
 //! - `optimizer.safetensors`: per parameter `<name>.master`, `<name>.exp_avg`,
 //!   `<name>.exp_avg_sq` (f32), metadata `step` and `trainer` (JSON)
@@ -30,6 +32,9 @@ use safetensors::{SafeTensors, View};
 use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+
+pub mod shards;
+pub use shards::{has_weights, MAX_SHARD_BYTES};
 
 /// Write `bytes` to `path` atomically: a temp file beside it, fsync, rename, fsync the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -333,7 +338,15 @@ fn fp8_weights(
 /// A model in LoRA mode saves its adapter instead, in PEFT's layout
 /// (`adapter_model.safetensors` + `adapter_config.json`), with the base's
 /// `config.json` beside it.
+/// The weights go to one `model.safetensors`, or to shards of at most
+/// [`MAX_SHARD_BYTES`] with their index where they are larger.
 pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
+    save_model_sharded(dir, model, MAX_SHARD_BYTES)
+}
+
+/// [`save_model`] with shards of at most `max_shard_bytes` of tensor data
+/// (see [`shards`]).
+pub fn save_model_sharded(dir: &Path, model: &Llama, max_shard_bytes: usize) -> Result<()> {
     if model.is_lora() {
         save_adapter(dir, model, None)?;
         return write_config(dir, &model.cfg, DType::F32);
@@ -344,7 +357,7 @@ pub fn save_model(dir: &Path, model: &Llama) -> Result<()> {
         .into_iter()
         .map(|(n, t)| (n, Lazy::Tensor(t)))
         .collect();
-    write_tensors(&dir.join("model.safetensors"), tensors, None)?;
+    shards::write_model_tensors(dir, tensors, max_shard_bytes)?;
     write_config(dir, &model.cfg, dtype)
 }
 
@@ -611,12 +624,12 @@ pub fn load_adapter_config(dir: &Path) -> Result<(usize, f64, Vec<String>)> {
 /// The checkpoint that `parent/latest` names (what the trainer writes beside
 /// its `step_N` directories): `None` where there is no `latest`; an error,
 /// naming the file and what it holds, where it cannot be read or names no
-/// directory with a `model.safetensors`.
+/// directory with weights (`model.safetensors` or a shards' index).
 pub fn latest_checkpoint(parent: &Path) -> Result<Option<PathBuf>> {
     named_by_latest(
         parent,
-        |d| d.join("model.safetensors").is_file(),
-        "a checkpoint with a model.safetensors",
+        has_weights,
+        "a checkpoint with a model.safetensors (or its shards' index)",
     )
 }
 
@@ -646,7 +659,8 @@ fn named_by_latest(
 }
 
 /// The checkpoint a path names: a directory holding a checkpoint's files
-/// (`model.safetensors`, `config.json` or `adapter_config.json`) is itself;
+/// (`model.safetensors` or its shards' index, `config.json` or
+/// `adapter_config.json`) is itself;
 /// a run directory (`runs/NAME`, what `--out-dir` and `--name` make) or its
 /// `checkpoints` directory is the checkpoint its `latest` file names, so
 /// `--checkpoint runs/NAME` reads the run's last checkpoint. Any other path
@@ -654,9 +668,10 @@ fn named_by_latest(
 /// checkpoint is an error naming both.
 pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
     let holds = |d: &Path| {
-        ["model.safetensors", "config.json", "adapter_config.json"]
-            .iter()
-            .any(|f| d.join(f).is_file())
+        has_weights(d)
+            || ["config.json", "adapter_config.json"]
+                .iter()
+                .any(|f| d.join(f).is_file())
     };
     if holds(p) {
         return Ok(p.to_path_buf());
@@ -693,10 +708,10 @@ pub fn resolve_checkpoint_dir(p: &Path) -> Result<PathBuf> {
 }
 
 /// Whether the checkpoint in `dir` is a LoRA adapter's (PEFT's
-/// `adapter_config.json` and no `model.safetensors`), which needs its base
+/// `adapter_config.json` and no model weights), which needs its base
 /// to run.
 pub fn is_adapter_only(dir: &Path) -> bool {
-    dir.join("adapter_config.json").is_file() && !dir.join("model.safetensors").is_file()
+    dir.join("adapter_config.json").is_file() && !has_weights(dir)
 }
 
 /// Read `config.json` from a checkpoint directory or a Hugging Face model
@@ -765,8 +780,7 @@ pub fn load_base_fp8(
     dir: &Path,
     dtype: DType,
 ) -> Result<(HashMap<String, Tensor>, HashMap<String, Fp8Weight>)> {
-    let path = dir.join("model.safetensors");
-    let (mut dense, raw, _) = read_tensors_fp8(&path)?;
+    let ((mut dense, raw, _), path) = shards::read_model_tensors(dir)?;
     let fp8 = fp8_weights(&path, raw, &mut dense)?;
     let mut w: HashMap<String, Tensor> = dense
         .into_iter()
@@ -830,7 +844,7 @@ pub fn save_model_fp8(
             Lazy::Raw(Dtype::F32, shape, factors.into()),
         ));
     }
-    write_tensors(&dir.join("model.safetensors"), out, None)?;
+    shards::write_model_tensors(dir, out, MAX_SHARD_BYTES)?;
     write_config(dir, &model.cfg, DType::Bf16)
 }
 
@@ -925,18 +939,16 @@ fn read_optimizer_metadata(dir: &Path) -> Result<serde_json::Value> {
 }
 
 /// How the checkpoint in `dir` stores its FP8 block matrices (`*_proj.weight`
-/// of dtype `F8_E4M3` or `F8_E5M2`), from the header of its
-/// `model.safetensors` alone: the scaling their factors' shapes give (see the
-/// module docs), `Some(None)` where they differ between matrices, and `None`
+/// of dtype `F8_E4M3` or `F8_E5M2`), from the headers of its weights
+/// (`model.safetensors` or every shard) alone: the scaling their factors'
+/// shapes give (see the module docs), `Some(None)` where they differ between matrices, and `None`
 /// where no block matrix is stored in FP8. A LoRA base keeps such matrices
 /// as stored whatever FP8 form it is asked for.
 pub fn stored_fp8_scaling(dir: &Path) -> Result<Option<Option<WeightScaling>>> {
-    let path = dir.join("model.safetensors");
-    if !path.is_file() {
-        // No weights (yet): what reads them names the path.
+    // No weights (yet): what reads them names the path.
+    let Some(header) = shards::read_model_header(dir)? else {
         return Ok(None);
-    }
-    let header = read_header(&path)?;
+    };
     let Some(map) = header.as_object() else {
         return Ok(None);
     };
@@ -1160,6 +1172,57 @@ pub fn save_checkpoint_with(
         "checkpoint written"
     );
     Ok(dst)
+}
+
+/// Write a new model folder `out` whose files `write` puts into the
+/// directory it is given, so that `out` appears only whole: the files go to
+/// a temporary sibling `.out.tmp.<pid>.<n>` (removed on any error) that is
+/// then renamed to `out`. `out` must not exist or be an empty directory; one
+/// holding files is an error (nothing there is replaced).
+pub fn write_new_dir(out: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let io = |what: &str, p: &Path, e: std::io::Error| {
+        Error::Checkpoint(format!("{what} {}: {e}", p.display()))
+    };
+    let empty = match std::fs::read_dir(out) {
+        Ok(mut d) => d.next().is_none(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => true,
+        Err(e) => return Err(io("reading", out, e)),
+    };
+    if !empty {
+        return Err(Error::Checkpoint(format!(
+            "{} already holds files; write a model into a new (or empty) directory",
+            out.display()
+        )));
+    }
+    let name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .ok_or_else(|| Error::Checkpoint(format!("{}: not a directory name", out.display())))?;
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(|e| io("creating", &parent, e))?;
+    let tmp = parent.join(format!(".{name}.tmp.{}", unique_tag()));
+    let done = std::fs::create_dir(&tmp)
+        .map_err(|e| io("creating", &tmp, e))
+        .and_then(|()| write(&tmp))
+        .and_then(|()| {
+            // An empty `out` goes first: not every system renames onto one.
+            match std::fs::remove_dir(out) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(io("replacing", out, e))
+                }
+                _ => {}
+            }
+            std::fs::rename(&tmp, out).map_err(|e| io("renaming into", out, e))
+        });
+    if let Err(e) = done {
+        let _ = std::fs::remove_dir_all(&tmp);
+        return Err(e);
+    }
+    sync_dir(&parent);
+    Ok(())
 }
 
 /// fsync a directory (its entries' renames); not every filesystem allows it.

@@ -1,14 +1,17 @@
-//! Training data: a byte-level tokenizer or GPT-2's BPE, text or
-//! pre-tokenized token files, a train/validation split, and deterministic
-//! batch sampling.
+//! Training data: a byte-level tokenizer, GPT-2's BPE or a model folder's
+//! `tokenizer.json`, text or pre-tokenized token files or fine-tuning JSONL
+//! ([`crate::finetune`]), a train/validation split, and deterministic batch
+//! sampling.
 //!
 //! Batches are drawn by a generator seeded from `(seed, step)`, so a resumed
 //! run sees exactly the batches the uninterrupted run would have seen without
 //! saving any generator state.
 
+use crate::hf_tokenizer::HfTokenizer;
 use crate::{Error, Result};
 use rand::{Rng, SeedableRng};
 use std::path::Path;
+use std::sync::Arc;
 
 /// Tiny Shakespeare (public domain), the embedded default corpus.
 pub const DEFAULT_CORPUS: &str = include_str!("../data/tinyshakespeare.txt");
@@ -33,7 +36,7 @@ impl ByteTokenizer {
 }
 
 /// The tokenizers a run can use (`--tokenizer`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub enum Tokenizer {
     /// Byte-level: token id = byte value ([`ByteTokenizer`]), 256 ids.
     #[default]
@@ -41,45 +44,74 @@ pub enum Tokenizer {
     /// GPT-2's byte-level BPE (`r50k_base`, 50,257 ids), from the
     /// `tiktoken-rs` crate, which ships the vocabulary (no download).
     Gpt2,
+    /// A Hugging Face `tokenizer.json` with its folder's special tokens and
+    /// chat template ([`HfTokenizer`]).
+    Hf(Arc<HfTokenizer>),
+}
+
+impl PartialEq for Tokenizer {
+    fn eq(&self, other: &Tokenizer) -> bool {
+        match (self, other) {
+            (Tokenizer::Byte, Tokenizer::Byte) | (Tokenizer::Gpt2, Tokenizer::Gpt2) => true,
+            (Tokenizer::Hf(a), Tokenizer::Hf(b)) => a.name() == b.name(),
+            _ => false,
+        }
+    }
 }
 
 /// GPT-2's token ids.
 const GPT2_VOCAB: usize = 50_257;
 
 impl Tokenizer {
-    /// `byte` or `gpt2`.
+    /// `byte`, `gpt2`, or the path of a `tokenizer.json` or of a model
+    /// folder holding one.
     pub fn from_name(name: &str) -> Result<Tokenizer> {
         match name {
             "byte" => Ok(Tokenizer::Byte),
             "gpt2" => Ok(Tokenizer::Gpt2),
+            other if crate::hf_tokenizer::tokenizer_json(Path::new(other)).is_some() => {
+                Ok(Tokenizer::Hf(HfTokenizer::load(Path::new(other))?))
+            }
             other => Err(Error::Data(format!(
-                "tokenizer '{other}': expected byte or gpt2"
+                "tokenizer '{other}': expected byte, gpt2, or a tokenizer.json (or a model folder holding one)"
             ))),
         }
     }
 
-    /// The name [`Tokenizer::from_name`] takes.
-    pub fn name(self) -> &'static str {
+    /// The name [`Tokenizer::from_name`] takes (a `tokenizer.json`'s path).
+    pub fn name(&self) -> &str {
         match self {
             Tokenizer::Byte => "byte",
             Tokenizer::Gpt2 => "gpt2",
+            Tokenizer::Hf(t) => t.name(),
+        }
+    }
+
+    /// The ids that end a generation: a `tokenizer.json` folder's EOS ids
+    /// (none for byte and gpt2, whose models octet trains without one).
+    pub fn eos_ids(&self) -> &[u32] {
+        match self {
+            Tokenizer::Hf(t) => &t.eos_ids,
+            _ => &[],
         }
     }
 
     /// The y-axis label of a loss plot: the cross-entropy's unit is a nat
     /// per byte under the byte tokenizer and per token under BPE.
-    pub fn loss_label(self) -> &'static str {
+    pub fn loss_label(&self) -> &'static str {
         match self {
             Tokenizer::Byte => "cross-entropy (nats/byte)",
-            Tokenizer::Gpt2 => "cross-entropy (nats/token)",
+            Tokenizer::Gpt2 | Tokenizer::Hf(_) => "cross-entropy (nats/token)",
         }
     }
 
-    /// How many token ids it produces (256; GPT-2's 50,257).
-    pub fn vocab(self) -> usize {
+    /// How many token ids it produces (256; GPT-2's 50,257; a
+    /// `tokenizer.json`'s largest id + 1).
+    pub fn vocab(&self) -> usize {
         match self {
             Tokenizer::Byte => ByteTokenizer::VOCAB,
             Tokenizer::Gpt2 => GPT2_VOCAB,
+            Tokenizer::Hf(t) => t.vocab(),
         }
     }
 
@@ -87,7 +119,7 @@ impl Tokenizer {
     /// up to a multiple of 128 (50,304, as nanoGPT pads it: the LM head's
     /// GEMMs and kernels want multiples of 16). The extra ids never occur in
     /// the data.
-    pub fn model_vocab(self) -> usize {
+    pub fn model_vocab(&self) -> usize {
         self.vocab().next_multiple_of(128).max(ByteTokenizer::VOCAB)
     }
 
@@ -106,7 +138,7 @@ impl Tokenizer {
     }
 
     /// An error unless a model of `vocab` ids holds every id it makes.
-    pub fn check_fits(self, vocab: usize) -> Result<()> {
+    pub fn check_fits(&self, vocab: usize) -> Result<()> {
         if self.vocab() > vocab {
             return Err(Error::Data(format!(
                 "--tokenizer {} makes {} token ids; the model's vocab_size is {vocab}",
@@ -118,27 +150,35 @@ impl Tokenizer {
     }
 
     /// Encode text into token ids (GPT-2: special tokens such as
-    /// `<|endoftext|>` are read as ordinary text).
-    pub fn encode(self, text: &str) -> Vec<u32> {
+    /// `<|endoftext|>` are read as ordinary text; a `tokenizer.json`: with
+    /// the special tokens its post-processor adds, as transformers'
+    /// `tokenizer(text)`, and special tokens in the text read as such).
+    pub fn encode(&self, text: &str) -> Vec<u32> {
         match self {
             Tokenizer::Byte => ByteTokenizer.encode(text),
             Tokenizer::Gpt2 => tiktoken_rs::r50k_base_singleton().encode_ordinary(text),
+            // The tokenizers crate fails only on inputs its truncation or
+            // padding settings refuse, which training files do not set.
+            Tokenizer::Hf(t) => t.encode(text, true).unwrap_or_default(),
         }
     }
 
     /// Decode token ids to text (ids outside the vocabulary: U+FFFD under
-    /// byte, left out under gpt2, whose model pads the vocabulary; invalid
+    /// byte, left out under gpt2, whose model pads the vocabulary, and under
+    /// a `tokenizer.json`, which also leaves out special tokens; invalid
     /// UTF-8 shows as U+FFFD).
-    pub fn decode(self, tokens: &[u32]) -> String {
+    pub fn decode(&self, tokens: &[u32]) -> String {
         match self {
             Tokenizer::Byte => ByteTokenizer.decode(tokens),
             Tokenizer::Gpt2 => String::from_utf8_lossy(&self.decode_bytes(tokens)).into_owned(),
+            Tokenizer::Hf(t) => t.decode(tokens),
         }
     }
 
     /// The bytes of token ids, as [`Tokenizer::decode`] reads them.
-    pub fn decode_bytes(self, tokens: &[u32]) -> Vec<u8> {
+    pub fn decode_bytes(&self, tokens: &[u32]) -> Vec<u8> {
         match self {
+            Tokenizer::Hf(t) => t.decode(tokens).into_bytes(),
             // 0xFF never occurs in UTF-8: it reads as one U+FFFD.
             Tokenizer::Byte => tokens
                 .iter()
@@ -162,10 +202,18 @@ impl Tokenizer {
 /// several tokens (every non-ASCII byte-level character, many of GPT-2's) is
 /// held back until it is complete, so the pieces put together read as
 /// [`Tokenizer::decode`] of all the tokens.
+///
+/// A `tokenizer.json`'s tokens are not each a run of bytes (a SentencePiece
+/// `▁` is a space only inside a word): its stream decodes every token so far
+/// and gives the text past what it gave before, holding back a decode that
+/// ends in U+FFFD (a character not complete yet) or that rewrote earlier text.
 #[derive(Clone, Debug)]
 pub struct TextStream {
     tok: Tokenizer,
     pending: Vec<u8>,
+    /// A `tokenizer.json`'s tokens so far, and the length of the text given.
+    ids: Vec<u32>,
+    given: usize,
 }
 
 impl TextStream {
@@ -174,11 +222,25 @@ impl TextStream {
         TextStream {
             tok,
             pending: Vec::new(),
+            ids: Vec::new(),
+            given: 0,
         }
     }
 
     /// The text of `tokens` that is complete so far.
     pub fn push(&mut self, tokens: &[u32]) -> String {
+        if let Tokenizer::Hf(t) = &self.tok {
+            self.ids.extend_from_slice(tokens);
+            let text = t.decode(&self.ids);
+            if text.ends_with('\u{FFFD}') || text.len() < self.given {
+                return String::new();
+            }
+            let Some(new) = text.get(self.given..) else {
+                return String::new();
+            };
+            self.given = text.len();
+            return new.to_string();
+        }
         self.pending.extend(self.tok.decode_bytes(tokens));
         let keep = incomplete_tail(&self.pending);
         let rest = self.pending.split_off(self.pending.len() - keep);
@@ -189,6 +251,12 @@ impl TextStream {
 
     /// What is left (an incomplete character shows as U+FFFD).
     pub fn finish(&mut self) -> String {
+        if let Tokenizer::Hf(t) = &self.tok {
+            let text = t.decode(&self.ids);
+            let rest = text.get(self.given..).unwrap_or_default().to_string();
+            self.given = text.len();
+            return rest;
+        }
         let text = String::from_utf8_lossy(&self.pending).into_owned();
         self.pending.clear();
         text
@@ -220,6 +288,11 @@ pub struct Dataset {
     pub val: Vec<u32>,
     /// Vocabulary size the tokens index into.
     pub vocab: usize,
+    /// Fine-tuning data: per training token, whether the loss counts it as
+    /// a target; `None`: every token counts.
+    pub train_mask: Option<Vec<bool>>,
+    /// The same for the validation tokens.
+    pub val_mask: Option<Vec<bool>>,
 }
 
 impl Dataset {
@@ -239,16 +312,45 @@ impl Dataset {
         let val = tokens[split..].to_vec();
         let mut train = tokens;
         train.truncate(split);
-        Ok(Dataset { train, val, vocab })
+        Ok(Dataset {
+            train,
+            val,
+            vocab,
+            train_mask: None,
+            val_mask: None,
+        })
+    }
+
+    /// Fine-tuning examples packed with their mask ([`crate::finetune`]),
+    /// split as [`Dataset::from_tokens`] splits tokens.
+    pub fn from_packed(
+        packed: crate::finetune::Packed,
+        vocab: usize,
+        val_fraction: f64,
+    ) -> Result<Dataset> {
+        let mut d = Dataset::from_tokens(packed.tokens, vocab, val_fraction)?;
+        let mut mask = packed.counted;
+        let val_mask = mask.split_off(d.train.len());
+        d.train_mask = Some(mask);
+        d.val_mask = Some(val_mask);
+        Ok(d)
+    }
+
+    /// Whether some target of the data is masked (fine-tuning data with
+    /// prompts that the loss does not count).
+    pub fn is_masked(&self) -> bool {
+        [&self.train_mask, &self.val_mask]
+            .iter()
+            .any(|m| m.as_ref().is_some_and(|m| m.contains(&false)))
     }
 
     /// The embedded Tiny Shakespeare corpus, byte-level, 10% validation.
     pub fn default_corpus() -> Dataset {
-        Dataset::default_corpus_with(Tokenizer::Byte)
+        Dataset::default_corpus_with(&Tokenizer::Byte)
     }
 
     /// The embedded Tiny Shakespeare corpus by `tok`, 10% validation.
-    pub fn default_corpus_with(tok: Tokenizer) -> Dataset {
+    pub fn default_corpus_with(tok: &Tokenizer) -> Dataset {
         let tokens = tok.encode(DEFAULT_CORPUS);
         // Every id is below the tokenizer's vocabulary, so this cannot fail.
         Dataset::from_tokens(tokens, tok.vocab(), 0.1).unwrap_or_else(|_| unreachable!())
@@ -256,16 +358,17 @@ impl Dataset {
 
     /// Load a text file, a directory of `.txt` files (sorted by name), or a
     /// pre-tokenized `.bin` file of little-endian u16 (or u32 with `.u32.bin`).
+    /// Fine-tuning JSONL goes through [`Dataset::load_jsonl`].
     /// Text is byte-level; [`Dataset::load_with`] takes a tokenizer.
     pub fn load(path: &Path, vocab: usize, val_fraction: f64) -> Result<Dataset> {
-        Dataset::load_with(path, Tokenizer::Byte, vocab, val_fraction)
+        Dataset::load_with(path, &Tokenizer::Byte, vocab, val_fraction)
     }
 
     /// [`Dataset::load`] with text encoded by `tok` (token files are read as
     /// they are); every id must be below `vocab`.
     pub fn load_with(
         path: &Path,
-        tok: Tokenizer,
+        tok: &Tokenizer,
         vocab: usize,
         val_fraction: f64,
     ) -> Result<Dataset> {
@@ -331,9 +434,26 @@ impl Dataset {
         })
     }
 
+    /// Fine-tuning JSONL ([`crate::finetune`]) tokenized by `tok`, packed,
+    /// with the mask `loss_on` gives; every id must be below `vocab`.
+    pub fn load_jsonl(
+        path: &Path,
+        tok: &Tokenizer,
+        loss_on: crate::finetune::LossOn,
+        vocab: usize,
+        val_fraction: f64,
+    ) -> Result<Dataset> {
+        let packed = crate::finetune::load_jsonl(path, tok, loss_on)?;
+        Dataset::from_packed(packed, vocab, val_fraction).map_err(|e| match e {
+            Error::Data(m) => Error::Data(format!("{}: {m}", path.display())),
+            e => e,
+        })
+    }
+
     /// A batch of `batch` windows of `seq + 1` tokens from `split`, drawn by a
     /// generator seeded with `(seed, step)`: returns inputs and targets, each
-    /// `batch * seq` tokens, row-major `(B, T)`.
+    /// `batch * seq` tokens, row-major `(B, T)`. A target the data's mask
+    /// does not count is [`octet_nn::loss::IGNORE`].
     pub fn batch(
         &self,
         split: Split,
@@ -342,9 +462,9 @@ impl Dataset {
         seed: u64,
         step: u64,
     ) -> Result<(Vec<u32>, Vec<u32>)> {
-        let data = match split {
-            Split::Train => &self.train,
-            Split::Val => &self.val,
+        let (data, mask) = match split {
+            Split::Train => (&self.train, &self.train_mask),
+            Split::Val => (&self.val, &self.val_mask),
         };
         // Windows start anywhere in `0..len - seq - 1`: at least `seq + 2` tokens.
         let need = seq.saturating_add(2);
@@ -368,7 +488,16 @@ impl Dataset {
         for _ in 0..batch {
             let start = rng.random_range(0..data.len() - seq - 1);
             x.extend_from_slice(&data[start..start + seq]);
-            y.extend_from_slice(&data[start + 1..start + seq + 1]);
+            match mask {
+                // A masked target is IGNORE: the loss skips it.
+                Some(m) => y.extend(
+                    data[start + 1..start + seq + 1]
+                        .iter()
+                        .zip(&m[start + 1..start + seq + 1])
+                        .map(|(&t, &c)| if c { t } else { octet_nn::loss::IGNORE }),
+                ),
+                None => y.extend_from_slice(&data[start + 1..start + seq + 1]),
+            }
         }
         Ok((x, y))
     }
@@ -435,7 +564,7 @@ mod tests {
         let text = "é 日本語 🦀 naïve\u{10FFFF}";
         for tok in [Tokenizer::Byte, Tokenizer::Gpt2] {
             let ids = tok.encode(text);
-            let mut s = TextStream::new(tok);
+            let mut s = TextStream::new(tok.clone());
             let mut out: String = ids.iter().map(|&t| s.push(&[t])).collect();
             out.push_str(&s.finish());
             assert_eq!(out, text, "{tok:?}");

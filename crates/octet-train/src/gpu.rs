@@ -282,6 +282,14 @@ pub fn train_gpu_ranked(
     };
     let recipe_name = cfg.run_label()?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
+    if data.is_masked() {
+        // The GPU loss kernel has no mask yet: a masked target would read
+        // as a token past the vocabulary.
+        return Err(Error::Train(format!(
+            "{}: the loss counts only some tokens of this data (--loss-on completion), which              the GPU loop does not support yet; train on the CPU (--device cpu) or give              --loss-on all",
+            cfg.data.as_deref().map_or(String::new(), |p| p.display().to_string())
+        )));
+    }
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;
     let mut model = match (resume, &cfg.lora) {

@@ -1,7 +1,9 @@
 //! octet-train: the training loop and everything around it.
 //!
 //! [`data`] (byte-level tokenizer or GPT-2's BPE, corpus, deterministic
-//! batches), [`optim`] (AdamW with f32 masters, clipping, warmup + cosine),
+//! batches), [`hf_tokenizer`] (a model folder's `tokenizer.json`, special
+//! tokens and chat template), [`finetune`] (JSONL examples with a loss
+//! mask), [`optim`] (AdamW with f32 masters, clipping, warmup + cosine),
 //! [`checkpoint`] (safetensors with Hugging Face names, atomic writes),
 //! [`metrics`] (JSONL), [`plot`] (loss curves as PNG), [`trainer`] (the CPU
 //! loop) and [`gpu`] (the same loop on the GPU).
@@ -10,7 +12,9 @@
 pub mod checkpoint;
 pub mod data;
 pub mod export;
+pub mod finetune;
 pub mod gpu;
+pub mod hf_tokenizer;
 pub mod metrics;
 pub mod optim;
 pub mod plot;

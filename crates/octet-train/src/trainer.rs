@@ -66,12 +66,18 @@ pub struct TrainConfig {
     /// `None`: what the adapter records, else `fp8-tensorwise`
     /// ([`merge_adapter`]).
     pub init_adapter_base_format: Option<String>,
-    /// Training data: a text file, a directory of .txt, or a .bin token file; `None` = embedded corpus.
+    /// Training data: a text file, a directory of .txt, a .bin token file,
+    /// or fine-tuning examples as `.jsonl` ([`crate::finetune`]); `None` =
+    /// embedded corpus.
     pub data: Option<PathBuf>,
-    /// Tokenizer of text data and samples: `byte` (256 ids) or `gpt2`
+    /// Tokenizer of text data and samples: `byte` (256 ids), `gpt2`
     /// (GPT-2's BPE; a preset model gets 50,304 ids, an explicit or `init`
-    /// model must have at least 50,257).
+    /// model must have at least 50,257), or a `tokenizer.json` or a model
+    /// folder holding one ([`crate::hf_tokenizer`]).
     pub tokenizer: String,
+    /// Which tokens of `.jsonl` data the loss counts: `completion` (the
+    /// completions and assistant messages) or `all` ([`crate::finetune::LossOn`]).
+    pub loss_on: String,
     /// `bf16` (high precision, no FP8) or an FP8 recipe name (`Recipe::NAMES`).
     pub recipe: String,
     /// Backward mode of FP8 recipes.
@@ -453,6 +459,7 @@ impl Default for TrainConfig {
             init_adapter_base_format: None,
             data: None,
             tokenizer: "byte".into(),
+            loss_on: "completion".into(),
             recipe: "tensorwise".into(),
             backward: "quantized".into(),
             batch: 8,
@@ -557,6 +564,29 @@ impl TrainConfig {
         Ok(cfg)
     }
 
+    /// The model folder a new run starts from: `init`, or the LoRA base.
+    pub fn model_folder(&self) -> Option<&Path> {
+        self.init
+            .as_deref()
+            .or(self.lora.as_ref().and_then(|l| l.base.as_deref()))
+    }
+
+    /// Where the tokenizer is the default `byte` and the model folder holds
+    /// a `tokenizer.json` (a model from Hugging Face), take the folder's (by
+    /// its absolute path, so that a resumed run finds it from anywhere).
+    /// Returns whether it did.
+    pub fn use_model_tokenizer(&mut self) -> bool {
+        let Some(dir) = self.model_folder() else {
+            return false;
+        };
+        if self.tokenizer != "byte" || !dir.join("tokenizer.json").is_file() {
+            return false;
+        }
+        let abs = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+        self.tokenizer = abs.display().to_string();
+        true
+    }
+
     /// The tokenizer (`tokenizer`, checked).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
         Tokenizer::from_name(&self.tokenizer)
@@ -578,9 +608,13 @@ impl TrainConfig {
     pub fn dataset(&self, vocab: usize) -> Result<Dataset> {
         let tok = self.tokenizer()?;
         tok.check_fits(vocab)?;
+        let loss_on = crate::finetune::LossOn::from_name(&self.loss_on)?;
         let data = match &self.data {
-            Some(p) => Dataset::load_with(p, tok, vocab, DATA_VAL_FRACTION)?,
-            None => Dataset::default_corpus_with(tok),
+            Some(p) if crate::finetune::is_jsonl(p) => {
+                Dataset::load_jsonl(p, &tok, loss_on, vocab, DATA_VAL_FRACTION)?
+            }
+            Some(p) => Dataset::load_with(p, &tok, vocab, DATA_VAL_FRACTION)?,
+            None => Dataset::default_corpus_with(&tok),
         };
         self.check_splits(&data)?;
         Ok(data)
@@ -856,6 +890,7 @@ impl TrainConfig {
         }
         self.adamw.validate()?;
         self.tokenizer()?;
+        crate::finetune::LossOn::from_name(&self.loss_on)?;
         if !matches!(self.saved_activations.as_str(), "auto" | "full" | "fp8") {
             return Err(Error::Train(format!(
                 "--saved-activations {}: expected auto, full or fp8",
