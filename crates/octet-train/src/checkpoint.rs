@@ -1142,7 +1142,10 @@ pub fn save_lora_checkpoint(
 /// directory whose `name` is missing is renamed back to `name` (the kill fell
 /// between the two renames of step 2), and temporary or aside directories of
 /// processes no longer alive are removed (of this process too, for `name`
-/// itself: one process saves one name at a time).
+/// itself: one process saves one name at a time), and so are the temporary
+/// files of dead processes' atomic writes ([`remove_stale_temp_files`]: a
+/// kill between the checkpoint's rename and the `latest` update leaves a
+/// `.latest.tmp.<pid>`).
 pub fn save_checkpoint_with(
     parent: &Path,
     name: &str,
@@ -1154,6 +1157,7 @@ pub fn save_checkpoint_with(
     std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
     let t0 = std::time::Instant::now();
     clean_leftovers(parent, name);
+    remove_stale_temp_files(parent);
     let tag = unique_tag();
     let tmp = parent.join(format!(".{name}.tmp.{tag}"));
     let dst = parent.join(name);
@@ -1274,6 +1278,48 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<bool> {
 fn may_be_alive(pid: u32) -> bool {
     let proc = Path::new("/proc");
     !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
+/// Remove the temporary files of [`write_atomic`] (`.<name>.tmp.<pid>`,
+/// what a kill between the write and the rename leaves, e.g. a
+/// `.latest.tmp.<pid>`) from `dir` where the process `<pid>` is no longer
+/// alive (as `/proc` shows it; without `/proc` none is removed, and a pid
+/// reused by a live process keeps its file until that one ends). This
+/// process's own are kept: another thread of it may be writing one now. Each
+/// file removed is traced at `info`, with its path. Returns the paths
+/// removed. Best effort: a file that cannot be removed is left.
+pub fn remove_stale_temp_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix('.') else {
+            continue;
+        };
+        let mut parts = rest.rsplitn(3, '.');
+        let (Some(pid), Some("tmp"), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if name.is_empty() || pid == me || may_be_alive(pid) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        if std::fs::remove_file(&path).is_ok() {
+            tracing::info!(path = %path.display(), pid, "removed the temporary file of a process no longer running");
+            removed.push(path);
+        }
+    }
+    removed
 }
 
 /// Leftovers of saves that were killed (see [`save_checkpoint_with`]): in
@@ -1601,6 +1647,34 @@ mod tests {
                 "latest",
                 "step_000002",
                 "step_000003"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    /// A kill between a checkpoint's rename and the `latest` update leaves
+    /// `.latest.tmp.<pid>`: the next save removes a dead process's, keeps a
+    /// live one's, and leaves other files alone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_save_removes_the_temporary_latest_of_a_killed_run() {
+        let parent = tmpdir("latest-litter");
+        std::fs::create_dir_all(&parent).unwrap();
+        // No process has this id (Linux's pid_max is at most 2^22).
+        let dead = 4_000_000_000u32;
+        let me = std::process::id();
+        std::fs::write(parent.join(format!(".latest.tmp.{dead}")), "step_000001").unwrap();
+        // This process's (the save's own `latest` write uses that name).
+        std::fs::write(parent.join(format!(".notes.json.tmp.{me}")), "in use").unwrap();
+        std::fs::write(parent.join(".notes.tmp.x"), "not a pid").unwrap();
+        save_checkpoint_with(&parent, "step_000002", files(1, "two")).unwrap();
+        assert_eq!(
+            entries(&parent),
+            [
+                format!(".notes.json.tmp.{me}").as_str(),
+                ".notes.tmp.x",
+                "latest",
+                "step_000002"
             ]
         );
         let _ = std::fs::remove_dir_all(&parent);

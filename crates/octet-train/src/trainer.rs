@@ -599,11 +599,20 @@ impl TrainConfig {
     /// `seq` fit its dimensions (full training), it has steps left (the
     /// checkpoint's optimizer step must be below `steps`), and a LoRA run
     /// continues the adapter as it was trained ([`LoraSettings::check_resume`]).
+    /// A resume also removes the temporary files that dead processes left in
+    /// the run directory and its `checkpoints`
+    /// ([`checkpoint::remove_stale_temp_files`]).
     pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
         self.check_run_dir(resume)?;
         let Some(dir) = resume else {
             return Ok(());
         };
+        // A kill in an earlier save may have left temporary files (a
+        // `.latest.tmp.<pid>`): removed here, each with a trace line.
+        let run = self.out_dir.join(&self.name);
+        for d in [run.join("checkpoints"), run] {
+            checkpoint::remove_stale_temp_files(&d);
+        }
         if self.lora.is_none() && checkpoint::is_adapter_only(dir) {
             return Err(Error::Train(format!(
                 "{} is a LoRA adapter's checkpoint: continue it with `octet lora --resume`",
