@@ -50,7 +50,7 @@ pub struct TrainArgs {
     /// Optimizer steps.
     #[arg(long)]
     steps: Option<u64>,
-    /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
+    /// Peak learning rate, above 0 and at most 10 (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
     /// `octet lora`, whatever the model).
     #[arg(long)]
     lr: Option<f32>,
@@ -74,13 +74,13 @@ pub struct TrainArgs {
     /// Evaluate every N steps.
     #[arg(long)]
     eval_every: Option<u64>,
-    /// Validation batches per evaluation (0: no evaluation).
+    /// Validation batches per evaluation (0: no evaluation; at most 100,000).
     #[arg(long)]
     eval_batches: Option<usize>,
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long)]
     ckpt_every: Option<u64>,
-    /// Tokens to generate at the end.
+    /// Tokens to generate at the end (0: none; at most 1,000,000).
     #[arg(long)]
     sample_tokens: Option<usize>,
     /// Write no checkpoint, not even the final one (benchmark runs).

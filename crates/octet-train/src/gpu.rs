@@ -538,6 +538,12 @@ pub fn train_gpu_ranked(
         if cfg.eval_batches > 0
             && ((cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last)
         {
+            if last && lead {
+                obs.note(&format!(
+                    "step {}: final evaluation over {} validation batches",
+                    model.step, cfg.eval_batches
+                ));
+            }
             last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches, comm)?;
             m.val_loss = Some(last_val);
             val_curve.push((model.step as f64, last_val));
@@ -626,6 +632,7 @@ pub fn train_gpu_ranked(
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
+        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
         let ctx = model.cfg.max_position_embeddings;
         let out = sample_windowed(&prompt, cfg.sample_tokens, ctx, cfg.seed, |feed| {
             Ok(match feed {

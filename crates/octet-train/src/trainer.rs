@@ -34,6 +34,22 @@ pub const MAX_STEP_TOKENS: u64 = 1 << 32;
 /// raises `beta` to the step as a 32-bit power.
 pub const MAX_STEPS: u64 = i32::MAX as u64;
 
+/// Most tokens the end-of-run sample may have (`--sample-tokens`): a
+/// million, some thousand pages of text. The CPU sampler re-runs the whole
+/// context for each token, so a larger sample would run for days.
+pub const MAX_SAMPLE_TOKENS: usize = 1_000_000;
+
+/// Most validation batches an evaluation may take (`--eval-batches`):
+/// 100,000, far past the few hundred that give a stable validation loss.
+/// Every evaluation (and the final one) runs them all.
+pub const MAX_EVAL_BATCHES: usize = 100_000;
+
+/// Largest peak learning rate [`TrainConfig::validate`] accepts (`--lr`):
+/// 10, far above any rate AdamW trains with (its updates are about `lr` per
+/// step whatever the gradient's scale); a larger one only makes the loss
+/// non-finite within a few steps.
+pub const MAX_LR: f32 = 10.0;
+
 /// The share of a data file's tokens held out for validation (the last ones).
 pub const DATA_VAL_FRACTION: f64 = 0.1;
 
@@ -814,6 +830,27 @@ impl TrainConfig {
                 self.lr
             )));
         }
+        if self.lr > MAX_LR {
+            return Err(Error::Train(format!(
+                "--lr (lr) = {}: the learning rate must be at most {MAX_LR} (AdamW moves each \
+                 weight by about lr a step; typical peaks are 1e-4 to 3e-3)",
+                self.lr
+            )));
+        }
+        if self.sample_tokens > MAX_SAMPLE_TOKENS {
+            return Err(Error::Train(format!(
+                "--sample-tokens (sample_tokens) = {} exceeds the limit of {MAX_SAMPLE_TOKENS} \
+                 tokens; sample longer texts with `octet generate`",
+                self.sample_tokens
+            )));
+        }
+        if self.eval_batches > MAX_EVAL_BATCHES {
+            return Err(Error::Train(format!(
+                "--eval-batches (eval_batches) = {} exceeds the limit of {MAX_EVAL_BATCHES} \
+                 batches per evaluation",
+                self.eval_batches
+            )));
+        }
         if !(self.min_lr >= 0.0 && self.min_lr.is_finite()) {
             return Err(Error::Train(format!(
                 "min_lr = {}: the final learning rate must be a finite number of at least 0",
@@ -1183,7 +1220,20 @@ pub fn train(
         let last = opt.step == cfg.steps;
         if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
         {
+            if last {
+                obs.note(&format!(
+                    "step {}: final evaluation over {} validation batches",
+                    opt.step, cfg.eval_batches
+                ));
+            }
+            let te = Instant::now();
             last_val = evaluate(&mut model, &data, cfg, cfg.eval_batches)?;
+            tracing::debug!(
+                step = opt.step,
+                batches = cfg.eval_batches,
+                s = te.elapsed().as_secs_f64(),
+                "evaluated"
+            );
             m.val_loss = Some(last_val);
             val_curve.push((opt.step as f64, last_val));
             obs.note(&format!("step {}: val loss {last_val:.4}", opt.step));
@@ -1222,7 +1272,14 @@ pub fn train(
     let sample_text = if cfg.sample_tokens > 0 {
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
+        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
+        let ts = Instant::now();
         let toks = sample(&mut model, &prompt, cfg.sample_tokens, 0.8, 40, cfg.seed)?;
+        tracing::debug!(
+            tokens = cfg.sample_tokens,
+            s = ts.elapsed().as_secs_f64(),
+            "sampled"
+        );
         tok.decode(&toks)
     } else {
         String::new()

@@ -421,3 +421,53 @@ fn a_resume_checks_the_tokenizer_and_seq_against_the_checkpoint() {
     assert!(e.contains("gpt2"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--sample-tokens 1e12` and `--eval-batches 1e12` were accepted and ran
+/// without end, and `--lr 1e30` ran to a NaN loss: each is refused naming
+/// the flag and its limit, and the limits themselves are accepted.
+#[test]
+fn sample_tokens_eval_batches_and_lr_past_their_limits_are_errors_naming_flag_and_limit() {
+    use octet_train::trainer::{MAX_EVAL_BATCHES, MAX_LR, MAX_SAMPLE_TOKENS};
+    let ok = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    let at_limits = TrainConfig {
+        sample_tokens: MAX_SAMPLE_TOKENS,
+        eval_batches: MAX_EVAL_BATCHES,
+        lr: MAX_LR,
+        ..ok.clone()
+    };
+    assert!(at_limits.validate().is_ok());
+    for (cfg, flag, limit) in [
+        (
+            TrainConfig {
+                sample_tokens: 1_000_000_000_000,
+                ..ok.clone()
+            },
+            "--sample-tokens",
+            "1000000",
+        ),
+        (
+            TrainConfig {
+                eval_batches: 1_000_000_000_000,
+                ..ok.clone()
+            },
+            "--eval-batches",
+            "100000",
+        ),
+        (
+            TrainConfig {
+                lr: 1e30,
+                ..ok.clone()
+            },
+            "--lr",
+            "at most 10",
+        ),
+    ] {
+        let e = err(&cfg);
+        assert!(e.contains(flag) && e.contains(limit), "{flag}: {e}");
+    }
+}
