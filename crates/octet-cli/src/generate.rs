@@ -277,10 +277,12 @@ fn load(a: &GenerateArgs) -> anyhow::Result<(LlamaConfig, HashMap<String, Tensor
             m.alpha,
             m.base.name()
         );
+        checkpoint::check_finite(&m.weights, &what)?;
         return Ok((m.cfg, m.weights, what));
     }
     let cfg = checkpoint::load_config(&dir)?;
     let w = checkpoint::load_weights(&dir, DType::F32)?;
+    checkpoint::check_finite(&w, &dir.display().to_string())?;
     Ok((cfg, w, dir.display().to_string()))
 }
 

@@ -202,7 +202,12 @@ type FileTensors = (HashMap<String, Tensor>, RawFp8, HashMap<String, String>);
 fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if meta.is_dir() {
+        // Mapping a directory fails with "No such device", which names nothing.
+        return Err(not_a_file(path));
+    }
+    let len = meta.len();
     tracing::debug!(path = %path.display(), bytes = len, "reading tensors");
     if len < 8 {
         return Err(bad(format!(
@@ -214,8 +219,11 @@ fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     // mapped is not written to by octet. (Another program truncating it
     // while it is read is outside what a checkpoint reader can guard.)
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        // The crate's errors for a tensor whose dtype and shape disagree
+        // with its bytes, or whose bytes lie past the file's, name no tensor.
+        bad(header_problem(&bytes).unwrap_or_else(|| format!("not a valid safetensors file ({e})")))
+    })?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut out = HashMap::new();
@@ -267,6 +275,59 @@ fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
         out.insert(name, t);
     }
     Ok((out, fp8, meta))
+}
+
+/// The error for a safetensors path that is a directory.
+fn not_a_file(path: &Path) -> Error {
+    Error::Checkpoint(format!(
+        "{} is a directory, not a safetensors file",
+        path.display()
+    ))
+}
+
+/// What is wrong with the first tensor (by its data offsets) of the
+/// safetensors file `bytes` whose entry the file's data cannot hold: data
+/// offsets reversed or past the end of the data, or a byte count other than
+/// its dtype and shape take (bf16 over f32-sized data). `None` where the
+/// header does not parse that far or every entry fits (the file has another
+/// problem, which the safetensors crate's error describes).
+fn header_problem(bytes: &[u8]) -> Option<String> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let end = n.checked_add(8)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..end)?).ok()?;
+    let data = (bytes.len() - end) as u64;
+    let mut entries = Vec::new();
+    for (name, t) in header.iter().filter(|(n, _)| *n != "__metadata__") {
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (start, stop) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        entries.push((start, stop, name, t));
+    }
+    entries.sort_by_key(|e| (e.0, e.1));
+    for (start, stop, name, t) in entries {
+        if stop < start || stop > data {
+            return Some(format!(
+                "tensor {name}: data_offsets [{start}, {stop}] lie outside the file's {data} \
+                 bytes of data"
+            ));
+        }
+        let dtype: Dtype = serde_json::from_value(t.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(t.get("shape")?.clone()).ok()?;
+        let need = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize() as u64))
+            .map(|b| b.div_ceil(8));
+        if need != Some(stop - start) {
+            let need = need.map_or("more than 2^64".into(), |b| b.to_string());
+            return Some(format!(
+                "tensor {name}: dtype {dtype:?} and shape {shape:?} take {need} bytes, but its \
+                 data_offsets [{start}, {stop}] hold {}",
+                stop - start
+            ));
+        }
+    }
+    None
 }
 
 /// Pair each FP8 matrix of `raw` with its factors (`<name>_scale` or
@@ -769,6 +830,26 @@ fn unsupported_hf_fields(raw: &serde_json::Value) -> std::result::Result<(), Str
     Ok(())
 }
 
+/// The first tensor of `weights` (by name) that holds a NaN or an infinity,
+/// as an error naming it, the value and its index, and `source` (the
+/// checkpoint it came from): what `octet generate` checks before decoding,
+/// so that a damaged checkpoint is named rather than ending in non-finite
+/// logits.
+pub fn check_finite(weights: &HashMap<String, Tensor>, source: &str) -> Result<()> {
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    for name in names {
+        let v = weights[name].to_f32_vec();
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(Error::NonFinite(format!(
+                "{source}: tensor {name} holds {x} at index {i}: the checkpoint is damaged or \
+                 was saved after training diverged; use an earlier checkpoint"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
 /// matrices dequantized); errors name the tensor.
 pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>> {
@@ -1003,6 +1084,9 @@ fn read_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
     let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    if f.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(not_a_file(path));
+    }
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
         .map_err(|e| bad(format!("no safetensors header ({e})")))?;

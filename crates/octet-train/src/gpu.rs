@@ -457,9 +457,10 @@ pub fn train_gpu_ranked(
                         _ => "a place the block checks did not find".into(),
                     };
                     return Err(Error::NonFinite(format!(
-                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}; the last good checkpoint is kept",
+                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}{}; the last good checkpoint is kept",
                         step + 1,
-                        if world > 1 { format!(" on rank {rank}") } else { String::new() }
+                        if world > 1 { format!(" on rank {rank}") } else { String::new() },
+                        crate::trainer::lr_hint(lr)
                     )));
                 }
                 r => r.map_err(gpu_err(step + 1))?,
@@ -498,10 +499,11 @@ pub fn train_gpu_ranked(
                     let names = model.nonfinite_grads().unwrap_or_default();
                     let first = names.first().cloned().unwrap_or_else(|| "?".into());
                     Error::NonFinite(format!(
-                        "step {}: the gradient norm is not finite ({} of {} gradients have NaN/inf, the first in backward order {first}); the last good checkpoint is kept",
+                        "step {}: the gradient norm is not finite ({} of {} gradients have NaN/inf, the first in backward order {first}){}; the last good checkpoint is kept",
                         step + 1,
                         names.len(),
-                        model.slots.len()
+                        model.slots.len(),
+                        crate::trainer::lr_hint(lr)
                     ))
                 }
                 e => e.into(),

@@ -1042,6 +1042,16 @@ fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) 
     Ok(())
 }
 
+/// What a non-finite loss or gradient norm at learning rate `lr` suggests
+/// (appended to the error, which names the step): a rate too high is the
+/// usual cause of a loss that grows until it is NaN or inf.
+pub fn lr_hint(lr: f32) -> String {
+    format!(
+        " (at learning rate {lr:e}; a loss that diverges to NaN/inf usually means the rate is \
+         too high: lower --lr, or --warmup longer)"
+    )
+}
+
 /// What a run started with `init` says it starts from.
 pub fn init_note(cfg: &TrainConfig) -> String {
     let dir = cfg
@@ -1173,8 +1183,12 @@ pub fn train(
             model.set_grad_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
                 // The step and (inside `e`) the block; checkpoints already written stay as they are.
+                let hint = match e {
+                    octet_nn::Error::NonFinite(_) => lr_hint(lr),
+                    _ => String::new(),
+                };
                 Error::Train(format!(
-                    "step {}: {e}; the last good checkpoint is kept",
+                    "step {}: {e}{hint}; the last good checkpoint is kept",
                     step + 1
                 ))
             })?;
@@ -1191,8 +1205,9 @@ pub fn train(
         }
         let grad_norm = opt.step(&grads, lr).map_err(|e| match e {
             Error::NonFinite(m) => Error::NonFinite(format!(
-                "step {}: {m}; the last good checkpoint is kept",
-                step + 1
+                "step {}: {m}{}; the last good checkpoint is kept",
+                step + 1,
+                lr_hint(lr)
             )),
             e => e,
         })?;

@@ -471,3 +471,98 @@ fn sample_tokens_eval_batches_and_lr_past_their_limits_are_errors_naming_flag_an
         assert!(e.contains(flag) && e.contains(limit), "{flag}: {e}");
     }
 }
+
+/// A safetensors file of `header` (JSON) and `data` bytes at `path`.
+fn safetensors_file(path: &std::path::Path, header: &str, data: &[u8]) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A `model.safetensors` that is a directory gave "No such device (os error
+/// 19)"; a tensor whose dtype disagrees with its bytes (bf16 over f32-sized
+/// data) or whose data offsets pass the end of the file gave the
+/// safetensors crate's error, naming neither the tensor nor the file. Each
+/// names what it is about.
+#[test]
+fn a_bad_safetensors_file_is_an_error_naming_the_file_and_the_tensor() {
+    let dir = tmpdir("bad-safetensors");
+    std::fs::create_dir_all(dir.join("model.safetensors")).unwrap();
+    let p = dir.join("model.safetensors");
+    let e = checkpoint::read_tensors(&p).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "{} is a directory, not a safetensors file",
+            p.display()
+        )),
+        "{e}"
+    );
+    let e = checkpoint::load_weights(&dir, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is a directory, not a safetensors file"), "{e}");
+
+    let p = dir.join("t.safetensors");
+    let ok = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"#;
+    for (header, data, tensor, what) in [
+        (
+            format!(r#"{ok}"w":{{"dtype":"BF16","shape":[2,2],"data_offsets":[8,24]}}}}"#),
+            vec![0u8; 24],
+            "tensor w",
+            "take 8 bytes",
+        ),
+        (
+            format!(r#"{ok}"w":{{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}}}"#),
+            vec![0u8; 12],
+            "tensor w",
+            "lie outside",
+        ),
+    ] {
+        safetensors_file(&p, &header, &data);
+        let e = checkpoint::read_tensors(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&p.display().to_string()) && e.contains(tensor) && e.contains(what),
+            "{header}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A loss that turns NaN (here from a NaN weight the run starts from) stops
+/// the run with an error naming the step and suggesting a lower `--lr`, the
+/// usual cause (`--lr 1e30` gave a message naming neither).
+#[test]
+fn a_non_finite_loss_names_the_step_and_suggests_lowering_lr() {
+    let out = tmpdir("nan-loss");
+    let init = out.join("init");
+    let mcfg = LlamaConfig::preset("tiny").unwrap();
+    let m = Llama::new_random(&mcfg, DType::F32, None, 3).unwrap();
+    let mut w: std::collections::HashMap<_, _> = m
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let norm = &w["model.norm.weight"];
+    let mut g = norm.to_f32_vec();
+    g[0] = f32::NAN;
+    let t = octet_tensor::Tensor::from_f32(norm.shape(), g).unwrap();
+    w.insert("model.norm.weight".into(), t);
+    let m = Llama::from_weights(&mcfg, w, None).unwrap();
+    checkpoint::save_model(&init, &m).unwrap();
+    checkpoint::write_config(&init, &mcfg, DType::F32).unwrap();
+    let cfg = TrainConfig {
+        init: Some(init),
+        batch: 2,
+        seq: 16,
+        steps: 3,
+        eval_batches: 0,
+        sample_tokens: 0,
+        save: false,
+        out_dir: out.clone(),
+        ..Default::default()
+    };
+    let e = train(&cfg, None, &mut Quiet).unwrap_err().to_string();
+    assert!(e.contains("step 1:") && e.contains("lower --lr"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
