@@ -897,6 +897,114 @@ impl TrainConfig {
     }
 }
 
+/// A floor of the host memory a CPU run takes at its peak, by part, in
+/// bytes ([`TrainConfig::memory_plan`]). Each part counts only buffers the
+/// run cannot do without, so a run refused for it cannot fit; the real peak
+/// is higher (temporaries, the allocator's slack, the data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The model's weights: f32 for full training; a LoRA base at least a
+    /// byte a parameter (FP8), two (bf16) where its base format is `bf16`.
+    pub weights: u64,
+    /// Full training: the gradients (f32) and AdamW's master copy and two
+    /// moments (f32), 16 bytes a parameter; LoRA's adapters are not counted.
+    pub optimizer: u64,
+    /// What forward keeps for backward, `(B*T)` rows of f32: per block the
+    /// norms' inputs, q, k, v, the attention output, SwiGLU's gate, up and
+    /// product (`6 C + 2 C_kv + 3 I` a token); a recomputed block keeps its
+    /// input (`C`), plus one block's full set while its backward runs.
+    pub activations: u64,
+    /// The logits and their gradient, `(B*T, V)` f32 each.
+    pub logits: u64,
+}
+
+impl MemoryPlan {
+    /// The sum of the parts.
+    pub fn total(&self) -> u64 {
+        self.weights + self.optimizer + self.activations + self.logits
+    }
+}
+
+/// GiB with two decimals, for the memory messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// The memory the host can give a new allocation now: `MemAvailable` of
+/// `/proc/meminfo`, in bytes; `None` where it cannot be read (not Linux, a
+/// sandbox without `/proc`).
+pub fn host_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+impl TrainConfig {
+    /// A floor of a CPU run's peak host memory for the model `mcfg`
+    /// ([`MemoryPlan`]), from `batch`, `seq`, the recomputed blocks and
+    /// whether it trains LoRA adapters (and on which base format).
+    pub fn memory_plan(&self, mcfg: &LlamaConfig) -> MemoryPlan {
+        let p = mcfg.num_params() as u64;
+        let (weights, optimizer) = match &self.lora {
+            Some(l) if l.base_format == "bf16" => (2 * p, 0),
+            Some(_) => (p, 0),
+            None => (4 * p, 16 * p),
+        };
+        let tokens = (self.batch as u64).saturating_mul(self.seq as u64);
+        let (c, i, layers) = (
+            mcfg.hidden_size as u64,
+            mcfg.intermediate_size as u64,
+            mcfg.num_hidden_layers as u64,
+        );
+        let kv = (mcfg.num_key_value_heads * mcfg.head_dim()) as u64;
+        let block = 6 * c + 2 * kv + 3 * i;
+        let recomputed = (self.recomputed_blocks() as u64).min(layers);
+        let per_token =
+            (layers - recomputed) * block + recomputed * c + if recomputed > 0 { block } else { 0 };
+        MemoryPlan {
+            weights,
+            optimizer,
+            activations: tokens.saturating_mul(per_token).saturating_mul(4),
+            logits: tokens
+                .saturating_mul(mcfg.vocab_size as u64)
+                .saturating_mul(8),
+        }
+    }
+
+    /// An error where the run's [`MemoryPlan`] floor exceeds `available`
+    /// bytes, naming both and the flags that lower it; `None` (the host's
+    /// memory unknown) checks nothing.
+    pub fn check_memory(&self, mcfg: &LlamaConfig, available: Option<u64>) -> Result<()> {
+        let Some(avail) = available else {
+            return Ok(());
+        };
+        let plan = self.memory_plan(mcfg);
+        tracing::debug!(?plan, available = avail, "host memory plan");
+        if plan.total() <= avail {
+            return Ok(());
+        }
+        let recompute = if self.recomputed_blocks() >= mcfg.num_hidden_layers {
+            String::new()
+        } else {
+            ", or --recompute (keep only each block's input)".into()
+        };
+        Err(Error::Train(format!(
+            "this run needs at least {} of host memory (weights {}, gradients and optimizer \
+             state {}, saved activations {}, logits {}) and {} are available (MemAvailable): \
+             lower --batch {} or --seq {}{recompute}",
+            gib(plan.total()),
+            gib(plan.weights),
+            gib(plan.optimizer),
+            gib(plan.activations),
+            gib(plan.logits),
+            gib(avail),
+            self.batch,
+            self.seq
+        )))
+    }
+}
+
 /// What the loop reports to its caller after each step (for a progress bar).
 pub trait Observer {
     /// Called after every optimizer step.
@@ -1090,6 +1198,17 @@ pub fn train(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
+    // The model's dimensions (a resumed run's or a LoRA base's are its
+    // checkpoint's), to refuse a run that cannot fit before allocating it.
+    let mcfg = match (resume, cfg.lora.as_ref().and_then(|l| l.base.as_ref())) {
+        (Some(ck), _) => checkpoint::load_config(ck)?,
+        (None, Some(base)) => checkpoint::load_config(base)?,
+        (None, None) => match &cfg.init {
+            Some(init) => checkpoint::load_config(init)?,
+            None => cfg.llama_config()?,
+        },
+    };
+    cfg.check_memory(&mcfg, host_available_bytes())?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;

@@ -566,3 +566,58 @@ fn a_non_finite_loss_names_the_step_and_suggests_lowering_lr() {
     assert!(e.contains("step 1:") && e.contains("lower --lr"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--batch 65536 --seq 256` on the default model (over 400 GiB of
+/// activations) was accepted and aborted in an allocation: it is refused
+/// before anything is allocated, naming the estimate, the limit and the
+/// flags that lower it; a run that fits is not.
+#[test]
+fn a_cpu_run_that_cannot_fit_in_host_memory_is_refused_naming_the_flags() {
+    let huge = TrainConfig {
+        batch: 65536,
+        seq: 256,
+        out_dir: tmpdir("memory"),
+        ..Default::default()
+    };
+    let mcfg = huge.llama_config().unwrap();
+    let plan = huge.memory_plan(&mcfg);
+    assert!(plan.activations > 400 << 30, "{plan:?}");
+    let e = huge
+        .check_memory(&mcfg, Some(64 << 30))
+        .unwrap_err()
+        .to_string();
+    for part in ["64.00 GiB", "--batch 65536", "--seq 256", "--recompute"] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    assert!(huge.check_memory(&mcfg, None).is_ok());
+    let small = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    assert!(small
+        .check_memory(&small.llama_config().unwrap(), Some(64 << 30))
+        .is_ok());
+    // Recomputation lowers the floor, and the message no longer offers it.
+    let recomputed = TrainConfig {
+        recompute: true,
+        ..huge.clone()
+    };
+    assert!(recomputed.memory_plan(&mcfg).activations < plan.activations);
+    let e = recomputed
+        .check_memory(&mcfg, Some(1 << 30))
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("--recompute"), "{e}");
+    // The trainer checks the host's memory before it allocates.
+    if let Some(avail) = octet_train::trainer::host_available_bytes() {
+        assert!(avail < plan.total(), "this host has {avail} bytes");
+        let e = train(&huge, None, &mut Quiet).unwrap_err().to_string();
+        assert!(
+            e.contains("--batch 65536") && e.contains("MemAvailable"),
+            "{e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&huge.out_dir);
+}
