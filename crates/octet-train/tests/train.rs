@@ -433,3 +433,54 @@ fn a_resumed_run_takes_its_own_adamw_settings() {
     assert_eq!(opt.cfg, again.adamw);
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// A run killed during an append (a torn last line in `metrics.jsonl`) and
+/// between a checkpoint's rename and its `latest` update (a
+/// `.latest.tmp.<pid>` left): resumed in its run directory, it cuts the torn
+/// line before appending, so every line parses, and removes the dead
+/// process's temporary files.
+#[test]
+fn a_run_resumed_after_a_kill_repairs_its_metrics_and_removes_stale_temp_files() {
+    let out = tmpdir("resume-after-kill");
+    let cfg = common::quick_run("killed", &out, 2);
+    train(&cfg, None, &mut Quiet).unwrap();
+    let run = out.join("killed");
+    let metrics = run.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str(r#"{"step":3,"loss":4.1"#);
+    std::fs::write(&metrics, text).unwrap();
+    // No process has this id (Linux's pid_max is at most 2^22).
+    let dead = 4_000_000_000u32;
+    let stale = [
+        run.join("checkpoints").join(format!(".latest.tmp.{dead}")),
+        run.join(format!(".loss.png.tmp.{dead}")),
+    ];
+    for p in &stale {
+        std::fs::write(p, "step_000003").unwrap();
+    }
+    let ck = run.join("checkpoints").join("step_000002");
+    train(
+        &TrainConfig {
+            steps: 3,
+            ..cfg.clone()
+        },
+        Some(&ck),
+        &mut Quiet,
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let steps: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            v["step"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [1, 2, 3], "{text}");
+    #[cfg(target_os = "linux")]
+    for p in &stale {
+        assert!(!p.exists(), "{} is left", p.display());
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
