@@ -495,6 +495,8 @@ fn a_compare_whose_every_recipe_fails_reports_their_errors() {
     let (ok, text) = octet(&dir, &args);
     assert!(!ok, "{text}");
     assert!(text.contains("every recipe failed"), "{text}");
+    // Each names its step and the flag to lower.
+    assert_eq!(text.matches("lower --lr").count(), 4, "{text}");
     assert!(!dir.join("runs").join("c-compare.json").exists(), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -1160,6 +1160,17 @@ pub fn lr_hint(lr: f32) -> String {
     )
 }
 
+/// Whether a model error is a NaN or inf (a loss, or an FP8 cast's input).
+fn is_non_finite(e: &octet_nn::Error) -> bool {
+    use octet_fp8::Error::NonFinite as Cast;
+    matches!(
+        e,
+        octet_nn::Error::NonFinite(_)
+            | octet_nn::Error::Quant(Cast { .. })
+            | octet_nn::Error::Tensor(octet_tensor::Error::Quant(Cast { .. }))
+    )
+}
+
 /// What a run started with `init` says it starts from.
 pub fn init_note(cfg: &TrainConfig) -> String {
     let dir = cfg
@@ -1302,9 +1313,10 @@ pub fn train(
             model.set_grad_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
                 // The step and (inside `e`) the block; checkpoints already written stay as they are.
-                let hint = match e {
-                    octet_nn::Error::NonFinite(_) => lr_hint(lr),
-                    _ => String::new(),
+                let hint = if is_non_finite(&e) {
+                    lr_hint(lr)
+                } else {
+                    String::new()
                 };
                 Error::Train(format!(
                     "step {}: {e}{hint}; the last good checkpoint is kept",
@@ -1313,7 +1325,19 @@ pub fn train(
             })?;
             peak_saved = peak_saved.max(saved.bytes());
             loss_sum += loss;
-            add_grads(&mut grads, model.backward(saved)?)?;
+            let g = model.backward(saved).map_err(|e| {
+                // A gradient that overflowed stops FP8 recipes here (quantizing it).
+                let hint = if is_non_finite(&e) {
+                    lr_hint(lr)
+                } else {
+                    String::new()
+                };
+                Error::Train(format!(
+                    "step {}: backward: {e}{hint}; the last good checkpoint is kept",
+                    step + 1
+                ))
+            })?;
+            add_grads(&mut grads, g)?;
         }
         let mut grads = grads.unwrap_or_default();
         if cfg.grad_accum > 1 {
