@@ -1406,6 +1406,16 @@ pub fn remove_stale_temp_files(dir: &Path) -> Vec<PathBuf> {
     removed
 }
 
+/// Handle what killed saves left in the checkpoints directory `parent` (as
+/// the next save does before it writes): an aside copy of a checkpoint that
+/// is missing is renamed back, and temporary or aside directories of
+/// processes no longer alive are removed. For a resume, which saves nothing
+/// until its first checkpoint step.
+pub fn clean_killed_saves(parent: &Path) {
+    // No name of this process's own: its directories are all kept.
+    clean_leftovers(parent, "");
+}
+
 /// Leftovers of saves that were killed (see [`save_checkpoint_with`]): in
 /// `parent`, `.<ckpt>.tmp.<pid>.<n>` and `.<ckpt>.old.<pid>.<n>` directories
 /// of processes no longer alive (and this process's for `name`) are removed,

@@ -624,8 +624,10 @@ impl TrainConfig {
             return Ok(());
         };
         // A kill in an earlier save may have left temporary files (a
-        // `.latest.tmp.<pid>`): removed here, each with a trace line.
+        // `.latest.tmp.<pid>`) and directories: removed here, each file with
+        // a trace line.
         let run = self.out_dir.join(&self.name);
+        checkpoint::clean_killed_saves(&run.join("checkpoints"));
         for d in [run.join("checkpoints"), run] {
             checkpoint::remove_stale_temp_files(&d);
         }

@@ -458,10 +458,18 @@ fn a_run_resumed_after_a_kill_repairs_its_metrics_and_removes_stale_temp_files()
     for p in &stale {
         std::fs::write(p, "step_000003").unwrap();
     }
+    // And a checkpoint directory the kill left half written.
+    let half = run
+        .join("checkpoints")
+        .join(format!(".step_000003.tmp.{dead}.0"));
+    std::fs::create_dir(&half).unwrap();
+    std::fs::write(half.join("model.safetensors"), "partial").unwrap();
     let ck = run.join("checkpoints").join("step_000002");
     train(
+        // No save: what is removed, the resume removed.
         &TrainConfig {
             steps: 3,
+            save: false,
             ..cfg.clone()
         },
         Some(&ck),
@@ -479,7 +487,7 @@ fn a_run_resumed_after_a_kill_repairs_its_metrics_and_removes_stale_temp_files()
         .collect();
     assert_eq!(steps, [1, 2, 3], "{text}");
     #[cfg(target_os = "linux")]
-    for p in &stale {
+    for p in stale.iter().chain([&half]) {
         assert!(!p.exists(), "{} is left", p.display());
     }
     let _ = std::fs::remove_dir_all(&out);
