@@ -212,6 +212,9 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                 }
                 // The text a one-process run prints, from the same prompt and seed.
                 if cfg.sample_tokens > 0 {
+                    if let Ok(mut o) = obs.lock() {
+                        o.note(&format!("sampling {} tokens", cfg.sample_tokens));
+                    }
                     let text = (|| -> octet_train::Result<String> {
                         let tok = cfg.tokenizer()?;
                         let prompt = tok.encode("ROMEO:\n");

@@ -314,11 +314,13 @@ fn load(a: &GenerateArgs) -> anyhow::Result<Loaded> {
             m.alpha,
             m.base.name()
         );
+        checkpoint::check_finite(&m.weights, &what)?;
         return Ok((m.cfg, m.weights, what, Some(dir)));
     }
     let cfg = checkpoint::load_config(&dir)?;
     let w = checkpoint::load_weights(&dir, DType::F32)?;
     let what = dir.display().to_string();
+    checkpoint::check_finite(&w, &what)?;
     Ok((cfg, w, what, Some(dir)))
 }
 

@@ -70,7 +70,7 @@ pub struct TrainArgs {
     /// Optimizer steps (default: 300; 200 for `octet lora`).
     #[arg(long)]
     steps: Option<u64>,
-    /// Peak learning rate (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
+    /// Peak learning rate, above 0 and at most 10 (default 3e-3; 3e-4 for `--model 1b`; 1e-3 for
     /// `octet lora`, whatever the model).
     #[arg(long)]
     lr: Option<f32>,
@@ -94,13 +94,13 @@ pub struct TrainArgs {
     /// Evaluate every N steps.
     #[arg(long)]
     eval_every: Option<u64>,
-    /// Validation batches per evaluation (0: no evaluation).
+    /// Validation batches per evaluation (0: no evaluation; at most 100,000).
     #[arg(long)]
     eval_batches: Option<usize>,
     /// Checkpoint every N steps (0: only at the end).
     #[arg(long)]
     ckpt_every: Option<u64>,
-    /// Tokens to generate at the end.
+    /// Tokens to generate at the end (0: none; at most 1,000,000).
     #[arg(long)]
     sample_tokens: Option<usize>,
     /// Write no checkpoint, not even the final one (benchmark runs).
@@ -573,8 +573,8 @@ fn short_schedule_warning(c: &TrainConfig) -> Option<String> {
 /// An error where `now` (the resumed run's settings) tokenizes its data
 /// differently from `recorded` (the checkpoint's run): its ids would mean
 /// other text to the trained embeddings. A warning for each setting that
-/// changes the batches or the numerics, after which the resumed run no
-/// longer repeats the uninterrupted one bit for bit.
+/// changes the batches, the numerics or the schedule, after which the
+/// resumed run no longer repeats the uninterrupted one bit for bit.
 fn resumed_differences(recorded: &TrainConfig, now: &TrainConfig) -> anyhow::Result<()> {
     anyhow::ensure!(
         recorded.tokenizer == now.tokenizer,
@@ -582,8 +582,20 @@ fn resumed_differences(recorded: &TrainConfig, now: &TrainConfig) -> anyhow::Res
         now.tokenizer,
         recorded.tokenizer
     );
+    for w in resume_warnings(recorded, now) {
+        eprintln!("{w}");
+    }
+    Ok(())
+}
+
+/// The warnings of [`resumed_differences`]: one per setting of `now` that
+/// differs from `recorded`'s, naming the flag and both values. A changed
+/// `--steps`, `--warmup`, `--lr` or `--min-lr` refits the warmup and cosine
+/// to the new values, so the rates from the checkpoint's step on are not the
+/// ones the checkpoint's run would have used.
+fn resume_warnings(recorded: &TrainConfig, now: &TrainConfig) -> Vec<String> {
     let show = |v: &dyn std::fmt::Debug| format!("{v:?}");
-    for (flag, was, is) in [
+    let data = [
         ("--data", show(&recorded.data), show(&now.data)),
         ("--batch", show(&recorded.batch), show(&now.batch)),
         ("--seq", show(&recorded.seq), show(&now.seq)),
@@ -595,15 +607,32 @@ fn resumed_differences(recorded: &TrainConfig, now: &TrainConfig) -> anyhow::Res
         ("--recipe", show(&recorded.recipe), show(&now.recipe)),
         ("--backward", show(&recorded.backward), show(&now.backward)),
         ("--seed", show(&recorded.seed), show(&now.seed)),
-    ] {
-        if was != is {
-            eprintln!(
-                "warning: {flag} {is} where the checkpoint's run had {was}: the resumed run will \
-                 not repeat the uninterrupted one bit for bit"
-            );
+    ];
+    let schedule = [
+        ("--steps", show(&recorded.steps), show(&now.steps)),
+        ("--warmup", show(&recorded.warmup), show(&now.warmup)),
+        ("--lr", show(&recorded.lr), show(&now.lr)),
+        ("--min-lr", show(&recorded.min_lr), show(&now.min_lr)),
+    ];
+    let what = |is_schedule: bool| {
+        if is_schedule {
+            "the warmup and cosine schedule are refitted to it, and the resumed run will"
+        } else {
+            "the resumed run will"
         }
-    }
-    Ok(())
+    };
+    data.into_iter()
+        .map(|d| (d, false))
+        .chain(schedule.into_iter().map(|d| (d, true)))
+        .filter(|((_, was, is), _)| was != is)
+        .map(|((flag, was, is), sched)| {
+            format!(
+                "warning: {flag} {is} where the checkpoint's run had {was}: {} not repeat the \
+                 uninterrupted one bit for bit",
+                what(sched)
+            )
+        })
+        .collect()
 }
 
 impl TrainArgs {
@@ -981,6 +1010,54 @@ mod tests {
             w.contains("peaks at 5.000e-4") && w.contains("--lr 3.000e-3"),
             "{w}"
         );
+    }
+
+    /// A resume with another `--steps`, `--warmup`, `--lr` or `--min-lr`
+    /// refits the cosine: each is warned of with both values, as a changed
+    /// `--batch` is; the same settings give no warning.
+    #[test]
+    fn a_resume_that_changes_the_schedule_warns_with_the_old_and_new_values() {
+        let was = TrainConfig::default();
+        assert!(resume_warnings(&was, &was.clone()).is_empty());
+        let now = TrainConfig {
+            steps: was.steps + 100,
+            warmup: was.warmup + 1,
+            lr: was.lr * 2.0,
+            min_lr: was.min_lr / 2.0,
+            ..was.clone()
+        };
+        let w = resume_warnings(&was, &now);
+        for (flag, old, new) in [
+            (
+                "--steps",
+                format!("{}", was.steps),
+                format!("{}", now.steps),
+            ),
+            (
+                "--warmup",
+                format!("{}", was.warmup),
+                format!("{}", now.warmup),
+            ),
+            ("--lr", format!("{:?}", was.lr), format!("{:?}", now.lr)),
+            (
+                "--min-lr",
+                format!("{:?}", was.min_lr),
+                format!("{:?}", now.min_lr),
+            ),
+        ] {
+            let line = w
+                .iter()
+                .find(|l| l.starts_with(&format!("warning: {flag} ")))
+                .unwrap_or_else(|| panic!("no warning for {flag}: {w:?}"));
+            assert!(
+                line.contains(&format!(
+                    "{flag} {new} where the checkpoint's run had {old}"
+                )) && line.contains("schedule")
+                    && line.contains("bit for bit"),
+                "{line}"
+            );
+        }
+        assert_eq!(w.len(), 4, "{w:?}");
     }
 
     /// `octet compare --recipe R` (and `--sample-tokens N`) is an error:

@@ -473,7 +473,8 @@ fn a_bench_json_that_cannot_be_written_is_named_once() {
 #[test]
 fn a_compare_whose_every_recipe_fails_reports_their_errors() {
     let dir = tmpdir("compare-fails");
-    // A learning rate that sends every run's weights to NaN within steps.
+    // Settings that send every run's weights to NaN within steps (--lr
+    // itself is capped at 10; a weight decay of 1e30 overflows at once).
     let mut args = vec![
         "compare",
         "--recipes",
@@ -481,6 +482,8 @@ fn a_compare_whose_every_recipe_fails_reports_their_errors() {
         "--steps",
         "4",
         "--lr",
+        "10",
+        "--weight-decay",
         "1e30",
         "--no-save",
         "--name",
@@ -492,6 +495,8 @@ fn a_compare_whose_every_recipe_fails_reports_their_errors() {
     let (ok, text) = octet(&dir, &args);
     assert!(!ok, "{text}");
     assert!(text.contains("every recipe failed"), "{text}");
+    // Each names its step and the flag to lower.
+    assert_eq!(text.matches("lower --lr").count(), 4, "{text}");
     assert!(!dir.join("runs").join("c-compare.json").exists(), "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -121,13 +121,13 @@ fn a_non_finite_temperature_is_refused_before_decoding() {
 
 #[test]
 fn non_finite_logits_stop_generation_with_an_error() {
-    let dir = TempDir::new("gen-nan-weight");
+    let dir = TempDir::new("gen-huge-weight");
+    // Finite weights whose products overflow: the logits' own check fires.
     let ckpt = checkpoint_in(
         &dir,
         |w| {
             let n = &w["model.norm.weight"];
-            let mut g = n.to_f32_vec();
-            g[0] = f32::NAN;
+            let g = vec![f32::MAX; n.numel()];
             let t = Tensor::from_f32(n.shape(), g).expect("tensor");
             w.insert("model.norm.weight".into(), t);
         },
@@ -141,6 +141,35 @@ fn non_finite_logits_stop_generation_with_an_error() {
         out.stderr
     );
     assert!(!out.stdout.contains(&0), "a NUL byte was printed");
+}
+
+/// A NaN in a projection weight used to surface as "non-finite logits at
+/// step 0": the error names the tensor and the checkpoint before decoding.
+#[test]
+fn a_nan_in_a_projection_weight_is_named_before_decoding() {
+    let dir = TempDir::new("gen-nan-weight");
+    let name = "model.layers.1.self_attn.v_proj.weight";
+    let ckpt = checkpoint_in(
+        &dir,
+        |w| {
+            let n = &w[name];
+            let mut g = n.to_f32_vec();
+            g[5] = f32::NAN;
+            let t = Tensor::from_f32(n.shape(), g).expect("tensor");
+            w.insert(name.into(), t);
+        },
+        |_| {},
+    );
+    let out = generate(&ckpt, &[]);
+    assert_eq!(out.code, Some(1), "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains(&format!("tensor {name} holds NaN at index 5"))
+            && out.stderr.contains(&ckpt),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stdout.is_empty(), "it decoded before refusing");
 }
 
 #[test]

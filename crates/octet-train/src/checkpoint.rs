@@ -207,7 +207,12 @@ type FileTensors = (HashMap<String, Tensor>, RawFp8, HashMap<String, String>);
 fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
     let file = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
-    let len = file.metadata().map_err(|e| bad(e.to_string()))?.len();
+    let meta = file.metadata().map_err(|e| bad(e.to_string()))?;
+    if meta.is_dir() {
+        // Mapping a directory fails with "No such device", which names nothing.
+        return Err(not_a_file(path));
+    }
+    let len = meta.len();
     tracing::debug!(path = %path.display(), bytes = len, "reading tensors");
     if len < 8 {
         return Err(bad(format!(
@@ -219,8 +224,11 @@ fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
     // mapped is not written to by octet. (Another program truncating it
     // while it is read is outside what a checkpoint reader can guard.)
     let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| bad(e.to_string()))?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| bad(format!("not a valid safetensors file ({e})")))?;
+    let st = SafeTensors::deserialize(&bytes).map_err(|e| {
+        // The crate's errors for a tensor whose dtype and shape disagree
+        // with its bytes, or whose bytes lie past the file's, name no tensor.
+        bad(header_problem(&bytes).unwrap_or_else(|| format!("not a valid safetensors file ({e})")))
+    })?;
     let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| bad(e.to_string()))?;
     let meta = header.metadata().clone().unwrap_or_default();
     let mut out = HashMap::new();
@@ -272,6 +280,59 @@ fn read_tensors_fp8(path: &Path) -> Result<FileTensors> {
         out.insert(name, t);
     }
     Ok((out, fp8, meta))
+}
+
+/// The error for a safetensors path that is a directory.
+fn not_a_file(path: &Path) -> Error {
+    Error::Checkpoint(format!(
+        "{} is a directory, not a safetensors file",
+        path.display()
+    ))
+}
+
+/// What is wrong with the first tensor (by its data offsets) of the
+/// safetensors file `bytes` whose entry the file's data cannot hold: data
+/// offsets reversed or past the end of the data, or a byte count other than
+/// its dtype and shape take (bf16 over f32-sized data). `None` where the
+/// header does not parse that far or every entry fits (the file has another
+/// problem, which the safetensors crate's error describes).
+fn header_problem(bytes: &[u8]) -> Option<String> {
+    let n = usize::try_from(u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?)).ok()?;
+    let end = n.checked_add(8)?;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(bytes.get(8..end)?).ok()?;
+    let data = (bytes.len() - end) as u64;
+    let mut entries = Vec::new();
+    for (name, t) in header.iter().filter(|(n, _)| *n != "__metadata__") {
+        let offsets = t.get("data_offsets")?.as_array()?;
+        let (start, stop) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        entries.push((start, stop, name, t));
+    }
+    entries.sort_by_key(|e| (e.0, e.1));
+    for (start, stop, name, t) in entries {
+        if stop < start || stop > data {
+            return Some(format!(
+                "tensor {name}: data_offsets [{start}, {stop}] lie outside the file's {data} \
+                 bytes of data"
+            ));
+        }
+        let dtype: Dtype = serde_json::from_value(t.get("dtype")?.clone()).ok()?;
+        let shape: Vec<u64> = serde_json::from_value(t.get("shape")?.clone()).ok()?;
+        let need = shape
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| n.checked_mul(dtype.bitsize() as u64))
+            .map(|b| b.div_ceil(8));
+        if need != Some(stop - start) {
+            let need = need.map_or("more than 2^64".into(), |b| b.to_string());
+            return Some(format!(
+                "tensor {name}: dtype {dtype:?} and shape {shape:?} take {need} bytes, but its \
+                 data_offsets [{start}, {stop}] hold {}",
+                stop - start
+            ));
+        }
+    }
+    None
 }
 
 /// Pair each FP8 matrix of `raw` with its factors (`<name>_scale` or
@@ -751,6 +812,26 @@ pub fn load_model_folder(
     Ok((cfg, w))
 }
 
+/// The first tensor of `weights` (by name) that holds a NaN or an infinity,
+/// as an error naming it, the value and its index, and `source` (the
+/// checkpoint it came from): what `octet generate` checks before decoding,
+/// so that a damaged checkpoint is named rather than ending in non-finite
+/// logits.
+pub fn check_finite(weights: &HashMap<String, Tensor>, source: &str) -> Result<()> {
+    let mut names: Vec<&String> = weights.keys().collect();
+    names.sort();
+    for name in names {
+        let v = weights[name].to_f32_vec();
+        if let Some((i, x)) = v.iter().enumerate().find(|(_, x)| !x.is_finite()) {
+            return Err(Error::NonFinite(format!(
+                "{source}: tensor {name} holds {x} at index {i}: the checkpoint is damaged or \
+                 was saved after training diverged; use an earlier checkpoint"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Load the weights of a checkpoint directory, converted to `dtype` (FP8
 /// matrices dequantized); errors name the tensor.
 pub fn load_weights(dir: &Path, dtype: DType) -> Result<HashMap<String, Tensor>> {
@@ -992,6 +1073,9 @@ fn read_header(path: &Path) -> Result<serde_json::Value> {
     use std::io::Read;
     let bad = |e: String| Error::Checkpoint(format!("{}: {e}", path.display()));
     let mut f = std::fs::File::open(path).map_err(|e| bad(e.to_string()))?;
+    if f.metadata().is_ok_and(|m| m.is_dir()) {
+        return Err(not_a_file(path));
+    }
     let mut len = [0u8; 8];
     f.read_exact(&mut len)
         .map_err(|e| bad(format!("no safetensors header ({e})")))?;
@@ -1131,7 +1215,10 @@ pub fn save_lora_checkpoint(
 /// directory whose `name` is missing is renamed back to `name` (the kill fell
 /// between the two renames of step 2), and temporary or aside directories of
 /// processes no longer alive are removed (of this process too, for `name`
-/// itself: one process saves one name at a time).
+/// itself: one process saves one name at a time), and so are the temporary
+/// files of dead processes' atomic writes ([`remove_stale_temp_files`]: a
+/// kill between the checkpoint's rename and the `latest` update leaves a
+/// `.latest.tmp.<pid>`).
 pub fn save_checkpoint_with(
     parent: &Path,
     name: &str,
@@ -1143,6 +1230,7 @@ pub fn save_checkpoint_with(
     std::fs::create_dir_all(parent).map_err(|e| io("creating", parent, e))?;
     let t0 = std::time::Instant::now();
     clean_leftovers(parent, name);
+    remove_stale_temp_files(parent);
     let tag = unique_tag();
     let tmp = parent.join(format!(".{name}.tmp.{tag}"));
     let dst = parent.join(name);
@@ -1314,6 +1402,58 @@ fn exchange(_: &Path, _: &Path) -> std::io::Result<bool> {
 fn may_be_alive(pid: u32) -> bool {
     let proc = Path::new("/proc");
     !proc.join("self").exists() || proc.join(pid.to_string()).exists()
+}
+
+/// Remove the temporary files of [`write_atomic`] (`.<name>.tmp.<pid>`,
+/// what a kill between the write and the rename leaves, e.g. a
+/// `.latest.tmp.<pid>`) from `dir` where the process `<pid>` is no longer
+/// alive (as `/proc` shows it; without `/proc` none is removed, and a pid
+/// reused by a live process keeps its file until that one ends). This
+/// process's own are kept: another thread of it may be writing one now. Each
+/// file removed is traced at `info`, with its path. Returns the paths
+/// removed. Best effort: a file that cannot be removed is left.
+pub fn remove_stale_temp_files(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let me = std::process::id();
+    let mut removed = Vec::new();
+    for entry in entries.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        let Some(rest) = file.strip_prefix('.') else {
+            continue;
+        };
+        let mut parts = rest.rsplitn(3, '.');
+        let (Some(pid), Some("tmp"), Some(name)) = (parts.next(), parts.next(), parts.next())
+        else {
+            continue;
+        };
+        let Ok(pid) = pid.parse::<u32>() else {
+            continue;
+        };
+        if name.is_empty() || pid == me || may_be_alive(pid) {
+            continue;
+        }
+        if !entry.file_type().is_ok_and(|t| t.is_file()) {
+            continue;
+        }
+        let path = entry.path();
+        if std::fs::remove_file(&path).is_ok() {
+            tracing::info!(path = %path.display(), pid, "removed the temporary file of a process no longer running");
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+/// Handle what killed saves left in the checkpoints directory `parent` (as
+/// the next save does before it writes): an aside copy of a checkpoint that
+/// is missing is renamed back, and temporary or aside directories of
+/// processes no longer alive are removed. For a resume, which saves nothing
+/// until its first checkpoint step.
+pub fn clean_killed_saves(parent: &Path) {
+    // No name of this process's own: its directories are all kept.
+    clean_leftovers(parent, "");
 }
 
 /// Leftovers of saves that were killed (see [`save_checkpoint_with`]): in
@@ -1647,6 +1787,34 @@ mod tests {
                 "latest",
                 "step_000002",
                 "step_000003"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&parent);
+    }
+
+    /// A kill between a checkpoint's rename and the `latest` update leaves
+    /// `.latest.tmp.<pid>`: the next save removes a dead process's, keeps a
+    /// live one's, and leaves other files alone.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_save_removes_the_temporary_latest_of_a_killed_run() {
+        let parent = tmpdir("latest-litter");
+        std::fs::create_dir_all(&parent).unwrap();
+        // No process has this id (Linux's pid_max is at most 2^22).
+        let dead = 4_000_000_000u32;
+        let me = std::process::id();
+        std::fs::write(parent.join(format!(".latest.tmp.{dead}")), "step_000001").unwrap();
+        // This process's (the save's own `latest` write uses that name).
+        std::fs::write(parent.join(format!(".notes.json.tmp.{me}")), "in use").unwrap();
+        std::fs::write(parent.join(".notes.tmp.x"), "not a pid").unwrap();
+        save_checkpoint_with(&parent, "step_000002", files(1, "two")).unwrap();
+        assert_eq!(
+            entries(&parent),
+            [
+                format!(".notes.json.tmp.{me}").as_str(),
+                ".notes.tmp.x",
+                "latest",
+                "step_000002"
             ]
         );
         let _ = std::fs::remove_dir_all(&parent);

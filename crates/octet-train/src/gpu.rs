@@ -413,9 +413,10 @@ pub fn train_gpu_ranked(
                         _ => "a place the block checks did not find".into(),
                     };
                     return Err(Error::NonFinite(format!(
-                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}; the last good checkpoint is kept",
+                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}{}; the last good checkpoint is kept",
                         step + 1,
-                        if world > 1 { format!(" on rank {rank}") } else { String::new() }
+                        if world > 1 { format!(" on rank {rank}") } else { String::new() },
+                        crate::trainer::lr_hint(lr)
                     )));
                 }
                 r => r.map_err(gpu_err(step + 1))?,
@@ -454,10 +455,11 @@ pub fn train_gpu_ranked(
                     let names = model.nonfinite_grads().unwrap_or_default();
                     let first = names.first().cloned().unwrap_or_else(|| "?".into());
                     Error::NonFinite(format!(
-                        "step {}: the gradient norm is not finite ({} of {} gradients have NaN/inf, the first in backward order {first}); the last good checkpoint is kept",
+                        "step {}: the gradient norm is not finite ({} of {} gradients have NaN/inf, the first in backward order {first}){}; the last good checkpoint is kept",
                         step + 1,
                         names.len(),
-                        model.slots.len()
+                        model.slots.len(),
+                        crate::trainer::lr_hint(lr)
                     ))
                 }
                 e => e.into(),
@@ -494,6 +496,12 @@ pub fn train_gpu_ranked(
         if cfg.eval_batches > 0
             && ((cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last)
         {
+            if last && lead {
+                obs.note(&format!(
+                    "step {}: final evaluation over {} validation batches",
+                    model.step, cfg.eval_batches
+                ));
+            }
             last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches, comm)?;
             m.val_loss = Some(last_val);
             val_curve.push((model.step as f64, last_val));
@@ -582,6 +590,7 @@ pub fn train_gpu_ranked(
         let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
+        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
         let ctx = model.cfg.max_position_embeddings;
         let out = sample_windowed(&prompt, cfg.sample_tokens, ctx, cfg.seed, |feed| {
             Ok(match feed {

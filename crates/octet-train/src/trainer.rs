@@ -35,6 +35,22 @@ pub const MAX_STEP_TOKENS: u64 = 1 << 32;
 /// raises `beta` to the step as a 32-bit power.
 pub const MAX_STEPS: u64 = i32::MAX as u64;
 
+/// Most tokens the end-of-run sample may have (`--sample-tokens`): a
+/// million, some thousand pages of text. The CPU sampler re-runs the whole
+/// context for each token, so a larger sample would run for days.
+pub const MAX_SAMPLE_TOKENS: usize = 1_000_000;
+
+/// Most validation batches an evaluation may take (`--eval-batches`):
+/// 100,000, far past the few hundred that give a stable validation loss.
+/// Every evaluation (and the final one) runs them all.
+pub const MAX_EVAL_BATCHES: usize = 100_000;
+
+/// Largest peak learning rate [`TrainConfig::validate`] accepts (`--lr`):
+/// 10, far above any rate AdamW trains with (its updates are about `lr` per
+/// step whatever the gradient's scale); a larger one only makes the loss
+/// non-finite within a few steps.
+pub const MAX_LR: f32 = 10.0;
+
 /// The share of a data file's tokens held out for validation (the last ones).
 pub const DATA_VAL_FRACTION: f64 = 0.1;
 
@@ -656,11 +672,22 @@ impl TrainConfig {
     /// `seq` fit its dimensions (full training), it has steps left (the
     /// checkpoint's optimizer step must be below `steps`), and a LoRA run
     /// continues the adapter as it was trained ([`LoraSettings::check_resume`]).
+    /// A resume also removes the temporary files that dead processes left in
+    /// the run directory and its `checkpoints`
+    /// ([`checkpoint::remove_stale_temp_files`]).
     pub fn check_resume(&self, resume: Option<&Path>) -> Result<()> {
         self.check_run_dir(resume)?;
         let Some(dir) = resume else {
             return Ok(());
         };
+        // A kill in an earlier save may have left temporary files (a
+        // `.latest.tmp.<pid>`) and directories: removed here, each file with
+        // a trace line.
+        let run = self.out_dir.join(&self.name);
+        checkpoint::clean_killed_saves(&run.join("checkpoints"));
+        for d in [run.join("checkpoints"), run] {
+            checkpoint::remove_stale_temp_files(&d);
+        }
         if self.lora.is_none() && checkpoint::is_adapter_only(dir) {
             return Err(Error::Train(format!(
                 "{} is a LoRA adapter's checkpoint: continue it with `octet lora --resume`",
@@ -876,6 +903,27 @@ impl TrainConfig {
                 self.lr
             )));
         }
+        if self.lr > MAX_LR {
+            return Err(Error::Train(format!(
+                "--lr (lr) = {}: the learning rate must be at most {MAX_LR} (AdamW moves each \
+                 weight by about lr a step; typical peaks are 1e-4 to 3e-3)",
+                self.lr
+            )));
+        }
+        if self.sample_tokens > MAX_SAMPLE_TOKENS {
+            return Err(Error::Train(format!(
+                "--sample-tokens (sample_tokens) = {} exceeds the limit of {MAX_SAMPLE_TOKENS} \
+                 tokens; sample longer texts with `octet generate`",
+                self.sample_tokens
+            )));
+        }
+        if self.eval_batches > MAX_EVAL_BATCHES {
+            return Err(Error::Train(format!(
+                "--eval-batches (eval_batches) = {} exceeds the limit of {MAX_EVAL_BATCHES} \
+                 batches per evaluation",
+                self.eval_batches
+            )));
+        }
         if !(self.min_lr >= 0.0 && self.min_lr.is_finite()) {
             return Err(Error::Train(format!(
                 "min_lr = {}: the final learning rate must be a finite number of at least 0",
@@ -920,6 +968,114 @@ impl TrainConfig {
         }
         self.llama_config()?;
         Ok(())
+    }
+}
+
+/// A floor of the host memory a CPU run takes at its peak, by part, in
+/// bytes ([`TrainConfig::memory_plan`]). Each part counts only buffers the
+/// run cannot do without, so a run refused for it cannot fit; the real peak
+/// is higher (temporaries, the allocator's slack, the data).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryPlan {
+    /// The model's weights: f32 for full training; a LoRA base at least a
+    /// byte a parameter (FP8), two (bf16) where its base format is `bf16`.
+    pub weights: u64,
+    /// Full training: the gradients (f32) and AdamW's master copy and two
+    /// moments (f32), 16 bytes a parameter; LoRA's adapters are not counted.
+    pub optimizer: u64,
+    /// What forward keeps for backward, `(B*T)` rows of f32: per block the
+    /// norms' inputs, q, k, v, the attention output, SwiGLU's gate, up and
+    /// product (`6 C + 2 C_kv + 3 I` a token); a recomputed block keeps its
+    /// input (`C`), plus one block's full set while its backward runs.
+    pub activations: u64,
+    /// The logits and their gradient, `(B*T, V)` f32 each.
+    pub logits: u64,
+}
+
+impl MemoryPlan {
+    /// The sum of the parts.
+    pub fn total(&self) -> u64 {
+        self.weights + self.optimizer + self.activations + self.logits
+    }
+}
+
+/// GiB with two decimals, for the memory messages.
+fn gib(bytes: u64) -> String {
+    format!("{:.2} GiB", bytes as f64 / f64::from(1u32 << 30))
+}
+
+/// The memory the host can give a new allocation now: `MemAvailable` of
+/// `/proc/meminfo`, in bytes; `None` where it cannot be read (not Linux, a
+/// sandbox without `/proc`).
+pub fn host_available_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kb.checked_mul(1024)
+}
+
+impl TrainConfig {
+    /// A floor of a CPU run's peak host memory for the model `mcfg`
+    /// ([`MemoryPlan`]), from `batch`, `seq`, the recomputed blocks and
+    /// whether it trains LoRA adapters (and on which base format).
+    pub fn memory_plan(&self, mcfg: &LlamaConfig) -> MemoryPlan {
+        let p = mcfg.num_params() as u64;
+        let (weights, optimizer) = match &self.lora {
+            Some(l) if l.base_format == "bf16" => (2 * p, 0),
+            Some(_) => (p, 0),
+            None => (4 * p, 16 * p),
+        };
+        let tokens = (self.batch as u64).saturating_mul(self.seq as u64);
+        let (c, i, layers) = (
+            mcfg.hidden_size as u64,
+            mcfg.intermediate_size as u64,
+            mcfg.num_hidden_layers as u64,
+        );
+        let kv = (mcfg.num_key_value_heads * mcfg.head_dim()) as u64;
+        let block = 6 * c + 2 * kv + 3 * i;
+        let recomputed = (self.recomputed_blocks() as u64).min(layers);
+        let per_token =
+            (layers - recomputed) * block + recomputed * c + if recomputed > 0 { block } else { 0 };
+        MemoryPlan {
+            weights,
+            optimizer,
+            activations: tokens.saturating_mul(per_token).saturating_mul(4),
+            logits: tokens
+                .saturating_mul(mcfg.vocab_size as u64)
+                .saturating_mul(8),
+        }
+    }
+
+    /// An error where the run's [`MemoryPlan`] floor exceeds `available`
+    /// bytes, naming both and the flags that lower it; `None` (the host's
+    /// memory unknown) checks nothing.
+    pub fn check_memory(&self, mcfg: &LlamaConfig, available: Option<u64>) -> Result<()> {
+        let Some(avail) = available else {
+            return Ok(());
+        };
+        let plan = self.memory_plan(mcfg);
+        tracing::debug!(?plan, available = avail, "host memory plan");
+        if plan.total() <= avail {
+            return Ok(());
+        }
+        let recompute = if self.recomputed_blocks() >= mcfg.num_hidden_layers {
+            String::new()
+        } else {
+            ", or --recompute (keep only each block's input)".into()
+        };
+        Err(Error::Train(format!(
+            "this run needs at least {} of host memory (weights {}, gradients and optimizer \
+             state {}, saved activations {}, logits {}) and {} are available (MemAvailable): \
+             lower --batch {} or --seq {}{recompute}",
+            gib(plan.total()),
+            gib(plan.weights),
+            gib(plan.optimizer),
+            gib(plan.activations),
+            gib(plan.logits),
+            gib(avail),
+            self.batch,
+            self.seq
+        )))
     }
 }
 
@@ -1148,6 +1304,27 @@ fn add_grads(acc: &mut Option<Vec<(String, Tensor)>>, g: Vec<(String, Tensor)>) 
     Ok(())
 }
 
+/// What a non-finite loss or gradient norm at learning rate `lr` suggests
+/// (appended to the error, which names the step): a rate too high is the
+/// usual cause of a loss that grows until it is NaN or inf.
+pub fn lr_hint(lr: f32) -> String {
+    format!(
+        " (at learning rate {lr:e}; a loss that diverges to NaN/inf usually means the rate is \
+         too high: lower --lr, or --warmup longer)"
+    )
+}
+
+/// Whether a model error is a NaN or inf (a loss, or an FP8 cast's input).
+fn is_non_finite(e: &octet_nn::Error) -> bool {
+    use octet_fp8::Error::NonFinite as Cast;
+    matches!(
+        e,
+        octet_nn::Error::NonFinite(_)
+            | octet_nn::Error::Quant(Cast { .. })
+            | octet_nn::Error::Tensor(octet_tensor::Error::Quant(Cast { .. }))
+    )
+}
+
 /// What a run started with `init` says it starts from.
 pub fn init_note(cfg: &TrainConfig) -> String {
     let dir = cfg
@@ -1186,6 +1363,17 @@ pub fn train(
         None => cfg.recipe()?,
     };
     let recipe_name = cfg.run_label()?;
+    // The model's dimensions (a resumed run's or a LoRA base's are its
+    // checkpoint's), to refuse a run that cannot fit before allocating it.
+    let mcfg = match (resume, cfg.lora.as_ref().and_then(|l| l.base.as_ref())) {
+        (Some(ck), _) => checkpoint::load_config(ck)?,
+        (None, Some(base)) => checkpoint::load_config(base)?,
+        (None, None) => match &cfg.init {
+            Some(init) => checkpoint::load_config(init)?,
+            None => cfg.llama_config()?,
+        },
+    };
+    cfg.check_memory(&mcfg, host_available_bytes())?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;
@@ -1279,14 +1467,31 @@ pub fn train(
             model.set_grad_round(step * cfg.grad_accum as u64 + micro as u64);
             let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
                 // The step and (inside `e`) the block; checkpoints already written stay as they are.
+                let hint = if is_non_finite(&e) {
+                    lr_hint(lr)
+                } else {
+                    String::new()
+                };
                 Error::Train(format!(
-                    "step {}: {e}; the last good checkpoint is kept",
+                    "step {}: {e}{hint}; the last good checkpoint is kept",
                     step + 1
                 ))
             })?;
             peak_saved = peak_saved.max(saved.bytes());
             loss_sum += loss;
-            add_grads(&mut grads, model.backward(saved)?)?;
+            let g = model.backward(saved).map_err(|e| {
+                // A gradient that overflowed stops FP8 recipes here (quantizing it).
+                let hint = if is_non_finite(&e) {
+                    lr_hint(lr)
+                } else {
+                    String::new()
+                };
+                Error::Train(format!(
+                    "step {}: backward: {e}{hint}; the last good checkpoint is kept",
+                    step + 1
+                ))
+            })?;
+            add_grads(&mut grads, g)?;
         }
         let mut grads = grads.unwrap_or_default();
         if cfg.grad_accum > 1 {
@@ -1297,8 +1502,9 @@ pub fn train(
         }
         let grad_norm = opt.step(&grads, lr).map_err(|e| match e {
             Error::NonFinite(m) => Error::NonFinite(format!(
-                "step {}: {m}; the last good checkpoint is kept",
-                step + 1
+                "step {}: {m}{}; the last good checkpoint is kept",
+                step + 1,
+                lr_hint(lr)
             )),
             e => e,
         })?;
@@ -1326,7 +1532,20 @@ pub fn train(
         let last = opt.step == cfg.steps;
         if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
         {
+            if last {
+                obs.note(&format!(
+                    "step {}: final evaluation over {} validation batches",
+                    opt.step, cfg.eval_batches
+                ));
+            }
+            let te = Instant::now();
             last_val = evaluate(&mut model, &data, cfg, cfg.eval_batches)?;
+            tracing::debug!(
+                step = opt.step,
+                batches = cfg.eval_batches,
+                s = te.elapsed().as_secs_f64(),
+                "evaluated"
+            );
             m.val_loss = Some(last_val);
             val_curve.push((opt.step as f64, last_val));
             obs.note(&format!("step {}: val loss {last_val:.4}", opt.step));
@@ -1365,7 +1584,14 @@ pub fn train(
     let sample_text = if cfg.sample_tokens > 0 {
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
+        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
+        let ts = Instant::now();
         let toks = sample(&model, &prompt, cfg.sample_tokens, cfg.seed)?;
+        tracing::debug!(
+            tokens = cfg.sample_tokens,
+            s = ts.elapsed().as_secs_f64(),
+            "sampled"
+        );
         tok.decode(&toks)
     } else {
         String::new()

@@ -421,3 +421,203 @@ fn a_resume_checks_the_tokenizer_and_seq_against_the_checkpoint() {
     assert!(e.contains("gpt2"), "{e}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `--sample-tokens 1e12` and `--eval-batches 1e12` were accepted and ran
+/// without end, and `--lr 1e30` ran to a NaN loss: each is refused naming
+/// the flag and its limit, and the limits themselves are accepted.
+#[test]
+fn sample_tokens_eval_batches_and_lr_past_their_limits_are_errors_naming_flag_and_limit() {
+    use octet_train::trainer::{MAX_EVAL_BATCHES, MAX_LR, MAX_SAMPLE_TOKENS};
+    let ok = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    let at_limits = TrainConfig {
+        sample_tokens: MAX_SAMPLE_TOKENS,
+        eval_batches: MAX_EVAL_BATCHES,
+        lr: MAX_LR,
+        ..ok.clone()
+    };
+    assert!(at_limits.validate().is_ok());
+    for (cfg, flag, limit) in [
+        (
+            TrainConfig {
+                sample_tokens: 1_000_000_000_000,
+                ..ok.clone()
+            },
+            "--sample-tokens",
+            "1000000",
+        ),
+        (
+            TrainConfig {
+                eval_batches: 1_000_000_000_000,
+                ..ok.clone()
+            },
+            "--eval-batches",
+            "100000",
+        ),
+        (
+            TrainConfig {
+                lr: 1e30,
+                ..ok.clone()
+            },
+            "--lr",
+            "at most 10",
+        ),
+    ] {
+        let e = err(&cfg);
+        assert!(e.contains(flag) && e.contains(limit), "{flag}: {e}");
+    }
+}
+
+/// A safetensors file of `header` (JSON) and `data` bytes at `path`.
+fn safetensors_file(path: &std::path::Path, header: &str, data: &[u8]) {
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(header.as_bytes());
+    bytes.extend(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// A `model.safetensors` that is a directory gave "No such device (os error
+/// 19)"; a tensor whose dtype disagrees with its bytes (bf16 over f32-sized
+/// data) or whose data offsets pass the end of the file gave the
+/// safetensors crate's error, naming neither the tensor nor the file. Each
+/// names what it is about.
+#[test]
+fn a_bad_safetensors_file_is_an_error_naming_the_file_and_the_tensor() {
+    let dir = tmpdir("bad-safetensors");
+    std::fs::create_dir_all(dir.join("model.safetensors")).unwrap();
+    let p = dir.join("model.safetensors");
+    let e = checkpoint::read_tensors(&p).unwrap_err().to_string();
+    assert!(
+        e.contains(&format!(
+            "{} is a directory, not a safetensors file",
+            p.display()
+        )),
+        "{e}"
+    );
+    let e = checkpoint::load_weights(&dir, DType::F32)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("is a directory, not a safetensors file"), "{e}");
+
+    let p = dir.join("t.safetensors");
+    let ok = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"#;
+    for (header, data, tensor, what) in [
+        (
+            format!(r#"{ok}"w":{{"dtype":"BF16","shape":[2,2],"data_offsets":[8,24]}}}}"#),
+            vec![0u8; 24],
+            "tensor w",
+            "take 8 bytes",
+        ),
+        (
+            format!(r#"{ok}"w":{{"dtype":"F32","shape":[4],"data_offsets":[8,24]}}}}"#),
+            vec![0u8; 12],
+            "tensor w",
+            "lie outside",
+        ),
+    ] {
+        safetensors_file(&p, &header, &data);
+        let e = checkpoint::read_tensors(&p).unwrap_err().to_string();
+        assert!(
+            e.contains(&p.display().to_string()) && e.contains(tensor) && e.contains(what),
+            "{header}: {e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A loss that turns NaN (here from a NaN weight the run starts from) stops
+/// the run with an error naming the step and suggesting a lower `--lr`, the
+/// usual cause (`--lr 1e30` gave a message naming neither).
+#[test]
+fn a_non_finite_loss_names_the_step_and_suggests_lowering_lr() {
+    let out = tmpdir("nan-loss");
+    let init = out.join("init");
+    let mcfg = LlamaConfig::preset("tiny").unwrap();
+    let m = Llama::new_random(&mcfg, DType::F32, None, 3).unwrap();
+    let mut w: std::collections::HashMap<_, _> = m
+        .params()
+        .into_iter()
+        .map(|(n, t)| (n, t.clone()))
+        .collect();
+    let norm = &w["model.norm.weight"];
+    let mut g = norm.to_f32_vec();
+    g[0] = f32::NAN;
+    let t = octet_tensor::Tensor::from_f32(norm.shape(), g).unwrap();
+    w.insert("model.norm.weight".into(), t);
+    let m = Llama::from_weights(&mcfg, w, None).unwrap();
+    checkpoint::save_model(&init, &m).unwrap();
+    checkpoint::write_config(&init, &mcfg, DType::F32).unwrap();
+    let cfg = TrainConfig {
+        init: Some(init),
+        batch: 2,
+        seq: 16,
+        steps: 3,
+        eval_batches: 0,
+        sample_tokens: 0,
+        save: false,
+        out_dir: out.clone(),
+        ..Default::default()
+    };
+    let e = train(&cfg, None, &mut Quiet).unwrap_err().to_string();
+    assert!(e.contains("step 1:") && e.contains("lower --lr"), "{e}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+/// `--batch 65536 --seq 256` on the default model (over 400 GiB of
+/// activations) was accepted and aborted in an allocation: it is refused
+/// before anything is allocated, naming the estimate, the limit and the
+/// flags that lower it; a run that fits is not.
+#[test]
+fn a_cpu_run_that_cannot_fit_in_host_memory_is_refused_naming_the_flags() {
+    let huge = TrainConfig {
+        batch: 65536,
+        seq: 256,
+        out_dir: tmpdir("memory"),
+        ..Default::default()
+    };
+    let mcfg = huge.llama_config().unwrap();
+    let plan = huge.memory_plan(&mcfg);
+    assert!(plan.activations > 400 << 30, "{plan:?}");
+    let e = huge
+        .check_memory(&mcfg, Some(64 << 30))
+        .unwrap_err()
+        .to_string();
+    for part in ["64.00 GiB", "--batch 65536", "--seq 256", "--recompute"] {
+        assert!(e.contains(part), "{part}: {e}");
+    }
+    assert!(huge.check_memory(&mcfg, None).is_ok());
+    let small = TrainConfig {
+        model: "tiny".into(),
+        batch: 2,
+        seq: 16,
+        ..Default::default()
+    };
+    assert!(small
+        .check_memory(&small.llama_config().unwrap(), Some(64 << 30))
+        .is_ok());
+    // Recomputation lowers the floor, and the message no longer offers it.
+    let recomputed = TrainConfig {
+        recompute: true,
+        ..huge.clone()
+    };
+    assert!(recomputed.memory_plan(&mcfg).activations < plan.activations);
+    let e = recomputed
+        .check_memory(&mcfg, Some(1 << 30))
+        .unwrap_err()
+        .to_string();
+    assert!(!e.contains("--recompute"), "{e}");
+    // The trainer checks the host's memory before it allocates.
+    if let Some(avail) = octet_train::trainer::host_available_bytes() {
+        assert!(avail < plan.total(), "this host has {avail} bytes");
+        let e = train(&huge, None, &mut Quiet).unwrap_err().to_string();
+        assert!(
+            e.contains("--batch 65536") && e.contains("MemAvailable"),
+            "{e}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&huge.out_dir);
+}

@@ -488,3 +488,62 @@ fn the_8b_preset_has_llama3_8bs_shape_and_layers_keeps_its_first_blocks() {
     let err = cfg.llama_config().expect_err("--layers with --init");
     assert!(err.to_string().contains("--layers 2"), "{err}");
 }
+
+/// A run killed during an append (a torn last line in `metrics.jsonl`) and
+/// between a checkpoint's rename and its `latest` update (a
+/// `.latest.tmp.<pid>` left): resumed in its run directory, it cuts the torn
+/// line before appending, so every line parses, and removes the dead
+/// process's temporary files.
+#[test]
+fn a_run_resumed_after_a_kill_repairs_its_metrics_and_removes_stale_temp_files() {
+    let out = tmpdir("resume-after-kill");
+    let cfg = common::quick_run("killed", &out, 2);
+    train(&cfg, None, &mut Quiet).unwrap();
+    let run = out.join("killed");
+    let metrics = run.join("metrics.jsonl");
+    let mut text = std::fs::read_to_string(&metrics).unwrap();
+    text.push_str(r#"{"step":3,"loss":4.1"#);
+    std::fs::write(&metrics, text).unwrap();
+    // No process has this id (Linux's pid_max is at most 2^22).
+    let dead = 4_000_000_000u32;
+    let stale = [
+        run.join("checkpoints").join(format!(".latest.tmp.{dead}")),
+        run.join(format!(".loss.png.tmp.{dead}")),
+    ];
+    for p in &stale {
+        std::fs::write(p, "step_000003").unwrap();
+    }
+    // And a checkpoint directory the kill left half written.
+    let half = run
+        .join("checkpoints")
+        .join(format!(".step_000003.tmp.{dead}.0"));
+    std::fs::create_dir(&half).unwrap();
+    std::fs::write(half.join("model.safetensors"), "partial").unwrap();
+    let ck = run.join("checkpoints").join("step_000002");
+    train(
+        // No save: what is removed, the resume removed.
+        &TrainConfig {
+            steps: 3,
+            save: false,
+            ..cfg.clone()
+        },
+        Some(&ck),
+        &mut Quiet,
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&metrics).unwrap();
+    let steps: Vec<u64> = text
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value =
+                serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"));
+            v["step"].as_u64().unwrap()
+        })
+        .collect();
+    assert_eq!(steps, [1, 2, 3], "{text}");
+    #[cfg(target_os = "linux")]
+    for p in stale.iter().chain([&half]) {
+        assert!(!p.exists(), "{} is left", p.display());
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
