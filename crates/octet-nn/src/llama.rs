@@ -752,8 +752,150 @@ pub struct LlamaSaved {
     tokens: Vec<u32>,
     blocks: BlocksSaved,
     norm: RmsNormSaved,
-    head: LinearSaved,
-    d_logits: Tensor,
+    head: HeadSaved,
+}
+
+/// The LM head and loss's part of the backward, computed in the forward
+/// ([`head_loss`]): the gradient of the final norm's output `(B*T, C)` and
+/// the head weight's gradient `(V, C)` (`None` for a frozen head). No
+/// `(B*T, V)` tensor outlives its chunk.
+#[derive(Clone, Debug)]
+struct HeadSaved {
+    dh: Tensor,
+    d_weight: Option<Tensor>,
+}
+
+impl HeadSaved {
+    /// Bytes held.
+    fn bytes(&self) -> usize {
+        self.dh.bytes() + self.d_weight.as_ref().map_or(0, Tensor::bytes)
+    }
+}
+
+/// Logits a chunk of the fused LM head and loss holds at most (16 MiB of
+/// f32, twice over with their gradient): `max(1, HEAD_CHUNK / V)` rows.
+pub const HEAD_CHUNK: usize = 1 << 22;
+
+/// Rows `r0..r1` of a 2-D tensor, in its dtype.
+fn rows(t: &Tensor, r0: usize, r1: usize) -> Result<Tensor> {
+    let (_, c) = t.dims2()?;
+    let (a, b) = (r0 * c, r1 * c);
+    match t.dtype() {
+        DType::F64 => Ok(Tensor::from_f64(
+            &[r1 - r0, c],
+            t.as_f64().unwrap_or(&[])[a..b].to_vec(),
+        )?),
+        DType::Bf16 => Ok(Tensor::from_bf16(
+            &[r1 - r0, c],
+            t.as_bf16().unwrap_or(&[])[a..b].to_vec(),
+        )?),
+        DType::F32 => Ok(Tensor::from_f32(
+            &[r1 - r0, c],
+            t.as_f32().unwrap_or(&[])[a..b].to_vec(),
+        )?),
+    }
+}
+
+/// Row blocks stacked into one tensor (all of one dtype and width).
+fn stack_rows(parts: &[Tensor]) -> Result<Tensor> {
+    let c = parts.first().map_or(Ok(0), |p| p.dims2().map(|d| d.1))?;
+    let m: usize = parts.iter().map(|p| p.shape()[0]).sum();
+    match parts.first().map(Tensor::dtype) {
+        Some(DType::F64) => {
+            let v = parts
+                .iter()
+                .flat_map(|p| p.as_f64().unwrap_or(&[]).iter().copied());
+            Ok(Tensor::from_f64(&[m, c], v.collect())?)
+        }
+        Some(DType::Bf16) => {
+            let v = parts
+                .iter()
+                .flat_map(|p| p.as_bf16().unwrap_or(&[]).iter().copied());
+            Ok(Tensor::from_bf16(&[m, c], v.collect())?)
+        }
+        _ => Ok(Tensor::from_f32(
+            &[m, c],
+            parts.iter().flat_map(|p| p.to_f32_vec()).collect(),
+        )?),
+    }
+}
+
+/// `t * k` in its dtype.
+fn scaled(t: &Tensor, k: f64) -> Result<Tensor> {
+    match t.dtype() {
+        DType::F64 => Ok(Tensor::from_f64(
+            t.shape(),
+            t.to_f64_vec().iter().map(|x| x * k).collect(),
+        )?),
+        dtype => Ok(Tensor::from_f32_as(
+            t.shape(),
+            t.to_f32_vec().iter().map(|x| x * k as f32).collect(),
+            dtype,
+        )?),
+    }
+}
+
+/// The LM head and the cross-entropy over `h (B*T, C)`, fused and chunked
+/// over rows so that no `(B*T, V)` logits exist at once: each chunk's
+/// logits, their loss and gradient, and the head's backward for them (the
+/// input gradient's rows, the weight gradient summed over chunks). The mean
+/// is over every counted target of the batch, so each chunk's loss and
+/// gradient are weighted by its share of them; a batch that fits one chunk
+/// computes exactly what the unchunked head and loss did.
+fn head_loss(head: &mut Linear, h: &Tensor, targets: &[u32]) -> Result<(f64, HeadSaved)> {
+    head_loss_in(head, h, targets, HEAD_CHUNK)
+}
+
+/// [`head_loss`] with chunks of at most `chunk` logits.
+fn head_loss_in(
+    head: &mut Linear,
+    h: &Tensor,
+    targets: &[u32],
+    chunk: usize,
+) -> Result<(f64, HeadSaved)> {
+    let (m, _) = h.dims2()?;
+    let v = head.out_features();
+    let step = (chunk / v.max(1)).max(1);
+    let counted = targets
+        .iter()
+        .filter(|&&t| t != crate::loss::IGNORE)
+        .count();
+    let (mut loss, mut dh, mut d_weight) = (0.0, Vec::new(), None::<Tensor>);
+    for r0 in (0..m.max(1)).step_by(step) {
+        let r1 = (r0 + step).min(m);
+        let whole = r0 == 0 && r1 == m;
+        let hc = if whole { h.clone() } else { rows(h, r0, r1)? };
+        let (logits, saved) = head.forward(&hc, true)?; // (rows, V)
+        let tc = targets.get(r0..r1).ok_or_else(|| {
+            Error::Shape(format!("{} targets for {m} rows of logits", targets.len()))
+        })?;
+        let (mut l, mut d_logits) = cross_entropy(&logits, tc)?;
+        drop(logits);
+        if !whole {
+            let share = tc.iter().filter(|&&t| t != crate::loss::IGNORE).count() as f64
+                / counted.max(1) as f64;
+            l *= share;
+            d_logits = scaled(&d_logits, share)?;
+        }
+        loss += l;
+        let g = head.backward(saved, &d_logits)?;
+        dh.push(
+            g.d_input
+                .ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?,
+        );
+        d_weight = match (d_weight, g.d_weight) {
+            (None, w) => w,
+            (Some(a), Some(b)) => Some(cpu::add(&a, &b)?),
+            (a, None) => a,
+        };
+    }
+    let dh = match dh.len() {
+        1 => dh
+            .pop()
+            .ok_or_else(|| Error::Shape("no head chunk".into()))?,
+        _ => stack_rows(&dh)?,
+    };
+    Ok((loss, HeadSaved { dh, d_weight }))
 }
 
 /// What the blocks' backward reads: the saved tensors of the blocks that
@@ -771,7 +913,7 @@ struct BlocksSaved {
 }
 
 impl LlamaSaved {
-    /// Bytes kept for backward (activations, FP8 copies, the logits gradient).
+    /// Bytes kept for backward (activations, FP8 copies, the head and loss's gradients).
     pub fn bytes(&self) -> usize {
         let blocks = self
             .blocks
@@ -780,7 +922,7 @@ impl LlamaSaved {
             .map(BlockSaved::bytes)
             .sum::<usize>()
             + self.blocks.inputs.iter().map(Tensor::bytes).sum::<usize>();
-        blocks + self.norm.bytes() + self.head.bytes() + self.d_logits.bytes()
+        blocks + self.norm.bytes() + self.head.bytes()
     }
 }
 
@@ -1416,8 +1558,7 @@ impl Llama {
             round,
         };
         let (h, norm) = self.norm.forward(&x)?; // (B*T, C)
-        let (logits, head) = self.lm_head.forward(&h, true)?; // (B*T, V)
-        let (loss, d_logits) = cross_entropy(&logits, targets)?;
+        let (loss, head) = head_loss(&mut self.lm_head, &h, targets)?;
         if !loss.is_finite() {
             return Err(Error::NonFinite(format!("loss is {loss}")));
         }
@@ -1428,7 +1569,6 @@ impl Llama {
                 blocks,
                 norm,
                 head,
-                d_logits,
             },
         ))
     }
@@ -1479,13 +1619,8 @@ impl Llama {
             blocks,
             norm,
             head,
-            d_logits,
         } = saved;
-        let b_head = self.lm_head.backward(head, &d_logits)?;
-        let dh = b_head
-            .d_input
-            .ok_or_else(|| Error::Shape("lm_head gave no input gradient".into()))?;
-        let (mut dx, d_norm) = self.norm.backward(norm, &dh)?;
+        let (mut dx, d_norm) = self.norm.backward(norm, &head.dh)?;
         let mut block_grads = Vec::with_capacity(self.blocks.len());
         let BlocksSaved {
             mut inputs,
@@ -1534,7 +1669,7 @@ impl Llama {
             let _ = d_norm;
             return Ok(names.into_iter().zip(grads).collect());
         }
-        let d_head = b_head
+        let d_head = head
             .d_weight
             .ok_or_else(|| Error::Shape("lm_head gave no weight gradient".into()))?;
         let mut d_embed = self.embed.backward(&tokens, &dx)?;
@@ -1727,5 +1862,70 @@ fn head_norm_backward(
         _ => Err(Error::Shape(
             "saved state of a per-head norm the block does not have".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod head_tests {
+    use super::*;
+    use crate::loss::IGNORE;
+
+    /// The fused head and loss chunked over a few rows at a time computes
+    /// what one chunk does (the unchunked head and loss): the loss, the norm
+    /// output's gradient and the head weight's gradient, with masked targets
+    /// in the batch, in f64 (to 1e-12 relative: the chunk weights reorder a
+    /// sum) and in f32 (to 2e-6: f32 rounding of the reweighted gradients).
+    #[test]
+    fn a_chunked_head_and_loss_compute_what_one_chunk_does() {
+        let (m, c, v) = (37, 24, 101);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        let mut normal = |n: usize| -> Vec<f64> {
+            (0..n)
+                .map(|_| StandardNormal.sample(&mut rng))
+                .collect::<Vec<f64>>()
+        };
+        let (w, h) = (normal(v * c), normal(m * c));
+        let targets: Vec<u32> = (0..m)
+            .map(|i| {
+                if i % 5 == 3 {
+                    IGNORE
+                } else {
+                    (i * 7 % v) as u32
+                }
+            })
+            .collect();
+        for (dtype, tol) in [(DType::F64, 1e-12), (DType::F32, 2e-6)] {
+            let mk = |d: &[f64], shape: &[usize]| {
+                Tensor::from_f64(shape, d.to_vec()).map(|t| t.to_dtype(dtype))
+            };
+            let ht = mk(&h, &[m, c]).unwrap();
+            let run = |chunk| {
+                let mut head = Linear::new(mk(&w, &[v, c]).unwrap(), None, None, true).unwrap();
+                head_loss_in(&mut head, &ht, &targets, chunk).unwrap()
+            };
+            let (l1, s1) = run(usize::MAX);
+            // 3 rows a chunk: 13 chunks, the last of one row.
+            let (l3, s3) = run(3 * v);
+            assert!((l1 - l3).abs() <= tol * l1.abs(), "{dtype:?}: {l1} vs {l3}");
+            let close = |a: &Tensor, b: &Tensor, what: &str| {
+                let (a, b) = (a.to_f64_vec(), b.to_f64_vec());
+                let scale = a.iter().fold(0f64, |s, x| s.max(x.abs()));
+                let worst = a
+                    .iter()
+                    .zip(&b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0f64, f64::max);
+                assert!(
+                    worst <= tol * scale,
+                    "{dtype:?} {what}: {worst:e} of {scale:e}"
+                );
+            };
+            close(&s1.dh, &s3.dh, "d_h");
+            close(
+                s1.d_weight.as_ref().unwrap(),
+                s3.d_weight.as_ref().unwrap(),
+                "d_weight",
+            );
+        }
     }
 }
