@@ -988,7 +988,9 @@ pub struct MemoryPlan {
     /// product (`6 C + 2 C_kv + 3 I` a token); a recomputed block keeps its
     /// input (`C`), plus one block's full set while its backward runs.
     pub activations: u64,
-    /// The logits and their gradient, `(B*T, V)` f32 each.
+    /// One chunk of the fused LM head and loss: logits and their gradient,
+    /// at most [`octet_nn::llama::HEAD_CHUNK`] f32 each (`(B*T, V)` when
+    /// that is less), and the head weight's gradient `(V, C)`.
     pub logits: u64,
 }
 
@@ -1042,7 +1044,11 @@ impl TrainConfig {
             activations: tokens.saturating_mul(per_token).saturating_mul(4),
             logits: tokens
                 .saturating_mul(mcfg.vocab_size as u64)
-                .saturating_mul(8),
+                .min(octet_nn::llama::HEAD_CHUNK as u64)
+                .saturating_mul(8)
+                .saturating_add(
+                    (mcfg.vocab_size as u64).saturating_mul(mcfg.hidden_size as u64 * 4),
+                ),
         }
     }
 
