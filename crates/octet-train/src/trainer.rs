@@ -776,18 +776,18 @@ impl TrainConfig {
     }
 
     /// Whether a GPU run keeps the activations only non-matrix backwards read
-    /// in FP8: `fp8` yes, `full` no, and `auto` wherever the matrices run in
-    /// FP8 already (an FP8 recipe, or LoRA on an FP8 base). On the ~1B model
-    /// it cut peak memory to 0.728x of the full setting's at 0.99-1.00x the
-    /// tokens/s (H100, tensorwise, batch 16 x 2048), so it is on by default
-    /// there; bf16 runs keep their activations whole.
+    /// in FP8: `fp8` yes, `full` no, and `auto` where that was measured to
+    /// cost no speed and is checked by `octet selftest`: the `tensorwise`
+    /// recipe (on the ~1B model, 0.728x bf16's peak memory against 0.955x at
+    /// 0.99x the tokens/s, H100, batch 16 x 2048) and LoRA on an FP8 base.
+    /// bf16 and the other recipes keep their activations whole unless asked.
     pub fn fp8_saved_activations(&self) -> Result<bool> {
         Ok(match self.saved_activations.as_str() {
             "fp8" => true,
             "full" => false,
             _ => match &self.lora {
                 Some(l) => BaseFormat::from_name(&l.base_format)? != BaseFormat::Bf16,
-                None => self.recipe()?.is_some(),
+                None => self.recipe == "tensorwise",
             },
         })
     }

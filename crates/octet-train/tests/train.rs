@@ -357,8 +357,9 @@ fn fp8_saved_activations_are_a_gpu_setting_and_unknown_names_are_rejected() {
         err.to_string().contains("--saved-activations e5m2"),
         "{err}"
     );
-    // `auto` (the default) means FP8 where the matrices run in FP8 (on the
-    // GPU; the CPU keeps f32 whatever it says), full under bf16.
+    // `auto` (the default) means FP8 under tensorwise, the recipe it was
+    // measured and is checked with (on the GPU; the CPU keeps f32 whatever
+    // it says), full under bf16 and the other recipes.
     let mut auto = TrainConfig::default();
     assert_eq!(auto.saved_activations, "auto");
     assert!(
@@ -370,6 +371,8 @@ fn fp8_saved_activations_are_a_gpu_setting_and_unknown_names_are_rejected() {
         !auto.fp8_saved_activations().unwrap(),
         "bf16 keeps them whole"
     );
+    auto.recipe = "blockwise".into();
+    assert!(!auto.fp8_saved_activations().unwrap(), "not measured there");
     auto.saved_activations = "fp8".into();
     assert!(auto.fp8_saved_activations().unwrap());
     auto.recipe = "tensorwise".into();
