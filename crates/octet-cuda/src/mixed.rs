@@ -396,7 +396,7 @@ pub(crate) const WIDE_DRAM_GBPS_PER_SM: f64 = 31.0;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shapes16 {
     /// `SMALL_WIDE`: where peak DRAM bandwidth reaches
-    /// [`WIDE_DRAM_GBPS_PER_SM`] an SM.
+    /// `WIDE_DRAM_GBPS_PER_SM` an SM.
     pub wide: bool,
     /// `SMALL_FEW`: with `wide`, where the device's shared memory holds its
     /// block.
