@@ -607,6 +607,13 @@ impl Gpu {
             .map_err(|_| Error::Blas("a previous GEMM panicked while holding the handle".into()))
     }
 
+    /// Device memory free now, in bytes, as the driver reports it.
+    pub fn mem_free(&self) -> Result<usize> {
+        self.ctx.bind_to_thread()?;
+        let (free, _) = cudarc::driver::result::mem_get_info()?;
+        Ok(free)
+    }
+
     /// Device memory in use now, in bytes (total minus free, as the driver
     /// reports it: includes what the memory pool keeps for reuse).
     pub fn mem_used(&self) -> Result<usize> {

@@ -286,10 +286,26 @@ pub fn train_gpu_ranked(
         // The GPU loss kernel has no mask yet: a masked target would read
         // as a token past the vocabulary.
         return Err(Error::Train(format!(
-            "{}: the loss counts only some tokens of this data (--loss-on completion), which              the GPU loop does not support yet; train on the CPU (--device cpu) or give              --loss-on all",
-            cfg.data.as_deref().map_or(String::new(), |p| p.display().to_string())
+            "{}: the loss counts only some tokens of this data (--loss-on completion), which \
+             the GPU loop does not support yet; train on the CPU (--device cpu) or give \
+             --loss-on all",
+            cfg.data
+                .as_deref()
+                .map_or(String::new(), |p| p.display().to_string())
         )));
     }
+    // Refuse a run whose floor cannot fit the GPU's free memory before
+    // allocating it (the model's dimensions: a resumed run's or a LoRA
+    // base's are its checkpoint's).
+    let mcfg = match (resume, cfg.lora.as_ref().and_then(|l| l.base.as_ref())) {
+        (Some(ck), _) => checkpoint::load_config(ck)?,
+        (None, Some(base)) => checkpoint::load_config(base)?,
+        (None, None) => match &cfg.init {
+            Some(init) => checkpoint::load_config(init)?,
+            None => cfg.llama_config()?,
+        },
+    };
+    cfg.check_device_memory(&mcfg, world, gpu.mem_free().ok().map(|b| b as u64))?;
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;
     let mut model = match (resume, &cfg.lora) {

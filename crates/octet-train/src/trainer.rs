@@ -1052,26 +1052,88 @@ impl TrainConfig {
         }
     }
 
+    /// A floor of a GPU run's peak device memory on each of `world` ranks
+    /// ([`MemoryPlan`]): full training keeps f32 gradients, masters and two
+    /// moments and a bf16 compute copy (18 bytes a parameter on one GPU; a
+    /// sharded rank keeps its share of the masters and moments, 12 bytes a
+    /// parameter over `world`), LoRA its base (a byte a parameter, two for
+    /// a `bf16` base); every value forward keeps takes at least a byte (FP8)
+    /// on the rank's tokens; and the GPU's LM head holds its `(B*T, V)` f32
+    /// logits gradient whole.
+    pub fn device_memory_plan(&self, mcfg: &LlamaConfig, world: usize) -> MemoryPlan {
+        let host = self.memory_plan(mcfg);
+        let p = mcfg.num_params() as u64;
+        let (weights, optimizer) = match (&self.lora, world) {
+            (Some(_), _) => (host.weights, 0),
+            (None, 1) => (2 * p, 16 * p),
+            (None, w) => (0, 12 * p / w as u64),
+        };
+        let world = world.max(1) as u64;
+        let tokens = (self.batch as u64 / world).saturating_mul(self.seq as u64);
+        MemoryPlan {
+            weights,
+            optimizer,
+            activations: host.activations / 4 / world,
+            logits: tokens
+                .saturating_mul(mcfg.vocab_size as u64)
+                .saturating_mul(4),
+        }
+    }
+
+    /// An error where the GPU run's [`TrainConfig::device_memory_plan`]
+    /// floor exceeds the `free` bytes of the device, naming both and the
+    /// flags that lower it; `None` (not known) checks nothing.
+    pub fn check_device_memory(
+        &self,
+        mcfg: &LlamaConfig,
+        world: usize,
+        free: Option<u64>,
+    ) -> Result<()> {
+        let plan = self.device_memory_plan(mcfg, world);
+        let layers = mcfg.num_hidden_layers;
+        self.refuse_past(&plan, free, ("device memory", "free on the GPU"), layers)
+    }
+
     /// An error where the run's [`MemoryPlan`] floor exceeds `available`
     /// bytes, naming both and the flags that lower it; `None` (the host's
     /// memory unknown) checks nothing.
     pub fn check_memory(&self, mcfg: &LlamaConfig, available: Option<u64>) -> Result<()> {
+        let plan = self.memory_plan(mcfg);
+        let layers = mcfg.num_hidden_layers;
+        self.refuse_past(
+            &plan,
+            available,
+            ("host memory", "available (MemAvailable)"),
+            layers,
+        )
+    }
+
+    /// The error of [`TrainConfig::check_memory`] and
+    /// [`TrainConfig::check_device_memory`]: `plan` against `available`
+    /// (`what` memory, `limit` saying where the figure comes from), for a
+    /// model of `layers` blocks.
+    fn refuse_past(
+        &self,
+        plan: &MemoryPlan,
+        available: Option<u64>,
+        (what, limit): (&str, &str),
+        layers: usize,
+    ) -> Result<()> {
         let Some(avail) = available else {
             return Ok(());
         };
-        let plan = self.memory_plan(mcfg);
-        tracing::debug!(?plan, available = avail, "host memory plan");
+        tracing::debug!(?plan, available = avail, what, "memory plan");
         if plan.total() <= avail {
             return Ok(());
         }
-        let recompute = if self.recomputed_blocks() >= mcfg.num_hidden_layers {
+        let recompute = if self.recomputed_blocks() >= layers {
             String::new()
         } else {
             ", or --recompute (keep only each block's input)".into()
         };
         Err(Error::Train(format!(
-            "this run needs at least {} of host memory (weights {}, gradients and optimizer \
-             state {}, saved activations {}, logits {}) and {} are available (MemAvailable): \
+            "this run needs at least {} of {what} (weights {}, gradients and optimizer \
+             state {}, saved activations {}, logits {}) and {} are {limit}: \
              lower --batch {} or --seq {}{recompute}",
             gib(plan.total()),
             gib(plan.weights),

@@ -621,3 +621,47 @@ fn a_cpu_run_that_cannot_fit_in_host_memory_is_refused_naming_the_flags() {
     }
     let _ = std::fs::remove_dir_all(&huge.out_dir);
 }
+
+/// The GPU's floor refuses what cannot fit the device's free memory and
+/// leaves the runs the benchmarks make: the ~1B model at batch 16 x 2048 and
+/// four blocks of the 8B shape at batch 4 x 2048 fit an 80 GB GPU (their
+/// measured peaks: 38-52 GiB), a batch of 2^20 sequences does not, and a
+/// sharded rank's floor is below one GPU's.
+#[test]
+fn a_gpu_run_that_cannot_fit_the_devices_free_memory_is_refused_naming_the_flags() {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let free = Some(79u64 << 30);
+    let one_b = TrainConfig {
+        model: "1b".into(),
+        batch: 16,
+        seq: 2048,
+        ..Default::default()
+    };
+    let m1 = one_b.llama_config().unwrap();
+    let plan = one_b.device_memory_plan(&m1, 1);
+    assert!(gib(plan.total()) < 52.0, "{plan:?}");
+    assert!(one_b.check_device_memory(&m1, 1, free).is_ok());
+    let sharded = one_b.device_memory_plan(&m1, 2);
+    assert!(sharded.total() < plan.total(), "{sharded:?}");
+    let eight = TrainConfig {
+        model: "8b".into(),
+        layers: Some(4),
+        batch: 4,
+        seq: 2048,
+        ..Default::default()
+    };
+    let m8 = eight.llama_config().unwrap();
+    assert!(eight.check_device_memory(&m8, 1, free).is_ok());
+    let huge = TrainConfig {
+        batch: 1 << 20,
+        ..one_b.clone()
+    };
+    let e = huge
+        .check_device_memory(&m1, 1, free)
+        .expect_err("a million sequences")
+        .to_string();
+    for needle in ["device memory", "free on the GPU", "--batch 1048576", "--recompute"] {
+        assert!(e.contains(needle), "{needle}: {e}");
+    }
+    assert!(huge.check_device_memory(&m1, 1, None).is_ok());
+}
