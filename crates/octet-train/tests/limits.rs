@@ -660,7 +660,12 @@ fn a_gpu_run_that_cannot_fit_the_devices_free_memory_is_refused_naming_the_flags
         .check_device_memory(&m1, 1, free)
         .expect_err("a million sequences")
         .to_string();
-    for needle in ["device memory", "free on the GPU", "--batch 1048576", "--recompute"] {
+    for needle in [
+        "device memory",
+        "free on the GPU",
+        "--batch 1048576",
+        "--recompute",
+    ] {
         assert!(e.contains(needle), "{needle}: {e}");
     }
     assert!(huge.check_device_memory(&m1, 1, None).is_ok());
