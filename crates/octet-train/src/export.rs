@@ -24,7 +24,7 @@ use octet_nn::llama::Llama;
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
 use octet_tensor::DType;
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 /// The weight scaling a layout stores.
 pub fn layout_scaling(layout: Fp8Layout) -> WeightScaling {
@@ -82,30 +82,19 @@ const TOKENIZER_FILES: [&str; 4] = [
 /// directory); the export is written beside it and renamed into place, so
 /// a failure leaves no half-written folder. Returns the matrices quantized.
 pub fn export(src: &Path, out: &Path, layout: Fp8Layout) -> Result<usize> {
-    if out.exists() && std::fs::read_dir(out).map_or(true, |mut d| d.next().is_some()) {
+    // Refused before the model is read: a folder that holds files is never written into.
+    if std::fs::read_dir(out).is_ok_and(|mut d| d.next().is_some()) {
         return Err(Error::Checkpoint(format!(
-            "{} exists and is not an empty directory: give a new --out",
+            "{} already holds files: give a new --out",
             out.display()
         )));
     }
     let (cfg, weights) = checkpoint::load_model_folder(src, DType::F32)?;
     let model = Llama::from_weights(&cfg, weights, None)?;
-    let fp8 = quantize_block_matrices(&model, layout_scaling(layout))?;
-    let parent = out
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)
-        .map_err(|e| Error::Checkpoint(format!("creating {}: {e}", parent.display())))?;
-    let name = out
-        .file_name()
-        .map_or("export".into(), |n| n.to_string_lossy().to_string());
-    let tmp: PathBuf = parent.join(format!(".{name}.tmp.{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let written = (|| -> Result<()> {
-        std::fs::create_dir_all(&tmp)
-            .map_err(|e| Error::Checkpoint(format!("creating {}: {e}", tmp.display())))?;
-        checkpoint::save_model_fp8(&tmp, &model, &fp8, layout_scaling(layout))?;
+    let scaling = layout_scaling(layout);
+    let fp8 = quantize_block_matrices(&model, scaling)?;
+    checkpoint::write_new_dir(out, |tmp| {
+        checkpoint::save_model_fp8(tmp, &model, &fp8, scaling)?;
         add_quantization_config(&tmp.join("config.json"), layout)?;
         for f in TOKENIZER_FILES {
             let from = src.join(f);
@@ -114,22 +103,9 @@ pub fn export(src: &Path, out: &Path, layout: Fp8Layout) -> Result<usize> {
                     .map_err(|e| Error::Checkpoint(format!("copying {}: {e}", from.display())))?;
             }
         }
-        if out.exists() {
-            std::fs::remove_dir(out)
-                .map_err(|e| Error::Checkpoint(format!("replacing {}: {e}", out.display())))?;
-        }
-        std::fs::rename(&tmp, out).map_err(|e| {
-            Error::Checkpoint(format!(
-                "renaming {} to {}: {e}",
-                tmp.display(),
-                out.display()
-            ))
-        })
-    })();
-    if written.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    written.map(|()| fp8.len())
+        Ok(())
+    })?;
+    Ok(fp8.len())
 }
 
 /// Add `layout`'s `quantization_config` to the `config.json` at `path`.
