@@ -297,14 +297,7 @@ pub fn train_gpu_ranked(
     // Refuse a run whose floor cannot fit the GPU's free memory before
     // allocating it (the model's dimensions: a resumed run's or a LoRA
     // base's are its checkpoint's).
-    let mcfg = match (resume, cfg.lora.as_ref().and_then(|l| l.base.as_ref())) {
-        (Some(ck), _) => checkpoint::load_config(ck)?,
-        (None, Some(base)) => checkpoint::load_config(base)?,
-        (None, None) => match &cfg.init {
-            Some(init) => checkpoint::load_config(init)?,
-            None => cfg.llama_config()?,
-        },
-    };
+    let mcfg = cfg.run_model_config(resume)?;
     cfg.check_device_memory(&mcfg, world, gpu.mem_free().ok().map(|b| b as u64))?;
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;

@@ -1052,6 +1052,20 @@ impl TrainConfig {
         }
     }
 
+    /// The dimensions of the model this run trains: a resumed run's or a
+    /// LoRA base's are its checkpoint's, an `--init`'s its folder's, else
+    /// [`TrainConfig::llama_config`]'s. Read before anything is allocated.
+    pub fn run_model_config(&self, resume: Option<&Path>) -> Result<LlamaConfig> {
+        match (resume, self.lora.as_ref().and_then(|l| l.base.as_ref())) {
+            (Some(ck), _) => checkpoint::load_config(ck),
+            (None, Some(base)) => checkpoint::load_config(base),
+            (None, None) => match &self.init {
+                Some(init) => checkpoint::load_config(init),
+                None => self.llama_config(),
+            },
+        }
+    }
+
     /// A floor of a GPU run's peak device memory on each of `world` ranks
     /// ([`MemoryPlan`]): full training keeps f32 gradients, masters and two
     /// moments and a bf16 compute copy (18 bytes a parameter on one GPU; a
@@ -1433,14 +1447,7 @@ pub fn train(
     let recipe_name = cfg.run_label()?;
     // The model's dimensions (a resumed run's or a LoRA base's are its
     // checkpoint's), to refuse a run that cannot fit before allocating it.
-    let mcfg = match (resume, cfg.lora.as_ref().and_then(|l| l.base.as_ref())) {
-        (Some(ck), _) => checkpoint::load_config(ck)?,
-        (None, Some(base)) => checkpoint::load_config(base)?,
-        (None, None) => match &cfg.init {
-            Some(init) => checkpoint::load_config(init)?,
-            None => cfg.llama_config()?,
-        },
-    };
+    let mcfg = cfg.run_model_config(resume)?;
     cfg.check_memory(&mcfg, host_available_bytes())?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
