@@ -18,10 +18,9 @@ Needs PyTorch with CUDA and PEFT (else it prints "skipped: ..." and exits 0).
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from util import need_torch, optional, skip, versions, write_json  # noqa: E402
+from util import need_torch, optional, skip, timed_steps, versions, write_json  # noqa: E402
 
 TARGETS = ["q", "k", "v", "o", "gate", "up", "down"]
 
@@ -45,42 +44,18 @@ def run(torch, name, compile_, batch, steps, warmup, dropout):
     fwd = torch.compile(model) if compile_ else model
     tok = torch.randint(0, V, (batch, T), device="cuda")
     tgt = torch.randint(0, V, (batch, T), device="cuda")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
+
+    def one_step():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = fwd(tok, tgt)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    loss = loss.item()
-    steady = times[warmup:] if len(times) > warmup else times[-1:]
-    tps = batch * T * len(steady) / sum(steady)
-    peak = torch.cuda.max_memory_allocated()
-    reserved = torch.cuda.max_memory_reserved()
-    row = {
-        "name": name,
-        "lora_dropout": dropout,
-        "batch": batch,
-        "seq": T,
-        "steps": steps,
-        "timed_steps": len(steady),
-        "tokens_per_s": tps,
-        "step_ms": 1e3 * sum(steady) / len(steady),
-        "first_step_s": times[0],
-        "peak_allocated_bytes": peak,
-        "peak_reserved_bytes": reserved,
-        "trainable_params": trainable,
-        "loss": loss,
-    }
-    print(f"{name:36s} {tps:9.0f} tok/s  step {row['step_ms']:7.1f} ms  peak allocated {peak / 2**30:6.2f} GiB"
-          f"  reserved {reserved / 2**30:6.2f} GiB  trainable {trainable}", flush=True)
+        return loss
+
+    row = timed_steps(torch, name, one_step, batch, T, steps, warmup,
+                      lora_dropout=dropout, trainable_params=trainable)
     del model, opt, fwd, params
     torch.cuda.empty_cache()
     return row

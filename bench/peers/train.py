@@ -23,10 +23,9 @@ tokens. Needs PyTorch with CUDA (else it prints "skipped: ..." and exits 0).
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from util import need_torch, optional, versions, write_json  # noqa: E402
+from util import need_torch, optional, timed_steps, versions, write_json  # noqa: E402
 
 torch = need_torch()
 import torch.nn as nn  # noqa: E402
@@ -123,34 +122,7 @@ def run(name, compile_, fp8, batch, steps, warmup):
     fwd = torch.compile(model) if compile_ else model
     tok = torch.randint(0, V, (batch, T), device="cuda")
     tgt = torch.randint(0, V, (batch, T), device="cuda")
-    torch.cuda.reset_peak_memory_stats()
-    times = []
-    for _ in range(steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        loss = step(fwd, model, opt, tok, tgt)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    loss = loss.item()
-    steady = times[warmup:] if len(times) > warmup else times[-1:]
-    tps = batch * T * len(steady) / sum(steady)
-    peak = torch.cuda.max_memory_allocated()
-    reserved = torch.cuda.max_memory_reserved()
-    row = {
-        "name": name,
-        "batch": batch,
-        "seq": T,
-        "steps": steps,
-        "timed_steps": len(steady),
-        "tokens_per_s": tps,
-        "step_ms": 1e3 * sum(steady) / len(steady),
-        "first_step_s": times[0],
-        "peak_allocated_bytes": peak,
-        "peak_reserved_bytes": reserved,
-        "loss": loss,
-    }
-    print(f"{name:36s} {tps:10.0f} tok/s  step {row['step_ms']:7.1f} ms  peak allocated {peak / 2**30:6.2f} GiB"
-          f"  reserved {reserved / 2**30:6.2f} GiB  loss {loss:.4f}", flush=True)
+    row = timed_steps(torch, name, lambda: step(fwd, model, opt, tok, tgt), batch, T, steps, warmup)
     del model, opt, fwd
     torch.cuda.empty_cache()
     return row
