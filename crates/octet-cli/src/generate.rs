@@ -103,8 +103,8 @@ fn tokenizer(
     Ok(tok)
 }
 
-fn gpu_weights(name: &str) -> anyhow::Result<octet_cuda::decode::GpuWeights> {
-    use octet_cuda::decode::GpuWeights;
+fn gpu_weights(name: &str) -> anyhow::Result<octet_nn::decode::cuda::GpuWeights> {
+    use octet_nn::decode::cuda::GpuWeights;
     Ok(match WeightStorage::from_name(name)? {
         WeightStorage::Fp8(f, s) => GpuWeights::Fp8(f, s),
         WeightStorage::Bf16 => GpuWeights::Bf16,
@@ -159,7 +159,7 @@ fn run_one_gpu(
     (weights, tok): (&str, &Tokenizer),
     echo: bool,
 ) -> anyhow::Result<Run> {
-    let mut dec = octet_cuda::decode::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
+    let mut dec = octet_nn::decode::cuda::GpuDecoder::new(gpu, cfg, w, gpu_weights(weights)?)?;
     let prompt = tok.encode(&a.prompt);
     check_positions(prompt.len(), a.max_tokens, cfg.max_position_embeddings)?;
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);

@@ -1,7 +1,8 @@
 //! The CUDA side of the CLI: `selftest --device cuda`, `bench ... --device cuda`, device listing.
 
 use crate::util::{write_json, Table};
-use octet_cuda::{check, Gpu};
+use octet_cuda::Gpu;
+use octet_nn::conformance;
 use serde_json::json;
 use std::path::Path;
 
@@ -82,7 +83,7 @@ pub fn fp8_gate(
 
 /// The check of a model's family switches on an opened GPU (or none): a
 /// config the GPU model does not implement
-/// ([`octet_cuda::model::unsupported_config`]: attention biases, Qwen3's q/k
+/// ([`octet_nn::llama::cuda::unsupported_config`]: attention biases, Qwen3's q/k
 /// norms, a head width of its own) is an error under `--device cuda` that
 /// says the CPU runs it, and under `--device auto` runs on the CPU, saying so.
 pub fn model_gate(
@@ -90,7 +91,7 @@ pub fn model_gate(
     device: &str,
     cfg: &octet_nn::LlamaConfig,
 ) -> anyhow::Result<Option<Gpu>> {
-    match (&gpu, octet_cuda::model::unsupported_config(cfg)) {
+    match (&gpu, octet_nn::llama::cuda::unsupported_config(cfg)) {
         (Some(_), Some(why)) if device == "auto" => {
             println!("--device auto: running on the CPU: {why}");
             Ok(None)
@@ -115,7 +116,7 @@ pub fn describe() -> String {
 /// tensor cores (sm_89 and later; block-scaled MX/NVFP4 GEMMs would need
 /// sm_100, and octet emulates them there too). Ampere GPUs refuse the native
 /// ones ([`octet_cuda::recipe_uses_fp8_gemm`]).
-/// Every recipe listed as native or emulated runs in `octet_cuda::linear::GpuLinear`
+/// Every recipe listed as native or emulated runs in `octet_nn::linear::cuda::GpuLinear`
 /// with each backward mode it supports (checked by `octet selftest`).
 pub fn recipe_support(name: &str) -> (&'static str, &'static str) {
     match name {
@@ -129,9 +130,9 @@ pub fn recipe_support(name: &str) -> (&'static str, &'static str) {
     }
 }
 
-pub fn selftest(gpu: &mut Gpu, scope: check::Scope) -> anyhow::Result<()> {
+pub fn selftest(gpu: &mut Gpu, scope: conformance::Scope) -> anyhow::Result<()> {
     println!("octet selftest on {}\n", gpu.info()?);
-    let (cases, skipped) = check::selftest_groups(gpu, scope)?;
+    let (cases, skipped) = conformance::selftest_groups(gpu, scope)?;
     let mut t = Table::new(&["case", "result", "worst"]);
     for c in &cases {
         t.row(vec![
@@ -183,7 +184,7 @@ pub fn bench_attention(
         "octet bench attention on {}: medians of CUDA-event timings\n",
         gpu.info()?
     );
-    let rows = octet_cuda::bench::bench_attention(gpu, shapes)?;
+    let rows = octet_nn::bench::bench_attention(gpu, shapes)?;
     print_rows(&rows, json_path, "octet bench attention --device cuda")
 }
 
@@ -229,18 +230,18 @@ pub fn bench(gpu: &mut Gpu, suite: Suite, json_path: Option<&Path>) -> anyhow::R
     );
     let rows = match suite {
         Suite::All(shapes) => {
-            let mut rows = check::bench(gpu, &shapes)?;
+            let mut rows = octet_cuda::bench(gpu, &shapes)?;
             let linear = [
                 (16384, 4096, 14336),
                 (8192, 8192, 8192),
                 (4096, 4096, 4096),
                 (2048, 4096, 4096),
             ];
-            rows.extend(check::bench_linear(gpu, &linear)?);
+            rows.extend(octet_cuda::bench_linear(gpu, &linear)?);
             rows
         }
         Suite::Quantize(r, c) => octet_cuda::bench::bench_quantize(gpu, r, c)?,
-        Suite::Linear(shapes) => check::bench_linear(gpu, &shapes)?,
+        Suite::Linear(shapes) => octet_cuda::bench_linear(gpu, &shapes)?,
     };
     let mut t = Table::new(&["op", "ms", "rate", "unit", "ratio", "vs"]);
     for r in &rows {

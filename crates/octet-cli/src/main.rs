@@ -166,8 +166,8 @@ fn main() {
         Cmd::Selftest { device, only } => match gpu::open_for_selftest(&device) {
             Ok(Some(mut g)) => {
                 let scope = match only.as_deref() {
-                    Some("weight-only") => octet_cuda::check::Scope::WeightOnly,
-                    _ => octet_cuda::check::Scope::All,
+                    Some("weight-only") => octet_nn::conformance::Scope::WeightOnly,
+                    _ => octet_nn::conformance::Scope::All,
                 };
                 gpu::selftest(&mut g, scope)
             }

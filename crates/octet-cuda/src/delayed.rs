@@ -31,7 +31,7 @@ pub struct DeviceDelayed {
 
 impl DeviceDelayed {
     /// The step's amax so far (f32 bits), which the next update pushes.
-    pub(crate) fn pending_mut(&mut self) -> &mut CudaSlice<u32> {
+    pub fn pending_mut(&mut self) -> &mut CudaSlice<u32> {
         &mut self.pending
     }
 }

@@ -15,14 +15,15 @@ const _: () = assert!(cfg!(target_endian = "little"));
 /// the small-M product after copying its constant weight codes. A previous
 /// kernel that triggers its dependents early (the small-M product does, once
 /// all its blocks run) hides the launch latency of the next.
-pub(crate) struct Dep<'a> {
+pub struct Dep<'a> {
     stream: &'a CudaStream,
     vals: Vec<u64>,
     guards: Vec<SyncOnDrop<'a>>,
 }
 
 impl<'a> Dep<'a> {
-    pub(crate) fn new(stream: &'a CudaStream) -> Dep<'a> {
+    /// No arguments yet, for a launch on `stream`.
+    pub fn new(stream: &'a CudaStream) -> Dep<'a> {
         Dep {
             stream,
             vals: Vec::with_capacity(12),
@@ -31,7 +32,7 @@ impl<'a> Dep<'a> {
     }
 
     /// A buffer the kernel reads.
-    pub(crate) fn ptr<T>(&mut self, buf: &'a impl DevicePtr<T>) -> &mut Self {
+    pub fn ptr<T>(&mut self, buf: &'a impl DevicePtr<T>) -> &mut Self {
         let (p, g) = buf.device_ptr(self.stream);
         self.vals.push(p);
         self.guards.push(g);
@@ -39,19 +40,21 @@ impl<'a> Dep<'a> {
     }
 
     /// A buffer the kernel writes.
-    pub(crate) fn ptr_mut<T>(&mut self, buf: &'a mut impl DevicePtrMut<T>) -> &mut Self {
+    pub fn ptr_mut<T>(&mut self, buf: &'a mut impl DevicePtrMut<T>) -> &mut Self {
         let (p, g) = buf.device_ptr_mut(self.stream);
         self.vals.push(p);
         self.guards.push(g);
         self
     }
 
-    pub(crate) fn i32(&mut self, v: i32) -> &mut Self {
+    /// A 32-bit integer argument.
+    pub fn i32(&mut self, v: i32) -> &mut Self {
         self.vals.push(u64::from(v as u32));
         self
     }
 
-    pub(crate) fn f32(&mut self, v: f32) -> &mut Self {
+    /// An f32 argument.
+    pub fn f32(&mut self, v: f32) -> &mut Self {
         self.vals.push(u64::from(v.to_bits()));
         self
     }
@@ -61,12 +64,7 @@ impl<'a> Dep<'a> {
     /// # Safety
     /// The arguments must be `f`'s, in order and of its parameter types, and
     /// `cfg` a shape under which `f` stays inside its buffers.
-    pub(crate) unsafe fn launch(
-        mut self,
-        f: &CudaFunction,
-        cfg: LaunchConfig,
-        pdl: bool,
-    ) -> Result<()> {
+    pub unsafe fn launch(mut self, f: &CudaFunction, cfg: LaunchConfig, pdl: bool) -> Result<()> {
         use cudarc::driver::sys;
         use std::ffi::c_void;
         let mut params: Vec<*mut c_void> = self

@@ -1,45 +1,41 @@
-//! octet-cuda: the CUDA backend.
+//! octet-cuda: the CUDA kernel library.
 //!
 //! Libraries (libcuda, NVRTC, cuBLASLt) are loaded at run time (cudarc with
 //! dynamic loading), so the crate builds without a toolkit, and a machine
 //! without a GPU gets an [`Error`] value from [`Gpu::open`], never a crash.
 //! Kernels are CUDA C (`kernels/*.cu`) compiled by NVRTC for the device's
 //! architecture and cached on disk ([`nvrtc`]); all GEMMs go through cuBLASLt
-//! ([`gemm`]). [`check`] holds the conformance cases (GPU against the CPU
-//! reference of `octet-fp8`/`octet-tensor`), [`bench`](mod@bench) the benchmarks.
+//! ([`gemm`]); [`bench`](mod@bench) times the kernels against their floors.
+//! The crate knows tensors and FP8 numerics (`octet-fp8`, `octet-tensor`) but
+//! no model: the layers that launch these kernels, and the conformance cases
+//! that check them against the CPU reference, are in `octet-nn`.
 //!
 //! ```no_run
 //! # fn main() -> octet_cuda::Result<()> {
 //! let gpu = octet_cuda::Gpu::open(0)?;
 //! println!("{}", gpu.device_info()?);
-//! let cases = octet_cuda::selftest(&gpu)?;
-//! assert!(cases.iter().all(|c| c.pass));
 //! # Ok(()) }
 //! ```
 #![warn(missing_docs)]
 
 pub mod bench;
 pub mod block2d;
-pub mod check;
-pub mod decode;
 pub mod delayed;
 pub mod gemm;
-mod launch;
-pub mod linear;
-pub mod lora;
-mod lora_check;
+pub mod launch;
+pub mod lora_ops;
 pub mod mixed;
-pub mod model;
 pub mod mx;
 pub mod nccl;
 pub mod nvfp4;
 pub mod nvrtc;
-mod quantize;
+pub mod probe;
+pub mod quantize;
 pub mod rowwise;
-mod tma;
+pub mod testdata;
+pub mod tma;
 
 pub use bench::{bench, bench_linear, BenchRow};
-pub use check::{selftest, CaseResult};
 pub use gemm::{AddTo, GemmDst, GemmOut, OutType};
 pub use mixed::{tile_codes, CodeLayout, DeviceFp8Weight, Shapes16, XType};
 pub use quantize::{DeviceBlockFp8, DeviceFp8, Fp8Operand, QuantInput, TensorAmax};
@@ -221,7 +217,7 @@ pub fn profile_enabled() -> Result<bool> {
 
 /// An environment switch that is `auto` (or unset: `false`) or `word`
 /// (`true`); any other value is an error naming the variable.
-pub(crate) fn env_switch(var: &str, word: &str) -> Result<bool> {
+pub fn env_switch(var: &str, word: &str) -> Result<bool> {
     match std::env::var(var) {
         Err(std::env::VarError::NotPresent) => parse_switch(var, None, word),
         Err(std::env::VarError::NotUnicode(v)) => Err(Error::Toolkit(format!(
@@ -351,11 +347,12 @@ pub struct Gpu {
     /// Bit-identical either way; only the speed differs (docs/design.md).
     pub reverse_cast: bool,
     pub(crate) ordinal: usize,
-    pub(crate) arch: &'static str,
+    /// The NVRTC target the kernels are compiled for (`sm_90a`, ...).
+    pub arch: &'static str,
     /// The kernels convert FP8 with the hardware's instructions (not integer code).
     pub(crate) fp8_convert_hw: bool,
     /// FP8 GEMMs are available (FP8 tensor cores, not turned off by `OCTET_FP8_GEMM=off`).
-    pub(crate) fp8_gemm: bool,
+    pub fp8_gemm: bool,
     pub(crate) k: Kernels,
     /// Row-wise scaling kernels, compiled on first use.
     pub(crate) rowwise: std::sync::OnceLock<rowwise::RowwiseKernels>,
@@ -368,11 +365,23 @@ pub struct Gpu {
     /// NVFP4 kernels, compiled on first use.
     pub(crate) nv: std::sync::OnceLock<nvfp4::NvKernels>,
     /// LoRA kernels, compiled on first use.
-    pub(crate) lora_k: std::sync::OnceLock<lora::LoraKernels>,
+    pub(crate) lora_k: std::sync::OnceLock<lora_ops::LoraKernels>,
     blas: Mutex<gemm::Blas>,
 }
 
 impl Gpu {
+    /// `fp8_telemetry` of quantize.cu (the saturation and underflow counts
+    /// of a per-tensor cast), for the layers that report them.
+    pub fn fp8_telemetry_kernel(&self) -> &CudaFunction {
+        &self.k.fp8_telemetry
+    }
+
+    /// `block_telemetry` of quantize.cu (the same counts for a block-scaled
+    /// cast).
+    pub fn block_telemetry_kernel(&self) -> &CudaFunction {
+        &self.k.block_telemetry
+    }
+
     /// Open GPU `ordinal`: load the driver, compile (or fetch from the cache)
     /// the kernels, create the cuBLASLt handle and workspace.
     ///
@@ -568,7 +577,7 @@ impl Gpu {
     /// wrong product later.
     fn probe_integer_fp8(&self) -> Result<()> {
         for format in [octet_fp8::Format::E4M3, octet_fp8::Format::E5M2] {
-            if let (_, Some(bad)) = check::every_code_product(self, format, false, 16)? {
+            if let (_, Some(bad)) = probe::every_code_product(self, format, false, 16)? {
                 return Err(Error::Unsupported(format!(
                     "the integer FP8 conversion decoded {format} codes wrongly on this GPU ({bad}); \
                      octet cannot run its FP8 kernels here (please report it)"

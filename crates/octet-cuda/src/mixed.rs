@@ -545,19 +545,19 @@ impl MixedKernels {
 /// no kernel ever writes them.
 pub struct DeviceFp8Weight {
     /// Output channels `N`.
-    pub(crate) n: usize,
+    pub n: usize,
     /// Input features `K` (a multiple of 16).
-    pub(crate) k: usize,
+    pub k: usize,
     /// E4M3 or E5M2.
-    pub(crate) format: Format,
+    pub format: Format,
     /// Scale granularity.
-    pub(crate) scaling: WeightScaling,
+    pub scaling: WeightScaling,
     /// The codes, laid out as `layout` says.
     pub(crate) codes: CudaSlice<u8>,
     /// Row-major or tiled.
     pub(crate) layout: CodeLayout,
     /// Dequantization factors.
-    pub(crate) factors: CudaSlice<f32>,
+    pub factors: CudaSlice<f32>,
     /// The factor of a per-tensor scaled weight (1 otherwise), kept on the
     /// host as well: the large-M path passes it to the GEMM as its alpha.
     pub(crate) tensor_factor: f32,
@@ -583,7 +583,7 @@ impl DeviceFp8Weight {
 
     /// The codes as cuBLASLt takes them, row-major `(N, K)`; an error for a
     /// tiled weight (uploaded for the weight-only kernels alone).
-    pub(crate) fn row_major(&self, what: &str) -> Result<&CudaSlice<u8>> {
+    pub fn row_major(&self, what: &str) -> Result<&CudaSlice<u8>> {
         match self.layout {
             CodeLayout::RowMajor => Ok(&self.codes),
             CodeLayout::Tiled => Err(Error::Shape(format!(
@@ -719,8 +719,8 @@ pub const MIXED_PARTS: usize = 4;
 impl Gpu {
     /// Whether a product of more than [`SMALL_M`] rows of `xt` scales `w`'s
     /// block codes in bf16 arithmetic (the wgmma kernel's five-instruction
-    /// path; [`bf16_scalable`]) rather than in f32.
-    pub(crate) fn block_in_bf16(&self, w: &DeviceFp8Weight, xt: XType) -> bool {
+    /// path; `bf16_scalable`) rather than in f32.
+    pub fn block_in_bf16(&self, w: &DeviceFp8Weight, xt: XType) -> bool {
         self.k.mixed.wg_block_bf16.is_some() && xt == XType::Bf16 && w.block_bf16
     }
 
@@ -1015,9 +1015,15 @@ impl Gpu {
         self.launch_small(f, &SMALL_CFG[c], w, x, y, dims)
     }
 
+    /// Whether the wgmma weight-only kernel that scales block codes in bf16
+    /// was compiled (sm_90a).
+    pub fn has_wgmma_block_bf16(&self) -> bool {
+        self.k.mixed.wg_block_bf16.is_some()
+    }
+
     /// Whether kernels launch as programmatic dependents of the previous
     /// kernel (sm_90 and later).
-    pub(crate) fn pdl(&self) -> bool {
+    pub fn pdl(&self) -> bool {
         self.k.mixed.pdl
     }
 

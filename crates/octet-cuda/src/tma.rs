@@ -11,7 +11,7 @@ use cudarc::driver::sys::{
 /// A TMA descriptor, a kernel argument (`const __grid_constant__ TmaMap` in
 /// `kernels/common.cuh`).
 #[repr(transparent)]
-pub(crate) struct TmaMap(CUtensorMap);
+pub struct TmaMap(CUtensorMap);
 
 // SAFETY: a plain 128-byte struct, copied into the kernel's parameter space.
 unsafe impl cudarc::driver::DeviceRepr for TmaMap {}
@@ -21,7 +21,7 @@ impl TmaMap {
     /// 2: bf16) at device address `ptr`, dims innermost first (`dims[0]`
     /// contiguous), copied in boxes of `boxes` elements per dim with the given
     /// swizzle; reads outside the tensor give zeros.
-    pub(crate) fn new(
+    pub fn new(
         ptr: u64,
         elem: usize,
         dims: &[usize],

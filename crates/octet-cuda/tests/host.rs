@@ -356,37 +356,3 @@ fn kernels_compile_to_cubin_and_cache_it() {
     assert!(!hit_a && hit_b && a == b);
     let _ = std::fs::remove_dir_all(&dir);
 }
-
-#[test]
-fn the_gpu_model_refuses_family_switches_naming_the_field_and_the_cpu() {
-    use octet_cuda::model::unsupported_config;
-    use octet_nn::llama::LlamaConfig;
-    let tiny = LlamaConfig::preset("tiny").unwrap();
-    assert_eq!(unsupported_config(&tiny), None);
-    for (cfg, field) in [
-        (
-            LlamaConfig {
-                qkv_bias: true,
-                ..tiny.clone()
-            },
-            "attention_bias",
-        ),
-        (
-            LlamaConfig {
-                qk_norm: true,
-                ..tiny.clone()
-            },
-            "qk_norm",
-        ),
-        (
-            LlamaConfig {
-                head_dim: Some(16),
-                ..tiny.clone()
-            },
-            "head_dim 16",
-        ),
-    ] {
-        let why = unsupported_config(&cfg).expect(field);
-        assert!(why.contains(field) && why.contains("--device cpu"), "{why}");
-    }
-}

@@ -3,9 +3,17 @@
 //! No autograd: each layer's `Saved` struct holds exactly what its backward
 //! reads, so the memory a layer keeps is visible in its type and
 //! `saved.bytes()` is exact.
+//!
+//! Each layer's CPU implementation is its module (`linear`, `lora`, `llama`,
+//! `decode`); the CUDA implementation sits beside it in a `cuda` submodule
+//! (`linear::cuda`, `lora::cuda`, `llama::cuda`, `decode::cuda`) and launches
+//! the kernels of `octet-cuda`. [`conformance`] checks the one against the
+//! other on the GPU (`octet selftest`).
 #![warn(missing_docs)]
 
 pub mod attention;
+pub mod bench;
+pub mod conformance;
 pub mod decode;
 pub mod embedding;
 pub mod hf_config;

@@ -1,6 +1,6 @@
 //! The training loop on the GPU: the same run as [`crate::trainer::train`]
 //! (data, schedule, evaluation, metrics, checkpoints, plot, sample), with the
-//! model, its gradients and AdamW on the device ([`octet_cuda::model::GpuLlama`]).
+//! model, its gradients and AdamW on the device ([`octet_nn::llama::cuda::GpuLlama`]).
 //!
 //! Checkpoints are the CPU trainer's (f32 masters downloaded at save time,
 //! delayed-scaling histories and scales included), so a GPU run resumes on
@@ -23,10 +23,10 @@ use crate::trainer::{
     plot_losses, sample_windowed, Feed, LoraSettings, Observer, RunSummary, TrainConfig,
 };
 use crate::{Error, Result};
-use octet_cuda::decode::{GpuDecoder, GpuWeights};
-use octet_cuda::model::{AdamParams, GpuLlama, SavedActivations};
 use octet_cuda::nccl::{NcclComm, NcclStats};
 use octet_cuda::Gpu;
+use octet_nn::decode::cuda::{GpuDecoder, GpuWeights};
+use octet_nn::llama::cuda::{AdamParams, GpuLlama, SavedActivations};
 use octet_nn::llama::Llama;
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
@@ -89,7 +89,7 @@ fn masters_of(opt: &AdamW) -> Result<HashMap<String, Tensor>> {
 /// The CPU optimizer's form of the model's optimizer state `state` (per slot).
 fn optimizer_of(
     model: &GpuLlama<'_>,
-    state: Vec<octet_cuda::model::MasterMoments>,
+    state: Vec<octet_nn::llama::cuda::MasterMoments>,
     adamw: crate::optim::AdamWConfig,
 ) -> AdamW {
     let states = state

@@ -137,7 +137,7 @@ pub struct TrainConfig {
     pub reshard_after_forward: bool,
     /// How the activations that only the norms', SwiGLU's and the attention's
     /// backward read are kept: `full` (f32 / bf16), `fp8` (E4M3 with a
-    /// factor per row; GPU only, see `octet_cuda::model::SavedActivations`)
+    /// factor per row; GPU only, see `octet_nn::llama::cuda::SavedActivations`)
     /// or `auto` (the default: [`TrainConfig::fp8_saved_activations`]).
     pub saved_activations: String,
     /// Activation recomputation of every block: keep only each block's input

@@ -4,8 +4,8 @@
 //! gradients, and AdamW on this rank's shards.
 
 use super::*;
-use crate::block2d::DeviceBlock2dFp8;
-use crate::nccl::InFlight;
+use octet_cuda::block2d::DeviceBlock2dFp8;
+use octet_cuda::nccl::InFlight;
 
 /// One parameter's shard: rows `[rank * rows, (rank + 1) * rows)` of its
 /// first dimension (the last rank's padded with zero rows).
@@ -1064,7 +1064,7 @@ impl<'g> GpuLlama<'g> {
     }
 
     /// Bytes and calls this rank handed to NCCL so far (zero when not sharded).
-    pub fn comm_stats(&self) -> crate::nccl::NcclStats {
+    pub fn comm_stats(&self) -> octet_cuda::nccl::NcclStats {
         self.shard
             .as_ref()
             .map(|sh| sh.comm.stats())

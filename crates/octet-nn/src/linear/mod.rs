@@ -18,6 +18,8 @@
 //! | `high_precision` | `x` | nothing: reads the layer's `W` |
 //! | `dequantized` | `x` row-wise FP8 (the forward's copy) | `W` row-wise FP8 (the forward's copy) |
 
+pub mod cuda;
+
 use crate::{Error, Result};
 use octet_fp8::{
     BackwardMode, DelayedState, Layout, QuantizedTensor, Recipe, Role, Telemetry, Usage,

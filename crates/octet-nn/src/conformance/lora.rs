@@ -1,5 +1,5 @@
 //! Conformance cases of GPU LoRA ([`crate::lora`], [`GpuLlama::new_lora`])
-//! against the CPU reference (`octet_nn::lora::LoraLinear`, the CPU `Llama`
+//! against the CPU reference (`crate::lora::LoraLinear`, the CPU `Llama`
 //! in LoRA mode) on the same data: fresh random inputs and adapters (`B`
 //! non-zero, so every gradient is), the same FP8 base codes.
 //!
@@ -13,22 +13,20 @@
 //! bf16 outputs of the selftest), gradients within 1e-2 (the same allowance
 //! plus the FP8 GEMM's reduced-precision partial sums, 2e-4).
 
-use crate::check::{download_f32, random_bf16, rel_frobenius, skip_without_fp8_gemm, CaseResult};
-use crate::lora::{GpuAdapter, GpuBase, GpuLoraLinear};
-use crate::model::{AdamParams, GpuLlama};
-use crate::{Error, Gpu, Result};
+use super::*;
+use crate::llama::cuda::{AdamParams, GpuLlama};
+use crate::llama::{Llama, LoraSpec};
+use crate::lora::cuda::{GpuAdapter, GpuBase, GpuLoraLinear};
+use crate::lora::{Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear};
+use octet_cuda::testdata::random_bf16;
+use octet_cuda::{Error, Gpu, Result};
 use octet_fp8::{BackwardMode, Format, Recipe};
-use octet_nn::llama::{Llama, LoraSpec};
-use octet_nn::lora::{Adapter, Base, BaseFormat, Compute, Dropout, LoraLinear};
 use octet_tensor::mixed::WeightScaling;
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
 use std::rc::Rc;
 
-const BF16_OUT_TOL: f64 = 4e-3;
-const GRAD_TOL: f64 = 1e-2;
-
-fn nn(e: octet_nn::Error) -> Error {
+fn nn(e: crate::Error) -> Error {
     Error::Shape(e.to_string())
 }
 
@@ -252,16 +250,12 @@ fn run_layer(
     gpu: &Gpu,
     layer: &GpuLoraLinear,
     (x, dy): (&Tensor, &Tensor),
-    (y_ref, g, ga): (
-        &Tensor,
-        &octet_nn::lora::LoraGrads,
-        &octet_nn::lora::LoraGrads,
-    ),
+    (y_ref, g, ga): (&Tensor, &crate::lora::LoraGrads, &crate::lora::LoraGrads),
 ) -> Result<(usize, [f64; 4])> {
     let m = x.shape()[0];
     let xg = Rc::new(gpu.upload(&bits(x))?);
     let mut outs =
-        crate::lora::forward_group(std::slice::from_ref(layer), gpu, (xg, None, m), None)?;
+        crate::lora::cuda::forward_group(std::slice::from_ref(layer), gpu, (xg, None, m), None)?;
     let (y, saved) = outs
         .pop()
         .ok_or_else(|| Error::Shape("no LoRA output".into()))?;
@@ -388,7 +382,7 @@ pub(crate) fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         (217, 300, octet_fp8::Format::E4M3),
         (96, 64, octet_fp8::Format::E5M2),
     ] {
-        let x = gpu.upload(&crate::check::bf16_bits(&random_bf16(
+        let x = gpu.upload(&crate::conformance::bf16_bits(&random_bf16(
             rows * cols,
             4950,
             3.0,
@@ -417,7 +411,7 @@ pub(crate) fn layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     )?;
     let xg = Rc::new(gpu.upload(&bits(&bf16_tensor(&[m, k], 4901, 1.0)?))?);
     let mut outs =
-        crate::lora::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
+        crate::lora::cuda::forward_group(std::slice::from_ref(&layer), gpu, (xg, None, m), None)?;
     let (_, saved) = outs.pop().ok_or_else(|| Error::Shape("no output".into()))?;
     let bytes = saved.bytes_unique(&mut std::collections::HashSet::new());
     out.push(CaseResult {
@@ -485,7 +479,7 @@ pub(crate) fn fp8_saved_layer_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Res
         let a = bf16_tensor(&[r, k], seed + 3, 1.0 / (k as f32).sqrt())?;
         let b = bf16_tensor(&[n, r], seed + 4, 0.02)?;
         let format = BaseFormat::Fp8(WeightScaling::Tensor);
-        let cpu_grads = |mode: BackwardMode| -> Result<(Tensor, octet_nn::lora::LoraGrads)> {
+        let cpu_grads = |mode: BackwardMode| -> Result<(Tensor, crate::lora::LoraGrads)> {
             let recipe = Recipe::from_name("tensorwise")?.with_backward(mode)?;
             let base = Base::new(&w, format).map_err(nn)?;
             let ad = Adapter {
@@ -544,20 +538,20 @@ pub(crate) fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> 
             .into_iter()
             .map(|v| v.to_f32())
             .collect();
-        let masked = gpu.download(&gpu.dropout_mask(&gpu.upload(&bits(&x))?, &d)?)?;
+        let masked = gpu.download(&gpu.dropout_mask(&gpu.upload(&bits(&x))?, d.device_mask())?)?;
         let mask_ok = masked == bits(&d.mask(&x).map_err(nn)?);
         let kept = (0..n as u64).filter(|&i| d.keeps(i)).count();
         let t = gpu.upload(&t_h)?;
         let mut acc = gpu.upload(&base_h)?;
-        gpu.dropout_add(&t, &d, &mut acc, false)?;
+        gpu.dropout_add(&t, d.device_mask(), &mut acc, false)?;
         let mut fresh = gpu.upload(&base_h)?;
-        gpu.dropout_add(&t, &d, &mut fresh, true)?;
+        gpu.dropout_add(&t, d.device_mask(), &mut fresh, true)?;
         let base16: Vec<u16> = base_h
             .iter()
             .map(|&v| half::bf16::from_f32(v).to_bits())
             .collect();
         let mut acc16 = gpu.upload(&base16)?;
-        gpu.dropout_add(&t, &d, &mut acc16, false)?;
+        gpu.dropout_add(&t, d.device_mask(), &mut acc16, false)?;
         let add = |i: usize| if d.keeps(i as u64) { t_h[i] } else { 0.0 };
         let acc_ok = gpu.download(&acc)? == (0..n).map(|i| base_h[i] + add(i)).collect::<Vec<_>>();
         let fresh_ok = gpu.download(&fresh)? == (0..n).map(add).collect::<Vec<_>>();
@@ -627,7 +621,7 @@ pub(crate) fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> 
             l.fuse_cast_du = fuse;
         }
         let xg = Rc::new(gpu.upload(&bits(&x))?);
-        let outs = crate::lora::forward_group(&gpus, gpu, (xg, None, m), Some(drop))?;
+        let outs = crate::lora::cuda::forward_group(&gpus, gpu, (xg, None, m), Some(drop))?;
         let (mut worst_y, mut worst_g) = (0f64, 0f64);
         let mut dx_ref: Vec<f32> = if prefilled {
             random_bf16(m * k, seed + 99, 0.01)
@@ -661,7 +655,7 @@ pub(crate) fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> 
             .iter()
             .map(|d| gpu.upload(&bits(d)))
             .collect::<Result<Vec<_>>>()?;
-        let grads = crate::lora::backward_group(
+        let grads = crate::lora::cuda::backward_group(
             &gpus,
             gpu,
             saved,
@@ -698,7 +692,7 @@ pub(crate) fn dropout_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> 
 /// weights, `b * t` random tokens and targets, and all seven projections as
 /// LoRA targets.
 type ModelSetup = (
-    octet_nn::llama::LlamaConfig,
+    crate::llama::LlamaConfig,
     HashMap<String, Tensor>,
     Vec<u32>,
     Vec<u32>,
@@ -725,9 +719,9 @@ fn worst_apart(a: &[(String, Tensor)], b: &[(String, Tensor)]) -> (f64, String) 
 /// [`ModelSetup`] with weights from `seed`, tokens from `seed + 2200` and
 /// targets from `seed + 2201`.
 fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
-    let cfg = crate::check::test_config(256, 512, 2, 4, 2, 64);
-    let w = crate::check::test_weights(&cfg, seed)?;
-    let tokens = |s: u64| crate::check::test_tokens(s, b * t);
+    let cfg = crate::conformance::test_config(256, 512, 2, 4, 2, 64);
+    let w = crate::conformance::test_weights(&cfg, seed)?;
+    let tokens = |s: u64| crate::conformance::test_tokens(s, b * t);
     let targets = ["q", "k", "v", "o", "gate", "up", "down"]
         .map(String::from)
         .to_vec();
@@ -871,7 +865,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             // amaxes of the FP8 base's inputs and output gradients: the same
             // scales as the amax passes, so the same loss and gradients, bit for bit.
             let (ploss, pgrads) = variant(&|m| m.fuse_amax = false)?;
-            let differ = crate::check::differing(&grads, &pgrads);
+            let differ = crate::conformance::differing(&grads, &pgrads);
             out.push(CaseResult {
                 name: format!(
                     "Llama LoRA ({name}): fused amaxes give the bytes of the amax passes"
@@ -954,7 +948,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             // inputs kept as their E4M3 codes); adapter gradients within
             // 2^-4 more of the reference (the bound of `check::saved_fp8_cases`).
             let mut fp8 = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
-            fp8.saved_activations = crate::model::SavedActivations::Fp8;
+            fp8.saved_activations = crate::llama::cuda::SavedActivations::Fp8;
             fp8.zero_grad()?;
             let (floss, fsaved) = fp8.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
             let fsaved = fsaved.ok_or_else(|| Error::Shape("nothing kept".into()))?;
@@ -1180,5 +1174,82 @@ pub(crate) fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             ),
         });
     }
+    Ok(())
+}
+
+/// A LoRA layer `(n, k)` over a zero bf16 base with a rank-`r` adapter of
+/// small random values, `--compute bf16`, the `high_precision` backward.
+pub(super) fn small_lora(
+    gpu: &Gpu,
+    (n, k): (usize, usize),
+    r: usize,
+) -> Result<crate::lora::cuda::GpuLoraLinear> {
+    use crate::lora::cuda::{GpuAdapter, GpuBase, GpuLoraLinear};
+    let base = GpuBase::Bf16(gpu.alloc_zeros(n * k, "base")?);
+    let a = gpu.upload(&bf16_bits(&random_bf16(r * k, 31, 0.1)))?;
+    let b = gpu.upload(&bf16_bits(&random_bf16(n * r, 32, 0.1)))?;
+    let ad = GpuAdapter::new(gpu, a, b, r, 1.0)?;
+    GpuLoraLinear::new(
+        base,
+        (n, k),
+        Some(ad),
+        crate::lora::Compute::Bf16,
+        octet_fp8::BackwardMode::HighPrecision,
+    )
+}
+
+/// LoRA layers whose public fields were changed after `GpuLoraLinear::new`.
+pub(super) fn lora_error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    use crate::lora::cuda::{forward_group, GpuAdapter};
+    let (m, n, k, r) = (16usize, 16usize, 16usize, 8usize);
+    let x = std::rc::Rc::new(gpu.upload(&bf16_bits(&random_bf16(m * k, 33, 1.0)))?);
+    // Two adapters of rank 8 at m = 16 form one group (r m % 128 == 0), whose
+    // A is stacked by copies: a short A left rows of it unwritten.
+    let mut layers = vec![small_lora(gpu, (n, k), r)?, small_lora(gpu, (n, k), r)?];
+    let short = gpu.upload(&bf16_bits(&random_bf16((r - 1) * k, 34, 0.1)))?;
+    let b = gpu.upload(&bf16_bits(&random_bf16(n * r, 35, 0.1)))?;
+    layers[1].adapter = Some(GpuAdapter::new(gpu, short, b, r, 1.0)?);
+    out.push(shape_error(
+        "LoRA group forward with an adapter A of (r - 1) k elements set after new -> shape error",
+        forward_group(&layers, gpu, (x.clone(), None, m), None),
+    ));
+    // Backward with an adapter of another rank than the forward saved `u`
+    // for: rank 16 in place of 8 read the next adapter's rows of the
+    // group's u (16 rows), a wrong d_B and no error.
+    let mut layers = vec![small_lora(gpu, (n, k), r)?, small_lora(gpu, (n, k), r)?];
+    let saved: Vec<_> = forward_group(&layers, gpu, (x.clone(), None, m), None)?
+        .into_iter()
+        .map(|(_, s)| s)
+        .collect();
+    layers[0] = small_lora(gpu, (n, k), 2 * r)?;
+    let dy = gpu.upload(&bf16_bits(&random_bf16(m * n, 36, 1.0)))?;
+    let mut dx: Option<CudaSlice<f32>> = None;
+    out.push(shape_error(
+        "LoRA backward with an adapter of rank 16 for a forward of rank 8 -> shape error",
+        crate::lora::cuda::backward_group(
+            &layers,
+            gpu,
+            saved,
+            vec![(&dy, None), (&dy, None)],
+            &mut dx,
+        ),
+    ));
+    // A per-tensor FP8 base of (16, 32) set in place of the (32, 16) one:
+    // the same number of codes, so the FP8 GEMM ran with the wrong matrix.
+    use octet_tensor::mixed::WeightScaling;
+    let w = gpu.upload_fp8_weight(&small_fp8_weight(32, 16, WeightScaling::Tensor)?)?;
+    let mut fp8 = crate::lora::cuda::GpuLoraLinear::new(
+        crate::lora::cuda::GpuBase::Fp8(w),
+        (32, 16),
+        None,
+        crate::lora::Compute::Fp8,
+        octet_fp8::BackwardMode::HighPrecision,
+    )?;
+    let wt = gpu.upload_fp8_weight(&small_fp8_weight(16, 32, WeightScaling::Tensor)?)?;
+    fp8.base = crate::lora::cuda::GpuBase::Fp8(wt);
+    out.push(shape_error(
+        "LoRA FP8 forward of a (32, 16) layer whose base was set to (16, 32) -> shape error",
+        forward_group(std::slice::from_ref(&fp8), gpu, (x.clone(), None, m), None),
+    ));
     Ok(())
 }

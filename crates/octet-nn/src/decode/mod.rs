@@ -11,6 +11,8 @@
 //! appends their keys and values to the cache, and returns the logits of
 //! every new token: a prompt goes in at once (prefill), then one token per step.
 
+pub mod cuda;
+
 use crate::llama::LlamaConfig;
 use crate::{Error, Result};
 use half::bf16;

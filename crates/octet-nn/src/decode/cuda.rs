@@ -8,14 +8,14 @@
 //! next token is sampled on the device and the steps queue back to back
 //! with no host round trip a token ([`GpuDecoder::generate`]).
 
-use crate::launch::Dep;
-use crate::mixed::{DeviceFp8Weight, SMALL_M};
-use crate::{nvrtc, Error, Gpu, Result};
+use crate::llama::LlamaConfig;
 use cudarc::driver::{
     CudaFunction, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
+use octet_cuda::launch::Dep;
+use octet_cuda::mixed::{DeviceFp8Weight, SMALL_M};
+use octet_cuda::{nvrtc, Error, Gpu, Result};
 use octet_fp8::Format;
-use octet_nn::llama::LlamaConfig;
 use octet_tensor::mixed::{Fp8Weight, WeightScaling};
 use octet_tensor::Tensor;
 use std::collections::HashMap;
@@ -186,7 +186,7 @@ impl<'g> GpuDecoder<'g> {
     /// Upload a model from named weights (Hugging Face names), the block
     /// matrices stored as `weights`. Matrix `K` dims must be multiples of 16.
     /// The weights must match `cfg` exactly, as
-    /// [`octet_nn::llama::Llama::check_weights`] says (the kernels index the
+    /// [`crate::llama::Llama::check_weights`] says (the kernels index the
     /// embedding and the norms by `cfg`'s dimensions).
     pub fn new(
         gpu: &'g Gpu,
@@ -194,11 +194,11 @@ impl<'g> GpuDecoder<'g> {
         w: &HashMap<String, Tensor>,
         weights: GpuWeights,
     ) -> Result<GpuDecoder<'g>> {
-        octet_nn::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
-        crate::model::check_config(cfg)?;
+        crate::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
+        crate::llama::cuda::check_config(cfg)?;
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
-            crate::KERNEL_SOURCES[3].1,
+            octet_cuda::KERNEL_SOURCES[3].1,
             gpu.arch,
         )?)?;
         let f = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
@@ -264,7 +264,7 @@ impl<'g> GpuDecoder<'g> {
             ] {
                 let (mut data, n, k) = rows_of(names)?;
                 if names[0] == "mlp.gate_proj" && gu_group == 8 {
-                    data = crate::mixed::interleave_gate_up(&data, ff, k)?;
+                    data = octet_cuda::mixed::interleave_gate_up(&data, ff, k)?;
                 }
                 mats.push(match weights {
                     GpuWeights::Fp8(fmt, s) => {
@@ -296,8 +296,7 @@ impl<'g> GpuDecoder<'g> {
             get("lm_head.weight")?
         };
         let buf = Buffers::new(gpu, cfg, 1, att_runs)?;
-        let rope =
-            octet_nn::rope::Rope::for_config(cfg).map_err(|e| Error::Shape(e.to_string()))?;
+        let rope = crate::rope::Rope::for_config(cfg).map_err(|e| Error::Shape(e.to_string()))?;
         let (cos, sin) = rope.tables_f32();
         Ok(GpuDecoder {
             gpu,
@@ -437,7 +436,7 @@ impl<'g> GpuDecoder<'g> {
 
     /// `uniforms.len()` steps with sampling on the device: step `i` appends
     /// token `t_i` (`t_0 = first`) and samples `t_(i+1)` from its logits with
-    /// `uniforms[i]`, exactly as `octet_nn::decode::sample(logits,
+    /// `uniforms[i]`, exactly as `crate::decode::sample(logits,
     /// temperature, top_k, uniforms[i])` would on the host (see
     /// `sample_token` in decode.cu for the one way they can differ). The
     /// steps queue back to back, `GENERATE_CHUNK` between two downloads;

@@ -1,5 +1,5 @@
 //! The FP8 linear layer on the GPU: `y = x W^T` with its backward, the same
-//! contract as `octet_nn::Linear` (three GEMMs, a choice of backward, only
+//! contract as `crate::Linear` (three GEMMs, a choice of backward, only
 //! what backward needs kept), on device buffers: bf16 input, weight and
 //! output gradient; bf16 output; f32 input and weight gradients.
 //!
@@ -16,11 +16,11 @@
 //! `mxfp8`, its stochastic rounding salted by the same call count as the CPU
 //! `Linear`, so both draw the same bits.
 
-use crate::block2d::DeviceBlock2dFp8;
-use crate::quantize::DeviceBlockFp8;
-use crate::rowwise::DeviceRowwiseFp8;
-use crate::{DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use cudarc::driver::CudaSlice;
+use octet_cuda::block2d::DeviceBlock2dFp8;
+use octet_cuda::quantize::DeviceBlockFp8;
+use octet_cuda::rowwise::DeviceRowwiseFp8;
+use octet_cuda::{DeviceFp8, Error, GemmDst, GemmOut, Gpu, Result, TensorAmax};
 use octet_fp8::{BackwardMode, Format, Recipe, Scaling};
 
 /// Which scaling the layer runs.
@@ -45,8 +45,8 @@ pub(crate) enum Quant {
     /// 1x128 blocks, with the scale grids transposed into cuBLASLt's layout.
     Block1d(DeviceBlockFp8, CudaSlice<f32>, CudaSlice<f32>),
     Block2d(DeviceBlock2dFp8),
-    Mx(crate::mx::DeviceMxFp8),
-    Nv(crate::nvfp4::DeviceNvfp4),
+    Mx(octet_cuda::mx::DeviceMxFp8),
+    Nv(octet_cuda::nvfp4::DeviceNvfp4),
 }
 
 impl Quant {
@@ -134,7 +134,7 @@ pub struct GpuLinear {
     kind: Kind,
     backward: BackwardMode,
     /// Delayed scaling: the states of input, weight and grad_output.
-    states: Vec<crate::delayed::DeviceDelayed>,
+    states: Vec<octet_cuda::delayed::DeviceDelayed>,
     recipe: Option<Recipe>,
     /// Gradient quantizations so far: the salt of stochastic rounding, counted
     /// as the CPU `Linear` counts (forwards do not count, so a recomputed
@@ -322,7 +322,9 @@ impl GpuLinear {
 
     /// Delayed scaling: the weight's state (its scale to cast with, the
     /// step's amax to record into); `None` for other recipes.
-    pub(crate) fn weight_delayed_state(&mut self) -> Option<&mut crate::delayed::DeviceDelayed> {
+    pub(crate) fn weight_delayed_state(
+        &mut self,
+    ) -> Option<&mut octet_cuda::delayed::DeviceDelayed> {
         match self.kind {
             Kind::Delayed => self.states.get_mut(1),
             _ => None,
@@ -480,7 +482,7 @@ impl GpuLinear {
     #[allow(clippy::too_many_arguments)]
     fn quantize(
         kind: Kind,
-        states: &mut [crate::delayed::DeviceDelayed],
+        states: &mut [octet_cuda::delayed::DeviceDelayed],
         gpu: &Gpu,
         x: &CudaSlice<u16>,
         rows: usize,
@@ -699,7 +701,7 @@ impl GpuLinear {
         // SAFETY: argument types match `fp8_telemetry` in quantize.cu; `out`
         // holds the three counters; scale and amax pointers hold one value.
         unsafe {
-            let mut lb = s.launch_builder(&gpu.k.fp8_telemetry);
+            let mut lb = s.launch_builder(gpu.fp8_telemetry_kernel());
             lb.arg(x).arg(&n);
             match (self.kind, q) {
                 (Kind::Delayed, _) => {
@@ -784,7 +786,7 @@ impl GpuLinear {
         // codes and scale grids are the row-wise copy of `x`'s quantization,
         // of the sizes the kernel indexes; `out` holds three counters.
         unsafe {
-            let mut lb = gpu.stream.launch_builder(&gpu.k.block_telemetry);
+            let mut lb = gpu.stream.launch_builder(gpu.block_telemetry_kernel());
             lb.arg(x).arg(codes).arg(&ri).arg(&ci).arg(&mode);
             match scales {
                 Some(sc) => lb.arg(sc),
@@ -1014,7 +1016,7 @@ impl GpuLinear {
 
     /// Backward from `dy (m, N)` (bf16 bits): returns `d_input (m, K)` in f32
     /// and writes `d_weight (N, K)` to `dw` (overwriting a buffer, or adding
-    /// to an [`crate::AddTo`] such as the weight's slot of a gradient buffer).
+    /// to an [`octet_cuda::AddTo`] such as the weight's slot of a gradient buffer).
     /// `dy_amax`: the amax of `dy` from the kernel that wrote it (as in
     /// [`GpuLinear::prepare`]).
     pub fn backward(
@@ -1033,7 +1035,7 @@ impl GpuLinear {
 
     /// [`GpuLinear::backward`] with the input gradient written to `dx` (f32,
     /// or bf16 bits where its reader takes bf16): overwriting a buffer, or
-    /// added to an [`crate::AddTo`] (the sum formed in f32 by the GEMM's
+    /// added to an [`octet_cuda::AddTo`] (the sum formed in f32 by the GEMM's
     /// epilogue, then rounded once). Projections that read one input (q, k
     /// and v; gate and up) add their input gradients this way into one
     /// buffer, in their order, instead of keeping one buffer each for the

@@ -34,6 +34,8 @@
 //! dA = dh^T (m*x)  d_input += m * (dh A)
 //! ```
 
+pub mod cuda;
+
 use crate::{Error, Result};
 use octet_fp8::{
     BackwardMode, Format, Layout, QuantData, QuantSpec, QuantizedTensor, Recipe, Role, Scales,
@@ -224,6 +226,14 @@ impl Dropout {
             .get(proj)
             .ok_or_else(|| Error::Config(format!("no projection {proj} in a block")))?;
         Dropout::new(p, dropout_key(seed, round, block, site))
+    }
+
+    /// The mask as the GPU kernels draw it.
+    pub fn device_mask(&self) -> octet_cuda::lora_ops::DropMask {
+        octet_cuda::lora_ops::DropMask {
+            key: self.key,
+            threshold: self.threshold(),
+        }
     }
 
     /// Elements whose bits are below this are dropped: `p 2^16` rounded to

@@ -7,6 +7,8 @@
 //! high precision (as Transformer Engine and torchao users keep them).
 //! Parameters carry Hugging Face Llama names, so checkpoints round-trip.
 
+pub mod cuda;
+
 use crate::attention::{attention_backward, attention_forward, AttentionSaved};
 use crate::embedding::Embedding;
 use crate::linear::{Linear, LinearSaved};
