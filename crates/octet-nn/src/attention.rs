@@ -7,7 +7,7 @@
 
 use crate::{Error, Result};
 use octet_tensor::cpu::Real;
-use octet_tensor::{DType, Tensor};
+use octet_tensor::{alloc_vec, DType, Tensor};
 use rayon::prelude::*;
 
 /// What [`attention_backward`] reads.
@@ -75,7 +75,12 @@ fn dot<T: Real>(a: &[T], b: &[T]) -> T {
     a.iter().zip(b).fold(T::zero(), |s, (&x, &y)| s + x * y)
 }
 
-fn forward_impl<T: Real>(q: &[T], k: &[T], v: &[T], n: Dims) -> (Vec<T>, Vec<f64>) {
+fn forward_impl<T: Real>(
+    q: &[T],
+    k: &[T],
+    v: &[T],
+    n: Dims,
+) -> octet_tensor::Result<(Vec<T>, Vec<f64>)> {
     let scale = T::from(1.0 / (n.d as f64).sqrt()).unwrap_or_else(T::one);
     let group = n.hq / n.hkv;
     // One task per (batch, query head): its (T, D) output and (T) log-sum-exp.
@@ -108,8 +113,10 @@ fn forward_impl<T: Real>(q: &[T], k: &[T], v: &[T], n: Dims) -> (Vec<T>, Vec<f64
             (out, lse)
         })
         .collect();
-    let mut out = vec![T::zero(); n.b * n.t * n.hq * n.d];
-    let mut lse = vec![0f64; n.b * n.hq * n.t];
+    let what = format_args!("the {:?} attention output", [n.b, n.t, n.hq, n.d]);
+    let mut out = alloc_vec(q.len(), T::zero(), what)?;
+    let what = format_args!("the attention statistics of {} rows", n.b * n.hq * n.t);
+    let mut lse = alloc_vec(n.b * n.hq * n.t, 0f64, what)?;
     for (bh, (o, l)) in parts.into_iter().enumerate() {
         let (b, h) = (bh / n.hq, bh % n.hq);
         for t in 0..n.t {
@@ -117,24 +124,29 @@ fn forward_impl<T: Real>(q: &[T], k: &[T], v: &[T], n: Dims) -> (Vec<T>, Vec<f64
         }
         lse[bh * n.t..(bh + 1) * n.t].copy_from_slice(&l);
     }
-    (out, lse)
+    Ok((out, lse))
 }
 
 /// Causal attention: `out (B, T, Hq, D)` from `q (B, T, Hq, D)`, `k, v (B, T, Hkv, D)`.
 pub fn attention_forward(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(Tensor, AttentionSaved)> {
     let n = dims(q, k, v)?;
     let (out, lse) = if q.dtype() == DType::F64 {
-        let (o, l) = forward_impl(&q.to_f64_vec(), &k.to_f64_vec(), &v.to_f64_vec(), n);
+        let (q64, k64, v64) = (
+            q.try_to_f64_vec()?,
+            k.try_to_f64_vec()?,
+            v.try_to_f64_vec()?,
+        );
+        let (o, l) = forward_impl(&q64, &k64, &v64, n)?;
         (Tensor::from_f64(q.shape(), o)?, l)
     } else {
-        let (o, l) = forward_impl(&q.to_f32_vec(), &k.to_f32_vec(), &v.to_f32_vec(), n);
+        let (o, l) = forward_impl(&q.f32_values()?, &k.f32_values()?, &v.f32_values()?, n)?;
         (Tensor::from_f32_as(q.shape(), o, q.dtype())?, l)
     };
     let saved = AttentionSaved {
-        q: q.clone(),
-        k: k.clone(),
-        v: v.clone(),
-        out: out.clone(),
+        q: q.try_clone()?,
+        k: k.try_clone()?,
+        v: v.try_clone()?,
+        out: out.try_clone()?,
         lse,
     };
     Ok((out, saved))
@@ -150,7 +162,7 @@ fn backward_impl<T: Real>(
     lse: &[f64],
     dout: &[T],
     n: Dims,
-) -> Grads<T> {
+) -> octet_tensor::Result<Grads<T>> {
     let scale = T::from(1.0 / (n.d as f64).sqrt()).unwrap_or_else(T::one);
     let group = n.hq / n.hkv;
     // One task per (batch, kv head): it owns dk, dv of that head and dq of its query heads.
@@ -187,9 +199,9 @@ fn backward_impl<T: Real>(
         })
         .collect();
     let (mut dq, mut dk, mut dv) = (
-        vec![T::zero(); q.len()],
-        vec![T::zero(); k.len()],
-        vec![T::zero(); v.len()],
+        alloc_vec(q.len(), T::zero(), "the attention query gradient")?,
+        alloc_vec(k.len(), T::zero(), "the attention key gradient")?,
+        alloc_vec(v.len(), T::zero(), "the attention value gradient")?,
     );
     for (bg, (pq, pk, pv)) in parts.into_iter().enumerate() {
         let (b, g) = (bg / n.hkv, bg % n.hkv);
@@ -204,7 +216,7 @@ fn backward_impl<T: Real>(
             }
         }
     }
-    (dq, dk, dv)
+    Ok((dq, dk, dv))
 }
 
 /// Backward of [`attention_forward`]: `(dq, dk, dv)` in the inputs' dtype.
@@ -223,14 +235,14 @@ pub fn attention_backward(
     }
     if q.dtype() == DType::F64 {
         let (dq, dk, dv) = backward_impl(
-            &q.to_f64_vec(),
-            &k.to_f64_vec(),
-            &v.to_f64_vec(),
-            &out.to_f64_vec(),
+            &q.try_to_f64_vec()?,
+            &k.try_to_f64_vec()?,
+            &v.try_to_f64_vec()?,
+            &out.try_to_f64_vec()?,
             &lse,
-            &d_out.to_f64_vec(),
+            &d_out.try_to_f64_vec()?,
             n,
-        );
+        )?;
         return Ok((
             Tensor::from_f64(q.shape(), dq)?,
             Tensor::from_f64(k.shape(), dk)?,
@@ -238,14 +250,14 @@ pub fn attention_backward(
         ));
     }
     let (dq, dk, dv) = backward_impl(
-        &q.to_f32_vec(),
-        &k.to_f32_vec(),
-        &v.to_f32_vec(),
-        &out.to_f32_vec(),
+        &q.f32_values()?,
+        &k.f32_values()?,
+        &v.f32_values()?,
+        &out.f32_values()?,
         &lse,
-        &d_out.to_f32_vec(),
+        &d_out.f32_values()?,
         n,
-    );
+    )?;
     let dt = q.dtype();
     Ok((
         Tensor::from_f32_as(q.shape(), dq, dt)?,

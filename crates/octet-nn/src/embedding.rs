@@ -39,20 +39,28 @@ impl Embedding {
     /// Rows of the table for `tokens`: `(N, C)` in the table's dtype.
     pub fn forward(&self, tokens: &[u32]) -> Result<Tensor> {
         let (_, c) = self.check(tokens)?;
-        fn gather<T: Copy>(w: &[T], tokens: &[u32], c: usize) -> Vec<T> {
-            tokens
-                .iter()
-                .flat_map(|&t| w[t as usize * c..(t as usize + 1) * c].iter().copied())
-                .collect()
+        fn gather<T: Copy>(w: &[T], tokens: &[u32], c: usize) -> octet_tensor::Result<Vec<T>> {
+            let n = tokens.len();
+            let len = octet_tensor::checked_numel(&[n, c])?;
+            let what = format_args!("the ({n}, {c}) embedding output");
+            let mut out = octet_tensor::alloc_capacity(len, what)?;
+            for &t in tokens {
+                out.extend_from_slice(&w[t as usize * c..(t as usize + 1) * c]);
+            }
+            Ok(out)
         }
         let n = tokens.len();
-        Ok(match self.weight.dtype() {
-            DType::F64 => Tensor::from_f64(&[n, c], gather(&self.weight.to_f64_vec(), tokens, c))?,
-            DType::Bf16 => Tensor::from_bf16(
-                &[n, c],
-                gather(self.weight.as_bf16().unwrap_or_default(), tokens, c),
-            )?,
-            DType::F32 => Tensor::from_f32(&[n, c], gather(&self.weight.to_f32_vec(), tokens, c))?,
+        let w = &self.weight;
+        Ok(match w.dtype() {
+            DType::F64 => {
+                Tensor::from_f64(&[n, c], gather(w.as_f64().unwrap_or_default(), tokens, c)?)?
+            }
+            DType::Bf16 => {
+                Tensor::from_bf16(&[n, c], gather(w.as_bf16().unwrap_or_default(), tokens, c)?)?
+            }
+            DType::F32 => {
+                Tensor::from_f32(&[n, c], gather(w.as_f32().unwrap_or_default(), tokens, c)?)?
+            }
         })
     }
 
@@ -66,18 +74,24 @@ impl Embedding {
                 tokens.len()
             )));
         }
-        fn scatter<T: Real>(dy: &[T], tokens: &[u32], v: usize, c: usize) -> Vec<T> {
-            let mut dw = vec![T::zero(); v * c];
+        fn scatter<T: Real>(
+            dy: &[T],
+            tokens: &[u32],
+            v: usize,
+            c: usize,
+        ) -> octet_tensor::Result<Vec<T>> {
+            let what = format_args!("the ({v}, {c}) embedding gradient");
+            let mut dw = octet_tensor::alloc_vec(v * c, T::zero(), what)?;
             for (&t, row) in tokens.iter().zip(dy.chunks(c)) {
                 for (o, &g) in dw[t as usize * c..(t as usize + 1) * c].iter_mut().zip(row) {
                     *o = *o + g;
                 }
             }
-            dw
+            Ok(dw)
         }
         Ok(match dy.dtype() {
-            DType::F64 => Tensor::from_f64(&[v, c], scatter(&dy.to_f64_vec(), tokens, v, c))?,
-            _ => Tensor::from_f32(&[v, c], scatter(&dy.to_f32_vec(), tokens, v, c))?,
+            DType::F64 => Tensor::from_f64(&[v, c], scatter(&dy.try_to_f64_vec()?, tokens, v, c)?)?,
+            _ => Tensor::from_f32(&[v, c], scatter(&dy.f32_values()?, tokens, v, c)?)?,
         })
     }
 }

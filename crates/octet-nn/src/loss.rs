@@ -44,10 +44,11 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<(f64, Tensor)> 
             "target {t} at row {i} is outside the vocabulary of {v}"
         )));
     }
-    fn run<T: Real>(x: &[T], targets: &[u32], v: usize) -> (f64, Vec<T>) {
+    fn run<T: Real>(x: &[T], targets: &[u32], v: usize) -> octet_tensor::Result<(f64, Vec<T>)> {
         let counted = targets.iter().filter(|&&t| t != IGNORE).count();
         let inv_m = T::from(1.0 / counted.max(1) as f64).unwrap_or_else(T::zero);
-        let mut grad = vec![T::zero(); x.len()];
+        let what = format_args!("the ({}, {v}) logits gradient", targets.len());
+        let mut grad = octet_tensor::alloc_vec(x.len(), T::zero(), what)?;
         let losses: Vec<f64> = grad
             .par_chunks_mut(v)
             .zip(x.par_chunks(v))
@@ -66,15 +67,15 @@ pub fn cross_entropy(logits: &Tensor, targets: &[u32]) -> Result<(f64, Tensor)> 
                 (lse - row[t as usize]).to_f64().unwrap_or(f64::NAN)
             })
             .collect();
-        (losses.iter().sum::<f64>() / counted.max(1) as f64, grad)
+        Ok((losses.iter().sum::<f64>() / counted.max(1) as f64, grad))
     }
     match logits.dtype() {
         DType::F64 => {
-            let (l, g) = run(&logits.to_f64_vec(), targets, v);
+            let (l, g) = run(&logits.try_to_f64_vec()?, targets, v)?;
             Ok((l, Tensor::from_f64(&[m, v], g)?))
         }
         _ => {
-            let (l, g) = run(&logits.to_f32_vec(), targets, v);
+            let (l, g) = run(&logits.f32_values()?, targets, v)?;
             Ok((l, Tensor::from_f32(&[m, v], g)?))
         }
     }

@@ -2,7 +2,7 @@
 
 use crate::{Error, Result};
 use octet_tensor::cpu::Real;
-use octet_tensor::{DType, Tensor};
+use octet_tensor::{alloc_vec, DType, Tensor};
 use rayon::prelude::*;
 
 /// Root-mean-square normalisation over the last dimension.
@@ -28,10 +28,14 @@ impl RmsNormSaved {
     }
 }
 
-fn rows_forward<T: Real>(x: &[T], w: &[T], c: usize, eps: f64) -> (Vec<T>, Vec<f64>) {
+fn rows_forward<T: Real>(x: &[T], w: &[T], c: usize, eps: f64) -> Result<(Vec<T>, Vec<f64>)> {
     let m = x.len() / c;
-    let mut y = vec![T::zero(); x.len()];
-    let mut rstd = vec![0f64; m];
+    let mut y = alloc_vec(
+        x.len(),
+        T::zero(),
+        format_args!("the ({m}, {c}) RMSNorm output"),
+    )?;
+    let mut rstd = alloc_vec(m, 0f64, format_args!("the RMSNorm statistics of {m} rows"))?;
     y.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .zip(rstd.par_iter_mut())
@@ -44,12 +48,23 @@ fn rows_forward<T: Real>(x: &[T], w: &[T], c: usize, eps: f64) -> (Vec<T>, Vec<f
                 *o = v * r * g;
             }
         });
-    (y, rstd)
+    Ok((y, rstd))
 }
 
-fn rows_backward<T: Real>(x: &[T], w: &[T], dy: &[T], rstd: &[f64], c: usize) -> (Vec<T>, Vec<T>) {
+fn rows_backward<T: Real>(
+    x: &[T],
+    w: &[T],
+    dy: &[T],
+    rstd: &[f64],
+    c: usize,
+) -> Result<(Vec<T>, Vec<T>)> {
     // dx_i = r (g_i dy_i) - r^3 x_i mean_j(g_j dy_j x_j);  dw_i = sum_rows dy_i x_i r
-    let mut dx = vec![T::zero(); x.len()];
+    let m = x.len() / c;
+    let mut dx = alloc_vec(
+        x.len(),
+        T::zero(),
+        format_args!("the ({m}, {c}) RMSNorm input gradient"),
+    )?;
     dx.par_chunks_mut(c)
         .zip(x.par_chunks(c))
         .zip(dy.par_chunks(c))
@@ -74,7 +89,7 @@ fn rows_backward<T: Real>(x: &[T], w: &[T], dy: &[T], rstd: &[f64], c: usize) ->
             *o = *o + g * xv * r;
         }
     }
-    (dx, dw)
+    Ok((dx, dw))
 }
 
 impl RmsNorm {
@@ -101,24 +116,28 @@ impl RmsNorm {
         Ok((m, c))
     }
 
-    /// `y (M, C)` in `x`'s dtype.
+    /// `y (M, C)` in `x`'s dtype; an error naming the bytes, not an abort,
+    /// when the output or the saved input cannot be allocated.
     pub fn forward(&self, x: &Tensor) -> Result<(Tensor, RmsNormSaved)> {
         let (_, c) = self.check(x)?;
         let y = match x.as_f64() {
             Some(xv) => {
-                let (y, rstd) = rows_forward(xv, &self.weight.to_f64_vec(), c, self.eps);
+                let (y, rstd) = rows_forward(xv, &self.weight.try_to_f64_vec()?, c, self.eps)?;
                 return Ok((
                     Tensor::from_f64(x.shape(), y)?,
-                    RmsNormSaved { x: x.clone(), rstd },
+                    RmsNormSaved {
+                        x: x.try_clone()?,
+                        rstd,
+                    },
                 ));
             }
-            None => rows_forward(&x.to_f32_vec(), &self.weight.to_f32_vec(), c, self.eps),
+            None => rows_forward(&x.f32_values()?, &self.weight.f32_values()?, c, self.eps)?,
         };
         let out = Tensor::from_f32_as(x.shape(), y.0, x.dtype())?;
         Ok((
             out,
             RmsNormSaved {
-                x: x.clone(),
+                x: x.try_clone()?,
                 rstd: y.1,
             },
         ))
@@ -136,24 +155,24 @@ impl RmsNorm {
         }
         if saved.x.dtype() == DType::F64 {
             let (dx, dw) = rows_backward(
-                &saved.x.to_f64_vec(),
-                &self.weight.to_f64_vec(),
-                &dy.to_f64_vec(),
+                &saved.x.try_to_f64_vec()?,
+                &self.weight.try_to_f64_vec()?,
+                &dy.try_to_f64_vec()?,
                 &saved.rstd,
                 c,
-            );
+            )?;
             return Ok((
                 Tensor::from_f64(saved.x.shape(), dx)?,
                 Tensor::from_f64(&[c], dw)?,
             ));
         }
         let (dx, dw) = rows_backward(
-            &saved.x.to_f32_vec(),
-            &self.weight.to_f32_vec(),
-            &dy.to_f32_vec(),
+            &saved.x.f32_values()?,
+            &self.weight.f32_values()?,
+            &dy.f32_values()?,
             &saved.rstd,
             c,
-        );
+        )?;
         Ok((
             Tensor::from_f32_as(saved.x.shape(), dx, saved.x.dtype())?,
             Tensor::from_f32(&[c], dw)?,

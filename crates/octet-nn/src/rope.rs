@@ -92,9 +92,15 @@ impl Rope {
             )));
         }
         let (t, h, d) = (s[1], s[2], s[3]);
-        fn run<T: Real>(rope: &Rope, x: &[T], t: usize, h: usize, d: usize, sign: f64) -> Vec<T> {
+        fn run<T: Real>(
+            rope: &Rope,
+            x: &[T],
+            (t, h, d): (usize, usize, usize),
+            sign: f64,
+        ) -> octet_tensor::Result<Vec<T>> {
             let half = d / 2;
-            let mut out = vec![T::zero(); x.len()];
+            let what = format_args!("a RoPE output of {} elements", x.len());
+            let mut out = octet_tensor::alloc_vec(x.len(), T::zero(), what)?;
             // One (T, H, D) sequence per task; position = row index within the sequence.
             out.par_chunks_mut(t * h * d)
                 .zip(x.par_chunks(t * h * d))
@@ -114,11 +120,13 @@ impl Rope {
                         }
                     }
                 });
-            out
+            Ok(out)
         }
         match x.as_f64() {
-            Some(v) => Tensor::from_f64(s, run(self, v, t, h, d, sign)),
-            None => Tensor::from_f32_as(s, run(self, &x.to_f32_vec(), t, h, d, sign), x.dtype()),
+            Some(v) => Tensor::from_f64(s, run(self, v, (t, h, d), sign)?),
+            None => {
+                Tensor::from_f32_as(s, run(self, &x.f32_values()?, (t, h, d), sign)?, x.dtype())
+            }
         }
         .map_err(Into::into)
     }

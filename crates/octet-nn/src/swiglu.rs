@@ -2,7 +2,7 @@
 
 use crate::{Error, Result};
 use octet_tensor::cpu::Real;
-use octet_tensor::{DType, Tensor};
+use octet_tensor::{alloc_capacity, alloc_collect, DType, Tensor};
 
 /// What [`swiglu_backward`] reads: both inputs.
 #[derive(Clone, Debug)]
@@ -31,18 +31,20 @@ pub fn swiglu_forward(gate: &Tensor, up: &Tensor) -> Result<(Tensor, SwigluSaved
             up.shape()
         )));
     }
-    fn run<T: Real>(g: &[T], u: &[T]) -> Vec<T> {
-        g.iter().zip(u).map(|(&g, &u)| g * sigmoid(g) * u).collect()
+    fn run<T: Real>(g: &[T], u: &[T]) -> octet_tensor::Result<Vec<T>> {
+        let what = format_args!("a SwiGLU output of {} elements", g.len());
+        alloc_collect(g.iter().zip(u).map(|(&g, &u)| g * sigmoid(g) * u), what)
     }
+    let s = gate.shape();
     let out = match gate.dtype() {
-        DType::F64 => Tensor::from_f64(gate.shape(), run(&gate.to_f64_vec(), &up.to_f64_vec()))?,
-        dt => Tensor::from_f32_as(gate.shape(), run(&gate.to_f32_vec(), &up.to_f32_vec()), dt)?,
+        DType::F64 => Tensor::from_f64(s, run(&gate.try_to_f64_vec()?, &up.try_to_f64_vec()?)?)?,
+        dt => Tensor::from_f32_as(s, run(&gate.f32_values()?, &up.f32_values()?)?, dt)?,
     };
     Ok((
         out,
         SwigluSaved {
-            gate: gate.clone(),
-            up: up.clone(),
+            gate: gate.try_clone()?,
+            up: up.try_clone()?,
         },
     ))
 }
@@ -57,24 +59,29 @@ pub fn swiglu_backward(saved: SwigluSaved, dy: &Tensor) -> Result<(Tensor, Tenso
             gate.shape()
         )));
     }
-    fn run<T: Real>(g: &[T], u: &[T], dy: &[T]) -> (Vec<T>, Vec<T>) {
-        let mut dg = Vec::with_capacity(g.len());
-        let mut du = Vec::with_capacity(g.len());
+    fn run<T: Real>(g: &[T], u: &[T], dy: &[T]) -> octet_tensor::Result<(Vec<T>, Vec<T>)> {
+        let what = format_args!("a SwiGLU input gradient of {} elements", g.len());
+        let mut dg = alloc_capacity(g.len(), what)?;
+        let mut du = alloc_capacity(g.len(), what)?;
         for ((&g, &u), &d) in g.iter().zip(u).zip(dy) {
             let s = sigmoid(g);
             du.push(d * g * s);
             dg.push(d * u * s * (T::one() + g * (T::one() - s)));
         }
-        (dg, du)
+        Ok((dg, du))
     }
     let shape = gate.shape();
     match gate.dtype() {
         DType::F64 => {
-            let (dg, du) = run(&gate.to_f64_vec(), &up.to_f64_vec(), &dy.to_f64_vec());
+            let (dg, du) = run(
+                &gate.try_to_f64_vec()?,
+                &up.try_to_f64_vec()?,
+                &dy.try_to_f64_vec()?,
+            )?;
             Ok((Tensor::from_f64(shape, dg)?, Tensor::from_f64(shape, du)?))
         }
         dt => {
-            let (dg, du) = run(&gate.to_f32_vec(), &up.to_f32_vec(), &dy.to_f32_vec());
+            let (dg, du) = run(&gate.f32_values()?, &up.f32_values()?, &dy.f32_values()?)?;
             Ok((
                 Tensor::from_f32_as(shape, dg, dt)?,
                 Tensor::from_f32_as(shape, du, dt)?,

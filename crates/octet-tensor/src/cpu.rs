@@ -1,10 +1,11 @@
 //! CPU reference kernels.
 
 use crate::tensor::checked_alloc;
-use crate::{DType, Error, Result, Tensor};
+use crate::{alloc_capacity, alloc_collect, alloc_vec, DType, Error, Result, Tensor};
 use gemm::Parallelism;
 use octet_fp8::convert::ToF32;
 use octet_fp8::{QuantData, QuantSpec, QuantizedTensor, Scales, Usage};
+use std::convert::Infallible;
 
 /// Below this many multiply-adds a GEMM runs on one thread.
 const PAR_FLOPS: usize = 1 << 18;
@@ -28,6 +29,45 @@ pub fn sgemm(m: usize, n: usize, k: usize, a: &[f32], ta: bool, b: &[f32], tb: b
 /// # Panics
 /// If a slice length disagrees with its shape (callers check shapes first).
 pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], tb: bool) -> Vec<T> {
+    let alloc = |len| Ok::<_, Infallible>(vec![T::zero(); len]);
+    match gemm_with(m, n, k, a, ta, b, tb, alloc) {
+        Ok(c) => c,
+        Err(e) => match e {},
+    }
+}
+
+/// [`gemm()`], with an [`Error::Alloc`] in place of the abort when the
+/// `(m, n)` output cannot be allocated.
+///
+/// # Panics
+/// As [`gemm()`], if a slice length disagrees with its shape.
+#[allow(clippy::too_many_arguments)]
+pub fn try_gemm<T: Real>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    ta: bool,
+    b: &[T],
+    tb: bool,
+) -> Result<Vec<T>> {
+    let alloc = |len| alloc_vec(len, T::zero(), format_args!("a {m}x{n} GEMM output"));
+    gemm_with(m, n, k, a, ta, b, tb, alloc)
+}
+
+/// The body of [`gemm()`]: the operands checked, then the `m * n` output
+/// taken from `alloc` and computed.
+#[allow(clippy::too_many_arguments)]
+fn gemm_with<T: Real, E>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[T],
+    ta: bool,
+    b: &[T],
+    tb: bool,
+    alloc: impl FnOnce(usize) -> std::result::Result<Vec<T>, E>,
+) -> std::result::Result<Vec<T>, E> {
     assert_eq!(
         Some(a.len()),
         m.checked_mul(k),
@@ -40,11 +80,11 @@ pub fn gemm<T: Real>(m: usize, n: usize, k: usize, a: &[T], ta: bool, b: &[T], t
         "gemm: b has {} elements, want {k}x{n}",
         b.len()
     );
-    let mut c = vec![T::zero(); out_len(m, n)];
+    let mut c = alloc(out_len(m, n))?;
     let a_strides = if ta { (1, m) } else { (k, 1) };
     let b_strides = if tb { (1, k) } else { (n, 1) };
     gemm_strided(m, n, k, a, a_strides, b, b_strides, &mut c);
-    c
+    Ok(c)
 }
 
 /// `m * n` elements of a GEMM's output.
@@ -62,6 +102,33 @@ fn out_len(m: usize, n: usize) -> usize {
 /// # Panics
 /// If a slice length disagrees with its shape (callers check shapes first).
 pub fn gemm_serial(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
+    let alloc = |len| Ok::<_, Infallible>(vec![0f32; len]);
+    match gemm_serial_with(m, n, k, a, b, alloc) {
+        Ok(c) => c,
+        Err(e) => match e {},
+    }
+}
+
+/// [`gemm_serial`], with an [`Error::Alloc`] in place of the abort when the
+/// `(m, n)` output cannot be allocated.
+///
+/// # Panics
+/// As [`gemm_serial`], if a slice length disagrees with its shape.
+pub fn try_gemm_serial(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Result<Vec<f32>> {
+    let alloc = |len| alloc_vec(len, 0f32, format_args!("a {m}x{n} GEMM output"));
+    gemm_serial_with(m, n, k, a, b, alloc)
+}
+
+/// The body of [`gemm_serial`]: the operands checked, then the `m * n`
+/// output taken from `alloc` and computed.
+fn gemm_serial_with<E>(
+    m: usize,
+    n: usize,
+    k: usize,
+    a: &[f32],
+    b: &[f32],
+    alloc: impl FnOnce(usize) -> std::result::Result<Vec<f32>, E>,
+) -> std::result::Result<Vec<f32>, E> {
     assert_eq!(
         Some(a.len()),
         m.checked_mul(k),
@@ -72,9 +139,9 @@ pub fn gemm_serial(m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f3
         n.checked_mul(k),
         "gemm_serial: b is not {n}x{k}"
     );
-    let mut c = vec![0f32; out_len(m, n)];
+    let mut c = alloc(out_len(m, n))?;
     gemm_strided_par(m, n, k, a, (k, 1), b, (1, k), &mut c, Parallelism::None);
-    c
+    Ok(c)
 }
 
 /// `c (m, n) = a @ b` with explicit (row stride, column stride) in elements for `a (m, k)` and `b (k, n)`;
@@ -176,6 +243,9 @@ fn gemm_strided_par<T: Real>(
 /// `op(a) @ op(b)` on tensors viewed as matrices (leading dims flattened),
 /// result in `out` dtype with shape `(m, n)`. Accumulates in f64 when both
 /// operands are f64 (the gradient-check reference), in f32 otherwise.
+///
+/// f32 operands are read in place; [`Error::Alloc`] when the output (or an
+/// operand's f32 copy) cannot be allocated.
 pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<Tensor> {
     let (ar, ac) = a.dims2()?;
     let (br, bc) = b.dims2()?;
@@ -194,24 +264,26 @@ pub fn matmul(a: &Tensor, ta: bool, b: &Tensor, tb: bool, out: DType) -> Result<
     checked_alloc(&[m, n], if f64s { 8 } else { 4 })?;
     match (a.as_f64(), b.as_f64()) {
         (Some(av), Some(bv)) => {
-            Ok(Tensor::from_f64(&[m, n], gemm(m, n, k, av, ta, bv, tb))?.to_dtype(out))
+            Tensor::from_f64(&[m, n], try_gemm(m, n, k, av, ta, bv, tb)?)?.into_dtype(out)
         }
-        _ => Tensor::from_f32_as(
-            &[m, n],
-            sgemm(m, n, k, &a.to_f32_vec(), ta, &b.to_f32_vec(), tb),
-            out,
-        ),
+        _ => {
+            let (av, bv) = (a.f32_values()?, b.f32_values()?);
+            Tensor::from_f32_as(&[m, n], try_gemm(m, n, k, &av, ta, &bv, tb)?, out)
+        }
     }
 }
 
-/// The codes of `q` decoded without their scales, row-major `(rows, cols)`.
-fn decode_codes(q: &QuantData) -> Vec<f32> {
+/// The codes of `q` decoded without their scales, row-major `(rows, cols)`;
+/// [`Error::Alloc`] when that buffer cannot be allocated.
+fn decode_codes(q: &QuantData) -> Result<Vec<f32>> {
     let table = q.format.table();
-    let mut out = Vec::with_capacity(q.rows * q.cols);
+    let n = checked_alloc(&[q.rows, q.cols], 4)?;
+    let (r, c) = (q.rows, q.cols);
+    let mut out = alloc_capacity(n, format_args!("the decoded ({r}, {c}) FP8 codes"))?;
     for r in 0..q.rows {
         out.extend((0..q.cols).map(|c| table[q.code(r, c) as usize]));
     }
-    out
+    Ok(out)
 }
 
 /// FP8 GEMM emulation: `d (m, n) = a (m, k) @ b (n, k)^T`, both operands K-major ("TN", as Hopper takes them).
@@ -240,9 +312,9 @@ pub fn fp8_gemm(a: &QuantData, b: &QuantData) -> Result<Vec<f32>> {
     }
     let (m, n, k) = (a.rows, b.rows, a.cols);
     checked_alloc(&[m, n], 4)?;
-    let (da, db) = (decode_codes(a), decode_codes(b));
-    let mut acc = vec![0f32; m * n];
-    let mut part = vec![0f32; m * n];
+    let (da, db) = (decode_codes(a)?, decode_codes(b)?);
+    let mut acc = alloc_vec(m * n, 0f32, format_args!("a {m}x{n} FP8 GEMM output"))?;
+    let mut part = alloc_vec(m * n, 0f32, format_args!("a {m}x{n} FP8 GEMM partial sum"))?;
     let mut k0 = 0;
     while k0 < k {
         let next = |blk: usize| (k0 / blk + 1) * blk;
@@ -351,7 +423,7 @@ pub fn sum_rows(x: &Tensor) -> Result<Tensor> {
     }
     match x.as_f64() {
         Some(v) => Tensor::from_f64(&[c], sum(v, r, c)),
-        None => Tensor::from_f32(&[c], sum(&x.to_f32_vec(), r, c)),
+        None => Tensor::from_f32(&[c], sum(&x.f32_values()?, r, c)),
     }
 }
 
@@ -375,10 +447,10 @@ pub fn add_bias(y: &Tensor, bias: &Tensor) -> Result<Tensor> {
         v
     }
     match y.as_f64() {
-        Some(v) => Tensor::from_f64(y.shape(), add(v.to_vec(), &bias.to_f64_vec())),
+        Some(_) => Tensor::from_f64(y.shape(), add(y.try_to_f64_vec()?, &bias.try_to_f64_vec()?)),
         None => Tensor::from_f32_as(
             y.shape(),
-            add(y.to_f32_vec(), &bias.to_f32_vec()),
+            add(y.try_to_f32_vec()?, &bias.f32_values()?),
             y.dtype(),
         ),
     }
@@ -393,18 +465,16 @@ pub fn add(a: &Tensor, b: &Tensor) -> Result<Tensor> {
             b.shape()
         )));
     }
+    let what = format_args!("the sum of two {:?} tensors", a.shape());
     match a.as_f64() {
-        Some(av) => Tensor::from_f64(
-            a.shape(),
-            av.iter().zip(b.to_f64_vec()).map(|(x, y)| x + y).collect(),
-        ),
+        Some(av) => {
+            let bv = b.try_to_f64_vec()?;
+            let v = alloc_collect(av.iter().zip(&bv).map(|(x, y)| x + y), what)?;
+            Tensor::from_f64(a.shape(), v)
+        }
         None => {
-            let v = a
-                .to_f32_vec()
-                .iter()
-                .zip(b.to_f32_vec())
-                .map(|(x, y)| x + y)
-                .collect();
+            let (av, bv) = (a.f32_values()?, b.f32_values()?);
+            let v = alloc_collect(av.iter().zip(bv.iter()).map(|(x, y)| x + y), what)?;
             Tensor::from_f32_as(a.shape(), v, a.dtype())
         }
     }

@@ -9,10 +9,12 @@
 //! hardware does, and quantize/dequantize over `octet-fp8`.
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod cpu;
 pub mod mixed;
 mod tensor;
 
+pub use alloc::{alloc_capacity, alloc_collect, alloc_vec};
 pub use tensor::{checked_numel, DType, Tensor};
 
 /// Errors of tensor construction and kernels.
@@ -27,6 +29,21 @@ pub enum Error {
     /// An operation this backend or dtype does not support.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A buffer the allocator could not provide: host memory is exhausted
+    /// (or the request exceeds what the allocator will hand out). Raised by
+    /// [`alloc_vec`] and the tensor constructors and kernels built on it, in
+    /// place of the process abort an infallible allocation ends in.
+    #[error(
+        "out of memory: cannot allocate {bytes} bytes ({}) for {what}; \
+         lower --batch, --seq or --rank, or use a smaller model",
+        alloc::human_bytes(*.bytes)
+    )]
+    Alloc {
+        /// Bytes requested.
+        bytes: u128,
+        /// What the buffer was for.
+        what: String,
+    },
 }
 
 /// Result alias.

@@ -38,7 +38,7 @@
 //! `2^-109`, or higher under small block factors: see `tiny_products`).
 
 use crate::tensor::checked_alloc;
-use crate::{cpu, Error, Result, Tensor};
+use crate::{alloc_vec, cpu, DType, Error, Result, Tensor};
 use octet_fp8::{Format, Granularity, QuantData, QuantSpec, Rounding, ScaleRule, Scales};
 use rayon::prelude::*;
 
@@ -442,20 +442,18 @@ pub fn matmul_weights(x: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
     }
     check_values(w)?;
     checked_alloc(&[m, n], 4)?;
-    let xs: Vec<f32> = match (x.as_f32(), x.as_bf16()) {
-        (Some(v), _) => v.to_vec(),
-        (_, Some(v)) => v.iter().map(|b| b.to_f32()).collect(),
-        _ => {
-            return Err(Error::Unsupported(format!(
-                "mixed product of a {:?} input; use f32 or bf16",
-                x.dtype()
-            )))
-        }
-    };
+    if x.dtype() == DType::F64 {
+        return Err(Error::Unsupported(format!(
+            "mixed product of a {:?} input; use f32 or bf16",
+            x.dtype()
+        )));
+    }
+    // f32 read in place; bf16 widened once (an error if that copy cannot be allocated).
+    let xs = x.f32_values()?;
     let y = if m <= SMALL_M {
         small_m(&xs, m, k, n, w)
     } else {
-        tiled(&xs, m, k, n, w)
+        tiled(&xs, m, k, n, w)?
     };
     Tensor::from_f32(&[m, n], y)
 }
@@ -485,7 +483,7 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
     }
     check_values(w)?;
     checked_alloc(&[m, k], 4)?;
-    let g = dy.to_f32_vec();
+    let g = dy.f32_values()?;
     let stripes = k.div_ceil(BLOCK);
     let row_groups = m.div_ceil(8);
     let parts: Vec<(usize, usize, Vec<f32>)> = (0..stripes * row_groups)
@@ -521,7 +519,7 @@ pub fn matmul_weights_t(dy: &Tensor, w: &WeightRef<'_>) -> Result<Tensor> {
             (task, width, out)
         })
         .collect();
-    let mut dx = vec![0f32; m * k];
+    let mut dx = alloc_vec(m * k, 0f32, format_args!("a {m}x{k} input gradient"))?;
     for (task, width, out) in parts {
         let (s, rg) = (task % stripes, task / stripes);
         let k0 = s * BLOCK;
@@ -728,7 +726,8 @@ fn denormals_honoured() -> bool {
 /// in L2) and multiplied with all of `x` by the f32 GEMM; tiles run in parallel.
 /// Outputs that come out infinite or NaN, and rows whose factors make
 /// dequantized values f32 subnormals, are summed in f64 (`dot_f64`).
-fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32> {
+/// [`Error::Alloc`] when the output, or a tile's share of it, cannot be allocated.
+fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Result<Vec<f32>> {
     let tiles = n.div_ceil(TILE_N);
     let level = cpu_simd();
     let parts: Vec<Vec<f32>> = (0..tiles)
@@ -761,7 +760,7 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
                     None => {}
                 }
             }
-            let mut part = cpu::gemm_serial(m, rows, k, x, &panel);
+            let mut part = cpu::try_gemm_serial(m, rows, k, x, &panel)?;
             // As in the streaming kernel: an output the f32 sum made infinite
             // or NaN (partial sums can pass f32's range where the f64 product
             // does not) is summed again in f64; an inf or NaN input still shows.
@@ -773,10 +772,10 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
                     }
                 }
             }
-            part
+            Ok(part)
         })
-        .collect();
-    let mut y = vec![0f32; m * n];
+        .collect::<Result<_>>()?;
+    let mut y = alloc_vec(m * n, 0f32, format_args!("a {m}x{n} product output"))?;
     for (t, part) in parts.iter().enumerate() {
         let r0 = t * TILE_N;
         let rows = TILE_N.min(n - r0);
@@ -784,7 +783,7 @@ fn tiled(x: &[f32], m: usize, k: usize, n: usize, w: &WeightRef<'_>) -> Vec<f32>
             y[i * n + r0..i * n + r0 + rows].copy_from_slice(&part[i * rows..(i + 1) * rows]);
         }
     }
-    y
+    Ok(y)
 }
 
 /// The factor applied after the sum over `K` (per tensor or channel; 1 for

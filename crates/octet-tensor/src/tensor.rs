@@ -1,7 +1,8 @@
 //! The tensor type: shape, dtype and host storage.
 
-use crate::{Error, Result};
+use crate::{alloc_collect, alloc_vec, Error, Result};
 use half::bf16;
+use std::borrow::Cow;
 
 /// Element type of a high-precision tensor.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -89,6 +90,25 @@ pub(crate) fn checked_alloc(shape: &[usize], elem_bytes: usize) -> Result<usize>
     }
 }
 
+/// A tensor buffer named in an [`Error::Alloc`]: "a F32 tensor of shape
+/// [..]", formatted only when the allocation fails.
+#[derive(Clone, Copy)]
+struct What<'a> {
+    kind: &'static str,
+    shape: &'a [usize],
+    dtype: DType,
+}
+
+impl std::fmt::Display for What<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "a {:?} {} of shape {:?}",
+            self.dtype, self.kind, self.shape
+        )
+    }
+}
+
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
     let n = checked_numel(shape)?;
     if n != len {
@@ -127,19 +147,27 @@ impl Tensor {
         })
     }
 
-    /// A tensor of `dtype` from f32 values (rounded to nearest even for bf16).
+    /// A tensor of `dtype` from f32 values (rounded to nearest even for
+    /// bf16; `data` itself when `dtype` is f32); [`Error::Alloc`] when a
+    /// conversion's buffer cannot be allocated.
     pub fn from_f32_as(shape: &[usize], data: Vec<f32>, dtype: DType) -> Result<Tensor> {
-        Tensor::from_f32(shape, data).map(|t| t.to_dtype(dtype))
+        Tensor::from_f32(shape, data)?.into_dtype(dtype)
     }
 
     /// Zeros; errors if the element count of `shape` overflows `usize` or
-    /// its bytes exceed the largest allocation.
+    /// its bytes exceed the largest allocation, and [`Error::Alloc`] when
+    /// the allocator cannot provide them.
     pub fn zeros(shape: &[usize], dtype: DType) -> Result<Tensor> {
         let n = checked_alloc(shape, dtype.size())?;
+        let what = What {
+            kind: "tensor",
+            shape,
+            dtype,
+        };
         let data = match dtype {
-            DType::F32 => Data::F32(vec![0.0; n]),
-            DType::Bf16 => Data::Bf16(vec![bf16::ZERO; n]),
-            DType::F64 => Data::F64(vec![0.0; n]),
+            DType::F32 => Data::F32(alloc_vec(n, 0.0, what)?),
+            DType::Bf16 => Data::Bf16(alloc_vec(n, bf16::ZERO, what)?),
+            DType::F64 => Data::F64(alloc_vec(n, 0.0, what)?),
         };
         Ok(Tensor {
             shape: shape.to_vec(),
@@ -183,6 +211,10 @@ impl Tensor {
     }
 
     /// The values as f32 (exact for f32 and bf16; rounded from f64).
+    ///
+    /// Aborts the process if the copy cannot be allocated: where the size
+    /// follows user input, use [`Tensor::try_to_f32_vec`] or
+    /// [`Tensor::f32_values`].
     pub fn to_f32_vec(&self) -> Vec<f32> {
         match &self.data {
             Data::F32(v) => v.clone(),
@@ -192,12 +224,72 @@ impl Tensor {
     }
 
     /// The values as f64 (exact for every dtype).
+    ///
+    /// Aborts the process if the copy cannot be allocated: where the size
+    /// follows user input, use [`Tensor::try_to_f64_vec`].
     pub fn to_f64_vec(&self) -> Vec<f64> {
         match &self.data {
             Data::F32(v) => v.iter().map(|&x| x as f64).collect(),
             Data::Bf16(v) => v.iter().map(|x| x.to_f64()).collect(),
             Data::F64(v) => v.clone(),
         }
+    }
+
+    /// What an allocation of this tensor's elements as `dtype` is for, in
+    /// an [`Error::Alloc`].
+    fn copy_what(&self, dtype: DType) -> What<'_> {
+        What {
+            kind: "copy of a tensor",
+            shape: &self.shape,
+            dtype,
+        }
+    }
+
+    /// The values as f32 (as [`Tensor::to_f32_vec`]), or [`Error::Alloc`]
+    /// when the copy cannot be allocated.
+    pub fn try_to_f32_vec(&self) -> Result<Vec<f32>> {
+        let what = self.copy_what(DType::F32);
+        match &self.data {
+            Data::F32(v) => alloc_collect(v.iter().copied(), what),
+            Data::Bf16(v) => alloc_collect(v.iter().map(|x| x.to_f32()), what),
+            Data::F64(v) => alloc_collect(v.iter().map(|&x| x as f32), what),
+        }
+    }
+
+    /// The values as f64 (as [`Tensor::to_f64_vec`]), or [`Error::Alloc`]
+    /// when the copy cannot be allocated.
+    pub fn try_to_f64_vec(&self) -> Result<Vec<f64>> {
+        let what = self.copy_what(DType::F64);
+        match &self.data {
+            Data::F32(v) => alloc_collect(v.iter().map(|&x| x as f64), what),
+            Data::Bf16(v) => alloc_collect(v.iter().map(|x| x.to_f64()), what),
+            Data::F64(v) => alloc_collect(v.iter().copied(), what),
+        }
+    }
+
+    /// The values as f32 for reading: the tensor's own data when it is f32
+    /// (no copy), else a converted copy, or [`Error::Alloc`] when that copy
+    /// cannot be allocated.
+    pub fn f32_values(&self) -> Result<Cow<'_, [f32]>> {
+        match &self.data {
+            Data::F32(v) => Ok(Cow::Borrowed(v)),
+            _ => self.try_to_f32_vec().map(Cow::Owned),
+        }
+    }
+
+    /// A copy of the tensor, or [`Error::Alloc`] when it cannot be allocated
+    /// (`clone` aborts the process instead).
+    pub fn try_clone(&self) -> Result<Tensor> {
+        let what = self.copy_what(self.dtype());
+        let data = match &self.data {
+            Data::F32(v) => Data::F32(alloc_collect(v.iter().copied(), what)?),
+            Data::Bf16(v) => Data::Bf16(alloc_collect(v.iter().copied(), what)?),
+            Data::F64(v) => Data::F64(alloc_collect(v.iter().copied(), what)?),
+        };
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            data,
+        })
     }
 
     /// The f32 data, if this is an f32 tensor.
@@ -225,6 +317,10 @@ impl Tensor {
     }
 
     /// Convert to `dtype` (round to nearest even when narrowing).
+    ///
+    /// Aborts the process if the copy cannot be allocated: where the size
+    /// follows user input, use [`Tensor::try_to_dtype`] or
+    /// [`Tensor::into_dtype`].
     pub fn to_dtype(&self, dtype: DType) -> Tensor {
         if self.dtype() == dtype {
             return self.clone();
@@ -242,6 +338,41 @@ impl Tensor {
             shape: self.shape.clone(),
             data,
         }
+    }
+
+    /// Convert to `dtype` (as [`Tensor::to_dtype`]), or [`Error::Alloc`]
+    /// when the converted copy cannot be allocated.
+    pub fn try_to_dtype(&self, dtype: DType) -> Result<Tensor> {
+        if self.dtype() == dtype {
+            return self.try_clone();
+        }
+        let what = self.copy_what(dtype);
+        let data = match (dtype, &self.data) {
+            (DType::F32, _) => Data::F32(self.try_to_f32_vec()?),
+            (DType::F64, _) => Data::F64(self.try_to_f64_vec()?),
+            // From f64, round once (see `bf16_from_f64`).
+            (DType::Bf16, Data::F64(v)) => {
+                Data::Bf16(alloc_collect(v.iter().map(|&x| bf16_from_f64(x)), what)?)
+            }
+            (DType::Bf16, Data::F32(v)) => {
+                Data::Bf16(alloc_collect(v.iter().map(|&x| bf16::from_f32(x)), what)?)
+            }
+            // Same dtype: returned above.
+            (DType::Bf16, Data::Bf16(_)) => return self.try_clone(),
+        };
+        Ok(Tensor {
+            shape: self.shape.clone(),
+            data,
+        })
+    }
+
+    /// Convert to `dtype`, consuming the tensor: no copy when it already is
+    /// `dtype`, else as [`Tensor::try_to_dtype`].
+    pub fn into_dtype(self, dtype: DType) -> Result<Tensor> {
+        if self.dtype() == dtype {
+            return Ok(self);
+        }
+        self.try_to_dtype(dtype)
     }
 
     /// The same data under another shape with the same element count.

@@ -670,3 +670,21 @@ fn a_gpu_run_that_cannot_fit_the_devices_free_memory_is_refused_naming_the_flags
     }
     assert!(huge.check_device_memory(&m1, 1, None).is_ok());
 }
+
+/// An allocation the host cannot provide reaches the CLI's `error:` line
+/// with the tensor crate's message as written (the byte count, the buffer
+/// and the flags to lower), through the layer and training errors.
+#[test]
+fn an_allocation_error_keeps_its_message_through_the_training_error() {
+    let t = octet_tensor::Tensor::zeros(&[1 << 40, 1 << 20], DType::F32).unwrap_err();
+    assert!(matches!(t, octet_tensor::Error::Alloc { .. }), "{t:?}");
+    let want = t.to_string();
+    assert!(want.contains("4611686018427387904 bytes"), "{want}");
+    let via_nn: octet_train::Error = octet_nn::Error::from(t.clone()).into();
+    assert_eq!(via_nn.to_string(), want);
+    let direct: octet_train::Error = t.clone().into();
+    assert_eq!(direct.to_string(), want);
+    // A failure inside a block keeps the message after the block's name.
+    let in_layer = octet_nn::Error::InLayer("model.layers.3".into(), Box::new(t.into()));
+    assert_eq!(in_layer.to_string(), format!("in model.layers.3: {want}"));
+}

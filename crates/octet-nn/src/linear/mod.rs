@@ -313,7 +313,7 @@ impl Linear {
         };
         let y = match self.recipe {
             None => {
-                saved.input = need_w.then(|| x.clone());
+                saved.input = need_w.then(|| x.try_clone()).transpose()?;
                 cpu::matmul(x, false, &self.weight, true, acc)?
             }
             Some(recipe) => {
@@ -372,7 +372,9 @@ impl Linear {
                         saved.input_q = need_w.then(|| qx.retain(Usage::COL));
                         saved.weight_q = input_requires_grad.then(|| keep_w(Usage::COL));
                     }
-                    BackwardMode::HighPrecision => saved.input = need_w.then(|| x.clone()),
+                    BackwardMode::HighPrecision => {
+                        saved.input = need_w.then(|| x.try_clone()).transpose()?
+                    }
                     BackwardMode::Dequantized => {
                         saved.input_q = need_w.then(|| qx.retain(Usage::ROW));
                         saved.weight_q = input_requires_grad.then(|| keep_w(Usage::ROW));
@@ -386,7 +388,7 @@ impl Linear {
             Some(b) => cpu::add_bias(&y, b)?,
             None => y,
         };
-        Ok((y.to_dtype(x.dtype()), saved))
+        Ok((y.into_dtype(x.dtype())?, saved))
     }
 
     /// Backward from `dy (M, N)`: `d_input = dy @ W`, `d_weight = dy^T @ x`, `d_bias = sum_rows(dy)`.
@@ -480,7 +482,7 @@ impl Linear {
             ));
         }
         Ok(LinearGrads {
-            d_input: dx.map(|t| t.to_dtype(saved.dtype)),
+            d_input: dx.map(|t| t.into_dtype(saved.dtype)).transpose()?,
             d_weight: dw,
             d_bias,
         })

@@ -270,7 +270,7 @@ impl Dropout {
     /// `x` with the dropped elements zeroed (not rescaled), in `x`'s dtype.
     pub fn mask(&self, x: &Tensor) -> Result<Tensor> {
         let thr = self.threshold();
-        let mut v = x.to_f32_vec();
+        let mut v = x.try_to_f32_vec()?;
         // One hash per group of 4 elements.
         for (g, chunk) in v.chunks_mut(4).enumerate() {
             let h = self.group_bits(g as u64);
@@ -280,7 +280,7 @@ impl Dropout {
                 }
             }
         }
-        Ok(Tensor::from_f32(x.shape(), v)?.to_dtype(x.dtype()))
+        Ok(Tensor::from_f32(x.shape(), v)?.into_dtype(x.dtype())?)
     }
 }
 
@@ -605,9 +605,9 @@ impl LoraLinear {
                 }; // (M, r)
                 let z = cpu::matmul(&h, false, &ad.b, true, DType::F32)?; // (M, N)
                 let s = adapter_scale(ad, saved.dropout);
-                let mut yv = y.to_f32_vec();
+                let mut yv = y.try_to_f32_vec()?;
                 yv.iter_mut()
-                    .zip(z.to_f32_vec())
+                    .zip(z.f32_values()?.iter())
                     .for_each(|(a, b)| *a += s * b);
                 saved.h = Some(h);
                 if keep_fp8 {
@@ -620,7 +620,7 @@ impl LoraLinear {
                         }
                     });
                 } else {
-                    saved.x = Some(x.clone());
+                    saved.x = Some(x.try_clone()?);
                 }
                 Tensor::from_f32(&[m, n], yv)?
             }
@@ -630,7 +630,7 @@ impl LoraLinear {
             Some(b) => cpu::add_bias(&y, b)?,
             None => y,
         };
-        Ok((y.to_dtype(x.dtype()), saved))
+        Ok((y.into_dtype(x.dtype())?, saved))
     }
 
     /// Backward from `dy (M, N)`: the adapter's gradients and, if the input
@@ -677,8 +677,8 @@ impl LoraLinear {
                 .h
                 .as_ref()
                 .ok_or_else(|| Error::Shape("backward: h was not saved".into()))?;
-            let x = match (&saved.x, &saved.x_q) {
-                (Some(x), _) => x.clone(),
+            let x = match (saved.x, &saved.x_q) {
+                (Some(x), _) => x,
                 (None, Some(q)) => Tensor::from_f32(&[m, k], q.dequantize())?,
                 (None, None) => return Err(Error::Shape("backward: x was not saved".into())),
             };
@@ -687,7 +687,8 @@ impl LoraLinear {
                 None => x,
             };
             let scaled = |t: Tensor| -> Result<Tensor> {
-                let v: Vec<f32> = t.to_f32_vec().iter().map(|&a| a * s).collect();
+                let mut v = t.try_to_f32_vec()?;
+                v.iter_mut().for_each(|a| *a *= s);
                 Ok(Tensor::from_f32(t.shape(), v)?)
             };
             // dB = s dy^T h; dh = s dy B; dA = dh^T x.
@@ -717,7 +718,7 @@ impl LoraLinear {
                 Some(a) => cpu::add(&base, &a)?,
                 None => base,
             };
-            out.d_input = Some(dx.to_dtype(saved.dtype));
+            out.d_input = Some(dx.into_dtype(saved.dtype)?);
         }
         Ok(out)
     }
