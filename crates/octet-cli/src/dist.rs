@@ -139,6 +139,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                             &full,
                             &opt,
                             &trainer_json,
+                            cfg.tokenizer_files().as_deref(),
                         )
                         .map_err(|e| dist_err(e.to_string()))?;
                     }
@@ -207,6 +208,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
                         &full,
                         &opt,
                         &trainer_json,
+                        cfg.tokenizer_files().as_deref(),
                     )
                     .map_err(|e| dist_err(e.to_string()))?;
                 }

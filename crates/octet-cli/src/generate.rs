@@ -64,9 +64,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value = "auto")]
     device: String,
     /// byte, gpt2, a tokenizer.json (or a model folder holding one), or
-    /// auto: the checkpoint's own tokenizer.json where it has one, else the
-    /// one `octet train` made the model's vocabulary for (256 ids: byte;
-    /// 50257 to 50304: gpt2). Generation stops at the tokenizer's EOS
+    /// auto: the checkpoint's own tokenizer.json where it has one (with
+    /// --adapter: the adapter's, else the checkpoint's), else the Hugging
+    /// Face tokenizer its run recorded, else the one `octet train` made the
+    /// model's vocabulary for (256 ids: byte; 50257 to 50304: gpt2). Generation stops at the tokenizer's EOS
     /// (tokenizer_config.json's eos_token and generation_config.json's
     /// eos_token_id, any of them).
     #[arg(long, default_value = "auto")]
@@ -74,13 +75,14 @@ pub struct GenerateArgs {
 }
 
 /// The tokenizer of `--tokenizer` for a model of `cfg`'s vocabulary, whose
-/// folder (`None` for a random model) may hold a `tokenizer.json`.
+/// own tokenizer (`None` for a random model, see
+/// [`checkpoint::tokenizer_source`]) may be a `tokenizer.json`.
 fn tokenizer(
     a: &GenerateArgs,
     cfg: &LlamaConfig,
-    folder: Option<&std::path::Path>,
+    own: Option<&std::path::Path>,
 ) -> anyhow::Result<Tokenizer> {
-    let own = folder.filter(|d| d.join("tokenizer.json").is_file());
+    let own = own.and_then(octet_train::hf_tokenizer::tokenizer_json);
     let tok = match (a.tokenizer.as_str(), own) {
         ("auto", Some(d)) => Tokenizer::from_name(&d.display().to_string())?,
         ("auto", None) => Tokenizer::for_vocab(cfg.vocab_size)?,
@@ -256,8 +258,9 @@ fn run_one_gpu(
     })
 }
 
-/// A model to sample from: its dimensions, weights, a description, and the
-/// folder it was read from (`None` for a random model).
+/// A model to sample from: its dimensions, weights, a description, and
+/// where its own tokenizer files are (`None` for a random model or a run on
+/// the byte or gpt2 tokenizer).
 type Loaded = (
     LlamaConfig,
     HashMap<String, Tensor>,
@@ -315,13 +318,14 @@ fn load(a: &GenerateArgs) -> anyhow::Result<Loaded> {
             m.base.name()
         );
         checkpoint::check_finite(&m.weights, &what)?;
-        return Ok((m.cfg, m.weights, what, Some(dir)));
+        let own = checkpoint::merged_tokenizer_source(&dir, adapter)?;
+        return Ok((m.cfg, m.weights, what, own));
     }
     let cfg = checkpoint::load_config(&dir)?;
     let w = checkpoint::load_weights(&dir, DType::F32)?;
     let what = dir.display().to_string();
     checkpoint::check_finite(&w, &what)?;
-    Ok((cfg, w, what, Some(dir)))
+    Ok((cfg, w, what, checkpoint::tokenizer_source(&dir)?))
 }
 
 struct Run {
@@ -383,8 +387,8 @@ fn run_one(
 
 pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
     check_args(&a)?; // a bad argument is an error before anything loads
-    let (cfg, w, source, folder) = load(&a)?;
-    let tok = tokenizer(&a, &cfg, folder.as_deref())?;
+    let (cfg, w, source, own) = load(&a)?;
+    let tok = tokenizer(&a, &cfg, own.as_deref())?;
     // The decoders build from these names; a config that disagrees with the
     // tensors (a dropped layer, a tied head with its own matrix) is an error
     // on the CPU and the GPU alike.

@@ -442,10 +442,15 @@ fn merge(m: MergeArgs) -> anyhow::Result<()> {
             ))
         }
     };
-    // The merged model appears only whole: one file, or shards and index.
-    checkpoint::write_new_dir(&m.out, |out| match &fp8 {
-        None => checkpoint::save_model(out, &full),
-        Some((fp8, scaling)) => checkpoint::save_model_fp8(out, &full, fp8, *scaling),
+    // The merged model appears only whole: one file, or shards and index,
+    // with the tokenizer files of the adapter's run (or of the base).
+    let tokenizer = checkpoint::merged_tokenizer_source(&base, &adapter)?;
+    checkpoint::write_new_dir(&m.out, |out| {
+        match &fp8 {
+            None => checkpoint::save_model(out, &full)?,
+            Some((fp8, scaling)) => checkpoint::save_model_fp8(out, &full, fp8, *scaling)?,
+        }
+        checkpoint::copy_run_tokenizer(tokenizer.as_deref(), out)
     })?;
     println!(
         "merged {} (r={r}, alpha={alpha}) onto {} ({}), wrote {} in {}",

@@ -645,6 +645,9 @@ impl TrainArgs {
     /// (already resolved to a checkpoint), if it names one that records them.
     /// A record this build cannot read (an older or newer octet's) is
     /// skipped with a warning: the defaults, the file and the flags apply.
+    /// A Hugging Face tokenizer recorded by a path no longer there (a
+    /// cleared cache, another machine) becomes the copy the checkpoint
+    /// carries, where it has one and `--tokenizer` is not given.
     fn recorded_settings(&self) -> anyhow::Result<Option<TrainConfig>> {
         let Some(ck) = &self.resume else {
             return Ok(None);
@@ -653,7 +656,20 @@ impl TrainArgs {
             return Ok(None);
         };
         match serde_json::from_str::<TrainConfig>(&text) {
-            Ok(c) => Ok(Some(c)),
+            Ok(mut c) => {
+                let gone = !matches!(c.tokenizer.as_str(), "byte" | "gpt2")
+                    && c.tokenizer_files().is_none();
+                if gone && self.tokenizer.is_none() && ck.join("tokenizer.json").is_file() {
+                    let own = std::fs::canonicalize(ck).unwrap_or_else(|_| ck.clone());
+                    eprintln!(
+                        "note: the run's tokenizer {} is gone; using the copy in {}",
+                        c.tokenizer,
+                        own.display()
+                    );
+                    c.tokenizer = own.display().to_string();
+                }
+                Ok(Some(c))
+            }
             Err(e) => {
                 eprintln!(
                     "warning: the settings recorded in {} do not parse ({e}); the resumed run \

@@ -68,17 +68,10 @@ pub fn quantize_block_matrices(
     Ok(out)
 }
 
-/// Files of a model folder that travel with its weights unchanged.
-const TOKENIZER_FILES: [&str; 4] = [
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "generation_config.json",
-];
-
 /// Write the checkpoint or model folder `src` to `out` in `layout`:
 /// `model.safetensors`, `config.json` with its `quantization_config`, and
-/// the tokenizer files `src` has. `out` must not exist yet (or be an empty
+/// the tokenizer files of `src` (its own, else those of the tokenizer its
+/// run recorded: [`checkpoint::tokenizer_source`]), unchanged. `out` must not exist yet (or be an empty
 /// directory); the export is written beside it and renamed into place, so
 /// a failure leaves no half-written folder. Returns the matrices quantized.
 pub fn export(src: &Path, out: &Path, layout: Fp8Layout) -> Result<usize> {
@@ -93,17 +86,11 @@ pub fn export(src: &Path, out: &Path, layout: Fp8Layout) -> Result<usize> {
     let model = Llama::from_weights(&cfg, weights, None)?;
     let scaling = layout_scaling(layout);
     let fp8 = quantize_block_matrices(&model, scaling)?;
+    let tokenizer = checkpoint::tokenizer_source(src)?;
     checkpoint::write_new_dir(out, |tmp| {
         checkpoint::save_model_fp8(tmp, &model, &fp8, scaling)?;
         add_quantization_config(&tmp.join("config.json"), layout)?;
-        for f in TOKENIZER_FILES {
-            let from = src.join(f);
-            if from.is_file() {
-                std::fs::copy(&from, tmp.join(f))
-                    .map_err(|e| Error::Checkpoint(format!("copying {}: {e}", from.display())))?;
-            }
-        }
-        Ok(())
+        checkpoint::copy_run_tokenizer(tokenizer.as_deref(), tmp)
     })?;
     Ok(fp8.len())
 }

@@ -111,14 +111,15 @@ fn optimizer_of(
     }
 }
 
-/// Save the GPU model and optimizer as an ordinary checkpoint. Sharded, every
-/// rank calls it (the shards are gathered) and rank 0 writes (`write`).
+/// Save the GPU model and optimizer as an ordinary checkpoint (with the
+/// run's `tokenizer` files, see [`checkpoint::save_checkpoint`]). Sharded,
+/// every rank calls it (the shards are gathered) and rank 0 writes (`write`).
 fn save(
     model: &GpuLlama<'_>,
     adamw: crate::optim::AdamWConfig,
     recipe: Option<octet_fp8::Recipe>,
     dir: &Path,
-    trainer_json: &str,
+    (trainer_json, tokenizer): (&str, Option<&Path>),
     write: bool,
 ) -> Result<Option<std::path::PathBuf>> {
     let weights: HashMap<String, Tensor> = model.weights()?.into_iter().collect();
@@ -135,6 +136,7 @@ fn save(
         &cpu,
         &opt,
         trainer_json,
+        tokenizer,
     )
     .map(Some)
 }
@@ -197,13 +199,14 @@ fn lora_model<'g>(
 }
 
 /// Save a LoRA run's checkpoint as the CPU trainer does: the adapter in
-/// PEFT's layout with the base's `config.json`, and the adapters' optimizer state.
+/// PEFT's layout with the base's `config.json`, the adapters' optimizer
+/// state, and the run's `tokenizer` files.
 fn save_lora(
     model: &GpuLlama<'_>,
     adamw: crate::optim::AdamWConfig,
     l: &LoraSettings,
     dir: &Path,
-    trainer_json: &str,
+    (trainer_json, tokenizer): (&str, Option<&Path>),
 ) -> Result<Option<std::path::PathBuf>> {
     let (r, alpha, targets) = model
         .lora_summary()
@@ -222,7 +225,8 @@ fn save_lora(
             )?;
             checkpoint::write_lora_record(tmp, &l.record())?;
             checkpoint::write_config(tmp, &model.cfg, DType::F32)?;
-            checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")
+            checkpoint::save_optimizer(tmp, &opt, trainer_json, "[]")?;
+            checkpoint::copy_run_tokenizer(tokenizer, tmp)
         },
     )
     .map(Some)
@@ -526,9 +530,11 @@ pub fn train_gpu_ranked(
         }
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
+            let tok = cfg.tokenizer_files();
+            let run = (trainer_json.as_str(), tok.as_deref());
             let saved = match &cfg.lora {
-                Some(l) => save_lora(&model, cfg.adamw, l, &dir, &trainer_json)?,
-                None => save(&model, cfg.adamw, recipe, &dir, &trainer_json, lead)?,
+                Some(l) => save_lora(&model, cfg.adamw, l, &dir, run)?,
+                None => save(&model, cfg.adamw, recipe, &dir, run, lead)?,
             };
             if let Some(p) = saved {
                 obs.note(&format!("checkpoint {}", p.display()));

@@ -608,6 +608,17 @@ impl TrainConfig {
         Tokenizer::from_name(&self.tokenizer)
     }
 
+    /// The `tokenizer.json` of a run on a Hugging Face tokenizer (the model
+    /// folder's or `--tokenizer`'s), whose folder's tokenizer files every
+    /// checkpoint of the run carries
+    /// ([`checkpoint::copy_tokenizer_files`]); `None` for `byte` and `gpt2`.
+    pub fn tokenizer_files(&self) -> Option<PathBuf> {
+        match self.tokenizer.as_str() {
+            "byte" | "gpt2" => None,
+            path => crate::hf_tokenizer::tokenizer_json(Path::new(path)),
+        }
+    }
+
     /// The vocabulary of the model this run trains: a LoRA base's, else
     /// [`TrainConfig::llama_config`]'s.
     pub fn model_vocab(&self) -> Result<usize> {
@@ -1634,6 +1645,7 @@ pub fn train(
         obs.step(&m, cfg.steps);
         if cfg.save && ((cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last) {
             let (parent, name) = (dir.join("checkpoints"), format!("step_{:06}", opt.step));
+            let tok = cfg.tokenizer_files();
             let p = match &cfg.lora {
                 Some(l) => checkpoint::save_lora_checkpoint(
                     &parent,
@@ -1641,9 +1653,17 @@ pub fn train(
                     &model,
                     &opt,
                     &trainer_json,
+                    tok.as_deref(),
                     (&checkpoint::base_record(l.base.as_deref()), &l.record()),
                 )?,
-                None => checkpoint::save_checkpoint(&parent, &name, &model, &opt, &trainer_json)?,
+                None => checkpoint::save_checkpoint(
+                    &parent,
+                    &name,
+                    &model,
+                    &opt,
+                    &trainer_json,
+                    tok.as_deref(),
+                )?,
             };
             obs.note(&format!("checkpoint {}", p.display()));
         }
