@@ -1,33 +1,188 @@
 //! `octet train --nproc N` on the CPU: N ranks as threads of this process
 //! (`octet_dist::ThreadComm`), the parameters sharded on their first
 //! dimension, block weights all-gathered in FP8 under an FP8 recipe,
-//! gradients reduce-scattered, AdamW on each shard. The same code path as
-//! multi-GPU training once an NCCL communicator implements the trait.
+//! gradients reduce-scattered, AdamW on each shard. Each rank runs the one
+//! training loop (`octet_train::run`) over an [`FsdpStepper`]; rank 0 writes
+//! the metrics, checkpoints, plot and sample.
 
-use crate::train::bar;
+use crate::train::{bar, Bar};
 use octet_dist::{local_batch, spawn_ranks, Communicator, FsdpConfig, FsdpRank, ThreadComm};
 use octet_nn::llama::Llama;
 use octet_tensor::DType;
 use octet_train::checkpoint;
-use octet_train::data::Split;
-use octet_train::metrics::{MetricsWriter, StepMetrics};
-use octet_train::optim::lr_at;
-use octet_train::trainer::{evaluate, Observer, TrainConfig};
+use octet_train::data::Dataset;
+use octet_train::run::{LayerTelemetry, StepMemory, Stepper};
+use octet_train::trainer::{evaluate, Observer, Quiet, RunSummary, TrainConfig};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::Instant;
 
 /// What rank 0 reports at the end.
 struct Summary {
-    final_loss: f64,
-    /// `None` with `--eval-batches 0`.
-    val_loss: Option<f64>,
-    tokens_per_s: f64,
+    run: RunSummary,
     fp8_gather_bytes: u64,
     hp_gather_bytes: u64,
     /// Steps this run took (from its start or its checkpoint to `--steps`).
     steps: u64,
-    /// `--sample-tokens` of text from the gathered model, if asked for.
-    sample: Option<String>,
+}
+
+/// A sharded error as the loop's.
+fn te(e: octet_dist::Error) -> octet_train::Error {
+    octet_train::Error::Train(e.to_string())
+}
+
+/// One rank of the sharded CPU run under the one loop: a step is one
+/// `FsdpRank::step` (gather, forward and backward on the rank's rows,
+/// reduce-scatter, AdamW on its shards); evaluation, checkpoints and the
+/// sample gather the full model (collectives: every rank takes part) and
+/// rank 0 uses it.
+struct FsdpStepper<'a> {
+    rank: FsdpRank,
+    comm: &'a ThreadComm,
+    cfg: &'a TrainConfig,
+    world: usize,
+    /// The last step's gradient norm (`FsdpRank::step` also updates).
+    grad_norm: f32,
+    peak_saved: usize,
+    fp8_gather_bytes: u64,
+    hp_gather_bytes: u64,
+}
+
+impl Stepper for FsdpStepper<'_> {
+    fn step(&self) -> u64 {
+        self.rank.step_count()
+    }
+
+    fn lead(&self) -> bool {
+        self.comm.rank() == 0
+    }
+
+    fn begin_step(&mut self, _telemetry: bool) -> octet_train::Result<()> {
+        Ok(())
+    }
+
+    fn micro_batch(
+        &mut self,
+        x: &[u32],
+        y: &[u32],
+        _round: u64,
+        _step: u64,
+        lr: f32,
+    ) -> octet_train::Result<f64> {
+        let cfg = self.cfg;
+        let (lx, ly, per) =
+            local_batch(x, y, cfg.batch, cfg.seq, self.comm.rank(), self.world).map_err(te)?;
+        let out = self
+            .rank
+            .step(self.comm, &lx, &ly, per, cfg.seq, lr)
+            .map_err(te)?;
+        self.grad_norm = out.grad_norm;
+        self.peak_saved = self.peak_saved.max(out.saved_bytes);
+        self.fp8_gather_bytes = out.block_gather_bytes;
+        self.hp_gather_bytes = out
+            .comm
+            .bytes(octet_dist::CollectiveKind::AllGather)
+            .saturating_sub(out.block_gather_bytes);
+        Ok(out.loss)
+    }
+
+    fn update(
+        &mut self,
+        _lr: f32,
+        _step: u64,
+        telemetry: bool,
+    ) -> octet_train::Result<(f32, LayerTelemetry)> {
+        // Rank 0's quantizations of this step, as one process writes them.
+        let layers = match telemetry {
+            true => self.rank.model().telemetry(),
+            false => Vec::new(),
+        };
+        Ok((self.grad_norm, layers))
+    }
+
+    fn memory(&self) -> octet_train::Result<StepMemory> {
+        Ok(StepMemory {
+            saved: self.peak_saved,
+            ..Default::default()
+        })
+    }
+
+    fn evaluate(
+        &mut self,
+        data: &Dataset,
+        cfg: &TrainConfig,
+        n: usize,
+    ) -> octet_train::Result<f64> {
+        let mut full = self.rank.gathered_model(self.comm).map_err(te)?;
+        match self.lead() {
+            true => evaluate(&mut full, data, cfg, n),
+            false => Ok(f64::NAN),
+        }
+    }
+
+    fn save(
+        &self,
+        dir: &Path,
+        (trainer_json, tok): (&str, Option<&Path>),
+    ) -> octet_train::Result<Option<PathBuf>> {
+        let full = self.rank.gathered_model(self.comm).map_err(te)?;
+        let opt = self.rank.gather_optimizer(self.comm).map_err(te)?;
+        if !self.lead() {
+            return Ok(None);
+        }
+        let p = checkpoint::save_checkpoint(
+            &dir.join("checkpoints"),
+            &format!("step_{:06}", self.step()),
+            &full,
+            &opt,
+            trainer_json,
+            tok,
+        )?;
+        Ok(Some(p))
+    }
+
+    fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> octet_train::Result<Vec<u32>> {
+        let full = self.rank.gathered_model(self.comm).map_err(te)?;
+        match self.lead() {
+            true => octet_train::trainer::sample(&full, prompt, n, seed),
+            false => Ok(Vec::new()),
+        }
+    }
+
+    fn finish(
+        &mut self,
+        _steps_run: usize,
+        _obs: &mut dyn Observer,
+    ) -> octet_train::Result<RunSummary> {
+        Ok(RunSummary {
+            dir: PathBuf::new(),
+            recipe: String::new(),
+            final_loss: f64::NAN,
+            final_val_loss: f64::NAN,
+            tokens_per_s: 0.0,
+            peak_saved_bytes: self.peak_saved,
+            losses: Vec::new(),
+            sample: String::new(),
+            params: self.rank.model().cfg.num_params(),
+            peak_device_bytes: 0,
+            nccl_per_step: None,
+        })
+    }
+}
+
+/// Rank 0's observer: the run's progress bar, shared with the threads.
+struct SharedBar<'a>(&'a Mutex<Bar>);
+
+impl Observer for SharedBar<'_> {
+    fn step(&mut self, m: &octet_train::metrics::StepMetrics, total: u64) {
+        if let Ok(mut o) = self.0.lock() {
+            o.step(m, total);
+        }
+    }
+    fn note(&mut self, msg: &str) {
+        if let Ok(mut o) = self.0.lock() {
+            o.note(msg);
+        }
+    }
 }
 
 pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> anyhow::Result<()> {
@@ -56,9 +211,8 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     };
     let dir = cfg.out_dir.join(&cfg.name);
     octet_train::create_dir_all(&dir)?;
-    let metrics = Mutex::new(MetricsWriter::open(&dir.join("metrics.jsonl"))?);
     let obs = Mutex::new(bar(&format!("train x{n}")));
-    let trainer_json = serde_json::to_string(cfg)?;
+    let label = format!("x{n}, {}", cfg.run_label()?);
     let summary: Mutex<Option<Summary>> = Mutex::new(None);
     spawn_ranks(n, |comm: &ThreadComm| -> octet_dist::Result<()> {
         let dist_err = |e: String| octet_dist::Error::Config(e);
@@ -73,7 +227,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         };
         // A checkpoint from any number of ranks is one full model and optimizer:
         // every rank loads it and keeps its own shard.
-        let mut rank = match resume {
+        let rank = match resume {
             Some(ck) => {
                 let load = || -> octet_train::Result<(Llama, octet_train::optim::AdamW)> {
                     let c = checkpoint::load_config(ck)?;
@@ -98,167 +252,37 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
             }
         };
         let first = rank.step_count();
-        let (mut fp8_bytes, mut hp_bytes, mut time, mut last) = (0u64, 0u64, 0f64, f64::NAN);
-        let mut peak_saved = 0usize;
-        let mut last_val = None;
-        let t0 = Instant::now();
-        for step in first..cfg.steps {
-            let ts = Instant::now();
-            let (x, y) = data
-                .batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, step)
-                .map_err(|e| dist_err(e.to_string()))?;
-            let (lx, ly, per) = local_batch(&x, &y, cfg.batch, cfg.seq, comm.rank(), n)?;
-            let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
-            let out = rank.step(comm, &lx, &ly, per, cfg.seq, lr)?;
-            let dt = ts.elapsed().as_secs_f64();
-            time += dt;
-            last = out.loss;
-            peak_saved = peak_saved.max(out.saved_bytes);
-            fp8_bytes = out.block_gather_bytes;
-            hp_bytes = out
-                .comm
-                .bytes(octet_dist::CollectiveKind::AllGather)
-                .saturating_sub(out.block_gather_bytes);
-            let done = step + 1;
-            let ckpt =
-                cfg.save && cfg.ckpt_every > 0 && done % cfg.ckpt_every == 0 && done < cfg.steps;
-            // Evaluation at the steps the single-process trainer takes: every
-            // --eval-every steps and the last one (with --eval-batches > 0).
-            let eval_now = cfg.eval_batches > 0
-                && ((cfg.eval_every > 0 && done % cfg.eval_every == 0) || done == cfg.steps);
-            let mut val_loss = None;
-            if ckpt || eval_now {
-                // Gathering is a collective: every rank takes part, rank 0 writes and evaluates.
-                let mut full = rank.gathered_model(comm)?;
-                if ckpt {
-                    let opt = rank.gather_optimizer(comm)?;
-                    if comm.rank() == 0 {
-                        checkpoint::save_checkpoint(
-                            &dir.join("checkpoints"),
-                            &format!("step_{done:06}"),
-                            &full,
-                            &opt,
-                            &trainer_json,
-                            cfg.tokenizer_files().as_deref(),
-                        )
-                        .map_err(|e| dist_err(e.to_string()))?;
-                    }
-                }
-                if eval_now && comm.rank() == 0 {
-                    let v = evaluate(&mut full, &data, cfg, cfg.eval_batches)
-                        .map_err(|e| dist_err(e.to_string()))?;
-                    val_loss = Some(v);
-                    last_val = Some(v);
-                    if let Ok(mut o) = obs.lock() {
-                        o.note(&format!("step {done}: val loss {v:.4}"));
-                    }
-                }
-            }
-            if comm.rank() == 0 {
-                let m = StepMetrics {
-                    step: step + 1,
-                    loss: out.loss,
-                    val_loss,
-                    lr,
-                    grad_norm: out.grad_norm,
-                    tokens_per_s: (cfg.batch * cfg.seq) as f64 / dt,
-                    elapsed_s: t0.elapsed().as_secs_f64(),
-                    saved_bytes: peak_saved,
-                    device_bytes: None,
-                    allocated_bytes: None,
-                    reserved_bytes: None,
-                };
-                if let Ok(mut w) = metrics.lock() {
-                    w.write(&m).map_err(|e| dist_err(e.to_string()))?;
-                    // Rank 0's quantizations of this step, as one process writes them.
-                    if cfg.telemetry_every > 0 && done % cfg.telemetry_every == 0 {
-                        let layers = rank.model().telemetry();
-                        if let Some(r) = octet_train::metrics::telemetry_record(done, layers) {
-                            w.write(&r).map_err(|e| dist_err(e.to_string()))?;
-                        }
-                    }
-                }
-                if let Ok(mut o) = obs.lock() {
-                    o.step(&m, cfg.steps);
-                }
-            }
-        }
-        // The final checkpoint, and the evaluation where the loop took no
-        // last step (a run resumed at its end), on the gathered model
-        // (collectives: every rank, or none: the same on every rank).
-        let final_eval = cfg.eval_batches > 0 && first >= cfg.steps;
-        let gathered = match cfg.save || final_eval || cfg.sample_tokens > 0 {
-            true => Some((rank.gathered_model(comm)?, rank.gather_optimizer(comm)?)),
-            false => None,
+        let mut stepper = FsdpStepper {
+            rank,
+            comm,
+            cfg,
+            world: n,
+            grad_norm: 0.0,
+            peak_saved: 0,
+            fp8_gather_bytes: 0,
+            hp_gather_bytes: 0,
         };
+        let (mut shared, mut quiet) = (SharedBar(&obs), Quiet);
+        let o: &mut dyn Observer = match comm.rank() {
+            0 => &mut shared,
+            _ => &mut quiet,
+        };
+        let run = octet_train::run::run(cfg, resume, &data, &dir, &label, &mut stepper, o)
+            .map_err(|e| dist_err(e.to_string()))?;
         if comm.rank() == 0 {
-            let mut val = last_val;
-            let mut sample = None;
-            if let Some((mut full, opt)) = gathered {
-                if final_eval {
-                    val = Some(
-                        evaluate(&mut full, &data, cfg, cfg.eval_batches)
-                            .map_err(|e| dist_err(e.to_string()))?,
-                    );
-                }
-                if cfg.save {
-                    checkpoint::save_checkpoint(
-                        &dir.join("checkpoints"),
-                        &format!("step_{:06}", cfg.steps),
-                        &full,
-                        &opt,
-                        &trainer_json,
-                        cfg.tokenizer_files().as_deref(),
-                    )
-                    .map_err(|e| dist_err(e.to_string()))?;
-                }
-                // The text a one-process run prints, from the same prompt and seed.
-                if cfg.sample_tokens > 0 {
-                    if let Ok(mut o) = obs.lock() {
-                        o.note(&format!("sampling {} tokens", cfg.sample_tokens));
-                    }
-                    let text = (|| -> octet_train::Result<String> {
-                        let tok = cfg.tokenizer()?;
-                        let prompt = tok.encode("ROMEO:\n");
-                        let toks = octet_train::trainer::sample(
-                            &full,
-                            &prompt,
-                            cfg.sample_tokens,
-                            cfg.seed,
-                        )?;
-                        Ok(tok.decode(&toks))
-                    })()
-                    .map_err(|e| dist_err(e.to_string()))?;
-                    sample = Some(text);
-                }
-            }
             if let Ok(mut s) = summary.lock() {
                 *s = Some(Summary {
-                    final_loss: last,
-                    val_loss: val,
-                    tokens_per_s: (cfg.batch * cfg.seq) as f64
-                        * cfg.steps.saturating_sub(first) as f64
-                        / time.max(1e-9),
-                    fp8_gather_bytes: fp8_bytes,
-                    hp_gather_bytes: hp_bytes,
+                    run,
+                    fp8_gather_bytes: stepper.fp8_gather_bytes,
+                    hp_gather_bytes: stepper.hp_gather_bytes,
                     steps: cfg.steps.saturating_sub(first),
-                    sample,
                 });
             }
         }
         Ok(())
     })?;
-    if let Ok(mut o) = obs.lock() {
+    if let Ok(o) = obs.lock() {
         o.bar.finish();
-        let (train, val) = octet_train::metrics::curves_of_run(&dir, cfg.steps);
-        octet_train::trainer::plot_losses(
-            &dir,
-            &format!("train x{n} ({})", cfg.run_label()?),
-            cfg.tokenizer()?.loss_label(),
-            train,
-            val,
-            &mut *o,
-        );
     }
     let s = summary
         .into_inner()
@@ -268,9 +292,12 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
     println!(
         "\n{n} ranks (threads), recipe {}: final train loss {:.4}, val {}, {:.0} tokens/s over {} steps",
         recipe.map_or("bf16".into(), |r| r.to_string()),
-        s.final_loss,
-        s.val_loss.map_or("-".into(), |v| format!("{v:.4}")),
-        s.tokens_per_s,
+        s.run.final_loss,
+        match s.run.final_val_loss.is_finite() {
+            true => format!("{:.4}", s.run.final_val_loss),
+            false => "-".into(),
+        },
+        s.run.tokens_per_s,
         s.steps
     );
     println!(
@@ -283,8 +310,8 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
         },
         s.hp_gather_bytes
     );
-    if let Some(text) = &s.sample {
-        println!("\nsample:\n{text}\n");
+    if !s.run.sample.is_empty() {
+        println!("\nsample:\n{}\n", s.run.sample);
     }
     if cfg.save {
         println!(

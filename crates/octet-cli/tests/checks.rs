@@ -920,3 +920,47 @@ fn an_adapter_over_an_fp8_base_resumes_whatever_fp8_form_it_recorded() {
     assert!(ok, "{text}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A sharded CPU run stopped at a checkpoint and resumed repeats the
+/// uninterrupted run's losses bit for bit (the one loop's resume, with the
+/// model and optimizer gathered into one checkpoint and sharded again).
+#[test]
+fn a_resumed_sharded_cpu_run_repeats_the_uninterrupted_one() {
+    let dir = tmpdir("nproc-resume");
+    let out = dir.to_str().expect("utf-8 path");
+    let run = |name: &str, steps: &str, extra: &[&str]| {
+        let mut args = vec![
+            "train",
+            "--nproc",
+            "2",
+            "--name",
+            name,
+            "--steps",
+            steps,
+            "--ckpt-every",
+            "2",
+            "--out-dir",
+            out,
+        ];
+        args.extend(QUICK);
+        args.extend(extra);
+        let (ok, text) = octet(&dir, &args);
+        assert!(ok, "{text}");
+    };
+    run("whole", "4", &[]);
+    run("half", "2", &[]);
+    let ck = dir.join("half/checkpoints/step_000002");
+    let ck = ck.to_str().expect("utf-8 path");
+    run("half", "4", &["--resume", ck]);
+    let losses = |name: &str| -> Vec<u64> {
+        metrics_of(&dir, name)
+            .0
+            .iter()
+            .map(|v| v["loss"].as_f64().expect("loss").to_bits())
+            .collect()
+    };
+    let (whole, resumed) = (losses("whole"), losses("half"));
+    assert_eq!(whole.len(), 4);
+    assert_eq!(whole, resumed, "the resumed run's losses differ");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,11 +17,8 @@
 
 use crate::checkpoint;
 use crate::data::{Dataset, Split};
-use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::{lr_at, AdamW, ParamState};
-use crate::trainer::{
-    plot_losses, sample_windowed, Feed, LoraSettings, Observer, RunSummary, TrainConfig,
-};
+use crate::optim::{AdamW, ParamState};
+use crate::trainer::{sample_windowed, Feed, LoraSettings, Observer, RunSummary, TrainConfig};
 use crate::{Error, Result};
 use octet_cuda::nccl::{NcclComm, NcclStats};
 use octet_cuda::Gpu;
@@ -30,7 +27,7 @@ use octet_nn::llama::cuda::{AdamParams, GpuLlama, SavedActivations};
 use octet_nn::llama::Llama;
 use octet_tensor::{DType, Tensor};
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 fn gpu_err(step: u64) -> impl Fn(octet_cuda::Error) -> Error {
@@ -269,8 +266,6 @@ pub fn train_gpu_ranked(
             cfg.batch
         )));
     }
-    let lead = rank == 0;
-    let local_b = cfg.batch / world;
     let build = |mcfg: &octet_nn::llama::LlamaConfig, w: &HashMap<String, Tensor>| match comm {
         Some(c) => GpuLlama::new_sharded(gpu, mcfg, w, cfg.recipe().ok().flatten(), c),
         None => GpuLlama::new(gpu, mcfg, w, cfg.recipe().ok().flatten()),
@@ -357,103 +352,145 @@ pub fn train_gpu_ranked(
     }
     model.set_recompute(cfg.recomputed_blocks());
     model.set_fast_accum(cfg.fp8_fast_accum);
-    let params = model.cfg.num_params();
-    let mut metrics = if lead {
-        Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?)
-    } else {
-        None
+    let mut stepper = GpuStepper {
+        model,
+        gpu,
+        comm,
+        cfg,
+        recipe,
+        rank,
+        world,
+        grad_scale: 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32,
+        // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss
+        // (batch and forward, which ends reading the loss back), to enqueue
+        // the backward, and to its end on the device (a synchronization
+        // added after it). An enqueue time near the device's means the
+        // host's launches pace the backward.
+        host: octet_cuda::profile_enabled()?.then(Vec::new),
+        telemetry: false,
+        peak_saved: 0,
+        peak_dev: 0,
+        comm_from: None,
+        comm_steps: 0,
     };
-    let mut comm_from: Option<NcclStats> = None;
-    let mut comm_steps = 0u64;
-    let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
-    let t0 = Instant::now();
-    let mut losses = Vec::new();
-    // A resumed run's plot starts with the steps before its checkpoint.
-    let (mut curve, mut val_curve) = match resume {
-        Some(ck) if lead => crate::metrics::curves_before(ck, model.step),
-        _ => (Vec::new(), Vec::new()),
-    };
-    let (mut tok_total, mut time_total, mut peak_saved, mut peak_dev) = (0usize, 0f64, 0, 0);
-    let mut last_val = f64::NAN;
-    let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
-    let grad_scale = 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32;
-    // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss (batch
-    // and forward, which ends reading the loss back), to enqueue the
-    // backward, and to its end on the device (a synchronization added after
-    // it). An enqueue time near the device's means the host's launches pace
-    // the backward.
-    let mut host: Option<Vec<[f64; 3]>> = octet_cuda::profile_enabled()?.then(Vec::new);
-    while model.step < cfg.steps {
-        let step = model.step;
+    crate::run::run(cfg, resume, &data, &dir, &recipe_name, &mut stepper, obs)
+}
+
+/// The GPU model (one rank of a sharded run, or the only one) under the one
+/// loop ([`crate::run::run`]): gradients and AdamW on the device, each rank
+/// training on its share of the global batch's rows.
+struct GpuStepper<'g> {
+    model: GpuLlama<'g>,
+    gpu: &'g Gpu,
+    comm: Option<&'g NcclComm>,
+    cfg: &'g TrainConfig,
+    recipe: Option<octet_fp8::Recipe>,
+    rank: usize,
+    world: usize,
+    /// The loss's gradient scale: one over the step's global tokens.
+    grad_scale: f32,
+    /// Host timings per micro-step under `OCTET_PROFILE=1`.
+    host: Option<Vec<[f64; 3]>>,
+    /// Whether this step records telemetry.
+    telemetry: bool,
+    peak_saved: usize,
+    peak_dev: usize,
+    /// NCCL counters at the start of the second step, and the steps since.
+    comm_from: Option<NcclStats>,
+    comm_steps: u64,
+}
+
+impl crate::run::Stepper for GpuStepper<'_> {
+    fn step(&self) -> u64 {
+        self.model.step
+    }
+
+    fn lead(&self) -> bool {
+        self.rank == 0
+    }
+
+    fn plot_suffix(&self) -> &'static str {
+        ", GPU"
+    }
+
+    fn timed(&self, step: u64, steps: u64) -> bool {
+        // The first steps compile kernels and choose GEMM algorithms: the
+        // run's tokens/s leaves them out when there are enough others.
+        step >= 2 || steps < 5
+    }
+
+    fn begin_step(&mut self, telemetry: bool) -> Result<()> {
         // NCCL bytes per step, counted over the steps after the first.
-        if comm.is_some() && comm_from.is_none() && model.step > 0 {
-            comm_from = Some(model.comm_stats());
-            comm_steps = 0;
+        if self.comm.is_some() && self.comm_from.is_none() && self.model.step > 0 {
+            self.comm_from = Some(self.model.comm_stats());
+            self.comm_steps = 0;
         }
-        let ts = Instant::now();
-        let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
-        model.zero_grad()?;
-        let telemetry_step = cfg.telemetry_every > 0 && (step + 1) % cfg.telemetry_every == 0;
-        model.set_telemetry(telemetry_step);
-        let mut loss_sum = 0.0;
-        for micro in 0..cfg.grad_accum {
-            let tm = Instant::now();
-            let (x, y) = data.batch(
-                Split::Train,
-                cfg.batch,
-                cfg.seq,
-                cfg.seed,
-                step * cfg.grad_accum as u64 + micro as u64,
-            )?;
-            let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
-            model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
-            // The salts of stochastic rounding: the micro-step's (as the CPU
-            // trainer's, also after a resume), one apiece for the ranks, whose
-            // rows of the batch differ.
-            model.set_grad_round(
-                (step * cfg.grad_accum as u64 + micro as u64) * world as u64 + rank as u64,
-            );
-            let (loss, saved) = match model.forward(&x, &y, (local_b, cfg.seq), grad_scale, true) {
-                Err(octet_cuda::Error::NonFinite) => {
-                    // Run the batch again checking every block's output, to name
-                    // where the NaN/inf first appears.
-                    // The same dropout masks as the failed forward (a checking
-                    // forward draws them although it keeps nothing).
-                    model.check_layers = true;
-                    model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
-                    let at = match model.forward(&x, &y, (local_b, cfg.seq), 0.0, false) {
-                        Err(octet_cuda::Error::NonFiniteIn(at)) => at,
-                        _ => "a place the block checks did not find".into(),
-                    };
-                    return Err(Error::NonFinite(format!(
-                        "step {}: the loss is not finite{}; NaN/inf first appear in {at}{}; the last good checkpoint is kept",
-                        step + 1,
-                        if world > 1 { format!(" on rank {rank}") } else { String::new() },
-                        crate::trainer::lr_hint(lr)
-                    )));
-                }
-                r => r.map_err(gpu_err(step + 1))?,
-            };
-            let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
-            peak_saved = peak_saved.max(saved.bytes());
-            peak_dev = peak_dev.max(gpu.mem_used()?);
-            loss_sum += loss;
-            let tb = Instant::now();
-            model.backward(saved).map_err(gpu_err(step + 1))?;
-            if let Some(h) = host.as_mut() {
-                let queued = tb.elapsed().as_secs_f64();
-                gpu.synchronize()?;
-                h.push([(tb - tm).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
+        self.model.zero_grad()?;
+        self.telemetry = telemetry;
+        self.model.set_telemetry(telemetry);
+        Ok(())
+    }
+
+    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64> {
+        let (rank, world) = (self.rank, self.world);
+        let dims = (self.cfg.batch / world, self.cfg.seq);
+        let tm = Instant::now();
+        let (x, y) = (rows_of(x, rank, world), rows_of(y, rank, world));
+        let model = &mut self.model;
+        model.set_dropout_round(round);
+        // The salts of stochastic rounding: the micro-step's (as the CPU
+        // trainer's, also after a resume), one apiece for the ranks, whose
+        // rows of the batch differ.
+        model.set_grad_round(round * world as u64 + rank as u64);
+        let (loss, saved) = match model.forward(&x, &y, dims, self.grad_scale, true) {
+            Err(octet_cuda::Error::NonFinite) => {
+                // Run the batch again checking every block's output, to name
+                // where the NaN/inf first appears.
+                // The same dropout masks as the failed forward (a checking
+                // forward draws them although it keeps nothing).
+                model.check_layers = true;
+                model.set_dropout_round(round);
+                let at = match model.forward(&x, &y, dims, 0.0, false) {
+                    Err(octet_cuda::Error::NonFiniteIn(at)) => at,
+                    _ => "a place the block checks did not find".into(),
+                };
+                return Err(Error::NonFinite(format!(
+                    "step {}: the loss is not finite{}; NaN/inf first appear in {at}{}; the last good checkpoint is kept",
+                    step + 1,
+                    if world > 1 { format!(" on rank {rank}") } else { String::new() },
+                    crate::trainer::lr_hint(lr)
+                )));
             }
+            r => r.map_err(gpu_err(step + 1))?,
+        };
+        let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
+        self.peak_saved = self.peak_saved.max(saved.bytes());
+        self.peak_dev = self.peak_dev.max(self.gpu.mem_used()?);
+        let tb = Instant::now();
+        model.backward(saved).map_err(gpu_err(step + 1))?;
+        if let Some(h) = self.host.as_mut() {
+            let queued = tb.elapsed().as_secs_f64();
+            self.gpu.synchronize()?;
+            h.push([(tb - tm).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
         }
+        Ok(loss)
+    }
+
+    fn update(
+        &mut self,
+        lr: f32,
+        step: u64,
+        telemetry: bool,
+    ) -> Result<(f32, crate::run::LayerTelemetry)> {
         // The step's own quantizations (not the evaluation's that may follow).
-        let telemetry = if telemetry_step {
-            model.set_telemetry(false);
-            model.telemetry()?
+        let layers = if telemetry {
+            self.model.set_telemetry(false);
+            self.model.telemetry()?
         } else {
             Vec::new()
         };
-        let a = cfg.adamw;
+        let a = self.cfg.adamw;
+        let model = &mut self.model;
         let grad_norm = model
             .adamw_step(AdamParams {
                 lr,
@@ -477,137 +514,59 @@ pub fn train_gpu_ranked(
                 }
                 e => e.into(),
             })?;
-        gpu.synchronize()?;
-        comm_steps += 1;
-        let dt = ts.elapsed().as_secs_f64();
-        // The first steps compile kernels and choose GEMM algorithms: the
-        // run's tokens/s leaves them out when there are enough others.
-        if step >= 2 || cfg.steps < 5 {
-            tok_total += tokens_per_step;
-            time_total += dt;
-        }
-        let mut loss = loss_sum / cfg.grad_accum as f64;
-        if let Some(c) = comm {
-            loss = c.sum_f64(gpu, loss)? / world as f64;
-        }
-        losses.push(loss);
-        curve.push((model.step as f64, loss));
-        let mut m = StepMetrics {
-            step: model.step,
-            loss,
-            val_loss: None,
-            lr,
-            grad_norm,
-            tokens_per_s: tokens_per_step as f64 / dt,
-            elapsed_s: t0.elapsed().as_secs_f64(),
-            saved_bytes: peak_saved,
-            device_bytes: Some(peak_dev),
-            allocated_bytes: gpu.pool_peak_allocated()?,
-            reserved_bytes: gpu.pool_peak_reserved()?,
-        };
-        let last = model.step == cfg.steps;
-        if cfg.eval_batches > 0
-            && ((cfg.eval_every > 0 && model.step % cfg.eval_every == 0) || last)
-        {
-            if last && lead {
-                obs.note(&format!(
-                    "step {}: final evaluation over {} validation batches",
-                    model.step, cfg.eval_batches
-                ));
-            }
-            last_val = evaluate_gpu(&mut model, &data, cfg, cfg.eval_batches, comm)?;
-            m.val_loss = Some(last_val);
-            val_curve.push((model.step as f64, last_val));
-            obs.note(&format!("step {}: val loss {last_val:.4}", model.step));
-        }
-        if let Some(mw) = metrics.as_mut() {
-            mw.write(&m)?;
-        }
-        if let (true, Some(mw)) = (telemetry_step, metrics.as_mut()) {
-            if let Some(r) = crate::metrics::telemetry_record(model.step, telemetry) {
-                mw.write(&r)?;
-            }
-        }
-        obs.step(&m, cfg.steps);
-        if cfg.save && ((cfg.ckpt_every > 0 && model.step % cfg.ckpt_every == 0) || last) {
-            let tok = cfg.tokenizer_files();
-            let run = (trainer_json.as_str(), tok.as_deref());
-            let saved = match &cfg.lora {
-                Some(l) => save_lora(&model, cfg.adamw, l, &dir, run)?,
-                None => save(&model, cfg.adamw, recipe, &dir, run, lead)?,
-            };
-            if let Some(p) = saved {
-                obs.note(&format!("checkpoint {}", p.display()));
-            }
+        self.gpu.synchronize()?;
+        self.comm_steps += 1;
+        Ok((grad_norm, layers))
+    }
+
+    fn step_loss(&self, local: f64) -> Result<f64> {
+        match self.comm {
+            Some(c) => Ok(c.sum_f64(self.gpu, local)? / self.world as f64),
+            None => Ok(local),
         }
     }
-    if lead {
-        plot_losses(
-            &dir,
-            &format!("train ({recipe_name}, GPU)"),
-            cfg.tokenizer()?.loss_label(),
-            curve,
-            val_curve,
-            obs,
-        );
-    }
-    if let Some(h) = host.filter(|h| h.len() > 2) {
-        let median = |i: usize| {
-            let mut v: Vec<f64> = h[2..].iter().map(|r| r[i] * 1e3).collect();
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
-        obs.note(&format!(
-            "host timing, median of micro-steps 3-{}: forward to the loss {:.2} ms, backward enqueued in {:.2} ms, done on the device after {:.2} ms",
-            h.len(),
-            median(0),
-            median(1),
-            median(2)
-        ));
-    }
-    let prof = model.profile();
-    if !prof.is_empty() {
-        let total: f64 = prof.iter().map(|(_, t)| t).sum();
-        let mut text = format!("profile over {} steps (ms per step):", losses.len());
-        for (name, t) in &prof {
-            text += &format!(
-                "\n  {name:24} {:9.2}  {:5.1}%",
-                t / losses.len().max(1) as f64,
-                100.0 * t / total
-            );
-        }
-        obs.note(&text);
-    }
-    let nccl_per_step = comm_from.map(|from| {
-        let d = model.comm_stats().since(&from);
-        let k = comm_steps.max(1);
-        NcclStats {
-            all_gather_bytes: d.all_gather_bytes / k,
-            all_gather_calls: d.all_gather_calls / k,
-            reduce_scatter_bytes: d.reduce_scatter_bytes / k,
-            reduce_scatter_calls: d.reduce_scatter_calls / k,
-            all_reduce_bytes: d.all_reduce_bytes / k,
-            all_reduce_calls: d.all_reduce_calls / k,
-        }
-    });
-    // Sharded, gathering the weights is a collective: every rank takes part.
-    let sample_weights = if cfg.sample_tokens > 0 {
-        Some(if model.is_lora() {
-            model.merged_weights()?
-        } else {
-            model.weights()?
+
+    fn memory(&self) -> Result<crate::run::StepMemory> {
+        Ok(crate::run::StepMemory {
+            saved: self.peak_saved,
+            device: Some(self.peak_dev),
+            allocated: self.gpu.pool_peak_allocated()?,
+            reserved: self.gpu.pool_peak_reserved()?,
         })
-    } else {
-        None
-    };
-    let sample_text = if let (true, Some(w)) = (lead, sample_weights) {
+    }
+
+    fn evaluate(&mut self, data: &Dataset, cfg: &TrainConfig, n: usize) -> Result<f64> {
+        evaluate_gpu(&mut self.model, data, cfg, n, self.comm)
+    }
+
+    fn save(&self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>> {
+        match &self.cfg.lora {
+            Some(l) => save_lora(&self.model, self.cfg.adamw, l, dir, run),
+            None => save(
+                &self.model,
+                self.cfg.adamw,
+                self.recipe,
+                dir,
+                run,
+                self.rank == 0,
+            ),
+        }
+    }
+
+    fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> Result<Vec<u32>> {
+        // Sharded, gathering the weights is a collective: every rank takes part.
+        let w = if self.model.is_lora() {
+            self.model.merged_weights()?
+        } else {
+            self.model.weights()?
+        };
+        if self.rank != 0 {
+            return Ok(Vec::new());
+        }
         let w: HashMap<String, Tensor> = w.into_iter().collect();
-        let mut dec = GpuDecoder::new(gpu, &model.cfg, &w, GpuWeights::Bf16)?;
-        let tok = cfg.tokenizer()?;
-        let prompt = tok.encode("ROMEO:\n");
-        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
-        let ctx = model.cfg.max_position_embeddings;
-        let out = sample_windowed(&prompt, cfg.sample_tokens, ctx, cfg.seed, |feed| {
+        let mut dec = GpuDecoder::new(self.gpu, &self.model.cfg, &w, GpuWeights::Bf16)?;
+        let ctx = self.model.cfg.max_position_embeddings;
+        sample_windowed(prompt, n, ctx, seed, |feed| {
             Ok(match feed {
                 Feed::Step(t) => dec.step(t)?,
                 Feed::Fill(window) => {
@@ -615,28 +574,63 @@ pub fn train_gpu_ranked(
                     dec.prefill(window)?
                 }
             })
-        })?;
-        tok.decode(&out)
-    } else {
-        String::new()
-    };
-    Ok(RunSummary {
-        dir,
-        recipe: recipe_name,
-        final_loss: losses.last().copied().unwrap_or(f64::NAN),
-        final_val_loss: last_val,
-        tokens_per_s: if time_total > 0.0 {
-            tok_total as f64 / time_total
-        } else {
-            0.0
-        },
-        peak_saved_bytes: peak_saved,
-        losses,
-        sample: sample_text,
-        params,
-        peak_device_bytes: peak_dev,
-        nccl_per_step,
-    })
+        })
+    }
+
+    fn finish(&mut self, steps_run: usize, obs: &mut dyn Observer) -> Result<RunSummary> {
+        if let Some(h) = self.host.as_ref().filter(|h| h.len() > 2) {
+            let median = |i: usize| {
+                let mut v: Vec<f64> = h[2..].iter().map(|r| r[i] * 1e3).collect();
+                v.sort_by(f64::total_cmp);
+                v[v.len() / 2]
+            };
+            obs.note(&format!(
+                "host timing, median of micro-steps 3-{}: forward to the loss {:.2} ms, backward enqueued in {:.2} ms, done on the device after {:.2} ms",
+                h.len(),
+                median(0),
+                median(1),
+                median(2)
+            ));
+        }
+        let prof = self.model.profile();
+        if !prof.is_empty() {
+            let total: f64 = prof.iter().map(|(_, t)| t).sum();
+            let mut text = format!("profile over {steps_run} steps (ms per step):");
+            for (name, t) in &prof {
+                text += &format!(
+                    "\n  {name:24} {:9.2}  {:5.1}%",
+                    t / steps_run.max(1) as f64,
+                    100.0 * t / total
+                );
+            }
+            obs.note(&text);
+        }
+        let nccl_per_step = self.comm_from.map(|from| {
+            let d = self.model.comm_stats().since(&from);
+            let k = self.comm_steps.max(1);
+            NcclStats {
+                all_gather_bytes: d.all_gather_bytes / k,
+                all_gather_calls: d.all_gather_calls / k,
+                reduce_scatter_bytes: d.reduce_scatter_bytes / k,
+                reduce_scatter_calls: d.reduce_scatter_calls / k,
+                all_reduce_bytes: d.all_reduce_bytes / k,
+                all_reduce_calls: d.all_reduce_calls / k,
+            }
+        });
+        Ok(RunSummary {
+            dir: PathBuf::new(),
+            recipe: String::new(),
+            final_loss: f64::NAN,
+            final_val_loss: f64::NAN,
+            tokens_per_s: 0.0,
+            peak_saved_bytes: self.peak_saved,
+            losses: Vec::new(),
+            sample: String::new(),
+            params: self.model.cfg.num_params(),
+            peak_device_bytes: self.peak_dev,
+            nccl_per_step,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ pub mod hf_tokenizer;
 pub mod metrics;
 pub mod optim;
 pub mod plot;
+pub mod run;
 pub mod trainer;
 
 /// Errors of training.

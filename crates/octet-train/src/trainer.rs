@@ -7,8 +7,8 @@
 
 use crate::checkpoint;
 use crate::data::{Dataset, Split, Tokenizer};
-use crate::metrics::{MetricsWriter, StepMetrics};
-use crate::optim::{lr_at, AdamW, AdamWConfig};
+use crate::metrics::StepMetrics;
+use crate::optim::{AdamW, AdamWConfig};
 use crate::plot::{line_plot, Series};
 use crate::{Error, Result};
 use octet_fp8::{BackwardMode, Recipe};
@@ -19,7 +19,6 @@ use octet_tensor::{DType, Tensor};
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// Largest micro-batch [`TrainConfig::validate`] accepts: `batch * seq`
 /// tokens, 2^24 (16,777,216). A micro-batch is held in memory at once
@@ -1463,7 +1462,7 @@ pub fn train(
     let data = cfg.dataset(cfg.model_vocab()?)?;
     let dir = cfg.out_dir.join(&cfg.name);
     crate::create_dir_all(&dir)?;
-    let (mut model, mut opt) = match (resume, &cfg.lora) {
+    let (mut model, opt) = match (resume, &cfg.lora) {
         (Some(ck), Some(l)) => {
             let mut model = l.build(cfg)?;
             let (adapter, ..) = checkpoint::load_adapter(ck)?;
@@ -1520,73 +1519,88 @@ pub fn train(
         }
     };
     model.set_recompute(cfg.recomputed_blocks());
-    let params = model.cfg.num_params();
-    // A resumed run's plot starts with the steps before its checkpoint.
-    let (mut curve, mut val_curve) = match resume {
-        Some(ck) => crate::metrics::curves_before(ck, opt.step),
-        None => (Vec::new(), Vec::new()),
+    let mut stepper = CpuStepper {
+        model,
+        opt,
+        cfg,
+        grads: None,
+        peak_saved: 0,
     };
-    let mut metrics = MetricsWriter::open(&dir.join("metrics.jsonl"))?;
-    let trainer_json = serde_json::to_string(cfg).map_err(|e| Error::Train(e.to_string()))?;
-    let t0 = Instant::now();
-    let mut losses = Vec::new();
-    let (mut tok_total, mut time_total, mut peak_saved) = (0usize, 0f64, 0usize);
-    let mut last_val = f64::NAN;
-    let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
-    while opt.step < cfg.steps {
-        let step = opt.step;
-        let ts = Instant::now();
-        let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
-        let mut grads = None;
-        let mut loss_sum = 0.0;
-        for micro in 0..cfg.grad_accum {
-            let (x, y) = data.batch(
-                Split::Train,
-                cfg.batch,
-                cfg.seq,
-                cfg.seed,
-                step * cfg.grad_accum as u64 + micro as u64,
-            )?;
-            model.set_dropout_round(step * cfg.grad_accum as u64 + micro as u64);
-            // The salts of stochastic rounding follow the micro-step too (as
-            // sharded data parallel sets them), also after a resume.
-            model.set_grad_round(step * cfg.grad_accum as u64 + micro as u64);
-            let (loss, saved) = model.forward(&x, &y, cfg.batch, cfg.seq).map_err(|e| {
-                // The step and (inside `e`) the block; checkpoints already written stay as they are.
-                let hint = if is_non_finite(&e) {
-                    lr_hint(lr)
-                } else {
-                    String::new()
-                };
-                Error::Train(format!(
-                    "step {}: {e}{hint}; the last good checkpoint is kept",
-                    step + 1
-                ))
-            })?;
-            peak_saved = peak_saved.max(saved.bytes());
-            loss_sum += loss;
-            let g = model.backward(saved).map_err(|e| {
-                // A gradient that overflowed stops FP8 recipes here (quantizing it).
-                let hint = if is_non_finite(&e) {
-                    lr_hint(lr)
-                } else {
-                    String::new()
-                };
-                Error::Train(format!(
-                    "step {}: backward: {e}{hint}; the last good checkpoint is kept",
-                    step + 1
-                ))
-            })?;
-            add_grads(&mut grads, g)?;
-        }
-        let mut grads = grads.unwrap_or_default();
-        if cfg.grad_accum > 1 {
-            let s = 1.0 / cfg.grad_accum as f32;
+    crate::run::run(cfg, resume, &data, &dir, &recipe_name, &mut stepper, obs)
+}
+
+/// The CPU model and its AdamW under the one loop ([`crate::run::run`]):
+/// gradients summed over the micro-batches on the host, the optimizer
+/// stepping the f32 masters and writing them back into the model.
+struct CpuStepper<'a> {
+    model: Llama,
+    opt: AdamW,
+    cfg: &'a TrainConfig,
+    /// The step's gradients so far (summed over its micro-batches).
+    grads: Option<Vec<(String, Tensor)>>,
+    peak_saved: usize,
+}
+
+impl crate::run::Stepper for CpuStepper<'_> {
+    fn step(&self) -> u64 {
+        self.opt.step
+    }
+
+    fn begin_step(&mut self, _telemetry: bool) -> Result<()> {
+        self.grads = None;
+        Ok(())
+    }
+
+    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64> {
+        let cfg = self.cfg;
+        self.model.set_dropout_round(round);
+        // The salts of stochastic rounding follow the micro-step too (as
+        // sharded data parallel sets them), also after a resume.
+        self.model.set_grad_round(round);
+        let (loss, saved) = self.model.forward(x, y, cfg.batch, cfg.seq).map_err(|e| {
+            // The step and (inside `e`) the block; checkpoints already written stay as they are.
+            let hint = if is_non_finite(&e) {
+                lr_hint(lr)
+            } else {
+                String::new()
+            };
+            Error::Train(format!(
+                "step {}: {e}{hint}; the last good checkpoint is kept",
+                step + 1
+            ))
+        })?;
+        self.peak_saved = self.peak_saved.max(saved.bytes());
+        let g = self.model.backward(saved).map_err(|e| {
+            // A gradient that overflowed stops FP8 recipes here (quantizing it).
+            let hint = if is_non_finite(&e) {
+                lr_hint(lr)
+            } else {
+                String::new()
+            };
+            Error::Train(format!(
+                "step {}: backward: {e}{hint}; the last good checkpoint is kept",
+                step + 1
+            ))
+        })?;
+        add_grads(&mut self.grads, g)?;
+        Ok(loss)
+    }
+
+    fn update(
+        &mut self,
+        lr: f32,
+        step: u64,
+        telemetry: bool,
+    ) -> Result<(f32, crate::run::LayerTelemetry)> {
+        let mut grads = self.grads.take().unwrap_or_default();
+        let accum = self.cfg.grad_accum;
+        if accum > 1 {
+            let s = 1.0 / accum as f32;
             for (_, g) in grads.iter_mut() {
                 *g = Tensor::from_f32(g.shape(), g.to_f32_vec().iter().map(|v| v * s).collect())?;
             }
         }
-        let grad_norm = opt.step(&grads, lr).map_err(|e| match e {
+        let grad_norm = self.opt.step(&grads, lr).map_err(|e| match e {
             Error::NonFinite(m) => Error::NonFinite(format!(
                 "step {}: {m}{}; the last good checkpoint is kept",
                 step + 1,
@@ -1594,118 +1608,74 @@ pub fn train(
             )),
             e => e,
         })?;
-        opt.write_back(model.params_mut())?;
-        model.update_scales();
-        let dt = ts.elapsed().as_secs_f64();
-        tok_total += tokens_per_step;
-        time_total += dt;
-        let loss = loss_sum / cfg.grad_accum as f64;
-        losses.push(loss);
-        curve.push((opt.step as f64, loss));
-        let mut m = StepMetrics {
-            step: opt.step,
-            loss,
-            val_loss: None,
-            lr,
-            grad_norm,
-            tokens_per_s: tokens_per_step as f64 / dt,
-            elapsed_s: t0.elapsed().as_secs_f64(),
-            saved_bytes: peak_saved,
-            device_bytes: None,
-            allocated_bytes: None,
-            reserved_bytes: None,
+        self.opt.write_back(self.model.params_mut())?;
+        self.model.update_scales();
+        let layers = match telemetry {
+            true => self.model.telemetry(),
+            false => Vec::new(),
         };
-        let last = opt.step == cfg.steps;
-        if cfg.eval_batches > 0 && ((cfg.eval_every > 0 && opt.step % cfg.eval_every == 0) || last)
-        {
-            if last {
-                obs.note(&format!(
-                    "step {}: final evaluation over {} validation batches",
-                    opt.step, cfg.eval_batches
-                ));
-            }
-            let te = Instant::now();
-            last_val = evaluate(&mut model, &data, cfg, cfg.eval_batches)?;
-            tracing::debug!(
-                step = opt.step,
-                batches = cfg.eval_batches,
-                s = te.elapsed().as_secs_f64(),
-                "evaluated"
-            );
-            m.val_loss = Some(last_val);
-            val_curve.push((opt.step as f64, last_val));
-            obs.note(&format!("step {}: val loss {last_val:.4}", opt.step));
-        }
-        metrics.write(&m)?;
-        if cfg.telemetry_every > 0 && opt.step % cfg.telemetry_every == 0 {
-            if let Some(r) = crate::metrics::telemetry_record(opt.step, model.telemetry()) {
-                metrics.write(&r)?;
-            }
-        }
-        obs.step(&m, cfg.steps);
-        if cfg.save && ((cfg.ckpt_every > 0 && opt.step % cfg.ckpt_every == 0) || last) {
-            let (parent, name) = (dir.join("checkpoints"), format!("step_{:06}", opt.step));
-            let tok = cfg.tokenizer_files();
-            let p = match &cfg.lora {
-                Some(l) => checkpoint::save_lora_checkpoint(
-                    &parent,
-                    &name,
-                    &model,
-                    &opt,
-                    &trainer_json,
-                    tok.as_deref(),
-                    (&checkpoint::base_record(l.base.as_deref()), &l.record()),
-                )?,
-                None => checkpoint::save_checkpoint(
-                    &parent,
-                    &name,
-                    &model,
-                    &opt,
-                    &trainer_json,
-                    tok.as_deref(),
-                )?,
-            };
-            obs.note(&format!("checkpoint {}", p.display()));
-        }
+        Ok((grad_norm, layers))
     }
-    plot_losses(
-        &dir,
-        &format!("train ({recipe_name})"),
-        cfg.tokenizer()?.loss_label(),
-        curve,
-        val_curve,
-        obs,
-    );
-    let sample_text = if cfg.sample_tokens > 0 {
-        let tok = cfg.tokenizer()?;
-        let prompt = tok.encode("ROMEO:\n");
-        obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
-        let ts = Instant::now();
-        let toks = sample(&model, &prompt, cfg.sample_tokens, cfg.seed)?;
-        tracing::debug!(
-            tokens = cfg.sample_tokens,
-            s = ts.elapsed().as_secs_f64(),
-            "sampled"
+
+    fn memory(&self) -> Result<crate::run::StepMemory> {
+        Ok(crate::run::StepMemory {
+            saved: self.peak_saved,
+            ..Default::default()
+        })
+    }
+
+    fn evaluate(&mut self, data: &Dataset, cfg: &TrainConfig, n: usize) -> Result<f64> {
+        evaluate(&mut self.model, data, cfg, n)
+    }
+
+    fn save(
+        &self,
+        dir: &Path,
+        (trainer_json, tok): (&str, Option<&Path>),
+    ) -> Result<Option<PathBuf>> {
+        let (parent, name) = (
+            dir.join("checkpoints"),
+            format!("step_{:06}", self.opt.step),
         );
-        tok.decode(&toks)
-    } else {
-        String::new()
-    };
-    Ok(RunSummary {
-        dir,
-        recipe: recipe_name,
-        final_loss: losses.last().copied().unwrap_or(f64::NAN),
-        final_val_loss: last_val,
-        tokens_per_s: if time_total > 0.0 {
-            tok_total as f64 / time_total
-        } else {
-            0.0
-        },
-        peak_saved_bytes: peak_saved,
-        losses,
-        sample: sample_text,
-        params,
-        peak_device_bytes: 0,
-        nccl_per_step: None,
-    })
+        let p = match &self.cfg.lora {
+            Some(l) => checkpoint::save_lora_checkpoint(
+                &parent,
+                &name,
+                &self.model,
+                &self.opt,
+                trainer_json,
+                tok,
+                (&checkpoint::base_record(l.base.as_deref()), &l.record()),
+            )?,
+            None => checkpoint::save_checkpoint(
+                &parent,
+                &name,
+                &self.model,
+                &self.opt,
+                trainer_json,
+                tok,
+            )?,
+        };
+        Ok(Some(p))
+    }
+
+    fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> Result<Vec<u32>> {
+        sample(&self.model, prompt, n, seed)
+    }
+
+    fn finish(&mut self, _steps_run: usize, _obs: &mut dyn Observer) -> Result<RunSummary> {
+        Ok(RunSummary {
+            dir: PathBuf::new(),
+            recipe: String::new(),
+            final_loss: f64::NAN,
+            final_val_loss: f64::NAN,
+            tokens_per_s: 0.0,
+            peak_saved_bytes: self.peak_saved,
+            losses: Vec::new(),
+            sample: String::new(),
+            params: self.model.cfg.num_params(),
+            peak_device_bytes: 0,
+            nccl_per_step: None,
+        })
+    }
 }

@@ -1,0 +1,222 @@
+//! The one training loop, whatever the device: schedule, micro-batches,
+//! evaluation, metrics, telemetry, checkpoints, the loss plot and the final
+//! sample. What differs between the CPU and the GPU (how a micro-batch runs,
+//! how the optimizer steps, how weights are saved and sampled) is a
+//! [`Stepper`]: [`crate::trainer::train`] builds the CPU one,
+//! [`crate::gpu::train_gpu_ranked`] the GPU one (any rank), the CLI's
+//! `--nproc` the sharded CPU one (each thread a rank), and all call [`run`].
+
+use crate::data::{Dataset, Split};
+use crate::metrics::{MetricsWriter, StepMetrics};
+use crate::optim::lr_at;
+use crate::trainer::{plot_losses, Observer, RunSummary, TrainConfig};
+use crate::Result;
+use octet_fp8::{Role, Telemetry};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// One layer's quantization counts of a step, as the metrics record them.
+pub type LayerTelemetry = Vec<(String, Role, Telemetry)>;
+
+/// Memory a step used, as the metrics record it.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct StepMemory {
+    /// Largest saved-for-backward bytes of a micro-batch so far.
+    pub saved: usize,
+    /// Peak device memory in use (GPU runs).
+    pub device: Option<usize>,
+    /// The memory pool's peak allocated bytes (GPU runs).
+    pub allocated: Option<usize>,
+    /// The memory pool's peak reserved bytes (GPU runs).
+    pub reserved: Option<usize>,
+}
+
+/// What the loop needs of a model and its optimizer on one device.
+pub trait Stepper {
+    /// Optimizer steps taken so far (a resumed run's start).
+    fn step(&self) -> u64;
+    /// Whether this process writes metrics, checkpoints, the plot and the
+    /// sample (rank 0 of a sharded run; always on one device).
+    fn lead(&self) -> bool {
+        true
+    }
+    /// The plot's title after the recipe (`""`, or `", GPU"`).
+    fn plot_suffix(&self) -> &'static str {
+        ""
+    }
+    /// Whether step `step` (from 0) counts toward the run's tokens/s.
+    fn timed(&self, _step: u64, _steps: u64) -> bool {
+        true
+    }
+    /// Before the step's micro-batches: clear gradients, turn telemetry on.
+    fn begin_step(&mut self, telemetry: bool) -> Result<()>;
+    /// One micro-batch (the global batch's tokens `x` and targets `y`):
+    /// forward and backward, its gradients kept for the update. `round` is
+    /// the micro-batch's index over the run (dropout and stochastic
+    /// rounding follow it); `step` and `lr` name the step in errors.
+    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64>;
+    /// The optimizer's update at `lr` after the micro-batches: the gradient
+    /// norm, and the step's telemetry when `telemetry` (the step's own casts).
+    fn update(&mut self, lr: f32, step: u64, telemetry: bool) -> Result<(f32, LayerTelemetry)>;
+    /// The step's loss from this process's mean (the mean over the ranks).
+    fn step_loss(&self, local: f64) -> Result<f64> {
+        Ok(local)
+    }
+    /// Memory used so far.
+    fn memory(&self) -> Result<StepMemory>;
+    /// Mean validation loss over `n` batches.
+    fn evaluate(&mut self, data: &Dataset, cfg: &TrainConfig, n: usize) -> Result<f64>;
+    /// Write a checkpoint into `dir`'s `checkpoints/` (`None` where this
+    /// process writes nothing).
+    fn save(&self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>>;
+    /// `n` tokens sampled after `prompt` (empty where this process does
+    /// not sample; every rank of a sharded run calls it).
+    fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> Result<Vec<u32>>;
+    /// After the last step: notes on where the time went, and the summary's
+    /// device figures.
+    fn finish(&mut self, steps_run: usize, obs: &mut dyn Observer) -> Result<RunSummary>;
+}
+
+/// Train `stepper` to `cfg.steps` on `data`, writing into `dir`; `resume`
+/// is the checkpoint the stepper was restored from (its curves start the
+/// plot). The summary's device figures come from [`Stepper::finish`].
+pub fn run(
+    cfg: &TrainConfig,
+    resume: Option<&Path>,
+    data: &Dataset,
+    dir: &Path,
+    recipe_name: &str,
+    stepper: &mut dyn Stepper,
+    obs: &mut dyn Observer,
+) -> Result<RunSummary> {
+    let lead = stepper.lead();
+    let mut metrics = match lead {
+        true => Some(MetricsWriter::open(&dir.join("metrics.jsonl"))?),
+        false => None,
+    };
+    let trainer_json =
+        serde_json::to_string(cfg).map_err(|e| crate::Error::Train(e.to_string()))?;
+    // A resumed run's plot starts with the steps before its checkpoint.
+    let (mut curve, mut val_curve) = match resume {
+        Some(ck) if lead => crate::metrics::curves_before(ck, stepper.step()),
+        _ => (Vec::new(), Vec::new()),
+    };
+    let t0 = Instant::now();
+    let mut losses = Vec::new();
+    let (mut tok_total, mut time_total) = (0usize, 0f64);
+    let mut last_val = f64::NAN;
+    let tokens_per_step = cfg.batch * cfg.seq * cfg.grad_accum;
+    while stepper.step() < cfg.steps {
+        let step = stepper.step();
+        let ts = Instant::now();
+        let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
+        let telemetry = cfg.telemetry_every > 0 && (step + 1).is_multiple_of(cfg.telemetry_every);
+        stepper.begin_step(telemetry)?;
+        let mut loss_sum = 0.0;
+        for micro in 0..cfg.grad_accum {
+            let round = step * cfg.grad_accum as u64 + micro as u64;
+            let (x, y) = data.batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, round)?;
+            loss_sum += stepper.micro_batch(&x, &y, round, step, lr)?;
+        }
+        let (grad_norm, layers) = stepper.update(lr, step, telemetry)?;
+        let dt = ts.elapsed().as_secs_f64();
+        if stepper.timed(step, cfg.steps) {
+            tok_total += tokens_per_step;
+            time_total += dt;
+        }
+        let loss = stepper.step_loss(loss_sum / cfg.grad_accum as f64)?;
+        let done = stepper.step();
+        losses.push(loss);
+        curve.push((done as f64, loss));
+        let mem = stepper.memory()?;
+        let mut m = StepMetrics {
+            step: done,
+            loss,
+            val_loss: None,
+            lr,
+            grad_norm,
+            tokens_per_s: tokens_per_step as f64 / dt,
+            elapsed_s: t0.elapsed().as_secs_f64(),
+            saved_bytes: mem.saved,
+            device_bytes: mem.device,
+            allocated_bytes: mem.allocated,
+            reserved_bytes: mem.reserved,
+        };
+        let last = done == cfg.steps;
+        if cfg.eval_batches > 0
+            && ((cfg.eval_every > 0 && done.is_multiple_of(cfg.eval_every)) || last)
+        {
+            if last && lead {
+                obs.note(&format!(
+                    "step {done}: final evaluation over {} validation batches",
+                    cfg.eval_batches
+                ));
+            }
+            let te = Instant::now();
+            last_val = stepper.evaluate(data, cfg, cfg.eval_batches)?;
+            tracing::debug!(
+                step = done,
+                batches = cfg.eval_batches,
+                s = te.elapsed().as_secs_f64(),
+                "evaluated"
+            );
+            m.val_loss = Some(last_val);
+            val_curve.push((done as f64, last_val));
+            obs.note(&format!("step {done}: val loss {last_val:.4}"));
+        }
+        if let Some(mw) = metrics.as_mut() {
+            mw.write(&m)?;
+            if telemetry {
+                if let Some(r) = crate::metrics::telemetry_record(done, layers) {
+                    mw.write(&r)?;
+                }
+            }
+        }
+        obs.step(&m, cfg.steps);
+        if cfg.save && ((cfg.ckpt_every > 0 && done.is_multiple_of(cfg.ckpt_every)) || last) {
+            let tok = cfg.tokenizer_files();
+            if let Some(p) = stepper.save(dir, (trainer_json.as_str(), tok.as_deref()))? {
+                obs.note(&format!("checkpoint {}", p.display()));
+            }
+        }
+    }
+    if lead {
+        plot_losses(
+            dir,
+            &format!("train ({recipe_name}{})", stepper.plot_suffix()),
+            cfg.tokenizer()?.loss_label(),
+            curve,
+            val_curve,
+            obs,
+        );
+    }
+    let mut summary = stepper.finish(losses.len(), obs)?;
+    if cfg.sample_tokens > 0 {
+        let tok = cfg.tokenizer()?;
+        let prompt = tok.encode("ROMEO:\n");
+        if lead {
+            obs.note(&format!("sampling {} tokens", cfg.sample_tokens));
+        }
+        let ts = Instant::now();
+        let toks = stepper.sample(&prompt, cfg.sample_tokens, cfg.seed)?;
+        tracing::debug!(
+            tokens = cfg.sample_tokens,
+            s = ts.elapsed().as_secs_f64(),
+            "sampled"
+        );
+        if lead {
+            summary.sample = tok.decode(&toks);
+        }
+    }
+    summary.dir = dir.to_path_buf();
+    summary.recipe = recipe_name.to_string();
+    summary.final_loss = losses.last().copied().unwrap_or(f64::NAN);
+    summary.final_val_loss = last_val;
+    summary.tokens_per_s = if time_total > 0.0 {
+        tok_total as f64 / time_total
+    } else {
+        0.0
+    };
+    summary.losses = losses;
+    Ok(summary)
+}
