@@ -7,6 +7,7 @@
 //! ([`tolerance`]). Every backend is checked against this crate.
 #![warn(missing_docs)]
 
+mod alloc;
 pub mod convert;
 pub mod format;
 pub mod quant;
@@ -55,4 +56,19 @@ pub enum Error {
     /// A recipe, format or mode combination that is not supported.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// A buffer the allocator could not provide (a quantized copy, its
+    /// transposed source, a dequantized matrix): host memory is exhausted or
+    /// the request exceeds what the allocator hands out. The message is the
+    /// tensor crate's `Error::Alloc` one, which that crate converts this into.
+    #[error(
+        "out of memory: cannot allocate {bytes} bytes ({}) for {what}; \
+         lower --batch, --seq or --rank, or use a smaller model",
+        alloc::human_bytes(*.bytes)
+    )]
+    Alloc {
+        /// Bytes requested.
+        bytes: u128,
+        /// What the buffer was for.
+        what: String,
+    },
 }

@@ -11,6 +11,7 @@
 //! copy is the transpose `(cols, rows)`, quantized in its own right, so block
 //! and MX scales run along the right dimension for the backward GEMMs.
 
+use crate::alloc::{alloc_capacity, alloc_vec};
 use crate::convert::{encode_fp4_slice, encode_slice, fp4_bytes, fp4_code, ToF32};
 use crate::format::{Format, Overflow, Rounding};
 use crate::scale::{mx_exponent, pow2, scale_from_amax};
@@ -174,18 +175,37 @@ impl QuantData {
         self.data.len() + self.scales.bytes()
     }
 
-    /// Dequantize to f32: `(decode(q) * block_factor) * tensor_factor`, row-major `(rows, cols)`.
-    pub fn dequantize(&self) -> Vec<f32> {
+    /// Dequantize to f32: `(decode(q) * block_factor) * tensor_factor`,
+    /// row-major `(rows, cols)`; [`Error::Alloc`] when the matrix cannot be
+    /// allocated.
+    pub fn dequantize(&self) -> Result<Vec<f32>, Error> {
+        self.dequantize_as(false)
+    }
+
+    /// [`QuantData::dequantize`], written transposed (`(cols, rows)`) when
+    /// `transposed`: the same values, without a second matrix to transpose
+    /// into.
+    fn dequantize_as(&self, transposed: bool) -> Result<Vec<f32>, Error> {
+        let (rows, cols) = (self.rows, self.cols);
+        let n = rows
+            .checked_mul(cols)
+            .ok_or_else(|| Error::Shape(format!("dequantize: ({rows}, {cols}) overflows usize")))?;
+        let what = format_args!("the dequantized ({rows}, {cols}) {} matrix", self.format);
+        let mut out = alloc_vec(n, 0f32, what)?;
         let table = self.format.table();
         let tf = self.tensor_factor();
-        let mut out = vec![0f32; self.rows * self.cols];
-        for r in 0..self.rows {
-            for c in 0..self.cols {
+        for r in 0..rows {
+            for c in 0..cols {
                 let f = self.block_factor(r / self.block.0, c / self.block.1);
-                out[r * self.cols + c] = table[self.code(r, c) as usize] * f * tf;
+                let i = if transposed {
+                    c * rows + r
+                } else {
+                    r * cols + c
+                };
+                out[i] = table[self.code(r, c) as usize] * f * tf;
             }
         }
-        out
+        Ok(out)
     }
 }
 
@@ -267,13 +287,14 @@ impl QuantizedTensor {
         self
     }
 
-    /// Dequantize to a row-major `(rows, cols)` f32 matrix from whichever copy exists (row-wise first).
+    /// Dequantize to a row-major `(rows, cols)` f32 matrix from whichever
+    /// copy exists (row-wise first); [`Error::Alloc`] when the matrix cannot
+    /// be allocated.
     pub fn dequantize(&self) -> Result<Vec<f32>, Error> {
         if let Some(q) = &self.rowwise {
-            return Ok(q.dequantize());
+            return q.dequantize();
         }
-        let q = self.get(Layout::Colwise)?;
-        Ok(transpose(&q.dequantize(), q.rows, q.cols))
+        self.get(Layout::Colwise)?.dequantize_as(true)
     }
 }
 
@@ -305,11 +326,59 @@ impl QuantizedTensor {
 ///
 /// Tiled (32x32) so that reads and writes both stay in cache lines, and split
 /// across threads by bands of output rows.
+///
+/// Aborts the process if the output cannot be allocated: where the size
+/// follows user input, use [`try_transpose`].
 pub fn transpose<T: Copy + Default + Send + Sync>(x: &[T], rows: usize, cols: usize) -> Vec<T> {
-    const B: usize = 32;
     let mut out = vec![T::default(); rows * cols];
+    transpose_into(x, rows, cols, &mut out, |v| v);
+    out
+}
+
+/// [`transpose`], or [`Error::Alloc`] when the output cannot be allocated
+/// (and [`Error::Shape`] when `x` does not hold `rows * cols` elements).
+pub fn try_transpose<T: Copy + Default + Send + Sync>(
+    x: &[T],
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<T>, Error> {
+    if rows.checked_mul(cols) != Some(x.len()) {
+        return Err(Error::Shape(format!(
+            "transpose: {} elements for shape ({rows}, {cols})",
+            x.len()
+        )));
+    }
+    let what = format_args!("the ({cols}, {rows}) transpose of a matrix");
+    let mut out = alloc_vec(x.len(), T::default(), what)?;
+    transpose_into(x, rows, cols, &mut out, |v| v);
+    Ok(out)
+}
+
+/// The transpose of the `(rows, cols)` matrix `x` in f32, for the
+/// column-wise copy: one buffer of `rows * cols` f32, or [`Error::Alloc`].
+/// The conversion is exact, so this is the transpose of the f32 values.
+fn transposed_f32<T: ToF32>(x: &[T], rows: usize, cols: usize) -> Result<Vec<f32>, Error> {
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| Error::Shape(format!("quantize: ({rows}, {cols}) overflows usize")))?;
+    let what = format_args!("the ({cols}, {rows}) transposed input of a column-wise FP8 copy");
+    let mut out = alloc_vec(n, 0f32, what)?;
+    transpose_into(x, rows, cols, &mut out, ToF32::to_f32_exact);
+    Ok(out)
+}
+
+/// `out (cols, rows)[c, r] = f(x (rows, cols)[r, c])`, tiled (32x32) and split
+/// across threads by bands of output rows. `out` holds `rows * cols` elements.
+fn transpose_into<T: Copy + Sync, U: Send>(
+    x: &[T],
+    rows: usize,
+    cols: usize,
+    out: &mut [U],
+    f: impl Fn(T) -> U + Sync,
+) {
+    const B: usize = 32;
     if rows == 0 || cols == 0 {
-        return out;
+        return;
     }
     out.par_chunks_mut(B * rows)
         .enumerate()
@@ -319,12 +388,11 @@ pub fn transpose<T: Copy + Default + Send + Sync>(x: &[T], rows: usize, cols: us
             for r0 in (0..rows).step_by(B) {
                 for r in r0..(r0 + B).min(rows) {
                     for c in c0..c1 {
-                        o[(c - c0) * rows + r] = x[r * cols + c];
+                        o[(c - c0) * rows + r] = f(x[r * cols + c]);
                     }
                 }
             }
         });
-    out
 }
 
 /// Amax of `x`, or an error naming the first NaN/inf element.
@@ -349,7 +417,9 @@ pub fn amax<T: ToF32>(x: &[T]) -> Result<f32, Error> {
 /// tensor is sharded, so every rank scales as one rank would.
 ///
 /// Errors: empty tensor, length mismatch, a usage with no copy, a non-finite
-/// input element (the first one is named), a format the spec cannot use.
+/// input element (the first one is named), a format the spec cannot use, and
+/// [`Error::Alloc`] when a copy (or the column-wise copy's transposed input)
+/// cannot be allocated.
 pub fn quantize<T: ToF32>(
     x: &[T],
     rows: usize,
@@ -382,10 +452,7 @@ pub fn quantize<T: ToF32>(
         .then(|| quantize_copy(x, rows, cols, row_spec, amax))
         .transpose()?;
     let colwise = if usage.colwise {
-        let xt: Vec<f32> = transpose(x, rows, cols)
-            .into_iter()
-            .map(ToF32::to_f32_exact)
-            .collect();
+        let xt = transposed_f32(x, rows, cols)?;
         Some(quantize_copy(&xt, cols, rows, col_spec, amax)?)
     } else {
         None
@@ -450,6 +517,9 @@ fn quantize_copy<T: ToF32>(
     } else {
         cols
     };
+    let overflow = || Error::Shape(format!("quantize: ({rows}, {cols}) overflows usize"));
+    let blocks = gr.checked_mul(gc).ok_or_else(overflow)?;
+    let codes_len = rows.checked_mul(stride).ok_or_else(overflow)?;
     // NVFP4's per-tensor encode scale: `448 * 6 / amax` rounded once, as
     // Transformer Engine computes it (`448 / amax` then `* 6` rounds twice and
     // is an ulp off for about a quarter of amaxes); capped at the largest f32;
@@ -461,9 +531,15 @@ fn quantize_copy<T: ToF32>(
     };
     // Phase 1, per block (in parallel): the amax, the multiplier applied
     // before the cast, and what is stored (an f32 scale_inv or a scale code).
-    let per_block: Vec<(f32, Stored)> = (0..gr * gc)
-        .into_par_iter()
-        .map(|b| {
+    let mut per_block = alloc_vec(
+        blocks,
+        (0f32, Stored::F32(0.0)),
+        format_args!("the {gr}x{gc} block scales of a ({rows}, {cols}) FP8 copy"),
+    )?;
+    per_block
+        .par_iter_mut()
+        .enumerate()
+        .try_for_each(|(b, out)| {
             let (br, bc) = (b / gc, b % gc);
             let (r0, r1) = (br * block.0, ((br + 1) * block.0).min(rows));
             let (c0, c1) = (bc * block.1, ((bc + 1) * block.1).min(cols));
@@ -476,7 +552,7 @@ fn quantize_copy<T: ToF32>(
                     .flat_map(|r| &x[r * cols + c0..r * cols + c1])
                     .fold(0f32, |m, v| m.max(v.to_f32_exact().abs()))
             };
-            Ok(match spec.rule {
+            *out = match spec.rule {
                 ScaleRule::Amax { power_of_two } => {
                     let s =
                         scale_from_amax(bmax, f, 0, power_of_two).ok_or(Error::BadAmax(bmax))?;
@@ -507,15 +583,19 @@ fn quantize_copy<T: ToF32>(
                     };
                     (mul, Stored::Code(code))
                 }
-            })
-        })
-        .collect::<Result<_, Error>>()?;
+            };
+            Ok::<(), Error>(())
+        })?;
     // Phase 2, per row (in parallel): cast each block's stretch, and count
     // telemetry: values that only saturation kept finite (a plain cast would
     // have overflowed; a value within rounding of max is not counted) and
     // non-zero values that became zero.
     let max_code = u32::from(f.encode_rne(f.max(), Overflow::Cast));
-    let mut data = vec![0u8; rows * stride];
+    let mut data = alloc_vec(
+        codes_len,
+        0u8,
+        format_args!("the ({rows}, {cols}) {f} codes of an FP8 copy"),
+    )?;
     let (saturated, underflowed) = data
         .par_chunks_mut(stride)
         .enumerate()
@@ -565,30 +645,29 @@ fn quantize_copy<T: ToF32>(
             (sat, under)
         })
         .reduce(|| (0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    let f32_scales: Vec<f32> = per_block
-        .iter()
-        .filter_map(|(_, s)| {
-            if let Stored::F32(v) = s {
-                Some(*v)
-            } else {
-                None
-            }
-        })
-        .collect();
-    let codes: Vec<u8> = per_block
-        .iter()
-        .filter_map(|(_, s)| {
-            if let Stored::Code(c) = s {
-                Some(*c)
-            } else {
-                None
-            }
-        })
-        .collect();
+    // Each rule stores one kind of scale: collect that kind (the other
+    // would be empty).
+    let what = format_args!("the {gr}x{gc} stored scales of a ({rows}, {cols}) FP8 copy");
     let scales = match spec.rule {
-        ScaleRule::Amax { .. } | ScaleRule::Fixed(_) => Scales::F32(f32_scales),
-        ScaleRule::E8M0 => Scales::E8M0(codes),
-        ScaleRule::Nvfp4 => Scales::Nvfp4 { codes, global },
+        ScaleRule::Amax { .. } | ScaleRule::Fixed(_) => {
+            let mut v = alloc_capacity(blocks, what)?;
+            v.extend(per_block.iter().filter_map(|(_, s)| match s {
+                Stored::F32(v) => Some(*v),
+                Stored::Code(_) => None,
+            }));
+            Scales::F32(v)
+        }
+        ScaleRule::E8M0 | ScaleRule::Nvfp4 => {
+            let mut codes = alloc_capacity(blocks, what)?;
+            codes.extend(per_block.iter().filter_map(|(_, s)| match s {
+                Stored::Code(c) => Some(*c),
+                Stored::F32(_) => None,
+            }));
+            match spec.rule {
+                ScaleRule::E8M0 => Scales::E8M0(codes),
+                _ => Scales::Nvfp4 { codes, global },
+            }
+        }
     };
     Ok(QuantData {
         rows,
@@ -600,4 +679,80 @@ fn quantize_copy<T: ToF32>(
         saturated,
         underflowed,
     })
+}
+
+#[cfg(test)]
+mod alloc_tests {
+    //! The quantizer's buffers follow the input's size, which exists, so no
+    //! small input reaches an impossible allocation through [`quantize`]:
+    //! these call its steps with a declared shape far larger than the (empty)
+    //! data, beyond any address space, so the reservation fails at once.
+    use super::*;
+
+    /// The bytes and message of an [`Error::Alloc`].
+    fn alloc_err(e: Error) -> (u128, String) {
+        let msg = e.to_string();
+        match e {
+            Error::Alloc { bytes, .. } => (bytes, msg),
+            other => panic!("expected an allocation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_copy_whose_codes_cannot_be_allocated_is_an_error() {
+        let spec = QuantSpec {
+            format: Format::E4M3,
+            granularity: Granularity::Tensor,
+            rule: ScaleRule::Amax {
+                power_of_two: false,
+            },
+            rounding: Rounding::NearestEven,
+        };
+        // One per-tensor block (its amax is the given one), then 2^62 code bytes.
+        let e = quantize_copy::<f32>(&[], 1 << 31, 1 << 31, &spec, 1.0).unwrap_err();
+        let (bytes, msg) = alloc_err(e);
+        assert_eq!(bytes, 1 << 62);
+        assert!(
+            msg.contains("for the (2147483648, 2147483648) e4m3 codes of an FP8 copy"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("(4.0 EiB)") && msg.contains("--batch"),
+            "{msg}"
+        );
+        // 1x1 tiles: the 2^62 blocks' scales fail first.
+        let tiles = QuantSpec {
+            granularity: Granularity::Tile { rows: 1, cols: 1 },
+            ..spec
+        };
+        let e = quantize_copy::<f32>(&[], 1 << 31, 1 << 31, &tiles, 1.0).unwrap_err();
+        let (bytes, msg) = alloc_err(e);
+        assert_eq!(
+            bytes,
+            (1 << 62) * std::mem::size_of::<(f32, Stored)>() as u128
+        );
+        assert!(msg.contains("block scales"), "{msg}");
+    }
+
+    #[test]
+    fn a_column_wise_source_that_cannot_be_allocated_is_an_error() {
+        let (bytes, msg) = alloc_err(transposed_f32::<f32>(&[], 1 << 30, 1 << 30).unwrap_err());
+        assert_eq!(bytes, 1 << 62);
+        assert!(
+            msg.contains("transposed input of a column-wise FP8 copy"),
+            "{msg}"
+        );
+        // The transpose itself: a length mismatch is a shape error, and the
+        // values are those of `transpose`.
+        assert!(matches!(
+            try_transpose(&[1u8; 3], 2, 2),
+            Err(Error::Shape(_))
+        ));
+        let x: Vec<half::bf16> = (0..35 * 70)
+            .map(|i| half::bf16::from_f32(i as f32))
+            .collect();
+        assert_eq!(try_transpose(&x, 35, 70).unwrap(), transpose(&x, 35, 70));
+        let xf: Vec<f32> = x.iter().map(|v| v.to_f32()).collect();
+        assert_eq!(transposed_f32(&x, 35, 70).unwrap(), transpose(&xf, 35, 70));
+    }
 }

@@ -200,10 +200,15 @@ fn quantize_dequantize_accuracy_floors() {
                 .as_ref()
                 .unwrap()
                 .dequantize()
+                .unwrap()
                 .into_iter()
                 .map(f64::from)
                 .collect();
-            let dq_col = transpose(&q.colwise.as_ref().unwrap().dequantize(), cols, rows);
+            let dq_col = transpose(
+                &q.colwise.as_ref().unwrap().dequantize().unwrap(),
+                cols,
+                rows,
+            );
             let dq_col: Vec<f64> = dq_col.into_iter().map(f64::from).collect();
             for (which, dq) in [("row", dq_row), ("col", dq_col)] {
                 let s = sqnr_db(&xr, &dq);
@@ -618,4 +623,70 @@ fn nvfp4_scales_with_fp8_elements_name_the_format() {
         Err(Error::Unsupported(m)) => assert!(m.contains("E2M1") && m.contains("NVFP4"), "{m}"),
         other => panic!("{other:?}"),
     }
+}
+
+/// A dequantized matrix the allocator cannot provide is an error naming the
+/// bytes, from either copy. The copies declare a (2^30, 2^30) shape with no
+/// codes: the 2^62-byte f32 matrix is reserved (and refused) before any
+/// code is read, so nothing of that size is touched.
+#[test]
+fn a_dequantized_matrix_too_large_for_memory_is_an_error() {
+    let (rows, cols) = (1usize << 30, 1usize << 30);
+    let q = QuantData {
+        rows,
+        cols,
+        format: Format::E4M3,
+        data: Vec::new(),
+        block: (rows, cols),
+        scales: Scales::F32(vec![1.0]),
+        saturated: 0,
+        underflowed: 0,
+    };
+    let check = |e: Error| {
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::Alloc { bytes, .. } if bytes == 1 << 62),
+            "{e:?}"
+        );
+        assert!(
+            msg.starts_with("out of memory: cannot allocate 4611686018427387904 bytes (4.0 EiB)"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("dequantized (1073741824, 1073741824) e4m3 matrix"),
+            "{msg}"
+        );
+        assert!(msg.ends_with("or use a smaller model"), "{msg}");
+    };
+    check(q.dequantize().unwrap_err());
+    let t = octet_fp8::QuantizedTensor {
+        rows,
+        cols,
+        amax: 0.0,
+        rowwise: None,
+        colwise: Some(q),
+    };
+    check(t.dequantize().unwrap_err());
+}
+
+/// The column-wise copy dequantizes (transposed) to what the row-wise one
+/// does under a symmetric scaling, and to the transpose of its own matrix.
+#[test]
+fn a_column_wise_dequantization_is_the_transpose_of_its_copy() {
+    let (rows, cols) = (37, 200);
+    let x = gaussian(rows * cols, 5, 1.0);
+    let spec = QuantSpec {
+        format: Format::E4M3,
+        granularity: Granularity::Tensor,
+        rule: ScaleRule::Amax {
+            power_of_two: false,
+        },
+        rounding: Rounding::NearestEven,
+    };
+    let q = quantize(&x, rows, cols, &spec, &spec, Usage::BOTH, None).unwrap();
+    let col = q.colwise.clone().unwrap();
+    let want = transpose(&col.dequantize().unwrap(), cols, rows);
+    let only_col = q.clone().retain(Usage::COL);
+    assert_eq!(only_col.dequantize().unwrap(), want);
+    assert_eq!(q.dequantize().unwrap(), want);
 }

@@ -37,9 +37,10 @@ pub enum Error {
     /// A kernel or tensor error.
     #[error(transparent)]
     Tensor(#[from] octet_tensor::Error),
-    /// A quantization or recipe error.
+    /// A quantization or recipe error (an allocation failure of the
+    /// quantizer is the tensor crate's `Alloc`, under [`Error::Tensor`]).
     #[error(transparent)]
-    Quant(#[from] octet_fp8::Error),
+    Quant(octet_fp8::Error),
     /// A model configuration that cannot be built (or weights that do not fit it).
     #[error("model config: {0}")]
     Config(String),
@@ -53,6 +54,17 @@ pub enum Error {
     /// An error inside a named layer of a model.
     #[error("in {0}: {1}")]
     InLayer(String, Box<Error>),
+}
+
+/// The quantizer's errors; an allocation failure becomes the tensor crate's
+/// `Error::Alloc` (the same message), as it does through that crate.
+impl From<octet_fp8::Error> for Error {
+    fn from(e: octet_fp8::Error) -> Self {
+        match e {
+            octet_fp8::Error::Alloc { .. } => Error::Tensor(e.into()),
+            e => Error::Quant(e),
+        }
+    }
 }
 
 /// Result alias.

@@ -31,3 +31,45 @@ fn a_lora_forward_too_large_for_memory_is_an_error_naming_the_bytes() {
     assert!(msg.contains("1152921504606846976 bytes (1.0 EiB)"), "{msg}");
     assert!(msg.contains("--rank"), "{msg}");
 }
+
+/// The quantizer's allocation failure (a dequantized matrix, a quantized
+/// copy) reaches a layer's caller as the tensor crate's `Alloc`, message
+/// unchanged, as every other buffer does. The copy declares a (2^30, 2^30)
+/// shape with no codes: its 2^62-byte f32 matrix is refused before any code
+/// is read.
+#[test]
+fn a_quantizer_allocation_failure_is_the_tensor_crates_alloc_error() {
+    let (rows, cols) = (1usize << 30, 1usize << 30);
+    let q = octet_fp8::QuantData {
+        rows,
+        cols,
+        format: octet_fp8::Format::E4M3,
+        data: Vec::new(),
+        block: (rows, cols),
+        scales: octet_fp8::Scales::F32(vec![1.0]),
+        saturated: 0,
+        underflowed: 0,
+    };
+    let fp8 = q.dequantize().unwrap_err();
+    assert!(matches!(fp8, octet_fp8::Error::Alloc { .. }), "{fp8:?}");
+    let want = fp8.to_string();
+    assert!(
+        want.contains("4611686018427387904 bytes (4.0 EiB)"),
+        "{want}"
+    );
+    let t = octet_tensor::Error::from(fp8.clone());
+    assert!(
+        matches!(t, octet_tensor::Error::Alloc { bytes, .. } if bytes == 1 << 62),
+        "{t:?}"
+    );
+    assert_eq!(t.to_string(), want);
+    let e = Error::from(fp8);
+    assert!(
+        matches!(&e, Error::Tensor(octet_tensor::Error::Alloc { bytes, .. }) if *bytes == 1 << 62),
+        "{e:?}"
+    );
+    assert_eq!(e.to_string(), want);
+    // Other quantizer errors keep their variant.
+    let other = Error::from(octet_fp8::Error::BadScale(0.0));
+    assert!(matches!(other, Error::Quant(_)), "{other:?}");
+}

@@ -23,9 +23,10 @@ pub enum Error {
     /// Shapes that do not fit together.
     #[error("shape error: {0}")]
     Shape(String),
-    /// A quantization error.
+    /// A quantization error (other than an allocation failure, which
+    /// becomes [`Error::Alloc`]).
     #[error(transparent)]
-    Quant(#[from] octet_fp8::Error),
+    Quant(octet_fp8::Error),
     /// An operation this backend or dtype does not support.
     #[error("unsupported: {0}")]
     Unsupported(String),
@@ -44,6 +45,18 @@ pub enum Error {
         /// What the buffer was for.
         what: String,
     },
+}
+
+/// The quantizer's errors, its allocation failures as [`Error::Alloc`] (the
+/// same message), so that one variant names every buffer that could not be
+/// allocated.
+impl From<octet_fp8::Error> for Error {
+    fn from(e: octet_fp8::Error) -> Self {
+        match e {
+            octet_fp8::Error::Alloc { bytes, what } => Error::Alloc { bytes, what },
+            e => Error::Quant(e),
+        }
+    }
 }
 
 /// Result alias.

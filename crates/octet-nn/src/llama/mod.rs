@@ -19,9 +19,10 @@ use crate::rope::Rope;
 use crate::swiglu::{swiglu_backward, swiglu_forward, SwigluSaved};
 use crate::{Error, Result};
 use octet_fp8::{DelayedState, Recipe, Role, Telemetry};
-use octet_tensor::{cpu, DType, Tensor};
+use octet_tensor::{alloc_capacity, alloc_collect, alloc_vec, cpu, DType, Tensor};
 use rand::SeedableRng;
 use rand_distr::{Distribution, StandardNormal};
+use std::borrow::Cow;
 use std::collections::HashMap;
 
 /// Largest `vocab_size`, `hidden_size` and `intermediate_size` that
@@ -525,8 +526,8 @@ impl Proj {
     /// adapter) and the bias.
     fn dense(&self) -> Result<(Tensor, Option<Tensor>)> {
         Ok(match self {
-            Proj::Full(l) => (l.weight.clone(), l.bias.clone()),
-            Proj::Lora(l) => (l.merged()?, l.bias.clone()),
+            Proj::Full(l) => (l.weight.try_clone()?, try_clone_opt(&l.bias)?),
+            Proj::Lora(l) => (l.merged()?, try_clone_opt(&l.bias)?),
         })
     }
 
@@ -645,7 +646,7 @@ impl Block {
     /// Every tensor in [`block_param_shapes`] order, each LoRA matrix merged
     /// with its adapter (f32).
     fn dense(&self) -> Result<Vec<Tensor>> {
-        let mut out = vec![self.attn_norm.weight.clone()];
+        let mut out = vec![self.attn_norm.weight.try_clone()?];
         let proj = |out: &mut Vec<Tensor>, p: &Proj| -> Result<()> {
             let (w, b) = p.dense()?;
             out.push(w);
@@ -655,13 +656,10 @@ impl Block {
         for p in [&self.q, &self.k, &self.v, &self.o] {
             proj(&mut out, p)?;
         }
-        out.extend(
-            self.q_norm
-                .iter()
-                .chain(&self.k_norm)
-                .map(|n| n.weight.clone()),
-        );
-        out.push(self.mlp_norm.weight.clone());
+        for n in self.q_norm.iter().chain(&self.k_norm) {
+            out.push(n.weight.try_clone()?);
+        }
+        out.push(self.mlp_norm.weight.try_clone()?);
         for p in [&self.gate, &self.up, &self.down] {
             proj(&mut out, p)?;
         }
@@ -778,61 +776,96 @@ impl HeadSaved {
 /// f32, twice over with their gradient): `max(1, HEAD_CHUNK / V)` rows.
 pub const HEAD_CHUNK: usize = 1 << 22;
 
-/// Rows `r0..r1` of a 2-D tensor, in its dtype.
-fn rows(t: &Tensor, r0: usize, r1: usize) -> Result<Tensor> {
-    let (_, c) = t.dims2()?;
-    let (a, b) = (r0 * c, r1 * c);
-    match t.dtype() {
-        DType::F64 => Ok(Tensor::from_f64(
-            &[r1 - r0, c],
-            t.as_f64().unwrap_or(&[])[a..b].to_vec(),
-        )?),
-        DType::Bf16 => Ok(Tensor::from_bf16(
-            &[r1 - r0, c],
-            t.as_bf16().unwrap_or(&[])[a..b].to_vec(),
-        )?),
-        DType::F32 => Ok(Tensor::from_f32(
-            &[r1 - r0, c],
-            t.as_f32().unwrap_or(&[])[a..b].to_vec(),
-        )?),
-    }
+/// A copy of an optional tensor (a bias), or [`octet_tensor::Error::Alloc`].
+fn try_clone_opt(t: &Option<Tensor>) -> Result<Option<Tensor>> {
+    Ok(t.as_ref().map(Tensor::try_clone).transpose()?)
 }
 
-/// Row blocks stacked into one tensor (all of one dtype and width).
+/// An empty buffer with room for the `(rows, cols)` matrix `what`, or
+/// [`octet_tensor::Error::Alloc`] naming it when the allocator cannot
+/// provide it: every copy of the head's helpers ([`rows`], [`stack_rows`])
+/// is made in one.
+fn row_buffer<T>(rows: usize, cols: usize, what: &str) -> Result<Vec<T>> {
+    let n = rows
+        .checked_mul(cols)
+        .ok_or_else(|| Error::Shape(format!("{what}: ({rows}, {cols}) overflows usize")))?;
+    Ok(alloc_capacity(n, format_args!("{what} ({rows}, {cols})"))?)
+}
+
+/// Rows `r0..r1` of a 2-D tensor, in its dtype; [`octet_tensor::Error::Alloc`]
+/// when the copy cannot be allocated.
+fn rows(t: &Tensor, r0: usize, r1: usize) -> Result<Tensor> {
+    let (m, c) = t.dims2()?;
+    if r0 > r1 || r1 > m {
+        return Err(Error::Shape(format!(
+            "rows {r0}..{r1} of a matrix of {m} rows"
+        )));
+    }
+    let shape = [r1 - r0, c];
+    fn copy<T: Copy>(v: Option<&[T]>, (r0, r1): (usize, usize), c: usize) -> Result<Vec<T>> {
+        let src = v
+            .and_then(|v| v.get(r0 * c..r1 * c))
+            .ok_or_else(|| Error::Shape("rows of a tensor whose data does not fill it".into()))?;
+        let mut out = row_buffer(r1 - r0, c, "a chunk of the LM head's input")?;
+        out.extend_from_slice(src);
+        Ok(out)
+    }
+    Ok(match t.dtype() {
+        DType::F64 => Tensor::from_f64(&shape, copy(t.as_f64(), (r0, r1), c)?)?,
+        DType::Bf16 => Tensor::from_bf16(&shape, copy(t.as_bf16(), (r0, r1), c)?)?,
+        DType::F32 => Tensor::from_f32(&shape, copy(t.as_f32(), (r0, r1), c)?)?,
+    })
+}
+
+/// Row blocks stacked into one tensor (all of one dtype and width);
+/// [`octet_tensor::Error::Alloc`] when the result cannot be allocated.
 fn stack_rows(parts: &[Tensor]) -> Result<Tensor> {
     let c = parts.first().map_or(Ok(0), |p| p.dims2().map(|d| d.1))?;
-    let m: usize = parts.iter().map(|p| p.shape()[0]).sum();
-    match parts.first().map(Tensor::dtype) {
-        Some(DType::F64) => {
-            let v = parts
-                .iter()
-                .flat_map(|p| p.as_f64().unwrap_or(&[]).iter().copied());
-            Ok(Tensor::from_f64(&[m, c], v.collect())?)
+    let mut m = 0usize;
+    for p in parts {
+        let (r, pc) = p.dims2()?;
+        if pc != c {
+            return Err(Error::Shape(format!(
+                "stacking rows of width {pc} under rows of width {c}"
+            )));
         }
-        Some(DType::Bf16) => {
-            let v = parts
-                .iter()
-                .flat_map(|p| p.as_bf16().unwrap_or(&[]).iter().copied());
-            Ok(Tensor::from_bf16(&[m, c], v.collect())?)
-        }
-        _ => Ok(Tensor::from_f32(
-            &[m, c],
-            parts.iter().flat_map(|p| p.to_f32_vec()).collect(),
-        )?),
+        m = m
+            .checked_add(r)
+            .ok_or_else(|| Error::Shape("stacked rows overflow usize".into()))?;
     }
+    fn stack<'a, T: Copy + 'a>(
+        parts: &'a [Tensor],
+        (m, c): (usize, usize),
+        data: impl Fn(&'a Tensor) -> Option<&'a [T]>,
+    ) -> Result<Vec<T>> {
+        let mut out = row_buffer(m, c, "the final norm's output gradient")?;
+        for p in parts {
+            let v =
+                data(p).ok_or_else(|| Error::Shape("stacking rows of different dtypes".into()))?;
+            out.extend_from_slice(v);
+        }
+        Ok(out)
+    }
+    Ok(match parts.first().map(Tensor::dtype) {
+        Some(DType::F64) => Tensor::from_f64(&[m, c], stack(parts, (m, c), Tensor::as_f64)?)?,
+        Some(DType::Bf16) => Tensor::from_bf16(&[m, c], stack(parts, (m, c), Tensor::as_bf16)?)?,
+        _ => Tensor::from_f32(&[m, c], stack(parts, (m, c), Tensor::as_f32)?)?,
+    })
 }
 
-/// `t * k` in its dtype.
+/// `t * k` in its dtype; [`octet_tensor::Error::Alloc`] when the result
+/// cannot be allocated.
 fn scaled(t: &Tensor, k: f64) -> Result<Tensor> {
-    match t.dtype() {
-        DType::F64 => Ok(Tensor::from_f64(
+    let what = format_args!("a {:?} chunk of the logits gradient", t.shape());
+    match t.as_f64() {
+        Some(v) => Ok(Tensor::from_f64(
             t.shape(),
-            t.to_f64_vec().iter().map(|x| x * k).collect(),
+            alloc_collect(v.iter().map(|x| x * k), what)?,
         )?),
-        dtype => Ok(Tensor::from_f32_as(
+        None => Ok(Tensor::from_f32_as(
             t.shape(),
-            t.to_f32_vec().iter().map(|x| x * k as f32).collect(),
-            dtype,
+            alloc_collect(t.f32_values()?.iter().map(|x| x * k as f32), what)?,
+            t.dtype(),
         )?),
     }
 }
@@ -856,17 +889,29 @@ fn head_loss_in(
     chunk: usize,
 ) -> Result<(f64, HeadSaved)> {
     let (m, _) = h.dims2()?;
+    if targets.len() != m {
+        return Err(Error::Shape(format!(
+            "{} targets for {m} rows of logits",
+            targets.len()
+        )));
+    }
     let v = head.out_features();
     let step = (chunk / v.max(1)).max(1);
     let counted = targets
         .iter()
         .filter(|&&t| t != crate::loss::IGNORE)
         .count();
-    let (mut loss, mut dh, mut d_weight) = (0.0, Vec::new(), None::<Tensor>);
+    let chunks = m.max(1).div_ceil(step);
+    let mut dh: Vec<Tensor> = alloc_capacity(chunks, "the LM head's input-gradient chunks")?;
+    let (mut loss, mut d_weight) = (0.0, None::<Tensor>);
     for r0 in (0..m.max(1)).step_by(step) {
         let r1 = (r0 + step).min(m);
         let whole = r0 == 0 && r1 == m;
-        let hc = if whole { h.clone() } else { rows(h, r0, r1)? };
+        // One chunk reads `h` itself; a chunk of it, a copy of its rows.
+        let hc = match whole {
+            true => Cow::Borrowed(h),
+            false => Cow::Owned(rows(h, r0, r1)?),
+        };
         let (logits, saved) = head.forward(&hc, true)?; // (rows, V)
         let tc = targets.get(r0..r1).ok_or_else(|| {
             Error::Shape(format!("{} targets for {m} rows of logits", targets.len()))
@@ -995,26 +1040,23 @@ impl Llama {
         let mut weights = HashMap::new();
         for (name, shape) in Llama::param_shapes(cfg) {
             let n: usize = shape.iter().product();
+            let what = format_args!("the initial f64 {name} {shape:?}");
             let data: Vec<f64> = if name.ends_with(".bias") {
-                vec![0.0; n]
+                alloc_vec(n, 0.0, what)?
             } else if shape.len() == 1 {
-                vec![1.0; n]
+                alloc_vec(n, 1.0, what)?
             } else {
                 let std = if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
                     resid
                 } else {
                     0.02
                 };
-                (0..n)
-                    .map(|_| {
-                        std * <StandardNormal as Distribution<f64>>::sample(
-                            &StandardNormal,
-                            &mut rng,
-                        )
-                    })
-                    .collect()
+                let draws = (0..n).map(|_| {
+                    std * <StandardNormal as Distribution<f64>>::sample(&StandardNormal, &mut rng)
+                });
+                alloc_collect(draws, what)?
             };
-            weights.insert(name, Tensor::from_f64(&shape, data)?.to_dtype(dtype));
+            weights.insert(name, Tensor::from_f64(&shape, data)?.into_dtype(dtype)?);
         }
         Llama::from_weights(cfg, weights, recipe)
     }
@@ -1140,7 +1182,7 @@ impl Llama {
         }
         let norm = RmsNorm::new(take(&mut w, "model.norm.weight")?, eps)?;
         let head_weight = if cfg.tie_word_embeddings {
-            embed.weight.clone()
+            embed.weight.try_clone()?
         } else {
             take(&mut w, "lm_head.weight")?
         };
@@ -1261,7 +1303,8 @@ impl Llama {
                     t.shape()
                 )));
             }
-            *t = new.to_dtype(t.dtype());
+            let dtype = t.dtype();
+            *t = new.into_dtype(dtype)?;
         }
         match tensors.keys().next() {
             Some(extra) => Err(Error::Config(format!("unexpected tensor {extra}"))),
@@ -1402,15 +1445,15 @@ impl Llama {
     pub fn merged_weights(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = vec![(
             "model.embed_tokens.weight".to_string(),
-            self.embed.weight.clone(),
+            self.embed.weight.try_clone()?,
         )];
         for (i, b) in self.blocks.iter().enumerate() {
             let names = block_param_shapes(&self.cfg, i).into_iter().map(|(n, _)| n);
             out.extend(names.zip(b.dense()?));
         }
-        out.push(("model.norm.weight".into(), self.norm.weight.clone()));
+        out.push(("model.norm.weight".into(), self.norm.weight.try_clone()?));
         if !self.cfg.tie_word_embeddings {
-            out.push(("lm_head.weight".into(), self.lm_head.weight.clone()));
+            out.push(("lm_head.weight".into(), self.lm_head.weight.try_clone()?));
         }
         Ok(out)
     }
@@ -1533,7 +1576,7 @@ impl Llama {
                 tokens.len()
             )));
         }
-        self.sync_tied_head();
+        self.sync_tied_head()?;
         let mut x = self.embed.forward(tokens)?; // (B*T, C)
         let mut saved_blocks = Vec::with_capacity(self.blocks.len());
         let mut inputs = Vec::new();
@@ -1567,7 +1610,7 @@ impl Llama {
         Ok((
             loss,
             LlamaSaved {
-                tokens: tokens.to_vec(),
+                tokens: alloc_collect(tokens.iter().copied(), "the tokens kept for backward")?,
                 blocks,
                 norm,
                 head,
@@ -1576,11 +1619,13 @@ impl Llama {
     }
 
     /// With tied embeddings the head reads the embedding matrix as it is now
-    /// (the optimizer updates only the embedding).
-    fn sync_tied_head(&mut self) {
+    /// (the optimizer updates only the embedding); [`octet_tensor::Error::Alloc`]
+    /// when its copy cannot be allocated.
+    fn sync_tied_head(&mut self) -> Result<()> {
         if self.cfg.tie_word_embeddings {
-            self.lm_head.weight = self.embed.weight.clone();
+            self.lm_head.weight = self.embed.weight.try_clone()?;
         }
+        Ok(())
     }
 
     /// Logits `(B*T, V)` for `tokens (B, T)` (nothing kept for backward). An
@@ -1596,7 +1641,7 @@ impl Llama {
 
     fn eval_logits(&mut self, tokens: &[u32], b: usize, t: usize) -> Result<Tensor> {
         self.check_tokens(tokens, b, t)?;
-        self.sync_tied_head();
+        self.sync_tied_head()?;
         let mut x = self.embed.forward(tokens)?;
         let rope = &self.rope;
         for blk in &mut self.blocks {
@@ -1929,5 +1974,87 @@ mod head_tests {
                 "d_weight",
             );
         }
+    }
+
+    /// The head's copies ([`rows`], [`stack_rows`]) reserve their buffer
+    /// through [`row_buffer`]: one the allocator cannot provide is the
+    /// tensor crate's allocation error naming the matrix, not an abort.
+    /// Their sources exist (`h`, the head's own gradient chunks), so no small
+    /// input reaches an impossible copy: the size here is constructed, 2^62
+    /// bytes of f32, beyond any address space.
+    #[test]
+    fn a_head_copy_too_large_for_memory_is_an_error_naming_the_bytes() {
+        let e = row_buffer::<f32>(1 << 40, 1 << 20, "a chunk of the LM head's input").unwrap_err();
+        let Error::Tensor(octet_tensor::Error::Alloc { bytes, .. }) = &e else {
+            panic!("expected an allocation error, got {e:?}");
+        };
+        assert_eq!(*bytes, 1 << 62);
+        let msg = e.to_string();
+        for want in [
+            "out of memory",
+            "4611686018427387904 bytes (4.0 EiB)",
+            "a chunk of the LM head's input (1099511627776, 1048576)",
+            "--batch",
+        ] {
+            assert!(msg.contains(want), "{want:?} missing from: {msg}");
+        }
+        // An element count past usize is a shape error, not a wrapped size.
+        let e = row_buffer::<f32>(1 << 40, 1 << 40, "x").unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e:?}");
+    }
+
+    /// The fallible helpers give the values of the copies they replace, bit
+    /// for bit, in every dtype; out-of-range rows, mixed widths and
+    /// mismatched targets are errors, not panics.
+    #[test]
+    fn the_head_helpers_copy_and_scale_as_before() {
+        let vals: Vec<f64> = (0..7 * 5).map(|i| (i as f64 - 11.3) / 3.7).collect();
+        let base = Tensor::from_f64(&[7, 5], vals).unwrap();
+        let bits =
+            |t: &Tensor| -> Vec<u64> { t.to_f64_vec().iter().map(|x| x.to_bits()).collect() };
+        for dtype in [DType::F64, DType::F32, DType::Bf16] {
+            let t = base.to_dtype(dtype);
+            let parts: Vec<Tensor> = [(0, 3), (3, 6), (6, 7)]
+                .iter()
+                .map(|&(a, b)| rows(&t, a, b).unwrap())
+                .collect();
+            assert_eq!(parts[1].shape(), [3, 5]);
+            assert_eq!(parts[1].dtype(), dtype);
+            let all = t.to_f64_vec();
+            assert_eq!(
+                bits(&parts[1]),
+                bits(&Tensor::from_f64(&[3, 5], all[15..30].to_vec()).unwrap())
+            );
+            let stacked = stack_rows(&parts).unwrap();
+            assert_eq!(stacked.dtype(), dtype);
+            assert_eq!(stacked.shape(), t.shape());
+            assert_eq!(bits(&stacked), bits(&t));
+            // `scaled` as it was: f64 `x * k`, else f32 `x * (k as f32)`
+            // rounded back to the dtype.
+            let k = 0.37;
+            let want = match dtype {
+                DType::F64 => Tensor::from_f64(t.shape(), all.iter().map(|x| x * k).collect()),
+                _ => Tensor::from_f32_as(
+                    t.shape(),
+                    t.to_f32_vec().iter().map(|x| x * k as f32).collect(),
+                    dtype,
+                ),
+            }
+            .unwrap();
+            let got = scaled(&t, k).unwrap();
+            assert_eq!(got.dtype(), dtype);
+            assert_eq!(bits(&got), bits(&want));
+            assert!(matches!(rows(&t, 5, 8), Err(Error::Shape(_))));
+            assert!(matches!(rows(&t, 4, 3), Err(Error::Shape(_))));
+        }
+        let narrow = Tensor::from_f32(&[1, 4], vec![0.0; 4]).unwrap();
+        let wide = Tensor::from_f32(&[1, 5], vec![0.0; 5]).unwrap();
+        assert!(matches!(stack_rows(&[wide, narrow]), Err(Error::Shape(_))));
+        let empty = stack_rows(&[]).unwrap();
+        assert_eq!(empty.shape(), [0, 0]);
+        let mut head = Linear::new(base.to_dtype(DType::F32), None, None, true).unwrap();
+        let h = Tensor::from_f32(&[2, 7], vec![0.5; 14]).unwrap();
+        let e = head_loss_in(&mut head, &h, &[1, 2, 3], HEAD_CHUNK).unwrap_err();
+        assert!(matches!(e, Error::Shape(_)), "{e:?}");
     }
 }

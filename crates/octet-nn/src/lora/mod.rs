@@ -179,7 +179,7 @@ impl Base {
     pub fn dequantize(&self) -> Result<Tensor> {
         let (n, k) = self.dims();
         match self {
-            Base::Dense(t) => Ok(t.to_dtype(DType::F32)),
+            Base::Dense(t) => Ok(t.try_to_dtype(DType::F32)?),
             Base::Fp8(w) => Ok(Tensor::from_f32(&[n, k], w.dequantize())?),
         }
     }
@@ -679,7 +679,7 @@ impl LoraLinear {
                 .ok_or_else(|| Error::Shape("backward: h was not saved".into()))?;
             let x = match (saved.x, &saved.x_q) {
                 (Some(x), _) => x,
-                (None, Some(q)) => Tensor::from_f32(&[m, k], q.dequantize())?,
+                (None, Some(q)) => Tensor::from_f32(&[m, k], q.dequantize()?)?,
                 (None, None) => return Err(Error::Shape("backward: x was not saved".into())),
             };
             let x = match &saved.dropout {
@@ -731,12 +731,11 @@ impl LoraLinear {
             Some(ad) => {
                 let ba = cpu::matmul(&ad.b, false, &ad.a, false, DType::F32)?;
                 let s = ad.scale() as f32;
-                let v: Vec<f32> = w
-                    .to_f32_vec()
-                    .iter()
-                    .zip(ba.to_f32_vec())
-                    .map(|(&a, b)| a + s * b)
-                    .collect();
+                let (wv, bav) = (w.f32_values()?, ba.f32_values()?);
+                let v = octet_tensor::alloc_collect(
+                    wv.iter().zip(bav.iter()).map(|(&a, &b)| a + s * b),
+                    format_args!("the merged {:?} LoRA weight", w.shape()),
+                )?;
                 Ok(Tensor::from_f32(w.shape(), v)?)
             }
         }
@@ -766,7 +765,7 @@ fn transpose_tensorwise(q: &QuantData) -> Result<QuantData> {
         rows: q.cols,
         cols: q.rows,
         format: q.format,
-        data: octet_fp8::quant::transpose(&q.data, q.rows, q.cols),
+        data: octet_fp8::quant::try_transpose(&q.data, q.rows, q.cols)?,
         block: (q.cols, q.rows),
         scales: q.scales.clone(),
         saturated: q.saturated,
