@@ -165,6 +165,7 @@ impl Stepper for FsdpStepper<'_> {
             params: self.rank.model().cfg.num_params(),
             peak_device_bytes: 0,
             nccl_per_step: None,
+            memory: Vec::new(),
         })
     }
 }

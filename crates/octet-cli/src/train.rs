@@ -786,10 +786,10 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
         println!("\nsample:\n{}\n", s.sample);
         summary_table(std::slice::from_ref(&s));
         println!(
-            "\npeak device memory {:.2} GiB; {}",
-            s.peak_device_bytes as f64 / (1u64 << 30) as f64,
-            wrote(&s.dir, cfg.save, "")
+            "\npeak device memory {}",
+            octet_train::trainer::memory_line(&s.memory)
         );
+        println!("{}", wrote(&s.dir, cfg.save, ""));
         return Ok(());
     }
     header(format!("cpu ({} threads)", rayon::current_num_threads()));
@@ -798,7 +798,11 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
     obs.bar.finish();
     println!("\nsample:\n{}\n", s.sample);
     summary_table(std::slice::from_ref(&s));
-    println!("\n{}", wrote(&s.dir, cfg.save, ""));
+    println!(
+        "\nmemory at the peak {}",
+        octet_train::trainer::memory_line(&s.memory)
+    );
+    println!("{}", wrote(&s.dir, cfg.save, ""));
     Ok(())
 }
 

@@ -369,6 +369,7 @@ pub fn train_gpu_ranked(
         host: octet_cuda::profile_enabled()?.then(Vec::new),
         telemetry: false,
         peak_saved: 0,
+        saved_kinds: Vec::new(),
         peak_dev: 0,
         comm_from: None,
         comm_steps: 0,
@@ -394,10 +395,37 @@ struct GpuStepper<'g> {
     /// Whether this step records telemetry.
     telemetry: bool,
     peak_saved: usize,
+    /// The saved activations by kind at the micro-batch that kept the most.
+    saved_kinds: Vec<(&'static str, usize)>,
     peak_dev: usize,
     /// NCCL counters at the start of the second step, and the steps since.
     comm_from: Option<NcclStats>,
     comm_steps: u64,
+}
+
+impl GpuStepper<'_> {
+    /// Where the peak device memory went: the model's state by kind, the
+    /// saved activations by kind, and the rest of the peak the driver
+    /// reported (workspace, the allocator's cache, the CUDA context).
+    fn memory_parts(&self) -> Vec<(String, usize)> {
+        let mut parts: Vec<(String, usize)> = self
+            .model
+            .state_by_kind()
+            .into_iter()
+            .map(|(n, b)| (n.to_string(), b))
+            .collect();
+        parts.extend(
+            self.saved_kinds
+                .iter()
+                .map(|(n, b)| (format!("saved: {n}"), *b)),
+        );
+        let known: usize = parts.iter().map(|(_, b)| b).sum();
+        parts.push((
+            "workspace, allocator cache and CUDA context".to_string(),
+            self.peak_dev.saturating_sub(known),
+        ));
+        parts
+    }
 }
 
 impl crate::run::Stepper for GpuStepper<'_> {
@@ -464,7 +492,10 @@ impl crate::run::Stepper for GpuStepper<'_> {
             r => r.map_err(gpu_err(step + 1))?,
         };
         let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
-        self.peak_saved = self.peak_saved.max(saved.bytes());
+        if saved.bytes() > self.peak_saved {
+            self.peak_saved = saved.bytes();
+            self.saved_kinds = saved.bytes_by_kind();
+        }
         self.peak_dev = self.peak_dev.max(self.gpu.mem_used()?);
         let tb = Instant::now();
         model.backward(saved).map_err(gpu_err(step + 1))?;
@@ -629,6 +660,7 @@ impl crate::run::Stepper for GpuStepper<'_> {
             params: self.model.cfg.num_params(),
             peak_device_bytes: self.peak_dev,
             nccl_per_step,
+            memory: self.memory_parts(),
         })
     }
 }

@@ -193,6 +193,14 @@ impl AdamW {
         }
         Ok(())
     }
+
+    /// Bytes of the state: the f32 masters and the two f32 moments.
+    pub fn bytes(&self) -> usize {
+        self.states
+            .iter()
+            .map(|s| 4 * (s.master.len() + s.m.len() + s.v.len()))
+            .sum()
+    }
 }
 
 /// Learning rate at `step` (0-based) of a run of `total` steps: linear warmup

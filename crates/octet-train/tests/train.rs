@@ -550,3 +550,29 @@ fn a_run_resumed_after_a_kill_repairs_its_metrics_and_removes_stale_temp_files()
     }
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The summary's memory at the peak names the parameters, their gradients,
+/// AdamW's f32 masters and moments (three f32 values a parameter) and the
+/// saved activations, with the bytes the run held; the printed line sums them.
+#[test]
+fn a_cpu_run_reports_where_its_memory_went() {
+    let out = tmpdir("memory-parts");
+    let s = train(&small_run("mem", &out, "bf16"), None, &mut Quiet).unwrap();
+    let part = |name: &str| {
+        s.memory
+            .iter()
+            .find(|(n, _)| n.starts_with(name))
+            .map(|(_, b)| *b)
+            .unwrap_or_else(|| panic!("no {name} in {:?}", s.memory))
+    };
+    assert_eq!(part("parameters"), 4 * s.params, "{:?}", s.memory);
+    assert_eq!(part("gradients"), 4 * s.params);
+    assert_eq!(part("AdamW"), 12 * s.params);
+    assert_eq!(part("saved"), s.peak_saved_bytes);
+    assert!(s.peak_saved_bytes > 0);
+    let total: usize = s.memory.iter().map(|(_, b)| b).sum();
+    let line = octet_train::trainer::memory_line(&s.memory);
+    let gib = total as f64 / (1u64 << 30) as f64;
+    assert!(line.starts_with(&format!("{gib:.2} GiB: parameters ")), "{line}");
+    let _ = std::fs::remove_dir_all(&out);
+}

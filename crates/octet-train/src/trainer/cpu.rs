@@ -298,6 +298,24 @@ impl crate::run::Stepper for CpuStepper<'_> {
             params: self.model.cfg.num_params(),
             peak_device_bytes: 0,
             nccl_per_step: None,
+            memory: cpu_memory(&self.model, &self.opt, self.peak_saved),
         })
     }
+}
+
+/// The CPU run's memory at its peak: the model's parameters (and the
+/// gradients of a step, as many bytes), AdamW's masters and moments, and the
+/// largest saved activations of a micro-batch.
+pub(super) fn cpu_memory(model: &Llama, opt: &AdamW, saved: usize) -> Vec<(String, usize)> {
+    let params: usize = model
+        .params()
+        .iter()
+        .map(|(_, t)| t.numel() * t.dtype().size())
+        .sum();
+    vec![
+        ("parameters".to_string(), params),
+        ("gradients".to_string(), params),
+        ("AdamW masters and moments (f32)".to_string(), opt.bytes()),
+        ("saved activations".to_string(), saved),
+    ]
 }

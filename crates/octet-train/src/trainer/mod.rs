@@ -755,4 +755,22 @@ pub struct RunSummary {
     /// Sharded GPU runs: bytes and calls rank 0 handed to NCCL per step
     /// (the mean over the steps after the first).
     pub nccl_per_step: Option<octet_cuda::nccl::NcclStats>,
+    /// Where the memory at the run's peak went, in bytes: the weights,
+    /// gradients and optimizer state by kind, the saved activations (by kind
+    /// on the GPU, at the micro-batch that kept the most), and on the GPU the
+    /// rest of the peak (workspace, the allocator's cache, the CUDA context).
+    pub memory: Vec<(String, usize)>,
+}
+
+/// `parts` (name, bytes) as one line: `total GiB: a 1.20, b 0.30, ...`,
+/// the parts in GiB with two decimals, the zero ones left out.
+pub fn memory_line(parts: &[(String, usize)]) -> String {
+    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
+    let total: usize = parts.iter().map(|(_, b)| b).sum();
+    let listed: Vec<String> = parts
+        .iter()
+        .filter(|(_, b)| *b > 0)
+        .map(|(n, b)| format!("{n} {:.2}", gib(*b)))
+        .collect();
+    format!("{:.2} GiB: {}", gib(total), listed.join(", "))
 }

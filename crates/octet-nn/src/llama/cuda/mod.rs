@@ -514,8 +514,9 @@ struct BlockCore {
 }
 
 impl BlockSaved {
-    /// Bytes kept, each buffer counted once however many layers share it.
-    fn bytes(&self) -> usize {
+    /// Bytes kept, each buffer counted once however many layers share it,
+    /// added into `kinds` (indexed as [`SAVED_KINDS`]).
+    fn add_bytes(&self, kinds: &mut [usize; SAVED_KINDS.len()]) {
         let c = &self.core;
         let mut seen = std::collections::HashSet::new();
         let a = match &c.a {
@@ -525,17 +526,30 @@ impl BlockSaved {
             }
             _ => 0,
         };
-        a + self.x.bytes()
-            + self.x1.bytes()
-            + c.swiglu.bytes()
-            + 4 * (self.rstd1.len() + c.lse.len() + c.rstd2.len())
-            + 2 * (c.q.len() + c.k.len() + c.v.len())
-            + c.lin
-                .iter()
-                .map(|l| l.bytes_unique(&mut seen))
-                .sum::<usize>()
+        kinds[0] += self.x.bytes() + self.x1.bytes();
+        kinds[1] += 4 * (self.rstd1.len() + c.rstd2.len());
+        kinds[2] += 2 * (c.q.len() + c.k.len() + c.v.len());
+        kinds[3] += a + 4 * c.lse.len();
+        kinds[4] += c.swiglu.bytes();
+        kinds[5] += c
+            .lin
+            .iter()
+            .map(|l| l.bytes_unique(&mut seen))
+            .sum::<usize>();
     }
 }
+
+/// The kinds of saved state [`GpuLlamaSaved::bytes_by_kind`] reports.
+pub const SAVED_KINDS: [&str; 8] = [
+    "norm inputs",
+    "norm statistics",
+    "attention q, k, v",
+    "attention output and log-sum-exp",
+    "SwiGLU inputs",
+    "projection inputs (FP8 or bf16 copies)",
+    "recomputed blocks' inputs",
+    "final norm, LM head input and logits gradient",
+];
 
 /// What [`GpuLlama::block_forward`] gives: what the block's backward reads
 /// but its input's, and the down projection's output.
@@ -581,12 +595,22 @@ pub struct GpuLlamaSaved {
 impl GpuLlamaSaved {
     /// Device bytes kept for backward (activations, FP8 copies, the logits gradient).
     pub fn bytes(&self) -> usize {
-        self.blocks.iter().map(BlockSaved::bytes).sum::<usize>()
-            + 4 * self.inputs.iter().map(CudaSlice::len).sum::<usize>()
-            + self.xf.bytes()
+        self.bytes_by_kind().iter().map(|(_, b)| b).sum()
+    }
+
+    /// [`GpuLlamaSaved::bytes`] by kind ([`SAVED_KINDS`]), each buffer
+    /// counted once however many layers share it.
+    pub fn bytes_by_kind(&self) -> Vec<(&'static str, usize)> {
+        let mut kinds = [0usize; SAVED_KINDS.len()];
+        for b in &self.blocks {
+            b.add_bytes(&mut kinds);
+        }
+        kinds[6] += 4 * self.inputs.iter().map(CudaSlice::len).sum::<usize>();
+        kinds[7] += self.xf.bytes()
             + 4 * self.rstd_f.len()
             + 2 * (self.hf.len() + self.dlogits.len())
-            + 4 * (self.starts.len() + self.rows.len())
+            + 4 * (self.starts.len() + self.rows.len());
+        SAVED_KINDS.into_iter().zip(kinds).collect()
     }
 }
 
@@ -1236,11 +1260,19 @@ impl<'g> GpuLlama<'g> {
     /// Device bytes of parameters, gradients and optimizer state (f32 each)
     /// and the bf16 compute copies.
     pub fn state_bytes(&self) -> usize {
+        self.state_by_kind().iter().map(|(_, b)| b).sum()
+    }
+
+    /// [`GpuLlama::state_bytes`] by kind: the f32 masters, AdamW's two
+    /// moments, the gradients, the bf16 compute copies the GEMMs read, a
+    /// sharded run's gathered weights and shards, and a LoRA run's frozen
+    /// base and adapters' bf16 copies (kinds of zero bytes left out).
+    pub fn state_by_kind(&self) -> Vec<(&'static str, usize)> {
         let sharded = self.shard.as_ref().map_or(0, |sh| {
             4 * (sh.gshard.len() + sh.rep.len())
                 + 2 * sh.wsh.iter().flatten().map(|w| w.len()).sum::<usize>()
         });
-        let lora = self.lora.as_ref().map_or(0, |lm| 4 * lm.rep.len()) + self.base_bytes();
+        let base = self.lora.as_ref().map_or(0, |lm| 4 * lm.rep.len()) + self.base_bytes();
         let adapters = self
             .blocks
             .iter()
@@ -1248,18 +1280,24 @@ impl<'g> GpuLlama<'g> {
             .filter_map(|l| l.adapter.as_ref())
             .map(|a| 2 * (a.a.len() + a.b.len()))
             .sum::<usize>();
-        12 * self.master.len()
-            + 4 * self.grad.len()
-            + sharded
-            + lora
-            + adapters
-            + 2 * self.head.len()
+        let copies = 2 * self.head.len()
             + self
                 .blocks
                 .iter()
                 .flat_map(|b| &b.lin)
                 .map(|l| 2 * l.weight.len())
-                .sum::<usize>()
+                .sum::<usize>();
+        [
+            ("f32 masters", 4 * self.master.len()),
+            ("AdamW moments (f32)", 8 * self.master.len()),
+            ("gradients (f32)", 4 * self.grad.len()),
+            ("bf16 compute copies", copies + adapters),
+            ("sharded gathers and shards", sharded),
+            ("frozen LoRA base", base),
+        ]
+        .into_iter()
+        .filter(|(_, b)| *b > 0)
+        .collect()
     }
 
     /// The f32 values of parameter `s` the kernels read (embedding, norm gains).
