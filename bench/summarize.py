@@ -333,6 +333,25 @@ def cmd_generate(a):
                 pass
 
 
+# ---------------------------------------------------------------- builds
+def cmd_builds(a):
+    """Two builds' `octet bench` JSON files, row by row: the second's time over the first's."""
+    before, after = octet_rows(load(a.before)), octet_rows(load(a.after))
+    out = []
+    worst = None
+    for op, r in before.items():
+        if op not in after or not r.get("ms") or not after[op].get("ms"):
+            continue
+        ratio = after[op]["ms"] / r["ms"]
+        worst = ratio if worst is None else max(worst, ratio)
+        out.append([op[:90], f(r["ms"]), f(after[op]["ms"]), f(ratio, "{:.3f}x")])
+    if not out:
+        print("  (no rows in common)")
+        return
+    table(["row", "before ms", "after ms", "after/before"], out)
+    print(f"  slowest row of the second build: {worst:.3f}x the first's time")
+
+
 # ---------------------------------------------------------------- table
 ORDER = ["op", "shape", "kernel", "layer", "k", "n", "m", "weights", "ms", "gb_s", "gflops", "weight_gb_s",
          "ratio_to_copy", "speed_vs_f32", "fp8_speedup", "saved_bytes", "bytes"]
@@ -411,6 +430,9 @@ def main():
     p.add_argument("log", nargs="+")
     p = sub.add_parser("table")
     p.add_argument("json", nargs="+")
+    p = sub.add_parser("builds")
+    p.add_argument("before")
+    p.add_argument("after")
     a = ap.parse_args()
     globals()["cmd_" + a.cmd](a)
 

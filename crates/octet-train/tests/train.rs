@@ -573,6 +573,9 @@ fn a_cpu_run_reports_where_its_memory_went() {
     let total: usize = s.memory.iter().map(|(_, b)| b).sum();
     let line = octet_train::trainer::memory_line(&s.memory);
     let gib = total as f64 / (1u64 << 30) as f64;
-    assert!(line.starts_with(&format!("{gib:.2} GiB: parameters ")), "{line}");
+    assert!(
+        line.starts_with(&format!("{gib:.2} GiB: parameters ")),
+        "{line}"
+    );
     let _ = std::fs::remove_dir_all(&out);
 }
