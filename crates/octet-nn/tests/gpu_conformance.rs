@@ -25,7 +25,11 @@ fn every_gpu_conformance_case_passes_where_a_gpu_is_present() {
         .filter(|c| !c.pass)
         .map(|c| format!("{}: {}", c.name, c.worst))
         .collect();
-    eprintln!("{} GPU conformance cases, {} failed", cases.len(), failed.len());
+    eprintln!(
+        "{} GPU conformance cases, {} failed",
+        cases.len(),
+        failed.len()
+    );
     assert!(!cases.is_empty(), "no conformance case ran");
     assert!(failed.is_empty(), "failed cases:\n{}", failed.join("\n"));
 }
