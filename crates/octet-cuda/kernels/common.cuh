@@ -346,7 +346,7 @@ template <int N> __device__ __forceinline__ void cp_wait() { asm volatile("cp.as
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // Hopper's warpgroup MMA (sm_90a only). Shared-memory operands use the
-// 128-byte-swizzled layout described in train.cu (attention on wgmma).
+// 128-byte-swizzled layout described in attention.cu (attention on wgmma).
 
 // A 128-byte-swizzle descriptor: start address, leading and stride byte offsets.
 __device__ __forceinline__ unsigned long long wg_desc(unsigned addr, unsigned lbo, unsigned sbo) {

@@ -616,7 +616,7 @@ extern "C" __global__ void mixed_epilogue_bf16(const float* acc, const float* fa
 // weight rows (output channels; 64 per warpgroup, the wgmma M side) and 256
 // tokens (the wgmma N side). Per 64-column stage of K:
 // - x (256 tokens x 64 bf16) is copied by the TMA unit into wgmma's
-//   128-byte-swizzled K-major layout (see train.cu) and read by wgmma as B;
+//   128-byte-swizzled K-major layout (see attention.cu) and read by wgmma as B;
 // - the FP8 codes of W (128 rows x 64 bytes) are copied by the TMA unit as
 //   they are in memory (row-major, no repacking) with its 64-byte swizzle:
 //   each row's four 16-byte chunks permuted by chunk ^ ((row / 2) % 4), so

@@ -91,7 +91,7 @@ impl Gpu {
         }
         let m = self.ctx.load_module(nvrtc::compile(
             "block2d",
-            crate::KERNEL_SOURCES[6].1,
+            crate::kernel_source("block2d")?,
             self.arch,
         )?)?;
         let k = Block2dKernels {

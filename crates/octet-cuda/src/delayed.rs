@@ -43,7 +43,7 @@ impl Gpu {
         }
         let m = self.ctx.load_module(nvrtc::compile(
             "delayed",
-            crate::KERNEL_SOURCES[5].1,
+            crate::kernel_source("delayed")?,
             self.arch,
         )?)?;
         let k = DelayedKernels {

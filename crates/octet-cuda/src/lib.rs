@@ -117,30 +117,63 @@ impl From<cudarc::driver::DriverError> for Error {
 /// Result alias.
 pub type Result<T> = std::result::Result<T, Error>;
 
-macro_rules! kernel_source {
-    ($file:literal) => {
+macro_rules! with_common {
+    ($($file:literal),+) => {
         concat!(
             include_str!("../kernels/common.cuh"),
-            include_str!(concat!("../kernels/", $file))
+            $(include_str!(concat!("../kernels/", $file))),+
         )
     };
 }
 
 /// Every kernel source by name, each with `kernels/common.cuh` in front: what
-/// NVRTC compiles (and what CI compiles for `sm_90a`).
-pub const KERNEL_SOURCES: [(&str, &str); 11] = [
-    ("quantize", kernel_source!("quantize.cu")),
-    ("block_quantize", kernel_source!("block_quantize.cu")),
-    ("mixed", kernel_source!("mixed.cu")),
-    ("decode", kernel_source!("decode.cu")),
-    ("rowwise", kernel_source!("rowwise.cu")),
-    ("delayed", kernel_source!("delayed.cu")),
-    ("block2d", kernel_source!("block2d.cu")),
-    ("mx", kernel_source!("mx.cu")),
-    ("nvfp4", kernel_source!("nvfp4.cu")),
-    ("train", kernel_source!("train.cu")),
-    ("lora", kernel_source!("lora.cu")),
+/// NVRTC compiles (and what CI compiles for `sm_90a`). A source is one
+/// family of kernels, one module on the GPU; the families of the training
+/// model (`embed` to `attention`) also have `kernels/model.cuh`, their shared
+/// helpers, in front of their own file. Look one up with [`kernel_source`].
+pub const KERNEL_SOURCES: [(&str, &str); 18] = [
+    ("quantize", with_common!("quantize.cu")),
+    ("block_quantize", with_common!("block_quantize.cu")),
+    ("mixed", with_common!("mixed.cu")),
+    ("decode", with_common!("decode.cu")),
+    ("rowwise", with_common!("rowwise.cu")),
+    ("delayed", with_common!("delayed.cu")),
+    ("block2d", with_common!("block2d.cu")),
+    ("mx", with_common!("mx.cu")),
+    ("nvfp4", with_common!("nvfp4.cu")),
+    ("embed", with_common!("model.cuh", "embed.cu")),
+    ("norm", with_common!("model.cuh", "norm.cu")),
+    ("rope", with_common!("model.cuh", "rope.cu")),
+    ("swiglu", with_common!("model.cuh", "swiglu.cu")),
+    ("elementwise", with_common!("model.cuh", "elementwise.cu")),
+    ("loss", with_common!("model.cuh", "loss.cu")),
+    ("optim", with_common!("model.cuh", "optim.cu")),
+    ("attention", with_common!("model.cuh", "attention.cu")),
+    ("lora", with_common!("lora.cu")),
 ];
+
+/// The source of the kernel family `name` in [`KERNEL_SOURCES`] (`"quantize"`,
+/// `"attention"`, ...), or [`Error::Toolkit`] naming it where there is none.
+pub fn kernel_source(name: &str) -> Result<&'static str> {
+    KERNEL_SOURCES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map(|(_, src)| *src)
+        .ok_or_else(|| Error::Toolkit(format!("no kernel source named {name}")))
+}
+
+/// The names of the `__global__` functions that a kernel source defines, in
+/// the order they appear, read from the text without a compiler: a kernel
+/// written out (`extern "C" __global__ void [__launch_bounds__(..)] name(`)
+/// or made by a function-like macro whose body defines one, expanded at each
+/// use (`##` pastes, nested macros), whatever `#if` surrounds it. This is what
+/// a host check compares the names the Rust code loads against; CI checks it
+/// against the `.entry` names of each source's PTX.
+pub fn kernel_names(src: &str) -> Vec<String> {
+    kernels::names(src)
+}
+
+mod kernels;
 
 /// Peak DRAM bandwidth in GB/s: two transfers a memory clock (DDR; HBM
 /// reports its clock so that this holds) over the bus width. `None` where the
@@ -445,17 +478,33 @@ impl Gpu {
         // run does not stop later to compile them. An error in those is left
         // for their first use to report.
         let mut jobs: Vec<(String, String)> = Vec::new();
+        let mixed_src = kernel_source("mixed")?;
         for part in (0..mixed::MIXED_PARTS).rev() {
             jobs.push((
                 format!("mixed.{part}"),
-                format!("#define MIXED_PART {part}\n{}", KERNEL_SOURCES[2].1),
+                format!("#define MIXED_PART {part}\n{mixed_src}"),
             ));
         }
-        for i in [9, 1, 10, 6, 0, 4, 3, 8, 7, 5] {
-            // train, block_quantize, lora, block2d, quantize, rowwise, decode,
-            // nvfp4, mx, delayed: the order of their compile times on an H100
-            // host.
-            jobs.push((KERNEL_SOURCES[i].0.into(), KERNEL_SOURCES[i].1.into()));
+        // The order of their compile times on an H100 host (the training
+        // model's attention was most of its former single module's); the
+        // sources not named here, after them.
+        let slowest = [
+            "attention",
+            "block_quantize",
+            "lora",
+            "block2d",
+            "quantize",
+            "rowwise",
+            "decode",
+            "nvfp4",
+            "mx",
+        ];
+        let rest = KERNEL_SOURCES
+            .iter()
+            .map(|(name, _)| *name)
+            .filter(|n| *n != "mixed" && !slowest.contains(n));
+        for name in slowest.into_iter().chain(rest) {
+            jobs.push((name.into(), kernel_source(name)?.into()));
         }
         let mut compiled: std::collections::HashMap<String, Result<cudarc::nvrtc::Ptx>> = jobs
             .iter()

@@ -71,7 +71,7 @@ impl Gpu {
         }
         let m = self.ctx.load_module(crate::nvrtc::compile(
             "lora",
-            crate::KERNEL_SOURCES[10].1,
+            crate::kernel_source("lora")?,
             self.arch,
         )?)?;
         let k = LoraKernels {

@@ -50,9 +50,11 @@ impl Gpu {
         if let Some(k) = self.mx.get() {
             return Ok(k);
         }
-        let m =
-            self.ctx
-                .load_module(nvrtc::compile("mx", crate::KERNEL_SOURCES[7].1, self.arch)?)?;
+        let m = self.ctx.load_module(nvrtc::compile(
+            "mx",
+            crate::kernel_source("mx")?,
+            self.arch,
+        )?)?;
         let k = MxKernels {
             quant: [
                 m.load_function("mx_quant_bf16_e4m3")?,

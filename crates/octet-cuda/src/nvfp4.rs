@@ -57,7 +57,7 @@ impl Gpu {
         }
         let m = self.ctx.load_module(nvrtc::compile(
             "nvfp4",
-            crate::KERNEL_SOURCES[8].1,
+            crate::kernel_source("nvfp4")?,
             self.arch,
         )?)?;
         let k = NvKernels {

@@ -41,7 +41,7 @@ impl RowwiseKernels {
     fn load(gpu: &Gpu) -> Result<RowwiseKernels> {
         let m = gpu.ctx.load_module(nvrtc::compile(
             "rowwise",
-            crate::KERNEL_SOURCES[4].1,
+            crate::kernel_source("rowwise")?,
             gpu.arch,
         )?)?;
         let f = |n: &str| -> Result<CudaFunction> { Ok(m.load_function(n)?) };

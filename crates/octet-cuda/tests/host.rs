@@ -2,7 +2,7 @@
 //! that every kernel source compiles with NVRTC when the compiler is installed
 //! (CI installs it from NVIDIA's pip wheels: `.ci/nvrtc-setup`).
 
-use octet_cuda::{nvrtc, Error, Gpu, KERNEL_SOURCES};
+use octet_cuda::{kernel_names, kernel_source, nvrtc, Error, Gpu, KERNEL_SOURCES};
 
 /// Whether NVRTC can be loaded here. Without it a test that compiles kernels
 /// returns early, saying so, except under CI (`CI` set), where `.ci/run`
@@ -20,6 +20,14 @@ fn nvrtc_present(test: &str) -> bool {
             false
         }
     }
+}
+
+/// The kernel names of a PTX module: its `.entry` lines.
+fn ptx_entries(ptx: &str) -> Vec<String> {
+    ptx.lines()
+        .filter_map(|l| l.split(".entry ").nth(1))
+        .map(|rest| rest.trim_end_matches('(').trim().to_string())
+        .collect()
 }
 
 #[test]
@@ -90,6 +98,16 @@ fn kernels_compile() {
                 ptx.contains(&format!(".target {arch}")),
                 "{name}: {arch} target missing"
             );
+            // The host-side scan of a source's `__global__`s (what the loaders'
+            // host checks rely on) finds exactly the kernels of its PTX, on
+            // sm_90a where every kernel is compiled.
+            if arch == "sm_90a" && !soft {
+                let mut scanned = kernel_names(&src);
+                scanned.sort();
+                let mut entries = ptx_entries(&ptx);
+                entries.sort();
+                assert_eq!(scanned, entries, "{name}: kernel_names against the PTX");
+            }
             // The instructions each source exists for are there (not a software fallback).
             let markers: &[&str] = match name {
                 "mixed" => &[
@@ -100,20 +118,38 @@ fn kernels_compile() {
                 "decode" => &["attend_decode", "rmsnorm_bf16", "cvt.rn.bf16.f32"],
                 "rowwise" => &["rowwise_cast_bf16_e4m3", "cvt.rn.satfinite.e5m2x2.f32"],
                 "delayed" => &["delayed_update", "delayed_record"],
-                "train" => &[
+                "attention" => &[
                     "attn_fwd",
                     "attn_bwd_dkdv",
                     "attn_bwd_dq",
+                    "attn_delta",
                     "attn_fwd_tc128",
                     "attn_dkdv_tc64",
                     "attn_dq_tc32",
                     "ex2.approx.ftz.f32",
                     "mma.sync.aligned.m16n8k16",
                     "ldmatrix.sync.aligned.m8n8.x4.trans",
-                    "rmsnorm_bwd",
-                    "adamw",
                     "cvt.rn.bf16.f32",
                 ],
+                "embed" => &["embed_fwd", "embed_bwd"],
+                "norm" => &[
+                    "rmsnorm_fwd_v4",
+                    "rmsnorm_bwd",
+                    "rmsnorm_bwd_b16_v4",
+                    "sum_partials",
+                    "cvt.rn.bf16.f32",
+                    "cvt.rn.satfinite.e4m3x2.f32",
+                ],
+                "rope" => &["rope_fwd_v4", "rope_bwd", "cvt.rn.bf16.f32"],
+                "swiglu" => &[
+                    "swiglu_fwd",
+                    "swiglu_bwd_q_v8",
+                    "cvt.rn.bf16.f32",
+                    "cvt.rn.satfinite.e4m3x2.f32",
+                ],
+                "elementwise" => &["add_many", "to_bf16", "cvt.rn.bf16.f32"],
+                "loss" => &["cross_entropy", "cvt.rn.bf16.f32"],
+                "optim" => &["sumsq_partial", "adamw", "adamw_many", "cvt.rn.bf16.f32"],
                 "nvfp4" => &["nv_encode", "nv_scales", "nv_dequant_full"],
                 "mx" => &[
                     "mx_quant_bf16_e4m3",
@@ -132,7 +168,10 @@ fn kernels_compile() {
                     "mma.sync.aligned.m16n8k16",
                     "cvt.rn.satfinite.e5m2x2.f32",
                 ],
-                _ => &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"],
+                "quantize" | "block_quantize" => {
+                    &["cvt.rn.satfinite.e4m3x2.f32", "cvt.rn.satfinite.e5m2x2.f32"]
+                }
+                other => panic!("{other}: no markers listed for this source"),
             };
             for m in markers {
                 if soft && fp8_insns.contains(m) {
@@ -145,7 +184,7 @@ fn kernels_compile() {
             for m in wg {
                 assert_eq!(
                     ptx.contains(m),
-                    name == "train" && arch == "sm_90a",
+                    name == "attention" && arch == "sm_90a",
                     "{name} for {arch}: {m}"
                 );
             }
@@ -172,7 +211,8 @@ fn compile_goes_through_the_cache() {
     }
     let dir = std::env::temp_dir().join(format!("octet-cache-e2e-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let (name, src) = KERNEL_SOURCES[0];
+    let name = "quantize";
+    let src = kernel_source(name).unwrap();
     let v = nvrtc::nvrtc_version().unwrap();
     let key = nvrtc::cache_key(name, src, "sm_90a", &nvrtc::OPTIONS, v);
     let (a, hit_a) = nvrtc::cached(&dir, name, "sm_90a", key, || {
@@ -234,13 +274,8 @@ fn the_mixed_parts_hold_every_kernel_once() {
     if !nvrtc_present("the_mixed_parts_hold_every_kernel_once") {
         return;
     }
-    let entries = |ptx: &str| -> Vec<String> {
-        ptx.lines()
-            .filter_map(|l| l.split(".entry ").nth(1))
-            .map(|rest| rest.trim_end_matches('(').trim().to_string())
-            .collect()
-    };
-    let src = KERNEL_SOURCES[2].1;
+    let entries = ptx_entries;
+    let src = kernel_source("mixed").unwrap();
     let mut whole = entries(&nvrtc::compile_uncached("mixed", src, "sm_90a").expect("whole"));
     whole.sort();
     assert!(whole.len() > 50, "{} entries", whole.len()); // 83 in all
@@ -283,7 +318,7 @@ fn no_wgmma_kernel_is_serialized() {
             jobs.push((name.to_string(), src.to_string()));
         }
     }
-    assert!(jobs.len() >= 2, "{} wgmma modules", jobs.len()); // mixed and train
+    assert!(jobs.len() >= 2, "{} wgmma modules", jobs.len()); // mixed and attention
     for (name, src) in &jobs {
         let log = nvrtc::compile_log(name, src, "sm_90a").expect("compiles");
         assert!(!log.contains("C7514"), "{name}: {log}");
@@ -330,7 +365,8 @@ fn kernels_compile_to_cubin_and_cache_it() {
     if !nvrtc_present("kernels_compile_to_cubin_and_cache_it") {
         return;
     }
-    let (name, src) = KERNEL_SOURCES[5]; // delayed: small and quick
+    let name = "delayed"; // small and quick
+    let src = kernel_source(name).unwrap();
     for arch in ["sm_90a", "sm_89", "sm_80"] {
         let cubin = nvrtc::compile_cubin_uncached(name, src, arch)
             .unwrap_or_else(|e| panic!("{name} for {arch}: {e}"));

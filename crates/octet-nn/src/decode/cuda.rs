@@ -198,7 +198,7 @@ impl<'g> GpuDecoder<'g> {
         crate::llama::cuda::check_config(cfg)?;
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
-            octet_cuda::KERNEL_SOURCES[3].1,
+            octet_cuda::kernel_source("decode")?,
             gpu.arch,
         )?)?;
         let f = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };

@@ -1,4 +1,4 @@
-//! Attention on the GPU model: the flash-style causal kernels of `train.cu`,
+//! Attention on the GPU model: the flash-style causal kernels of `attention.cu`,
 //! forward and backward, and the hooks that run them alone (conformance, benchmarks).
 
 use super::*;

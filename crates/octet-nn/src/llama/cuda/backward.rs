@@ -166,7 +166,7 @@ impl<'g> GpuLlama<'g> {
             let most = chunk.iter().map(|(_, g)| g.len()).max().unwrap_or(0);
             let mut cfg = grid_stride(most);
             cfg.grid_dim.1 = chunk.len() as u32;
-            // SAFETY: argument types match `add_many` in train.cu; each
+            // SAFETY: argument types match `add_many` in elementwise.cu; each
             // source holds `n` elements and its slot `off .. off + n` lies
             // in the gradient buffer (the slots tile it); the sources live
             // until after the launch (borrowed from `items`).

@@ -73,7 +73,7 @@ impl<'g> GpuLlama<'g> {
         {
             let table = self.slot_view(self.embed_slot)?;
             // SAFETY (every launch in this file): argument types and order match
-            // the kernels in train.cu, and every buffer has the length the
+            // the kernels of their families (`TRAIN_KERNELS`), and every buffer has the length the
             // kernel indexes (sizes derived from the shapes checked above).
             unsafe {
                 s.launch_builder(&self.f.embed_fwd)

@@ -13,7 +13,9 @@
 //! them; the LM head's is f32); the logits are f32. The embedding and the
 //! LM head stay in high precision (bf16 products), as on the CPU.
 //!
-//! Kernels: `kernels/train.cu` (attention is flash-style: the forward keeps
+//! Kernels: the training model's families in `octet-cuda/kernels`
+//! ([`TRAIN_KERNELS`]: `embed.cu`, `norm.cu`, `rope.cu`, `swiglu.cu`,
+//! `elementwise.cu`, `loss.cu`, `optim.cu`, `attention.cu`; attention is flash-style: the forward keeps
 //! the per-row log-sum-exp, the backward recomputes probabilities tile by
 //! tile; nothing of size T x T is stored). Every reduction runs in a fixed
 //! order, so a step is deterministic on a given GPU.
@@ -96,7 +98,7 @@ struct Fns {
     embed_bwd: CudaFunction,
     norm_fwd: CudaFunction,
     /// The vectorized forward for hidden sizes that are multiples of 4, up to
-    /// [`NORM_FWD_V4_MAX`] (`rmsnorm_fwd_v4` in train.cu).
+    /// [`NORM_FWD_V4_MAX`] (`rmsnorm_fwd_v4` in norm.cu).
     norm_fwd_v4: CudaFunction,
     norm_bwd: CudaFunction,
     norm_bwd_v4: CudaFunction,
@@ -436,7 +438,7 @@ enum AttnGradDst<'a> {
 }
 
 /// The fused-store argument of the wgmma attention backward kernels
-/// (`BwdStore` in train.cu, same layout): device addresses, 0 for none.
+/// (`BwdStore` in attention.cu, same layout): device addresses, 0 for none.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
 struct BwdStore {
@@ -658,10 +660,10 @@ fn grid_stride(n: usize) -> LaunchConfig {
     }
 }
 
-/// Tensors a launch of `add_many` (train.cu's `ADD_MANY`).
+/// Tensors a launch of `add_many` (elementwise.cu's `ADD_MANY`).
 const ADD_MANY: usize = 8;
 
-/// `add_many`'s list (train.cu's `struct AddMany`): source addresses,
+/// `add_many`'s list (elementwise.cu's `struct AddMany`): source addresses,
 /// offsets into the gradient buffer, lengths.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -671,18 +673,18 @@ struct AddMany {
     n: [u64; ADD_MANY],
 }
 
-// SAFETY: `#[repr(C)]` plain data laid out as train.cu's `struct AddMany`
+// SAFETY: `#[repr(C)]` plain data laid out as elementwise.cu's `struct AddMany`
 // (three arrays of eight 8-byte words).
 unsafe impl DeviceRepr for AddMany {}
 
-/// Tensors a launch of `adamw_many` (train.cu's `ADAM_MANY`).
+/// Tensors a launch of `adamw_many` (optim.cu's `ADAM_MANY`).
 const ADAM_MANY: usize = 64;
 
 /// The largest tensor `adamw_many` takes (elements): a LoRA adapter of the
 /// ~1B model has 33K-90K, a norm gain thousands; larger ones launch alone.
 const ADAM_MANY_MOST: usize = 1 << 20;
 
-/// One tensor of `adamw_many` (train.cu's `struct AdamTensor`, 48 bytes):
+/// One tensor of `adamw_many` (optim.cu's `struct AdamTensor`, 48 bytes):
 /// elements `off .. off + n` of the flat buffers, the device addresses of
 /// its bf16 copy and transposed copy (0: none), the copy's row length for
 /// the transpose, the weight decay.
@@ -698,7 +700,7 @@ struct AdamTensor {
     pad: f32,
 }
 
-/// `adamw_many`'s list (train.cu's `struct AdamMany`; 3 KB, within a
+/// `adamw_many`'s list (optim.cu's `struct AdamMany`; 3 KB, within a
 /// kernel's 4 KB of parameters).
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -706,7 +708,7 @@ struct AdamMany {
     t: [AdamTensor; ADAM_MANY],
 }
 
-// SAFETY: both are `#[repr(C)]` plain data laid out as their train.cu twins
+// SAFETY: both are `#[repr(C)]` plain data laid out as their optim.cu twins
 // (8-byte words and two 4-byte floats; no padding inside).
 unsafe impl DeviceRepr for AdamTensor {}
 unsafe impl DeviceRepr for AdamMany {}
@@ -757,7 +759,7 @@ fn push_amax<'a>(
 }
 
 /// The widest row `rmsnorm_fwd_v4` takes: 4 groups of 4 columns for each of
-/// [`rows_cfg`]'s 256 threads (`NORM_FWD_GROUPS` in train.cu).
+/// [`rows_cfg`]'s 256 threads (`NORM_FWD_GROUPS` in norm.cu).
 const NORM_FWD_V4_MAX: usize = 4 * 4 * 256;
 
 /// Push `x`, or a null pointer when the kernel is not to write it.
@@ -812,14 +814,104 @@ fn rope_tables(gpu: &Gpu, cfg: &LlamaConfig) -> Result<(CudaSlice<f32>, CudaSlic
     Ok((gpu.upload(&cos)?, gpu.upload(&sin)?))
 }
 
-/// Compile (or fetch from the cache) `train.cu` and load its kernels for head dim `d`.
+/// Head dims of the mma.sync attention kernels (`attn_*_tc{d}` in attention.cu).
+pub const ATTN_TC_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Head dims of the sm_90a wgmma attention kernels (`attn_*_wg{d}` in attention.cu).
+pub const ATTN_WG_DIMS: [usize; 2] = [64, 128];
+
+/// Every kernel the GPU model loads, by the kernel family it is loaded from
+/// (a name of `octet_cuda::KERNEL_SOURCES`, one module each): `load_fns`
+/// takes each function from the module this table names, so a kernel moved
+/// to another file is a change here, which a host test checks against the
+/// `__global__`s of every source.
+pub const TRAIN_KERNELS: [(&str, &[&str]); 8] = [
+    ("embed", &["embed_fwd", "embed_bwd"]),
+    (
+        "norm",
+        &[
+            "rmsnorm_fwd",
+            "rmsnorm_fwd_v4",
+            "rmsnorm_bwd",
+            "rmsnorm_bwd_v4",
+            "rmsnorm_bwd_b16",
+            "rmsnorm_bwd_b16_v4",
+            "sum_partials",
+        ],
+    ),
+    (
+        "rope",
+        &["rope_fwd", "rope_fwd_v4", "rope_bwd", "rope_bwd_v4"],
+    ),
+    (
+        "swiglu",
+        &[
+            "swiglu_fwd",
+            "swiglu_bwd",
+            "swiglu_fwd_q",
+            "swiglu_fwd_q_v8",
+            "swiglu_bwd_q",
+            "swiglu_bwd_q_v8",
+        ],
+    ),
+    (
+        "elementwise",
+        &["add_inplace", "add_many", "add_bf16_inplace", "to_bf16"],
+    ),
+    ("loss", &["cross_entropy"]),
+    ("optim", &["sumsq_partial", "adamw", "adamw_many"]),
+    (
+        "attention",
+        &[
+            "attn_delta",
+            "attn_fwd",
+            "attn_bwd_dkdv",
+            "attn_bwd_dq",
+            "attn_fwd_tc16",
+            "attn_dkdv_tc16",
+            "attn_dq_tc16",
+            "attn_fwd_tc32",
+            "attn_dkdv_tc32",
+            "attn_dq_tc32",
+            "attn_fwd_tc64",
+            "attn_dkdv_tc64",
+            "attn_dq_tc64",
+            "attn_fwd_tc128",
+            "attn_dkdv_tc128",
+            "attn_dq_tc128",
+            "attn_fwd_wg64",
+            "attn_dkdv_wg64_1",
+            "attn_dq_wg64_1",
+            "attn_fwd_wg128",
+            "attn_dkdv_wg128_1",
+            "attn_dq_wg128_1",
+        ],
+    ),
+];
+
+/// Compile (or fetch from the cache) the training model's kernel families
+/// ([`TRAIN_KERNELS`]: one module each) and load their kernels for head dim `d`.
 fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
-    let module = gpu.ctx.load_module(nvrtc::compile(
-        "train",
-        octet_cuda::KERNEL_SOURCES[9].1,
-        gpu.arch,
-    )?)?;
-    let l = |n: &str| -> Result<CudaFunction> { Ok(module.load_function(n)?) };
+    let modules = TRAIN_KERNELS
+        .iter()
+        .map(|&(family, _)| {
+            let src = octet_cuda::kernel_source(family)?;
+            Ok((
+                family,
+                gpu.ctx
+                    .load_module(nvrtc::compile(family, src, gpu.arch)?)?,
+            ))
+        })
+        .collect::<Result<HashMap<_, _>>>()?;
+    let l = |n: &str| -> Result<CudaFunction> {
+        let (family, _) = TRAIN_KERNELS
+            .iter()
+            .find(|(_, names)| names.contains(&n))
+            .ok_or_else(|| {
+                Error::Toolkit(format!("kernel {n} is in no family of TRAIN_KERNELS"))
+            })?;
+        Ok(modules[family].load_function(n)?)
+    };
     let f = Fns {
         embed_fwd: l("embed_fwd")?,
         embed_bwd: l("embed_bwd")?,
@@ -853,7 +945,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         adamw: l("adamw")?,
         adamw_many: l("adamw_many")?,
         attn_delta: l("attn_delta")?,
-        attn: if matches!(d, 16 | 32 | 64 | 128) {
+        attn: if ATTN_TC_DIMS.contains(&d) {
             // 4 warps, 64 rows a block; bf16 tiles of pitch D + 8 (p bytes a
             // row). Forward: two stages of K, V (64 rows each; Q passes through
             // them into registers). dK/dV: K, V (64 rows each) + two stages of
@@ -876,7 +968,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
             // two stages of K, V. `OCTET_ATTN=mma` keeps the mma.sync kernels
             // (the ones other GPUs run).
             let wgmma = gpu.arch == "sm_90a"
-                && matches!(d, 64 | 128)
+                && ATTN_WG_DIMS.contains(&d)
                 && !octet_cuda::env_switch("OCTET_ATTN", "mma")?;
             let tile = 64 * d * 2;
             let wg = |name: String, nwg: usize, smem: usize| -> Result<AttnKernel> {
@@ -887,7 +979,7 @@ fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
                     smem: smem + 1024,
                 })
             };
-            // The backward blocks are one warpgroup (see ATTN_WG_BWD in train.cu).
+            // The backward blocks are one warpgroup (see ATTN_WG_BWD in attention.cu).
             if wgmma {
                 Attn {
                     fwd: wg(format!("attn_fwd_wg{d}"), 2, 6 * tile + 64)?,

@@ -167,7 +167,7 @@ impl<'g> GpuLlama<'g> {
             let most = chunk.iter().map(|t| t.n as usize).max().unwrap_or(0);
             let mut cfg = grid_stride(most);
             cfg.grid_dim.1 = chunk.len() as u32;
-            // SAFETY: argument types match `adamw_many` in train.cu; each
+            // SAFETY: argument types match `adamw_many` in optim.cu; each
             // tensor's `off .. off + n` lies in the flat buffers (a slot), its
             // copies (checked above) hold `n` elements and live in the model.
             unsafe {
@@ -244,7 +244,7 @@ pub(super) fn launch_adamw(
     }
     check_adamw_copies(n, &out, &out_t)?;
     let null: u64 = 0;
-    // SAFETY: argument types match `adamw` in train.cu; every buffer holds `n` elements.
+    // SAFETY: argument types match `adamw` in optim.cu; every buffer holds `n` elements.
     unsafe {
         let mut lb = s.launch_builder(adamw);
         lb.arg(pm).arg(g).arg(mm).arg(vm);

@@ -988,7 +988,7 @@ impl<'g> GpuLlama<'g> {
             let src = self.grad.slice(off..off + n);
             let mut dst = send.slice_mut(o..o + n);
             let null: u64 = 0;
-            // SAFETY: `to_bf16` (train.cu) reads `n` f32 and writes `n` bf16 bits; no amax.
+            // SAFETY: `to_bf16` (elementwise.cu) reads `n` f32 and writes `n` bf16 bits; no amax.
             unsafe {
                 gpu.stream
                     .launch_builder(&self.f.to_bf16)
