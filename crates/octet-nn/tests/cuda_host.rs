@@ -95,7 +95,7 @@ fn every_kernel_the_gpu_model_loads_is_in_the_source_it_is_loaded_from() {
             "{family}: the kernels of the source against those the table loads from it"
         );
     }
-    let body = fn_body(include_str!("../src/llama/cuda/mod.rs"), "fn load_fns(");
+    let body = fn_body(include_str!("../src/llama/cuda/kernels.rs"), "fn load_fns(");
     // The literals of load_fns that are not kernel names.
     let other_words = ["OCTET_ATTN", "mma", "sm_90a"];
     let mut asked = BTreeSet::new();
