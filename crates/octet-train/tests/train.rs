@@ -572,10 +572,16 @@ fn a_cpu_run_reports_where_its_memory_went() {
     assert!(s.peak_saved_bytes > 0);
     let total: usize = s.memory.iter().map(|(_, b)| b).sum();
     let line = octet_train::trainer::memory_line(&s.memory);
-    let gib = total as f64 / (1u64 << 30) as f64;
+    // A tiny run's total is below 1 GiB: MiB.
+    let mib = total as f64 / (1u64 << 20) as f64;
     assert!(
-        line.starts_with(&format!("{gib:.2} GiB: parameters ")),
+        line.starts_with(&format!("{mib:.2} MiB: parameters ")),
         "{line}"
+    );
+    let big = [("weights".to_string(), 3usize << 29)];
+    assert_eq!(
+        octet_train::trainer::memory_line(&big),
+        "1.50 GiB: weights 1.50"
     );
     let _ = std::fs::remove_dir_all(&out);
 }

@@ -762,15 +762,19 @@ pub struct RunSummary {
     pub memory: Vec<(String, usize)>,
 }
 
-/// `parts` (name, bytes) as one line: `total GiB: a 1.20, b 0.30, ...`,
-/// the parts in GiB with two decimals, the zero ones left out.
+/// `parts` (name, bytes) as one line: `total GiB: a 1.20, b 0.30, ...`, in
+/// GiB from a total of 1 GiB up and in MiB below, two decimals, the zero
+/// parts left out.
 pub fn memory_line(parts: &[(String, usize)]) -> String {
-    let gib = |b: usize| b as f64 / (1u64 << 30) as f64;
     let total: usize = parts.iter().map(|(_, b)| b).sum();
+    let (unit, div) = match total >= 1 << 30 {
+        true => ("GiB", (1u64 << 30) as f64),
+        false => ("MiB", (1u64 << 20) as f64),
+    };
     let listed: Vec<String> = parts
         .iter()
         .filter(|(_, b)| *b > 0)
-        .map(|(n, b)| format!("{n} {:.2}", gib(*b)))
+        .map(|(n, b)| format!("{n} {:.2}", *b as f64 / div))
         .collect();
-    format!("{:.2} GiB: {}", gib(total), listed.join(", "))
+    format!("{:.2} {unit}: {}", total as f64 / div, listed.join(", "))
 }
