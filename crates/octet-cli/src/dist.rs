@@ -11,7 +11,7 @@ use octet_nn::llama::Llama;
 use octet_tensor::DType;
 use octet_train::checkpoint;
 use octet_train::data::Dataset;
-use octet_train::run::{LayerTelemetry, StepMemory, Stepper};
+use octet_train::run::{DeviceFigures, LayerTelemetry, StepMemory, Stepper};
 use octet_train::trainer::{evaluate, Observer, Quiet, RunSummary, TrainConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -152,20 +152,11 @@ impl Stepper for FsdpStepper<'_> {
         &mut self,
         _steps_run: usize,
         _obs: &mut dyn Observer,
-    ) -> octet_train::Result<RunSummary> {
-        Ok(RunSummary {
-            dir: PathBuf::new(),
-            recipe: String::new(),
-            final_loss: f64::NAN,
-            final_val_loss: f64::NAN,
-            tokens_per_s: 0.0,
-            peak_saved_bytes: self.peak_saved,
-            losses: Vec::new(),
-            sample: String::new(),
+    ) -> octet_train::Result<DeviceFigures> {
+        Ok(DeviceFigures {
             params: self.rank.model().cfg.num_params(),
-            peak_device_bytes: 0,
-            nccl_per_step: None,
-            memory: Vec::new(),
+            peak_saved_bytes: self.peak_saved,
+            ..Default::default()
         })
     }
 }

@@ -3,16 +3,15 @@
 //! the run): a request the allocator cannot meet is an [`Error::Alloc`]
 //! naming the bytes and the buffer, not a process abort.
 //!
-//! The same message as the tensor crate's allocation error; this crate
-//! keeps its own copy of the helpers because it depends on no other octet
-//! crate.
+//! The tensor crate's allocation helpers are these, with the error
+//! converted into its own `Error::Alloc` (the same message).
 
 use crate::Error;
 use std::fmt::Display;
 
 /// An empty vector with room for exactly `n` elements, or [`Error::Alloc`]
 /// (naming `what`) when the allocator cannot provide it.
-pub(crate) fn alloc_capacity<T>(n: usize, what: impl Display) -> Result<Vec<T>, Error> {
+pub fn alloc_capacity<T>(n: usize, what: impl Display) -> Result<Vec<T>, Error> {
     let mut v = Vec::new();
     v.try_reserve_exact(n).map_err(|_| Error::Alloc {
         bytes: n as u128 * std::mem::size_of::<T>() as u128,
@@ -23,14 +22,14 @@ pub(crate) fn alloc_capacity<T>(n: usize, what: impl Display) -> Result<Vec<T>, 
 
 /// `n` copies of `fill`, or [`Error::Alloc`] (naming `what`) when the
 /// allocator cannot provide them.
-pub(crate) fn alloc_vec<T: Clone>(n: usize, fill: T, what: impl Display) -> Result<Vec<T>, Error> {
+pub fn alloc_vec<T: Clone>(n: usize, fill: T, what: impl Display) -> Result<Vec<T>, Error> {
     let mut v = alloc_capacity(n, what)?;
     v.resize(n, fill);
     Ok(v)
 }
 
 /// `bytes` in the largest binary unit that keeps it at least 1, one decimal.
-pub(crate) fn human_bytes(bytes: u128) -> String {
+pub fn human_bytes(bytes: u128) -> String {
     const UNITS: [&str; 7] = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
     let mut v = bytes as f64;
     let mut u = 0;

@@ -7,7 +7,7 @@
 //! ([`tolerance`]). Every backend is checked against this crate.
 #![warn(missing_docs)]
 
-mod alloc;
+pub mod alloc;
 pub mod convert;
 pub mod format;
 pub mod quant;

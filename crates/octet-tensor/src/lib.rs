@@ -37,7 +37,7 @@ pub enum Error {
     #[error(
         "out of memory: cannot allocate {bytes} bytes ({}) for {what}; \
          lower --batch, --seq or --rank, or use a smaller model",
-        alloc::human_bytes(*.bytes)
+        octet_fp8::alloc::human_bytes(*.bytes)
     )]
     Alloc {
         /// Bytes requested.

@@ -608,7 +608,11 @@ impl crate::run::Stepper for GpuStepper<'_> {
         })
     }
 
-    fn finish(&mut self, steps_run: usize, obs: &mut dyn Observer) -> Result<RunSummary> {
+    fn finish(
+        &mut self,
+        steps_run: usize,
+        obs: &mut dyn Observer,
+    ) -> Result<crate::run::DeviceFigures> {
         if let Some(h) = self.host.as_ref().filter(|h| h.len() > 2) {
             let median = |i: usize| {
                 let mut v: Vec<f64> = h[2..].iter().map(|r| r[i] * 1e3).collect();
@@ -648,16 +652,9 @@ impl crate::run::Stepper for GpuStepper<'_> {
                 all_reduce_calls: d.all_reduce_calls / k,
             }
         });
-        Ok(RunSummary {
-            dir: PathBuf::new(),
-            recipe: String::new(),
-            final_loss: f64::NAN,
-            final_val_loss: f64::NAN,
-            tokens_per_s: 0.0,
-            peak_saved_bytes: self.peak_saved,
-            losses: Vec::new(),
-            sample: String::new(),
+        Ok(crate::run::DeviceFigures {
             params: self.model.cfg.num_params(),
+            peak_saved_bytes: self.peak_saved,
             peak_device_bytes: self.peak_dev,
             nccl_per_step,
             memory: self.memory_parts(),

@@ -31,6 +31,21 @@ pub struct StepMemory {
     pub reserved: Option<usize>,
 }
 
+/// A stepper's figures for the run's summary ([`Stepper::finish`]).
+#[derive(Clone, Debug, Default)]
+pub struct DeviceFigures {
+    /// Parameters of the model.
+    pub params: usize,
+    /// Largest saved-for-backward bytes of a micro-batch.
+    pub peak_saved_bytes: usize,
+    /// Peak device memory in use (GPU runs; 0 on the CPU).
+    pub peak_device_bytes: usize,
+    /// Sharded GPU runs: what rank 0 handed to NCCL per step.
+    pub nccl_per_step: Option<octet_cuda::nccl::NcclStats>,
+    /// Where the memory at the peak went (see [`RunSummary::memory`]).
+    pub memory: Vec<(String, usize)>,
+}
+
 /// What the loop needs of a model and its optimizer on one device.
 pub trait Stepper {
     /// Optimizer steps taken so far (a resumed run's start).
@@ -74,7 +89,7 @@ pub trait Stepper {
     fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> Result<Vec<u32>>;
     /// After the last step: notes on where the time went, and the summary's
     /// device figures.
-    fn finish(&mut self, steps_run: usize, obs: &mut dyn Observer) -> Result<RunSummary>;
+    fn finish(&mut self, steps_run: usize, obs: &mut dyn Observer) -> Result<DeviceFigures>;
 }
 
 /// Train `stepper` to `cfg.steps` on `data`, writing into `dir`; `resume`
@@ -190,7 +205,8 @@ pub fn run(
             obs,
         );
     }
-    let mut summary = stepper.finish(losses.len(), obs)?;
+    let figures = stepper.finish(losses.len(), obs)?;
+    let mut sample = String::new();
     if cfg.sample_tokens > 0 {
         let tok = cfg.tokenizer()?;
         let prompt = tok.encode("ROMEO:\n");
@@ -205,18 +221,25 @@ pub fn run(
             "sampled"
         );
         if lead {
-            summary.sample = tok.decode(&toks);
+            sample = tok.decode(&toks);
         }
     }
-    summary.dir = dir.to_path_buf();
-    summary.recipe = recipe_name.to_string();
-    summary.final_loss = losses.last().copied().unwrap_or(f64::NAN);
-    summary.final_val_loss = last_val;
-    summary.tokens_per_s = if time_total > 0.0 {
-        tok_total as f64 / time_total
-    } else {
-        0.0
-    };
-    summary.losses = losses;
-    Ok(summary)
+    Ok(RunSummary {
+        dir: dir.to_path_buf(),
+        recipe: recipe_name.to_string(),
+        final_loss: losses.last().copied().unwrap_or(f64::NAN),
+        final_val_loss: last_val,
+        tokens_per_s: if time_total > 0.0 {
+            tok_total as f64 / time_total
+        } else {
+            0.0
+        },
+        peak_saved_bytes: figures.peak_saved_bytes,
+        losses,
+        sample,
+        params: figures.params,
+        peak_device_bytes: figures.peak_device_bytes,
+        nccl_per_step: figures.nccl_per_step,
+        memory: figures.memory,
+    })
 }

@@ -89,15 +89,7 @@ pub fn train(
             let mut model = l.build(cfg)?;
             let (adapter, ..) = checkpoint::load_adapter(ck)?;
             model.load_params(adapter)?;
-            let (mut opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
-            // This run's AdamW settings, as the GPU and sharded trainers take them.
-            opt.cfg = cfg.adamw;
-            opt.write_back(model.params_mut())?;
-            obs.note(&format!(
-                "resumed LoRA from {} at step {}",
-                ck.display(),
-                opt.step
-            ));
+            let opt = resume_optimizer(ck, &mut model, cfg, obs, "LoRA ")?;
             (model, opt)
         }
         (None, Some(l)) => {
@@ -115,16 +107,7 @@ pub fn train(
             let mcfg = checkpoint::load_config(ck)?;
             let weights = checkpoint::load_weights(ck, DType::F32)?;
             let mut model = Llama::from_weights(&mcfg, weights, recipe)?;
-            let (mut opt, _) = checkpoint::load_optimizer(ck, &mut model)?;
-            // This run's AdamW settings (`--weight-decay`, `--grad-clip`, the
-            // config file's), as the GPU and sharded trainers take them.
-            opt.cfg = cfg.adamw;
-            opt.write_back(model.params_mut())?;
-            obs.note(&format!(
-                "resumed from {} at step {}",
-                ck.display(),
-                opt.step
-            ));
+            let opt = resume_optimizer(ck, &mut model, cfg, obs, "")?;
             (model, opt)
         }
         (None, None) => {
@@ -149,6 +132,27 @@ pub fn train(
         peak_saved: 0,
     };
     crate::run::run(cfg, resume, &data, &dir, &recipe_name, &mut stepper, obs)
+}
+
+/// The optimizer state of checkpoint `ck` for `model`, with this run's AdamW
+/// settings (`--weight-decay`, `--grad-clip`, the config file's, as the GPU
+/// and sharded trainers take them), its masters written back into the model.
+fn resume_optimizer(
+    ck: &Path,
+    model: &mut Llama,
+    cfg: &TrainConfig,
+    obs: &mut dyn Observer,
+    what: &str,
+) -> Result<AdamW> {
+    let (mut opt, _) = checkpoint::load_optimizer(ck, model)?;
+    opt.cfg = cfg.adamw;
+    opt.write_back(model.params_mut())?;
+    obs.note(&format!(
+        "resumed {what}from {} at step {}",
+        ck.display(),
+        opt.step
+    ));
+    Ok(opt)
 }
 
 /// The CPU model and its AdamW under the one loop ([`crate::run::run`]):
@@ -285,20 +289,16 @@ impl crate::run::Stepper for CpuStepper<'_> {
         sample(&self.model, prompt, n, seed)
     }
 
-    fn finish(&mut self, _steps_run: usize, _obs: &mut dyn Observer) -> Result<RunSummary> {
-        Ok(RunSummary {
-            dir: PathBuf::new(),
-            recipe: String::new(),
-            final_loss: f64::NAN,
-            final_val_loss: f64::NAN,
-            tokens_per_s: 0.0,
-            peak_saved_bytes: self.peak_saved,
-            losses: Vec::new(),
-            sample: String::new(),
+    fn finish(
+        &mut self,
+        _steps_run: usize,
+        _obs: &mut dyn Observer,
+    ) -> Result<crate::run::DeviceFigures> {
+        Ok(crate::run::DeviceFigures {
             params: self.model.cfg.num_params(),
-            peak_device_bytes: 0,
-            nccl_per_step: None,
+            peak_saved_bytes: self.peak_saved,
             memory: cpu_memory(&self.model, &self.opt, self.peak_saved),
+            ..Default::default()
         })
     }
 }
