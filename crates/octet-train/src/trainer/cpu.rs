@@ -183,31 +183,30 @@ impl crate::run::Stepper for CpuStepper<'_> {
         // The salts of stochastic rounding follow the micro-step too (as
         // sharded data parallel sets them), also after a resume.
         self.model.set_grad_round(round);
-        let (loss, saved) = self.model.forward(x, y, cfg.batch, cfg.seq).map_err(|e| {
-            // The step and (inside `e`) the block; checkpoints already written stay as they are.
+        // The step and (inside `e`) the block, with the learning-rate hint
+        // where a value went non-finite (a gradient that overflowed stops FP8
+        // recipes in backward, quantizing it); checkpoints already written
+        // stay as they are.
+        let fail = |what: &str, e: octet_nn::Error| {
             let hint = if is_non_finite(&e) {
                 lr_hint(lr)
             } else {
                 String::new()
             };
             Error::Train(format!(
-                "step {}: {e}{hint}; the last good checkpoint is kept",
+                "step {}: {what}{e}{hint}; the last good checkpoint is kept",
                 step + 1
             ))
-        })?;
+        };
+        let (loss, saved) = self
+            .model
+            .forward(x, y, cfg.batch, cfg.seq)
+            .map_err(|e| fail("", e))?;
         self.peak_saved = self.peak_saved.max(saved.bytes());
-        let g = self.model.backward(saved).map_err(|e| {
-            // A gradient that overflowed stops FP8 recipes here (quantizing it).
-            let hint = if is_non_finite(&e) {
-                lr_hint(lr)
-            } else {
-                String::new()
-            };
-            Error::Train(format!(
-                "step {}: backward: {e}{hint}; the last good checkpoint is kept",
-                step + 1
-            ))
-        })?;
+        let g = self
+            .model
+            .backward(saved)
+            .map_err(|e| fail("backward: ", e))?;
         add_grads(&mut self.grads, g)?;
         Ok(loss)
     }
