@@ -290,7 +290,7 @@ pub struct GpuInfo {
     /// driver reports (`None` where it reports neither).
     pub dram_gbps: Option<f64>,
     /// Whether 16-token weight-only launches take the shapes that read x
-    /// once for more weight rows (by DRAM bandwidth an SM: see `mixed.rs`).
+    /// once for more weight rows (by DRAM bandwidth an SM: see `mixed/shapes.rs`).
     pub mixed_shapes16: mixed::Shapes16,
     /// NVRTC `(major, minor)`.
     pub nvrtc: (i32, i32),
@@ -355,7 +355,7 @@ pub(crate) struct Kernels {
     pub fp8_telemetry: CudaFunction,
     /// Telemetry of per-row / per-block quantizations (rowwise, blockwise, MXFP8, NVFP4).
     pub block_telemetry: CudaFunction,
-    /// Weight-only products, see `mixed.rs`.
+    /// Weight-only products, see `mixed/`.
     pub mixed: mixed::MixedKernels,
 }
 

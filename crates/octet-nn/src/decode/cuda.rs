@@ -1,5 +1,5 @@
 //! Decoding of a Llama model on the GPU with a KV cache: the block matrices
-//! as FP8 (weight-only products, `mixed.rs`) or bf16 (cuBLASLt), the glue in
+//! as FP8 (weight-only products, `octet_cuda::mixed`) or bf16 (cuBLASLt), the glue in
 //! `kernels/decode.cu`. One sequence: a prompt's rows at once
 //! ([`GpuDecoder::prefill`]), then one token a step ([`GpuDecoder::step`], a
 //! replayed CUDA graph). The residual stream is f32, the inputs of the
