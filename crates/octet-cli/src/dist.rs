@@ -45,6 +45,26 @@ struct FsdpStepper<'a> {
     peak_saved: usize,
     fp8_gather_bytes: u64,
     hp_gather_bytes: u64,
+    /// The full model gathered at the step it holds (evaluation, the
+    /// checkpoint and the sample of one step share one gather); dropped when
+    /// the next step begins.
+    gathered: Option<(u64, Llama)>,
+}
+
+impl FsdpStepper<'_> {
+    /// The full model at this step, gathered once (a collective: every rank
+    /// calls this at the same points, so every rank gathers or none does).
+    fn full(&mut self) -> octet_train::Result<&mut Llama> {
+        let step = self.step();
+        if self.gathered.as_ref().is_none_or(|(s, _)| *s != step) {
+            let full = self.rank.gathered_model(self.comm).map_err(te)?;
+            self.gathered = Some((step, full));
+        }
+        match self.gathered.as_mut() {
+            Some((_, full)) => Ok(full),
+            None => Err(octet_train::Error::Train("no gathered model".into())),
+        }
+    }
 }
 
 impl Stepper for FsdpStepper<'_> {
@@ -57,6 +77,7 @@ impl Stepper for FsdpStepper<'_> {
     }
 
     fn begin_step(&mut self, _telemetry: bool) -> octet_train::Result<()> {
+        self.gathered = None;
         Ok(())
     }
 
@@ -112,27 +133,29 @@ impl Stepper for FsdpStepper<'_> {
         cfg: &TrainConfig,
         n: usize,
     ) -> octet_train::Result<f64> {
-        let mut full = self.rank.gathered_model(self.comm).map_err(te)?;
-        match self.lead() {
-            true => evaluate(&mut full, data, cfg, n),
+        let lead = self.lead();
+        let full = self.full()?;
+        match lead {
+            true => evaluate(full, data, cfg, n),
             false => Ok(f64::NAN),
         }
     }
 
     fn save(
-        &self,
+        &mut self,
         dir: &Path,
         (trainer_json, tok): (&str, Option<&Path>),
     ) -> octet_train::Result<Option<PathBuf>> {
-        let full = self.rank.gathered_model(self.comm).map_err(te)?;
+        let (lead, step) = (self.lead(), self.step());
         let opt = self.rank.gather_optimizer(self.comm).map_err(te)?;
-        if !self.lead() {
+        let full = self.full()?;
+        if !lead {
             return Ok(None);
         }
         let p = checkpoint::save_checkpoint(
             &dir.join("checkpoints"),
-            &format!("step_{:06}", self.step()),
-            &full,
+            &format!("step_{step:06}"),
+            full,
             &opt,
             trainer_json,
             tok,
@@ -141,9 +164,10 @@ impl Stepper for FsdpStepper<'_> {
     }
 
     fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> octet_train::Result<Vec<u32>> {
-        let full = self.rank.gathered_model(self.comm).map_err(te)?;
-        match self.lead() {
-            true => octet_train::trainer::sample(&full, prompt, n, seed),
+        let lead = self.lead();
+        let full = self.full()?;
+        match lead {
+            true => octet_train::trainer::sample(full, prompt, n, seed),
             false => Ok(Vec::new()),
         }
     }
@@ -253,6 +277,7 @@ pub fn run(cfg: &TrainConfig, n: usize, resume: Option<&std::path::Path>) -> any
             peak_saved: 0,
             fp8_gather_bytes: 0,
             hp_gather_bytes: 0,
+            gathered: None,
         };
         let (mut shared, mut quiet) = (SharedBar(&obs), Quiet);
         let o: &mut dyn Observer = match comm.rank() {

@@ -492,9 +492,11 @@ impl crate::run::Stepper for GpuStepper<'_> {
             r => r.map_err(gpu_err(step + 1))?,
         };
         let saved = saved.ok_or_else(|| Error::Train("forward kept nothing".into()))?;
-        if saved.bytes() > self.peak_saved {
-            self.peak_saved = saved.bytes();
-            self.saved_kinds = saved.bytes_by_kind();
+        let kinds = saved.bytes_by_kind();
+        let bytes = kinds.iter().map(|(_, b)| b).sum::<usize>();
+        if bytes > self.peak_saved {
+            self.peak_saved = bytes;
+            self.saved_kinds = kinds;
         }
         self.peak_dev = self.peak_dev.max(self.gpu.mem_used()?);
         let tb = Instant::now();
@@ -570,7 +572,7 @@ impl crate::run::Stepper for GpuStepper<'_> {
         evaluate_gpu(&mut self.model, data, cfg, n, self.comm)
     }
 
-    fn save(&self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>> {
+    fn save(&mut self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>> {
         match &self.cfg.lora {
             Some(l) => save_lora(&self.model, self.cfg.adamw, l, dir, run),
             None => save(

@@ -83,7 +83,7 @@ pub trait Stepper {
     fn evaluate(&mut self, data: &Dataset, cfg: &TrainConfig, n: usize) -> Result<f64>;
     /// Write a checkpoint into `dir`'s `checkpoints/` (`None` where this
     /// process writes nothing).
-    fn save(&self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>>;
+    fn save(&mut self, dir: &Path, run: (&str, Option<&Path>)) -> Result<Option<PathBuf>>;
     /// `n` tokens sampled after `prompt` (empty where this process does
     /// not sample; every rank of a sharded run calls it).
     fn sample(&mut self, prompt: &[u32], n: usize, seed: u64) -> Result<Vec<u32>>;

@@ -589,11 +589,24 @@ pub fn save_checkpoint(
 ) -> Result<PathBuf> {
     save_checkpoint_with(parent, name, |tmp| {
         save_model(tmp, model)?;
-        let scaling = serde_json::to_string(&model.scaling_state())
-            .map_err(|e| Error::Checkpoint(e.to_string()))?;
-        save_optimizer(tmp, opt, trainer, &scaling)?;
-        copy_run_tokenizer(tokenizer, tmp)
+        save_run_state(tmp, model, opt, trainer, tokenizer)
     })
+}
+
+/// What every checkpoint holds besides the weights: the optimizer state with
+/// the trainer's settings and delayed scaling's state, and the run's
+/// tokenizer files.
+fn save_run_state(
+    tmp: &Path,
+    model: &Llama,
+    opt: &AdamW,
+    trainer: &str,
+    tokenizer: Option<&Path>,
+) -> Result<()> {
+    let scaling = serde_json::to_string(&model.scaling_state())
+        .map_err(|e| Error::Checkpoint(e.to_string()))?;
+    save_optimizer(tmp, opt, trainer, &scaling)?;
+    copy_run_tokenizer(tokenizer, tmp)
 }
 
 /// [`save_checkpoint`] for a model in LoRA mode, its adapter recording the
@@ -612,10 +625,7 @@ pub fn save_lora_checkpoint(
         save_adapter(tmp, model, Some(base))?;
         write_lora_record(tmp, rec)?;
         write_config(tmp, &model.cfg, DType::F32)?;
-        let scaling = serde_json::to_string(&model.scaling_state())
-            .map_err(|e| Error::Checkpoint(e.to_string()))?;
-        save_optimizer(tmp, opt, trainer, &scaling)?;
-        copy_run_tokenizer(tokenizer, tmp)
+        save_run_state(tmp, model, opt, trainer, tokenizer)
     })
 }
 

@@ -254,7 +254,7 @@ impl crate::run::Stepper for CpuStepper<'_> {
     }
 
     fn save(
-        &self,
+        &mut self,
         dir: &Path,
         (trainer_json, tok): (&str, Option<&Path>),
     ) -> Result<Option<PathBuf>> {
