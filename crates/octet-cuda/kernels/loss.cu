@@ -5,10 +5,21 @@
 
 // Per row of f32 logits (M, V): loss[m] = lse - logits[target], and the
 // gradient (softmax - onehot) * gscale as bf16 (the LM head's backward input).
+// A masked row (target < 0: octet's IGNORE, u32::MAX, as an int) has loss 0
+// and a zero gradient.
 extern "C" __global__ void cross_entropy(const float* logits, const int* targets, float* loss,
                                          unsigned short* dlogits, int V, float gscale) {
     __shared__ float red[32];
     const float* row = logits + (size_t)blockIdx.x * V;
+    const int t = targets[blockIdx.x];
+    if (t < 0) {
+        if (dlogits) {
+            unsigned short* d = dlogits + (size_t)blockIdx.x * V;
+            for (int i = threadIdx.x; i < V; i += blockDim.x) d[i] = 0;
+        }
+        if (threadIdx.x == 0) loss[blockIdx.x] = 0.f;
+        return;
+    }
     float mx = -3.402823466e38f;
     for (int i = threadIdx.x; i < V; i += blockDim.x) mx = fmaxf(mx, row[i]);
 #pragma unroll
@@ -22,7 +33,6 @@ extern "C" __global__ void cross_entropy(const float* logits, const int* targets
     for (int i = threadIdx.x; i < V; i += blockDim.x) s += expf(row[i] - mx);
     s = block_sum_f(s, red);
     const float lse = mx + logf(s);
-    const int t = targets[blockIdx.x];
     if (dlogits) {
         unsigned short* d = dlogits + (size_t)blockIdx.x * V;
         for (int i = threadIdx.x; i < V; i += blockDim.x)

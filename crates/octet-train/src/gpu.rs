@@ -281,18 +281,6 @@ pub fn train_gpu_ranked(
     };
     let recipe_name = cfg.run_label()?;
     let data = cfg.dataset(cfg.model_vocab()?)?;
-    if data.is_masked() {
-        // The GPU loss kernel has no mask yet: a masked target would read
-        // as a token past the vocabulary.
-        return Err(Error::Train(format!(
-            "{}: the loss counts only some tokens of this data (--loss-on completion), which \
-             the GPU loop does not support yet; train on the CPU (--device cpu) or give \
-             --loss-on all",
-            cfg.data
-                .as_deref()
-                .map_or(String::new(), |p| p.display().to_string())
-        )));
-    }
     // Refuse a run whose floor cannot fit the GPU's free memory before
     // allocating it (the model's dimensions: a resumed run's or a LoRA
     // base's are its checkpoint's).
@@ -360,7 +348,9 @@ pub fn train_gpu_ranked(
         recipe,
         rank,
         world,
-        grad_scale: 1.0 / (cfg.batch * cfg.seq * cfg.grad_accum) as f32,
+        // Each micro-batch's mean, over the accumulated micro-batches and
+        // the ranks whose gradients add up.
+        grad_scale: 1.0 / (cfg.grad_accum * world) as f32,
         // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss
         // (batch and forward, which ends reading the loss back), to enqueue
         // the backward, and to its end on the device (a synchronization
@@ -388,7 +378,7 @@ struct GpuStepper<'g> {
     recipe: Option<octet_fp8::Recipe>,
     rank: usize,
     world: usize,
-    /// The loss's gradient scale: one over the step's global tokens.
+    /// The loss's gradient scale: one over the micro-batches (of every rank) of a step.
     grad_scale: f32,
     /// Host timings per micro-step under `OCTET_PROFILE=1`.
     host: Option<Vec<[f64; 3]>>,

@@ -826,7 +826,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let worst_vs = |got: &[(String, Tensor)]| worst_apart(got, &egrads);
         let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
         model.zero_grad()?;
-        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0, true)?;
         let saved = saved.ok_or_else(|| Error::Shape("nothing kept".into()))?;
         let full_bytes = saved.bytes();
         model.backward(saved)?;
@@ -837,7 +837,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let mut v = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
             set(&mut v);
             v.zero_grad()?;
-            let (vloss, vsaved) = v.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            let (vloss, vsaved) = v.forward(&toks, &tgts, (b, t), 1.0, true)?;
             v.backward(vsaved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
             Ok((vloss, v.grads()?))
         };
@@ -950,7 +950,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let mut fp8 = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
             fp8.saved_activations = crate::llama::cuda::SavedActivations::Fp8;
             fp8.zero_grad()?;
-            let (floss, fsaved) = fp8.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            let (floss, fsaved) = fp8.forward(&toks, &tgts, (b, t), 1.0, true)?;
             let fsaved = fsaved.ok_or_else(|| Error::Shape("nothing kept".into()))?;
             let fbytes = fsaved.bytes();
             fp8.backward(fsaved)?;
@@ -997,7 +997,7 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         model.adamw_step(p)?;
         for _ in 0..3 {
             model.zero_grad()?;
-            let (l, s) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+            let (l, s) = model.forward(&toks, &tgts, (b, t), 1.0, true)?;
             model.backward(s.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
             model.adamw_step(p)?;
             losses.push(l);
@@ -1154,7 +1154,7 @@ pub(crate) fn stored_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
         let mut model =
             GpuLlama::new_lora_with(gpu, &cfg, &w, &spec, Some(&adapters), &mut as_stored)?;
         model.zero_grad()?;
-        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+        let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0, true)?;
         model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
         let grads = model.grads()?;
         let (eg, ecg) = (worst_vs(&grads), worst_vs(&cgrads));

@@ -40,8 +40,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let mut losses = Vec::new();
             for _ in 0..3 {
                 model.zero_grad()?;
-                let (loss, saved) =
-                    model.forward(&toks, &tgts, (b, t), 1.0 / (b * t) as f32, true)?;
+                let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0, true)?;
                 model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
                 model.adamw_step(p)?;
                 losses.push(loss);

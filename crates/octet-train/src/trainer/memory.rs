@@ -104,8 +104,10 @@ impl TrainConfig {
     /// sharded rank keeps its share of the masters and moments, 12 bytes a
     /// parameter over `world`), LoRA its base (a byte a parameter, two for
     /// a `bf16` base); every value forward keeps takes at least a byte (FP8)
-    /// on the rank's tokens; and the GPU's LM head holds its `(B*T, V)` f32
-    /// logits gradient whole.
+    /// on the rank's tokens; and the GPU's fused LM head holds one chunk of
+    /// f32 logits and their bf16 gradient (at most
+    /// [`octet_nn::llama::cuda::GPU_HEAD_CHUNK`] each) and the f32 gradient
+    /// of its input, `(B*T, C)`.
     pub fn device_memory_plan(&self, mcfg: &LlamaConfig, world: usize) -> MemoryPlan {
         let host = self.memory_plan(mcfg);
         let p = mcfg.num_params() as u64;
@@ -122,7 +124,9 @@ impl TrainConfig {
             activations: host.activations / 4 / world,
             logits: tokens
                 .saturating_mul(mcfg.vocab_size as u64)
-                .saturating_mul(4),
+                .min(octet_nn::llama::cuda::GPU_HEAD_CHUNK as u64)
+                .saturating_mul(6)
+                .saturating_add(tokens.saturating_mul(4 * mcfg.hidden_size as u64)),
         }
     }
 

@@ -252,22 +252,12 @@ impl<'g> GpuLlama<'g> {
             dropout_round,
             xf,
             rstd_f,
-            hf,
-            dlogits,
+            dh,
         } = saved;
         let n = b * t;
         let null: u64 = 0;
         let s = &gpu.stream;
-        // LM head (bf16): dh = dlogits @ W, dW = dlogits^T @ h.
-        let mut dh: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_hidden")? };
-        gpu.gemm_bf16_op((&dlogits, false), (&self.head, false), &mut dh, (n, c, v))?;
-        if self.lora.is_none() {
-            // Accumulated straight into the head's (or the tied embedding's) slot.
-            let sl = &self.slots[self.head_slot];
-            let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
-            gpu.gemm_bf16_op((&dlogits, true), (&hf, false), &mut dw, (v, c, n))?;
-        }
-        drop((dlogits, hf));
+        // The LM head's gradients were formed in forward (`head_loss`).
         let mut dres: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * c, "d_residual")? };
         let nblocks = self.blocks.len();
         // Blocks 0..recomputed run their forward again; `blocks` holds the rest.

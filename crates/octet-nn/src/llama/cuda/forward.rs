@@ -4,10 +4,14 @@
 use super::*;
 
 impl<'g> GpuLlama<'g> {
-    /// Forward and mean cross-entropy on `tokens (B, T)` with `targets (B, T)`.
-    /// `grad_scale` multiplies the logits' gradient (`1 / (B T)` for the mean,
-    /// further divided by the number of accumulated micro-batches); with
-    /// `keep = false` nothing is kept for backward (evaluation).
+    /// Forward and mean cross-entropy on `tokens (B, T)` with `targets (B, T)`,
+    /// over the counted targets (a masked one, [`crate::loss::IGNORE`], adds
+    /// neither loss nor gradient). The gradient is that of the mean times
+    /// `grad_scale` (1 for one micro-batch; `1 / (accumulated micro-batches
+    /// x ranks)` where several add into one step). With `keep = false`
+    /// nothing is kept for backward (evaluation). The LM head's gradients are
+    /// formed here, chunk by chunk ([`GPU_HEAD_CHUNK`]): its weight's added
+    /// into its slot, its input's kept for backward.
     pub fn forward(
         &mut self,
         tokens: &[u32],
@@ -44,7 +48,7 @@ impl<'g> GpuLlama<'g> {
             .iter()
             .chain(targets)
             .enumerate()
-            .find(|(_, &x)| x as usize >= v)
+            .find(|&(i, &x)| x as usize >= v && !(i >= n && x == crate::loss::IGNORE))
         {
             return Err(Error::Shape(format!(
                 "token id {tok} at position {} is outside the vocabulary of {v}",
@@ -172,26 +176,9 @@ impl<'g> GpuLlama<'g> {
             }
         }
         let (hf, rstd_f) = (h, rstd1);
-        let mut logits: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n * v, "logits")? };
-        gpu.gemm_bf16(&hf, &self.head, &mut logits, (n, v, c))?;
-        let mut losses: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n, "losses")? };
-        let mut dlogits: CudaSlice<u16> =
-            gpu.alloc_zeros(if keep { n * v } else { 1 }, "d_logits")?;
-        let vi = v as i32;
-        unsafe {
-            let null: u64 = 0;
-            let mut lb = s.launch_builder(&self.f.xent);
-            lb.arg(&logits).arg(&d_tgt).arg(&mut losses);
-            if keep {
-                lb.arg(&mut dlogits);
-            } else {
-                lb.arg(&null);
-            }
-            lb.arg(&vi).arg(&grad_scale).launch(rows_cfg(n))?;
-        }
+        let (loss, dh) = self.head_loss(&hf, &d_tgt, targets, grad_scale, keep)?;
         self.mark("head + loss")?;
-        let host = gpu.download(&losses)?;
-        let loss = host.iter().map(|&l| l as f64).sum::<f64>() / n as f64;
+        drop(hf);
         if !loss.is_finite() {
             return Err(if self.check_layers {
                 Error::NonFiniteIn("the final norm, LM head or loss".into())
@@ -199,9 +186,9 @@ impl<'g> GpuLlama<'g> {
                 Error::NonFinite
             });
         }
-        if !keep {
+        let Some(dh) = dh.filter(|_| keep) else {
             return Ok((loss, None));
-        }
+        };
         let (counts, rows) = token_rows(tokens, v);
         Ok((
             loss,
@@ -218,10 +205,86 @@ impl<'g> GpuLlama<'g> {
                     None => NormIn::F32(x),
                 },
                 rstd_f,
-                hf,
-                dlogits,
+                dh,
             }),
         ))
+    }
+
+    /// The LM head and the loss, fused and chunked over rows: for each chunk
+    /// of at most [`GPU_HEAD_CHUNK`] logits (`head_chunk`), the f32 logits of the final
+    /// norm's output `hf (N, C)`, their cross-entropy against `targets`
+    /// (masked rows, [`crate::loss::IGNORE`], count neither loss nor
+    /// gradient), and with `keep` at once the logits' gradient's products:
+    /// `dh` (returned, f32 `(N, C)`) and the head weight's gradient (added
+    /// into its slot, except in LoRA mode). No `(N, V)` buffer exists.
+    /// Returns the mean loss over the counted rows and `dh` (with `keep`).
+    /// The gradient is that of the mean times `grad_scale`.
+    fn head_loss(
+        &mut self,
+        hf: &CudaSlice<u16>,
+        d_tgt: &CudaSlice<i32>,
+        targets: &[u32],
+        grad_scale: f32,
+        keep: bool,
+    ) -> Result<(f64, Option<CudaSlice<f32>>)> {
+        let gpu = self.gpu;
+        let (c, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let n = targets.len();
+        let counted = targets
+            .iter()
+            .filter(|&&t| t != crate::loss::IGNORE)
+            .count();
+        // The mean's gradient over the counted rows; all masked: none.
+        let gscale = grad_scale / counted.max(1) as f32;
+        let step = (self.head_chunk / v.max(1)).clamp(1, n.max(1));
+        // SAFETY: each chunk's xent writes its rows' losses; the head GEMMs
+        // write every element of `dh` (beta 0) chunk by chunk.
+        let mut losses: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n, "losses")? };
+        let mut logits: CudaSlice<f32> = unsafe { gpu.alloc_uninit(step * v, "logits chunk")? };
+        let mut dlogits: CudaSlice<u16> = match keep {
+            true => unsafe { gpu.alloc_uninit(step * v, "d_logits chunk")? },
+            false => gpu.alloc_zeros(1, "d_logits")?,
+        };
+        let mut dh: Option<CudaSlice<f32>> = match keep {
+            true => Some(unsafe { gpu.alloc_uninit(n * c, "d_hidden")? }),
+            false => None,
+        };
+        let vi = v as i32;
+        for r0 in (0..n).step_by(step) {
+            let r1 = (r0 + step).min(n);
+            let m = r1 - r0;
+            let h = hf.slice(r0 * c..r1 * c);
+            let mut lg = logits.slice_mut(0..m * v);
+            gpu.gemm_bf16(&h, &self.head, &mut lg, (m, v, c))?;
+            let tg = d_tgt.slice(r0..r1);
+            let mut ls = losses.slice_mut(r0..r1);
+            // SAFETY: `cross_entropy` (loss.cu) reads `m` rows of `v` logits
+            // and `m` targets, writes `m` losses and, given, `m x v` gradients.
+            unsafe {
+                let null: u64 = 0;
+                let mut lb = gpu.stream.launch_builder(&self.f.xent);
+                lb.arg(&mut lg).arg(&tg).arg(&mut ls);
+                match keep {
+                    true => lb.arg(&mut dlogits),
+                    false => lb.arg(&null),
+                };
+                lb.arg(&vi).arg(&gscale).launch(rows_cfg(m))?;
+            }
+            let Some(dh) = dh.as_mut() else { continue };
+            // dh = dlogits @ W, dW += dlogits^T @ h.
+            let dl = dlogits.slice(0..m * v);
+            let mut dhc = dh.slice_mut(r0 * c..r1 * c);
+            gpu.gemm_bf16_op((&dl, false), (&self.head, false), &mut dhc, (m, c, v))?;
+            if self.lora.is_none() {
+                // Accumulated straight into the head's (or the tied embedding's) slot.
+                let sl = &self.slots[self.head_slot];
+                let mut dw = AddTo(self.grad.slice_mut(sl.offset..sl.offset + sl.numel));
+                gpu.gemm_bf16_op((&dl, true), (&h, false), &mut dw, (v, c, m))?;
+            }
+        }
+        let host = gpu.download(&losses)?;
+        let loss = host.iter().map(|&l| l as f64).sum::<f64>() / counted.max(1) as f64;
+        Ok((loss, dh))
     }
 
     /// Block `bi`'s forward from the residual `x` entering it and its input

@@ -258,6 +258,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            head_chunk: GPU_HEAD_CHUNK,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,

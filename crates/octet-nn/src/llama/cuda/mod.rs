@@ -50,6 +50,12 @@ pub use kernels::{ATTN_TC_DIMS, ATTN_WG_DIMS, TRAIN_KERNELS};
 use optim::launch_adamw;
 use shard::Sharding;
 
+/// Logits a chunk of the GPU's fused LM head and loss computes at most
+/// (`max(1, GPU_HEAD_CHUNK / V)` rows: 512 MiB of f32 logits and 256 MiB of
+/// their bf16 gradient). Large enough that a chunk's GEMMs run near the
+/// full-size ones' speed (1,046 rows of 2,048 at a 128,256 vocabulary).
+pub const GPU_HEAD_CHUNK: usize = 1 << 27;
+
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 
@@ -281,6 +287,9 @@ pub struct GpuLlama<'g> {
     /// A checking forward draws LoRA dropout masks as a training one does
     /// (set the round of the forward it repeats first).
     pub check_layers: bool,
+    /// Logits a chunk of the fused LM head and loss holds at most
+    /// ([`GPU_HEAD_CHUNK`]; the selftest takes a few rows to check chunks).
+    pub(crate) head_chunk: usize,
     /// Kernels that write a projection's input or grad_output also compute
     /// its amax when the projection's quantizer reads one (current
     /// per-tensor scaling), saving that quantizer's amax pass. On by default;
@@ -520,7 +529,7 @@ pub const SAVED_KINDS: [&str; 8] = [
     "SwiGLU inputs",
     "projection inputs (FP8 or bf16 copies)",
     "recomputed blocks' inputs",
-    "final norm, LM head input and logits gradient",
+    "final norm and LM head input gradient",
 ];
 
 /// What [`GpuLlama::block_forward`] gives: what the block's backward reads
@@ -560,12 +569,12 @@ pub struct GpuLlamaSaved {
     dropout_round: Option<u64>,
     xf: NormIn,
     rstd_f: CudaSlice<f32>,
-    hf: CudaSlice<u16>,
-    dlogits: CudaSlice<u16>,
+    /// The LM head's input gradient (f32 `(N, C)`), formed in forward.
+    dh: CudaSlice<f32>,
 }
 
 impl GpuLlamaSaved {
-    /// Device bytes kept for backward (activations, FP8 copies, the logits gradient).
+    /// Device bytes kept for backward (activations, FP8 copies, the LM head input gradient).
     pub fn bytes(&self) -> usize {
         self.bytes_by_kind().iter().map(|(_, b)| b).sum()
     }
@@ -580,7 +589,7 @@ impl GpuLlamaSaved {
         kinds[6] += 4 * self.inputs.iter().map(CudaSlice::len).sum::<usize>();
         kinds[7] += self.xf.bytes()
             + 4 * self.rstd_f.len()
-            + 2 * (self.hf.len() + self.dlogits.len())
+            + 4 * self.dh.len()
             + 4 * (self.starts.len() + self.rows.len());
         SAVED_KINDS.into_iter().zip(kinds).collect()
     }
@@ -941,6 +950,7 @@ impl<'g> GpuLlama<'g> {
             sin,
             step: 0,
             check_layers: false,
+            head_chunk: GPU_HEAD_CHUNK,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,
