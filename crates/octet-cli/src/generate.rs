@@ -398,7 +398,7 @@ pub fn run(a: GenerateArgs) -> anyhow::Result<()> {
         a.max_tokens,
         cfg.max_position_embeddings,
     )?;
-    let gpu = crate::gpu::model_gate(crate::gpu::open(&a.device)?, &a.device, &cfg)?;
+    let gpu = crate::gpu::model_gate(crate::gpu::open(&a.device)?, &a.device, &cfg, true)?;
     let device = match &gpu {
         Some(g) => {
             // f32 weights run on the CPU only: refuse them before any decoding.

@@ -82,16 +82,24 @@ pub fn fp8_gate(
 }
 
 /// The check of a model's family switches on an opened GPU (or none): a
-/// config the GPU model does not implement
-/// ([`octet_nn::llama::cuda::unsupported_config`]: attention biases, Qwen3's q/k
-/// norms, a head width of its own) is an error under `--device cuda` that
-/// says the CPU runs it, and under `--device auto` runs on the CPU, saying so.
+/// config the GPU training model (`decode` false:
+/// [`octet_nn::llama::cuda::unsupported_config`], a head width past the
+/// attention kernels') or the GPU decoder (`decode` true:
+/// [`octet_nn::llama::cuda::unsupported_decode_config`], also attention
+/// biases, Qwen3's q/k norms, a head width of its own) does not implement is
+/// an error under `--device cuda` that says the CPU runs it, and under
+/// `--device auto` runs on the CPU, saying so.
 pub fn model_gate(
     gpu: Option<Gpu>,
     device: &str,
     cfg: &octet_nn::LlamaConfig,
+    decode: bool,
 ) -> anyhow::Result<Option<Gpu>> {
-    match (&gpu, octet_nn::llama::cuda::unsupported_config(cfg)) {
+    let why = match decode {
+        true => octet_nn::llama::cuda::unsupported_decode_config(cfg),
+        false => octet_nn::llama::cuda::unsupported_config(cfg),
+    };
+    match (&gpu, why) {
         (Some(_), Some(why)) if device == "auto" => {
             println!("--device auto: running on the CPU: {why}");
             Ok(None)

@@ -246,7 +246,7 @@ pub fn run(mut a: LoraArgs) -> anyhow::Result<()> {
         &a.train.device,
         (compute == "fp8").then_some("--compute fp8"),
     )?;
-    let gpu = crate::gpu::model_gate(gpu, &a.train.device, &cfg.llama_config()?)?;
+    let gpu = crate::gpu::model_gate(gpu, &a.train.device, &cfg.llama_config()?, false)?;
     let device = match &gpu {
         Some(g) => g.info()?,
         None => format!("CPU ({} threads)", rayon::current_num_threads()),

@@ -46,3 +46,10 @@ extern "C" __global__ void to_bf16(const float* x, unsigned short* y, size_t n, 
     }
     if (amax) amax_commit(m, bad, amax, nonfinite);
 }
+
+// y (rows, C) bf16 += b (C, f32), one rounding: a projection's bias
+// (Qwen2's q/k/v, `attention_bias`'s o). Grid-stride over the n = rows C elements.
+extern "C" __global__ void bias_add(unsigned short* y, const float* b, size_t n, int C) {
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = f2bf(bf2f(y[i]) + b[i % (size_t)C]);
+}

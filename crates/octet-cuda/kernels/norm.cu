@@ -242,3 +242,79 @@ extern "C" __global__ void sum_partials(const float* partial, float* out, int Y,
         out[c] += s;
     }
 }
+
+// ---------------------------------------------------------------- per-head norm
+
+// Qwen3's q_norm / k_norm: RMSNorm over each row of D bf16 values (one a
+// token and head), gain g (D, f32): y = bf16(x rstd g), rstd = 1 / sqrt(mean(x^2)
+// + eps), written per row for the backward. One warp a row, D <= 32 HN_MAXV.
+#define HN_MAXV 8
+extern "C" __global__ void head_norm_fwd(const unsigned short* x, const float* g, unsigned short* y, float* rstd,
+                                         int rows, int D, float eps) {
+    const int row = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (row >= rows) return;
+    const size_t at = (size_t)row * D;
+    float v[HN_MAXV];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < HN_MAXV; j++) {
+        const int i = lane + 32 * j;
+        v[j] = i < D ? bf2f(x[at + i]) : 0.f;
+        ss += v[j] * v[j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / (float)D + eps);
+#pragma unroll
+    for (int j = 0; j < HN_MAXV; j++) {
+        const int i = lane + 32 * j;
+        if (i < D) y[at + i] = f2bf(v[j] * r * g[i]);
+    }
+    if (lane == 0) rstd[row] = r;
+}
+
+// Its backward from dy (bf16): dx = rstd (g dy - xhat mean(g dy xhat)) in
+// bf16, xhat = x rstd; with `partial`, each warp's sum of dy xhat over its
+// rows (warp w takes rows w, w + W, ...) into partial[w] (D floats), which
+// `sum_partials` adds in order (deterministic). One warp a row, D <= 32 HN_MAXV.
+extern "C" __global__ void head_norm_bwd(const unsigned short* x, const float* g, const float* rstd,
+                                         const unsigned short* dy, unsigned short* dx, float* partial,
+                                         int rows, int D) {
+    const int lane = threadIdx.x & 31;
+    const int w0 = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    const int W = (gridDim.x * blockDim.x) >> 5;
+    float acc[HN_MAXV];
+#pragma unroll
+    for (int j = 0; j < HN_MAXV; j++) acc[j] = 0.f;
+    for (int row = w0; row < rows; row += W) {
+        const size_t at = (size_t)row * D;
+        const float r = rstd[row];
+        float xh[HN_MAXV], gd[HN_MAXV];
+        float dot = 0.f;
+#pragma unroll
+        for (int j = 0; j < HN_MAXV; j++) {
+            const int i = lane + 32 * j;
+            const float d = i < D ? bf2f(dy[at + i]) : 0.f;
+            xh[j] = i < D ? bf2f(x[at + i]) * r : 0.f;
+            gd[j] = i < D ? d * g[i] : 0.f;
+            dot += gd[j] * xh[j];
+            acc[j] += d * xh[j];
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+        dot /= (float)D;
+#pragma unroll
+        for (int j = 0; j < HN_MAXV; j++) {
+            const int i = lane + 32 * j;
+            if (i < D) dx[at + i] = f2bf(r * (gd[j] - xh[j] * dot));
+        }
+    }
+    if (partial) {
+#pragma unroll
+        for (int j = 0; j < HN_MAXV; j++) {
+            const int i = lane + 32 * j;
+            if (i < D) partial[(size_t)w0 * D + i] = acc[j];
+        }
+    }
+}

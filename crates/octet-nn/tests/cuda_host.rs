@@ -1,12 +1,14 @@
 //! The GPU model's host-side checks (no GPU needed).
 
-use octet_nn::llama::cuda::unsupported_config;
+use octet_nn::llama::cuda::{unsupported_config, unsupported_decode_config};
 use octet_nn::llama::LlamaConfig;
 
+/// The GPU training model runs every family switch; the GPU decoder
+/// refuses those its kernels lack, naming the field and the CPU.
 #[test]
-fn the_gpu_model_refuses_family_switches_naming_the_field_and_the_cpu() {
+fn the_gpu_decoder_refuses_family_switches_naming_the_field_and_the_cpu() {
     let tiny = LlamaConfig::preset("tiny").unwrap();
-    assert_eq!(unsupported_config(&tiny), None);
+    assert_eq!(unsupported_decode_config(&tiny), None);
     for (cfg, field) in [
         (
             LlamaConfig {
@@ -30,8 +32,18 @@ fn the_gpu_model_refuses_family_switches_naming_the_field_and_the_cpu() {
             "head_dim 16",
         ),
     ] {
-        let why = unsupported_config(&cfg).expect(field);
+        assert_eq!(unsupported_config(&cfg), None, "{field}");
+        let why = unsupported_decode_config(&cfg).expect(field);
         assert!(why.contains(field) && why.contains("--device cpu"), "{why}");
+    }
+    // A head width past the attention kernels' is refused by both.
+    let wide = LlamaConfig {
+        head_dim: Some(256),
+        ..tiny.clone()
+    };
+    for why in [unsupported_config(&wide), unsupported_decode_config(&wide)] {
+        let why = why.expect("head_dim 256");
+        assert!(why.contains("256") && why.contains("--device cpu"), "{why}");
     }
 }
 

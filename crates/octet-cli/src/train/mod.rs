@@ -697,7 +697,7 @@ pub fn run(mut a: TrainArgs) -> anyhow::Result<()> {
         )
     };
     let gpu = crate::gpu::open_for(&a.device, fp8_use.as_deref())?;
-    if let Some(gpu) = crate::gpu::model_gate(gpu, &a.device, &mcfg)? {
+    if let Some(gpu) = crate::gpu::model_gate(gpu, &a.device, &mcfg, false)? {
         header(gpu.info()?);
         let mut obs = bar("train");
         let s = octet_train::gpu::train_gpu(&cfg, a.resume.as_deref(), &mut obs, &gpu)?;

@@ -18,6 +18,7 @@ pub use octet_cuda::testdata::{bf16_bits, random_bf16, random_f32, random_wide_f
 
 mod casts;
 mod decode;
+mod family;
 mod gemm;
 mod linear;
 mod lora;
@@ -28,6 +29,7 @@ mod weight_only;
 
 use casts::*;
 use decode::*;
+use family::*;
 use gemm::*;
 use linear::*;
 pub use model::*;
@@ -180,6 +182,7 @@ pub fn selftest_groups(gpu: &Gpu, scope: Scope) -> Result<(Vec<CaseResult>, Vec<
             ("NVFP4 cases", nvfp4_cases),
             ("telemetry cases", telemetry_cases),
             ("training model cases", model_cases),
+            ("model family cases", family_cases),
             ("LoRA fused cast cases", lora::fused_cases),
             ("LoRA d_A cases", lora::da_cases),
             ("LoRA layer cases", lora::layer_cases),

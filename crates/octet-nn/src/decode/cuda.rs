@@ -195,7 +195,7 @@ impl<'g> GpuDecoder<'g> {
         weights: GpuWeights,
     ) -> Result<GpuDecoder<'g>> {
         crate::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
-        crate::llama::cuda::check_config(cfg)?;
+        crate::llama::cuda::check_config(cfg, true)?;
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
             octet_cuda::kernel_source("decode")?,

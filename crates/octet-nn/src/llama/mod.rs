@@ -117,7 +117,7 @@ impl LlamaSaved {
 /// `input_layernorm`, q, k, v, o (each weight then its bias, where the
 /// config has one), `q_norm`, `k_norm` (`qk_norm`),
 /// `post_attention_layernorm`, gate, up, down.
-fn block_param_shapes(cfg: &LlamaConfig, i: usize) -> Vec<(String, Vec<usize>)> {
+pub(crate) fn block_param_shapes(cfg: &LlamaConfig, i: usize) -> Vec<(String, Vec<usize>)> {
     let (c, f) = (cfg.hidden_size, cfg.intermediate_size);
     let (a, kv, d) = (cfg.attn_width(), cfg.kv_width(), cfg.head_dim());
     let p = format!("model.layers.{i}");

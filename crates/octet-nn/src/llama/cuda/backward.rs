@@ -217,7 +217,7 @@ impl<'g> GpuLlama<'g> {
         self.grad_unwritten.clear();
         self.grad_unwritten.resize(self.slots.len(), false);
         for b in &self.blocks {
-            for &sl in &b.lin_slot {
+            for &sl in &b.slots.lin {
                 self.grad_unwritten[sl] = true;
             }
         }
@@ -333,6 +333,7 @@ impl<'g> GpuLlama<'g> {
                         lse,
                         rstd2,
                         swiglu,
+                        qk_in,
                     },
             } = sb;
             let mut lin = lin.into_iter();
@@ -407,11 +408,15 @@ impl<'g> GpuLlama<'g> {
             let dh2 = dh2.ok_or_else(|| Error::Shape("gate projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dg, du));
-            let mn = self.blocks[bi].mlp_norm;
+            let mn = self.blocks[bi].slots.mlp_norm;
             let (dres_bf_attn, o_amax) = self
                 .norm_bwd(&x1, &rstd2, &[&dh2], &mut dres, mn, true, Some((bi, 3)))?
                 .ok_or_else(|| Error::Shape("norm backward gave no bf16 gradient".into()))?;
             self.mark("rmsnorm bwd")?;
+            let fam = self.blocks[bi].slots;
+            if let Some(slot) = fam.bias[3] {
+                self.bias_grad(&dres_bf_attn, slot)?;
+            }
             drop((dh2, x1, rstd2));
             // Attention.
             // In bf16: the attention backward's kernels read it so.
@@ -426,6 +431,11 @@ impl<'g> GpuLlama<'g> {
                 self.amax_for(bi, 1, true)?,
                 self.amax_for(bi, 2, true)?,
             );
+            if qk_in.is_some() {
+                // The attention's dq and dk are the norms' output gradients:
+                // q's and k's quantizers find their own amaxes.
+                (q_amax, k_amax) = (None, None);
+            }
             let amaxes = [&mut q_amax, &mut k_amax, &mut v_amax];
             let (dq_bf, dk_bf, dv_bf) = a.with(|o| {
                 let inputs = AttnBwdIn {
@@ -441,6 +451,25 @@ impl<'g> GpuLlama<'g> {
             })??;
             drop((q, k, vv, a, lse, da));
             self.mark("attention bwd (+rope)")?;
+            // The family's steps in reverse: the per-head norms, the biases.
+            let (dq_bf, dk_bf) = match (&qk_in, fam.qk_norm) {
+                (Some(qk), Some((qn, kn))) => (
+                    self.head_norm_bwd(&qk.q, qn, &dq_bf)?,
+                    self.head_norm_bwd(&qk.k, kn, &dk_bf)?,
+                ),
+                _ => (dq_bf, dk_bf),
+            };
+            drop(qk_in);
+            for (dy, bias) in [
+                (&dq_bf, fam.bias[0]),
+                (&dk_bf, fam.bias[1]),
+                (&dv_bf, fam.bias[2]),
+            ] {
+                if let Some(slot) = bias {
+                    self.bias_grad(dy, slot)?;
+                }
+            }
+            self.mark("elementwise")?;
             // q's, k's and v's input gradients added into one bf16 buffer, in
             // that order (each GEMM adds in f32 and rounds once).
             let mut dh: Option<CudaSlice<u16>> = None;
@@ -456,13 +485,13 @@ impl<'g> GpuLlama<'g> {
             let dh = dh.ok_or_else(|| Error::Shape("q projection gave no gradient".into()))?;
             self.mark("linear bwd")?;
             drop((dq_bf, dk_bf, dv_bf));
-            let an = self.blocks[bi].attn_norm;
+            let an = self.blocks[bi].slots.attn_norm;
             // The next block down reads the gradient in bf16; the embedding in f32.
             let below = bi.checked_sub(1).map(|prev| (prev, 6));
             dres_bf = self.norm_bwd(&x, &rstd1, &[&dh], &mut dres, an, true, below)?;
             self.mark("rmsnorm bwd")?;
             if self.shard.is_some() {
-                let ids: Vec<usize> = (1 + 9 * bi..1 + 9 * (bi + 1)).collect();
+                let ids: Vec<usize> = self.blocks[bi].slots.ids().collect();
                 flushing.extend(self.start_flush(&ids)?);
                 self.release_block_bf16(bi)?;
                 self.mark("reduce-scatter start")?;
@@ -493,9 +522,8 @@ impl<'g> GpuLlama<'g> {
                 })?;
         }
         if self.shard.is_some() {
-            let nb = self.blocks.len();
             let ids: Vec<usize> = (0..self.slots.len())
-                .filter(|&i| i == 0 || i > 9 * nb)
+                .filter(|&i| i == 0 || i >= final_norm_slot(&self.cfg))
                 .collect();
             self.flush_grads(&ids)?;
             self.mark("reduce-scatter")?;

@@ -104,7 +104,7 @@ impl<'g> GpuLlama<'g> {
         // Each residual add runs in the kernel of the norm that reads its
         // result: the next norm's input `h` comes out of the previous block.
         let first_norm = match self.blocks.first() {
-            Some(b) => b.attn_norm,
+            Some(b) => b.slots.attn_norm,
             None => self.norm_slot,
         };
         // The norms' and SwiGLU's inputs (and maybe the attention output) in
@@ -124,7 +124,7 @@ impl<'g> GpuLlama<'g> {
         };
         for bi in 0..self.blocks.len() {
             let next_norm = match self.blocks.get(bi + 1) {
-                Some(b) => b.attn_norm,
+                Some(b) => b.slots.attn_norm,
                 None => self.norm_slot,
             };
             self.mark("other")?;
@@ -313,15 +313,39 @@ impl<'g> GpuLlama<'g> {
         );
         let n = b * t;
         let (ni, ti) = (n as i32, t as i32);
-        let mn = self.blocks[bi].mlp_norm;
+        let mn = self.blocks[bi].slots.mlp_norm;
         let mut lin_saved = Vec::with_capacity(7);
         // q, k and v read one quantization of h.
         let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax, n)?;
-        let (vv, sv) = next_out(&mut qkv)?;
+        let (mut vv, sv) = next_out(&mut qkv)?;
         let (mut k, sk) = next_out(&mut qkv)?;
         let (mut q, sq) = next_out(&mut qkv)?;
         self.mark("linear fwd")?;
         lin_saved.extend([sq, sk, sv]);
+        let fam = self.blocks[bi].slots;
+        // The family's steps before RoPE: q/k/v biases (Qwen2), then each
+        // head's q and k normalized (Qwen3), their inputs kept for backward.
+        for (y, bias) in [
+            (&mut q, fam.bias[0]),
+            (&mut k, fam.bias[1]),
+            (&mut vv, fam.bias[2]),
+        ] {
+            if let Some(slot) = bias {
+                self.bias_add(y, slot)?;
+            }
+        }
+        let qk_in = match fam.qk_norm {
+            Some((qn, kn)) => {
+                let (q2, rq) = self.head_norm(&q, qn)?;
+                let (k2, rk) = self.head_norm(&k, kn)?;
+                Some(QkNormIn {
+                    q: (std::mem::replace(&mut q, q2), rq),
+                    k: (std::mem::replace(&mut k, k2), rk),
+                })
+            }
+            None => None,
+        };
+        self.mark("elementwise")?;
         for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
             let (hi, di) = (heads as i32, d as i32);
             unsafe {
@@ -343,7 +367,10 @@ impl<'g> GpuLlama<'g> {
         // backward (one buffer, shared with o's saved input when o keeps it).
         let a = Rc::new(a);
         let mut outs = self.proj_forward(bi, 3..4, a.clone(), a_amax, n)?;
-        let (o, so) = next_out(&mut outs)?;
+        let (mut o, so) = next_out(&mut outs)?;
+        if let Some(slot) = fam.bias[3] {
+            self.bias_add(&mut o, slot)?;
+        }
         self.mark("linear fwd")?;
         // FP8 saved activations: the attention backward reads o's E4M3 input where o keeps one.
         let a = match so.attn_out().filter(|_| fp8_saved) {
@@ -433,6 +460,7 @@ impl<'g> GpuLlama<'g> {
                 lse,
                 rstd2,
                 swiglu,
+                qk_in,
             },
             x1,
             xq2,
@@ -457,7 +485,7 @@ impl<'g> GpuLlama<'g> {
         self.mark("other")?;
         self.prof.recomputing = true;
         let mut h_amax = self.amax_for(bi, 0, false)?;
-        let attn_norm = self.blocks[bi].attn_norm;
+        let attn_norm = self.blocks[bi].slots.attn_norm;
         let (_, h, rstd1, xq1) =
             self.add_norm(&x, None, attn_norm, (n, eps), &mut h_amax, fp8_saved)?;
         let out = self.block_forward(bi, &x, (h, h_amax), (b, t), (fp8_saved, true));

@@ -15,6 +15,9 @@ pub(super) struct Fns {
     pub(super) norm_bwd_b16: CudaFunction,
     pub(super) norm_bwd_b16_v4: CudaFunction,
     pub(super) sum_partials: CudaFunction,
+    pub(super) head_norm_fwd: CudaFunction,
+    pub(super) head_norm_bwd: CudaFunction,
+    pub(super) bias_add: CudaFunction,
     pub(super) rope_fwd: CudaFunction,
     pub(super) rope_bwd: CudaFunction,
     pub(super) swiglu_fwd: CudaFunction,
@@ -59,6 +62,8 @@ pub const TRAIN_KERNELS: [(&str, &[&str]); 8] = [
             "rmsnorm_bwd_b16",
             "rmsnorm_bwd_b16_v4",
             "sum_partials",
+            "head_norm_fwd",
+            "head_norm_bwd",
         ],
     ),
     (
@@ -78,7 +83,13 @@ pub const TRAIN_KERNELS: [(&str, &[&str]); 8] = [
     ),
     (
         "elementwise",
-        &["add_inplace", "add_many", "add_bf16_inplace", "to_bf16"],
+        &[
+            "add_inplace",
+            "add_many",
+            "add_bf16_inplace",
+            "to_bf16",
+            "bias_add",
+        ],
     ),
     ("loss", &["cross_entropy"]),
     ("optim", &["sumsq_partial", "adamw", "adamw_many"]),
@@ -144,6 +155,9 @@ pub(super) fn load_fns(gpu: &Gpu, d: usize) -> Result<Fns> {
         norm_bwd_b16: l("rmsnorm_bwd_b16")?,
         norm_bwd_b16_v4: l("rmsnorm_bwd_b16_v4")?,
         sum_partials: l("sum_partials")?,
+        head_norm_fwd: l("head_norm_fwd")?,
+        head_norm_bwd: l("head_norm_bwd")?,
+        bias_add: l("bias_add")?,
         rope_fwd: l(if (d / 2).is_multiple_of(4) {
             "rope_fwd_v4"
         } else {

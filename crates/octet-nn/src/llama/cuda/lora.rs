@@ -38,7 +38,7 @@ impl<'g> GpuLlama<'g> {
         as_stored: &mut HashMap<String, octet_tensor::mixed::Fp8Weight>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
-        check_config(cfg)?;
+        check_config(cfg, false)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(
@@ -85,11 +85,16 @@ impl<'g> GpuLlama<'g> {
                 .collect();
             gpu.upload_bf16(&b)
         };
+        let matrices: std::collections::HashSet<usize> = (0..nl)
+            .map(|i| BlockSlots::of(cfg, i).map(|b| b.lin))
+            .collect::<Result<Vec<_>>>()?
+            .into_iter()
+            .flatten()
+            .collect();
         for (si, (name, shape)) in Llama::param_shapes(cfg).into_iter().enumerate() {
-            // Block matrices: slots 1 + 9 i + {1, 2, 3, 4, 6, 7, 8}; the LM head is last when untied.
-            let in_block =
-                si >= 1 && si <= 9 * nl && block_matrix_slots((si - 1) / 9).contains(&si);
-            let is_head = !cfg.tie_word_embeddings && si == 1 + 9 * nl + 1;
+            // Block matrices; the LM head is last when untied.
+            let in_block = matrices.contains(&si);
+            let is_head = !cfg.tie_word_embeddings && si == final_norm_slot(cfg) + 1;
             // A block matrix kept as stored in FP8 may have no dense copy in
             // `weights` (`octet_train::checkpoint::load_base_fp8` makes none).
             let dense = remaining.remove(name.as_str());
@@ -157,11 +162,10 @@ impl<'g> GpuLlama<'g> {
         let mut seed = spec.seed;
         let scale = (spec.alpha / spec.rank as f64) as f32;
         for i in 0..nl {
-            let base = 1 + 9 * i;
-            let lin_slot = block_matrix_slots(i);
+            let bs = BlockSlots::of(cfg, i)?;
             let mut lora = Vec::with_capacity(7);
             let mut adapter_slots = [None; 7];
-            for (li, &s) in lin_slot.iter().enumerate() {
+            for (li, &s) in bs.lin.iter().enumerate() {
                 let (gb, n, k) = bases[s]
                     .take()
                     .ok_or_else(|| Error::Shape(format!("{}: no base", base_slots[s].name)))?;
@@ -218,10 +222,8 @@ impl<'g> GpuLlama<'g> {
                 )?);
             }
             blocks.push(Block {
-                attn_norm: base,
-                mlp_norm: base + 5,
+                slots: bs,
                 lin: Vec::new(),
-                lin_slot,
                 lora,
                 adapter_slots,
             });
@@ -234,7 +236,7 @@ impl<'g> GpuLlama<'g> {
         }
         let (cos, sin) = rope_tables(gpu, cfg)?;
         let master = gpu.upload(&host)?;
-        let norm_slot = 1 + 9 * nl;
+        let norm_slot = final_norm_slot(cfg);
         Ok(GpuLlama {
             gpu,
             cfg: cfg.clone(),
@@ -401,7 +403,7 @@ impl<'g> GpuLlama<'g> {
         let mut out = Vec::with_capacity(lm.base_slots.len());
         let mut mats: HashMap<usize, (usize, usize)> = HashMap::new();
         for (bi, b) in self.blocks.iter().enumerate() {
-            for (li, &s) in b.lin_slot.iter().enumerate() {
+            for (li, &s) in b.slots.lin.iter().enumerate() {
                 mats.insert(s, (bi, li));
             }
         }
@@ -641,7 +643,7 @@ impl<'g> GpuLlama<'g> {
         dx: &mut impl GemmDst<D>,
     ) -> Result<()> {
         let gpu = self.gpu;
-        let si = self.blocks[bi].lin_slot[li];
+        let si = self.blocks[bi].slots.lin[li];
         let sl = &self.slots[si];
         let view = self.grad.slice_mut(sl.offset..sl.offset + sl.numel);
         let lin = &mut self.blocks[bi].lin[li];

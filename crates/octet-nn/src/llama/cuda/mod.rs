@@ -40,11 +40,13 @@ use std::rc::Rc;
 
 mod attention;
 mod backward;
+mod family;
 mod forward;
 mod kernels;
 mod lora;
 mod optim;
 mod shard;
+use family::QkNormIn;
 use kernels::{load_fns, Fns};
 pub use kernels::{ATTN_TC_DIMS, ATTN_WG_DIMS, TRAIN_KERNELS};
 use optim::launch_adamw;
@@ -59,12 +61,30 @@ pub const GPU_HEAD_CHUNK: usize = 1 << 27;
 /// Largest head dimension of the attention kernels.
 pub const MAX_HEAD_DIM: usize = 128;
 
-/// Why the GPU model and decoder cannot run `cfg`, if they cannot: the
-/// family switches of `crate::llama::LlamaConfig` the kernels do not
-/// implement yet (q/k/v/o biases, Qwen3's per-head q/k norms, a head width
-/// other than `hidden_size / num_attention_heads`). The CPU model runs them
-/// all; the message names the field and says so.
+/// Why the GPU training model cannot run `cfg`, if it cannot: a head width
+/// past the attention kernels' [`MAX_HEAD_DIM`]. (It runs every family
+/// switch of [`LlamaConfig`]: the projections' biases, Qwen3's per-head q/k
+/// norms and a head width of its own.) The message names the field and says
+/// that the CPU runs the model.
 pub fn unsupported_config(cfg: &LlamaConfig) -> Option<String> {
+    let d = cfg.head_dim();
+    (d > MAX_HEAD_DIM).then(|| {
+        format!(
+            "the GPU attention kernels take head_dim up to {MAX_HEAD_DIM}, not {d}; the CPU runs \
+             this model (--device cpu)"
+        )
+    })
+}
+
+/// Why the GPU decoder ([`crate::decode::cuda::GpuDecoder`]) cannot run
+/// `cfg`, if it cannot: the family switches its kernels do not implement yet
+/// (q/k/v/o biases, Qwen3's per-head q/k norms, a head width other than
+/// `hidden_size / num_attention_heads`). The CPU decodes them all; the
+/// message names the field and says so.
+pub fn unsupported_decode_config(cfg: &LlamaConfig) -> Option<String> {
+    if let Some(why) = unsupported_config(cfg) {
+        return Some(why);
+    }
     let what = if cfg.qkv_bias || cfg.o_bias {
         "attention_bias (biases on the attention projections: Qwen2/2.5, or Llama's attention_bias)"
             .to_string()
@@ -81,13 +101,18 @@ pub fn unsupported_config(cfg: &LlamaConfig) -> Option<String> {
         return None;
     };
     Some(format!(
-        "the GPU model does not implement {what} yet; the CPU runs this model (--device cpu)"
+        "the GPU decoder does not implement {what} yet; the CPU runs this model (--device cpu)"
     ))
 }
 
-/// [`unsupported_config`] as an error.
-pub fn check_config(cfg: &LlamaConfig) -> Result<()> {
-    match unsupported_config(cfg) {
+/// [`unsupported_config`] (`decode` false) or [`unsupported_decode_config`]
+/// as an error.
+pub fn check_config(cfg: &LlamaConfig, decode: bool) -> Result<()> {
+    let why = match decode {
+        true => unsupported_decode_config(cfg),
+        false => unsupported_config(cfg),
+    };
+    match why {
         Some(why) => Err(Error::Unsupported(why)),
         None => Ok(()),
     }
@@ -142,13 +167,11 @@ pub struct Slot {
 }
 
 struct Block {
-    /// Slot indices of the two norm gains.
-    attn_norm: usize,
-    mlp_norm: usize,
+    /// Where the block's parameters sit among the slots (LoRA mode: among
+    /// [`LoraMode::base_slots`]).
+    slots: BlockSlots,
     /// q, k, v, o, gate, up, down (empty in LoRA mode).
     lin: Vec<GpuLinear>,
-    /// Slot index of each linear's weight (LoRA mode: in [`LoraMode::base_slots`]).
-    lin_slot: [usize; 7],
     /// LoRA mode: the frozen q, k, v, o, gate, up, down with their adapters.
     lora: Vec<GpuLoraLinear>,
     /// LoRA mode: the trainable slots `(lora_A, lora_B)` of each targeted projection.
@@ -492,6 +515,8 @@ struct BlockCore {
     lse: CudaSlice<f32>,
     rstd2: CudaSlice<f32>,
     swiglu: SwigluIn,
+    /// Qwen3's per-head q and k norms' inputs.
+    qk_in: Option<QkNormIn>,
 }
 
 impl BlockSaved {
@@ -509,7 +534,8 @@ impl BlockSaved {
         };
         kinds[0] += self.x.bytes() + self.x1.bytes();
         kinds[1] += 4 * (self.rstd1.len() + c.rstd2.len());
-        kinds[2] += 2 * (c.q.len() + c.k.len() + c.v.len());
+        kinds[2] +=
+            2 * (c.q.len() + c.k.len() + c.v.len()) + c.qk_in.as_ref().map_or(0, QkNormIn::bytes);
         kinds[3] += a + 4 * c.lse.len();
         kinds[4] += c.swiglu.bytes();
         kinds[5] += c
@@ -779,11 +805,66 @@ fn lin_name(bi: usize, li: usize) -> String {
     format!("model.layers.{bi}.{module}")
 }
 
-/// Slot indices (checkpoint order) of block `i`'s q, k, v, o, gate, up and
-/// down weights: the block's slots are `1 + 9 i ..`, its norms at offsets 0 and 5.
-fn block_matrix_slots(i: usize) -> [usize; 7] {
-    let base = 1 + 9 * i;
-    [1, 2, 3, 4, 6, 7, 8].map(|o| base + o)
+/// Where block `i`'s parameters sit among the slots (checkpoint order,
+/// [`Llama::param_shapes`]), found by name: a family's biases and q/k norms
+/// add slots to each block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct BlockSlots {
+    /// The block's first slot and one past its last.
+    range: (usize, usize),
+    /// The gains of the norms before the attention and the MLP.
+    attn_norm: usize,
+    mlp_norm: usize,
+    /// The q, k, v, o, gate, up and down weights.
+    lin: [usize; 7],
+    /// The q, k, v and o biases (Qwen2's q/k/v; `attention_bias`'s all four).
+    bias: [Option<usize>; 4],
+    /// Qwen3's per-head q and k norm gains.
+    qk_norm: Option<(usize, usize)>,
+}
+
+impl BlockSlots {
+    /// Block `i` of a model of `cfg`.
+    fn of(cfg: &LlamaConfig, i: usize) -> Result<BlockSlots> {
+        let names = crate::llama::block_param_shapes(cfg, i);
+        let start = 1 + i * names.len();
+        let at = |suffix: &str| {
+            names
+                .iter()
+                .position(|(n, _)| n.ends_with(suffix))
+                .map(|p| start + p)
+        };
+        let need = |suffix: &str| {
+            at(suffix).ok_or_else(|| Error::Shape(format!("block {i} has no {suffix}")))
+        };
+        let mut lin = [0; 7];
+        for (slot, (_, module)) in lin.iter_mut().zip(crate::llama::PROJ_NAMES) {
+            *slot = need(&format!("{module}.weight"))?;
+        }
+        let bias = ["q_proj", "k_proj", "v_proj", "o_proj"].map(|m| at(&format!("{m}.bias")));
+        let qk_norm = match (at("q_norm.weight"), at("k_norm.weight")) {
+            (Some(q), Some(k)) => Some((q, k)),
+            _ => None,
+        };
+        Ok(BlockSlots {
+            range: (start, start + names.len()),
+            attn_norm: need("input_layernorm.weight")?,
+            mlp_norm: need("post_attention_layernorm.weight")?,
+            lin,
+            bias,
+            qk_norm,
+        })
+    }
+
+    /// The block's slot indices, in order.
+    fn ids(&self) -> std::ops::Range<usize> {
+        self.range.0..self.range.1
+    }
+}
+
+/// The final norm's slot: after the embedding and every block's.
+fn final_norm_slot(cfg: &LlamaConfig) -> usize {
+    1 + cfg.num_hidden_layers * crate::llama::block_param_shapes(cfg, 0).len()
 }
 
 /// The rotary tables `(cos, sin)` of `cfg` on the device.
@@ -830,7 +911,7 @@ impl<'g> GpuLlama<'g> {
         comm: Option<&'g NcclComm>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
-        check_config(cfg)?;
+        check_config(cfg, false)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(
@@ -881,10 +962,9 @@ impl<'g> GpuLlama<'g> {
         };
         let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
-            let base = 1 + 9 * i;
-            let lin_slot = block_matrix_slots(i);
+            let bs = BlockSlots::of(cfg, i)?;
             let mut lin = Vec::with_capacity(7);
-            for &s in &lin_slot {
+            for &s in &bs.lin {
                 let slot = &slots[s];
                 lin.push(GpuLinear::new(
                     gpu,
@@ -895,16 +975,14 @@ impl<'g> GpuLlama<'g> {
                 )?);
             }
             blocks.push(Block {
-                attn_norm: base,
-                mlp_norm: base + 5,
+                slots: bs,
                 lin,
-                lin_slot,
                 lora: Vec::new(),
                 adapter_slots: [None; 7],
             });
         }
         let embed_slot = 0;
-        let norm_slot = 1 + 9 * cfg.num_hidden_layers;
+        let norm_slot = final_norm_slot(cfg);
         let head_slot = if cfg.tie_word_embeddings {
             embed_slot
         } else {
@@ -916,7 +994,7 @@ impl<'g> GpuLlama<'g> {
             Some(comm) => {
                 let mut lin_slots = std::collections::HashSet::new();
                 for blk in &blocks {
-                    lin_slots.extend(blk.lin_slot);
+                    lin_slots.extend(blk.slots.lin);
                 }
                 Self::shard_state(
                     gpu,

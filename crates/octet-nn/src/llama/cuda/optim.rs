@@ -83,7 +83,7 @@ impl<'g> GpuLlama<'g> {
                     }
                 }
             } else {
-                for (li, &sl) in blk.lin_slot.iter().enumerate() {
+                for (li, &sl) in blk.slots.lin.iter().enumerate() {
                     targets.insert(sl, (bi, li, 0));
                 }
             }

@@ -331,19 +331,16 @@ impl<'g> GpuLlama<'g> {
         // (backward reduce-scatters a block's gradients once they are
         // complete, while the next block writes the other region); the
         // embedding, final norm and head follow, each padded to `world` shards.
-        let block_ids = |i: usize| 1 + 9 * i..1 + 9 * (i + 1);
+        let block_ids = |i: usize| blocks[i].slots.ids();
         let mut off = 0;
-        let mut regions = [Vec::with_capacity(9), Vec::with_capacity(9)];
+        let mut regions = [Vec::new(), Vec::new()];
         for (r, region) in regions.iter_mut().enumerate().take(blocks.len()) {
             for j in block_ids(r) {
                 region.push(off);
                 off += world * parts[j].numel();
             }
         }
-        for (i, blk) in blocks.iter().enumerate() {
-            if blk.attn_norm != 1 + 9 * i {
-                return Err(Error::Shape("unexpected parameter order".into()));
-            }
+        for i in 0..blocks.len() {
             for (j, sid) in block_ids(i).enumerate() {
                 if parts[sid].numel() != parts[1 + j].numel() {
                     return Err(Error::Shape(format!(
@@ -355,7 +352,7 @@ impl<'g> GpuLlama<'g> {
             }
         }
         for (sid, sl) in slots.iter_mut().enumerate() {
-            if sid == 0 || sid > 9 * blocks.len() {
+            if sid == 0 || sid >= blocks.last().map_or(1, |b| b.slots.range.1) {
                 sl.offset = off;
                 off += world * parts[sid].numel();
             }
@@ -367,7 +364,7 @@ impl<'g> GpuLlama<'g> {
         use octet_fp8::Scaling as S;
         let whole_block_rows = blocks
             .iter()
-            .flat_map(|b| b.lin_slot)
+            .flat_map(|b| b.slots.lin)
             .all(|si| parts[si].rows % 128 == 0);
         let scales = recipe.and_then(|r| {
             let fp8_weights = r.backward() != octet_fp8::BackwardMode::HighPrecision
@@ -611,7 +608,7 @@ impl<'g> GpuLlama<'g> {
         let world = sh.comm.world();
         let mut sends = Vec::with_capacity(7);
         let mut full = Vec::with_capacity(7);
-        for &si in &self.blocks[bi].lin_slot {
+        for &si in &self.blocks[bi].slots.lin {
             let w = sh.bf16_shard(si, &self.slots[si].name)?;
             sends.push(w);
             // SAFETY: the all-gather writes every element.
@@ -654,7 +651,7 @@ impl<'g> GpuLlama<'g> {
         }
         let mut local = Vec::with_capacity(sh.wsh.len());
         for (si, w) in sh.wsh.iter().enumerate() {
-            let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
+            let is_block = self.blocks.iter().any(|b| b.slots.lin.contains(&si));
             local.push(match (w, is_block) {
                 (Some(w), true) => {
                     let mut a = TensorAmax {
@@ -692,7 +689,7 @@ impl<'g> GpuLlama<'g> {
         let blk = &mut self.blocks[bi];
         let (mut tensor, mut block) = (Vec::new(), Vec::new());
         let (mut codes, mut grids) = (Vec::with_capacity(7), Vec::new());
-        for (li, &si) in blk.lin_slot.iter().enumerate() {
+        for (li, &si) in blk.slots.lin.iter().enumerate() {
             let name = &self.slots[si].name;
             let (part, l) = (sh.parts[si], &mut blk.lin[li]);
             let k = l.k;
@@ -845,7 +842,7 @@ impl<'g> GpuLlama<'g> {
         }
         for si in 0..self.slots.len() {
             let part = sh.parts[si];
-            let is_block = self.blocks.iter().any(|b| b.lin_slot.contains(&si));
+            let is_block = self.blocks.iter().any(|b| b.slots.lin.contains(&si));
             let mut amax = if sh.fp8 && sh.scales == GatherScales::Amax && is_block {
                 Some(TensorAmax {
                     amax_bits: gpu.alloc_zeros(1, "amax")?,
