@@ -81,14 +81,12 @@ pub fn fp8_gate(
     Ok(gpu)
 }
 
-/// The check of a model's family switches on an opened GPU (or none): a
-/// config the GPU training model (`decode` false:
-/// [`octet_nn::llama::cuda::unsupported_config`], a head width past the
-/// attention kernels') or the GPU decoder (`decode` true:
-/// [`octet_nn::llama::cuda::unsupported_decode_config`], also attention
-/// biases, Qwen3's q/k norms, a head width of its own) does not implement is
-/// an error under `--device cuda` that says the CPU runs it, and under
-/// `--device auto` runs on the CPU, saying so.
+/// The check of a model's shape on an opened GPU (or none): a config the GPU
+/// training model (`decode` false: [`octet_nn::llama::cuda::unsupported_config`])
+/// or the GPU decoder (`decode` true:
+/// [`octet_nn::decode::cuda::unsupported_config`]) cannot run (a head width
+/// past their attention kernels') is an error under `--device cuda` that says
+/// the CPU runs it, and under `--device auto` runs on the CPU, saying so.
 pub fn model_gate(
     gpu: Option<Gpu>,
     device: &str,
@@ -96,7 +94,7 @@ pub fn model_gate(
     decode: bool,
 ) -> anyhow::Result<Option<Gpu>> {
     let why = match decode {
-        true => octet_nn::llama::cuda::unsupported_decode_config(cfg),
+        true => octet_nn::decode::cuda::unsupported_config(cfg),
         false => octet_nn::llama::cuda::unsupported_config(cfg),
     };
     match (&gpu, why) {

@@ -141,6 +141,44 @@ extern "C" __global__ void rope_store(float* qkv, const float* cos_t, const floa
     }
 }
 
+// y (rows, width) += b (width): a projection's bias (Qwen2's q/k/v stacked as
+// the qkv rows are, `attention_bias`'s o). Grid (ceil(width / threads), rows).
+extern "C" __global__ void bias_rows(float* y, const float* b, int width) {
+    grid_wait();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < width) y[(size_t)blockIdx.y * width + i] += b[i];
+}
+
+// Qwen3's per-head RMSNorm of the q and k heads of each row of qkv, in place
+// before RoPE: head h < hq takes gain gq, the k heads gk (d floats each);
+// x / sqrt(mean(x^2) + eps) * g. One warp a head (d <= 32 HN_R); grid
+// (ceil((hq + hkv) / (threads / 32)), rows).
+#define HN_R 8
+extern "C" __global__ void head_norm_qk(float* qkv, const float* gq, const float* gk, int hq, int hkv, int d,
+                                        float eps) {
+    grid_wait();
+    const int head = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, lane = threadIdx.x & 31;
+    if (head >= hq + hkv) return;
+    float* p = qkv + (size_t)blockIdx.y * (hq + 2 * hkv) * d + (size_t)head * d;
+    const float* g = head < hq ? gq : gk;
+    float v[HN_R];
+    float ss = 0.f;
+#pragma unroll
+    for (int j = 0; j < HN_R; j++) {
+        const int i = lane + 32 * j;
+        v[j] = i < d ? p[i] : 0.f;
+        ss += v[j] * v[j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = rsqrtf(ss / (float)d + eps);
+#pragma unroll
+    for (int j = 0; j < HN_R; j++) {
+        const int i = lane + 32 * j;
+        if (i < d) p[i] = v[j] * r * g[i];
+    }
+}
+
 // Attention of one query row (blockIdx.z; its q heads start the row of
 // `qkv`) over `len` = its position + 1 cached keys and values, so rows
 // of a prompt see only the positions up to their own, grouped-query heads

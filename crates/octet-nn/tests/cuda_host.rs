@@ -1,49 +1,44 @@
 //! The GPU model's host-side checks (no GPU needed).
 
-use octet_nn::llama::cuda::{unsupported_config, unsupported_decode_config};
+use octet_nn::decode::cuda::unsupported_config as decode_gate;
+use octet_nn::llama::cuda::unsupported_config as train_gate;
 use octet_nn::llama::LlamaConfig;
 
-/// The GPU training model runs every family switch; the GPU decoder
-/// refuses those its kernels lack, naming the field and the CPU.
+/// The GPU training model and decoder run every family switch, and refuse
+/// a head width past their attention kernels', naming it and the CPU.
 #[test]
-fn the_gpu_decoder_refuses_family_switches_naming_the_field_and_the_cpu() {
+fn the_gpu_model_and_decoder_run_every_family_and_refuse_wide_heads() {
     let tiny = LlamaConfig::preset("tiny").unwrap();
-    assert_eq!(unsupported_decode_config(&tiny), None);
-    for (cfg, field) in [
-        (
-            LlamaConfig {
-                qkv_bias: true,
-                ..tiny.clone()
-            },
-            "attention_bias",
-        ),
-        (
-            LlamaConfig {
-                qk_norm: true,
-                ..tiny.clone()
-            },
-            "qk_norm",
-        ),
-        (
-            LlamaConfig {
-                head_dim: Some(16),
-                ..tiny.clone()
-            },
-            "head_dim 16",
-        ),
+    for cfg in [
+        tiny.clone(),
+        LlamaConfig {
+            qkv_bias: true,
+            o_bias: true,
+            ..tiny.clone()
+        },
+        LlamaConfig {
+            qk_norm: true,
+            head_dim: Some(16),
+            ..tiny.clone()
+        },
     ] {
-        assert_eq!(unsupported_config(&cfg), None, "{field}");
-        let why = unsupported_decode_config(&cfg).expect(field);
-        assert!(why.contains(field) && why.contains("--device cpu"), "{why}");
+        assert_eq!(train_gate(&cfg), None);
+        assert_eq!(decode_gate(&cfg), None);
     }
-    // A head width past the attention kernels' is refused by both.
-    let wide = LlamaConfig {
-        head_dim: Some(256),
-        ..tiny.clone()
-    };
-    for why in [unsupported_config(&wide), unsupported_decode_config(&wide)] {
-        let why = why.expect("head_dim 256");
-        assert!(why.contains("256") && why.contains("--device cpu"), "{why}");
+    for (d, train, decode) in [(256, true, false), (512, true, true)] {
+        let wide = LlamaConfig {
+            head_dim: Some(d),
+            ..tiny.clone()
+        };
+        for (why, refused) in [(train_gate(&wide), train), (decode_gate(&wide), decode)] {
+            assert_eq!(why.is_some(), refused, "head_dim {d}: {why:?}");
+            if let Some(why) = why {
+                assert!(
+                    why.contains(&d.to_string()) && why.contains("--device cpu"),
+                    "{why}"
+                );
+            }
+        }
     }
 }
 

@@ -14,6 +14,31 @@ pub(super) fn decode_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     for (preset, steps) in [("tiny", 48u32), ("small", 200)] {
         decode_model_cases(gpu, preset, None, steps, out)?;
     }
+    // The families on the small model, with random biases and q/k norm
+    // gains: Qwen2's q/k/v biases with an o bias, Qwen3's q/k norms with a
+    // head width of its own (64 at 4 heads of a 128-wide model).
+    let small =
+        crate::llama::LlamaConfig::preset("small").map_err(|e| Error::Shape(e.to_string()))?;
+    for (what, cfg) in [
+        (
+            "small model with q/k/v/o biases",
+            crate::llama::LlamaConfig {
+                qkv_bias: true,
+                o_bias: true,
+                ..small.clone()
+            },
+        ),
+        (
+            "small model with q/k norms and head_dim 64",
+            crate::llama::LlamaConfig {
+                qk_norm: true,
+                head_dim: Some(64),
+                ..small.clone()
+            },
+        ),
+    ] {
+        decode_config_cases(gpu, what, cfg, 100, out)?;
+    }
     // Llama 3's RoPE scaling, stretched so that 200 positions turn most of
     // the small model's 16 frequencies differently from plain RoPE: the GPU
     // decoder's rotary tables must follow the CPU's.
@@ -34,27 +59,44 @@ pub(super) fn decode_model_cases(
     steps: u32,
     out: &mut Vec<CaseResult>,
 ) -> Result<()> {
-    use crate::decode::cuda::{GpuDecoder, GpuWeights};
-    use crate::decode::{DecodeModel, WeightStorage};
-    use crate::llama::{Llama, LlamaConfig};
+    use crate::llama::LlamaConfig;
     let shape = |e: crate::Error| Error::Shape(e.to_string());
     let scaled = rope_scaling.is_some();
     let cfg = LlamaConfig {
         rope_scaling,
         ..LlamaConfig::preset(preset).map_err(shape)?
     };
-    cfg.validate().map_err(shape)?;
     let preset = if scaled {
-        format!("{preset} (llama3 RoPE scaling)")
+        format!("{preset} model (llama3 RoPE scaling)")
     } else {
-        preset.to_string()
+        format!("{preset} model")
     };
+    decode_config_cases(gpu, &preset, cfg, steps, out)
+}
+
+/// [`decode_model_cases`] on the model `cfg` (named `preset` in the cases),
+/// random weights with random biases and q/k norm gains where it has them.
+fn decode_config_cases(
+    gpu: &Gpu,
+    preset: &str,
+    cfg: crate::llama::LlamaConfig,
+    steps: u32,
+    out: &mut Vec<CaseResult>,
+) -> Result<()> {
+    use crate::decode::cuda::{GpuDecoder, GpuWeights};
+    use crate::decode::{DecodeModel, WeightStorage};
+    use crate::llama::Llama;
+    let shape = |e: crate::Error| Error::Shape(e.to_string());
+    cfg.validate().map_err(shape)?;
     let model = Llama::new_random(&cfg, octet_tensor::DType::F32, None, 17).map_err(shape)?;
-    let w: std::collections::HashMap<String, octet_tensor::Tensor> = model
-        .params()
-        .into_iter()
-        .map(|(n, t)| (n, t.clone()))
-        .collect();
+    let w = perturbed(
+        model
+            .params()
+            .into_iter()
+            .map(|(n, t)| (n, t.clone()))
+            .collect(),
+        1701,
+    )?;
     let tokens: Vec<u32> = (0..steps).map(|i| (i * 37 + 11) % 256).collect();
     for (label, gw, cw) in [
         (
@@ -74,7 +116,7 @@ pub(super) fn decode_model_cases(
         }
         let sqnr = logits_sqnr(&got, &want);
         out.push(CaseResult {
-            name: format!("decode {preset} model, {label} weights, {steps} tokens vs CPU decoder"),
+            name: format!("decode {preset}, {label} weights, {steps} tokens vs CPU decoder"),
             pass: sqnr >= 30.0 && got.iter().all(|v| v.is_finite()),
             worst: format!("logits SQNR {sqnr:.1} dB"),
         });
@@ -95,7 +137,7 @@ pub(super) fn decode_model_cases(
         let sqnr = logits_sqnr(&pgot, &want_rows);
         out.push(CaseResult {
             name: format!(
-                "decode {preset} model, {label}: prefill {p1} + {} tokens, then steps, vs CPU decoder",
+                "decode {preset}, {label}: prefill {p1} + {} tokens, then steps, vs CPU decoder",
                 p2 - p1
             ),
             pass: sqnr >= 30.0 && pgot.iter().all(|v| v.is_finite()),
@@ -105,9 +147,15 @@ pub(super) fn decode_model_cases(
         let full = pre.prefill(&vec![1; cfg.max_position_embeddings]);
         let empty = pre.prefill(&[]);
         out.push(CaseResult {
-            name: format!("decode {preset} model, {label}: prefill past the cache or of nothing -> shape errors"),
+            name: format!(
+                "decode {preset}, {label}: prefill past the cache or of nothing -> shape errors"
+            ),
             pass: matches!(full, Err(Error::Shape(_))) && matches!(empty, Err(Error::Shape(_))),
-            worst: format!("{:?} / {:?}", full.err().map(|e| e.to_string()), empty.err().map(|e| e.to_string())),
+            worst: format!(
+                "{:?} / {:?}",
+                full.err().map(|e| e.to_string()),
+                empty.err().map(|e| e.to_string())
+            ),
         });
         // The captured CUDA graph replays exactly the eager launches.
         let mut eager = GpuDecoder::new(gpu, &cfg, &w, gw)?;
@@ -118,7 +166,7 @@ pub(super) fn decode_model_cases(
         }
         let same = e.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits());
         out.push(CaseResult {
-            name: format!("decode {preset} model, {label}: CUDA graph replay == eager launches"),
+            name: format!("decode {preset}, {label}: CUDA graph replay == eager launches"),
             pass: same && e.len() == got.len(),
             worst: if same {
                 "bit-identical".into()
@@ -317,7 +365,7 @@ pub(super) fn generate_cases(
         let first_diff = got.iter().zip(&want).position(|(a, b)| a != b);
         out.push(CaseResult {
             name: format!(
-                "decode {preset} model, {label}: generate {n} tokens on the device (T {t}, top-k {k}) == host sampling of step logits"
+                "decode {preset}, {label}: generate {n} tokens on the device (T {t}, top-k {k}) == host sampling of step logits"
             ),
             pass: (same || margin < 1e-12) && tail,
             worst: format!(

@@ -8,7 +8,7 @@ use super::*;
 /// `w` with random biases (normal, 0.1) and q/k norm gains (1 plus normal,
 /// 0.2) in place of the zeros and ones of a fresh model, so that a bias or
 /// gain read wrongly shows in the loss and gradients.
-fn perturbed(
+pub(super) fn perturbed(
     mut w: std::collections::HashMap<String, octet_tensor::Tensor>,
     seed: u64,
 ) -> Result<std::collections::HashMap<String, octet_tensor::Tensor>> {

@@ -46,6 +46,11 @@ impl Mat {
 struct Layer {
     attn_norm: CudaSlice<f32>,
     mlp_norm: CudaSlice<f32>,
+    /// The family's additions: the q, k and v biases stacked as the qkv
+    /// rows are (Qwen2), the o bias, Qwen3's q and k norm gains.
+    qkv_bias: Option<CudaSlice<f32>>,
+    o_bias: Option<CudaSlice<f32>>,
+    qk_norm: Option<(CudaSlice<f32>, CudaSlice<f32>)>,
     /// qkv (stacked), o, gate+up (interleaved by 8 features where the
     /// width allows, else stacked: `gu_group`), down.
     mats: Vec<Mat>,
@@ -61,6 +66,8 @@ struct Fns {
     attend: CudaFunction,
     swiglu: CudaFunction,
     sample: CudaFunction,
+    bias_rows: CudaFunction,
+    head_norm_qk: CudaFunction,
 }
 
 /// The activations of `rows` tokens at consecutive positions (1: a step;
@@ -195,7 +202,9 @@ impl<'g> GpuDecoder<'g> {
         weights: GpuWeights,
     ) -> Result<GpuDecoder<'g>> {
         crate::llama::Llama::check_weights(cfg, w).map_err(|e| Error::Shape(e.to_string()))?;
-        crate::llama::cuda::check_config(cfg, true)?;
+        if let Some(why) = unsupported_config(cfg) {
+            return Err(Error::Unsupported(why));
+        }
         let module = gpu.ctx.load_module(nvrtc::compile(
             "decode",
             octet_cuda::kernel_source("decode")?,
@@ -210,6 +219,8 @@ impl<'g> GpuDecoder<'g> {
             attend: f("attend_decode")?,
             swiglu: f("swiglu_bf16")?,
             sample: f("sample_token")?,
+            bias_rows: f("bias_rows")?,
+            head_norm_qk: f("head_norm_qk")?,
         };
         let get = |n: &str| -> Result<&Tensor> {
             w.get(n)
@@ -221,11 +232,6 @@ impl<'g> GpuDecoder<'g> {
             cfg.head_dim(),
         );
         let kvw = hkv * d;
-        if d > ATT_MAX_HEAD_DIM {
-            return Err(Error::Shape(format!(
-                "GPU decoding takes head dims up to {ATT_MAX_HEAD_DIM}, the model has {d}"
-            )));
-        }
         let att_runs = attend_runs(
             gpu.sm_count.max(1) as usize,
             hq,
@@ -279,11 +285,35 @@ impl<'g> GpuDecoder<'g> {
                     }
                 });
             }
+            let vec_of = |names: &[&str]| -> Result<CudaSlice<f32>> {
+                let mut data = Vec::new();
+                for m in names {
+                    data.extend(get(&format!("{p}.{m}"))?.to_f32_vec());
+                }
+                gpu.upload(&data)
+            };
             layers.push(Layer {
-                attn_norm: gpu
-                    .upload(&get(&format!("{p}.input_layernorm.weight"))?.to_f32_vec())?,
-                mlp_norm: gpu
-                    .upload(&get(&format!("{p}.post_attention_layernorm.weight"))?.to_f32_vec())?,
+                attn_norm: vec_of(&["input_layernorm.weight"])?,
+                mlp_norm: vec_of(&["post_attention_layernorm.weight"])?,
+                qkv_bias: match cfg.qkv_bias {
+                    true => Some(vec_of(&[
+                        "self_attn.q_proj.bias",
+                        "self_attn.k_proj.bias",
+                        "self_attn.v_proj.bias",
+                    ])?),
+                    false => None,
+                },
+                o_bias: match cfg.o_bias {
+                    true => Some(vec_of(&["self_attn.o_proj.bias"])?),
+                    false => None,
+                },
+                qk_norm: match cfg.qk_norm {
+                    true => Some((
+                        vec_of(&["self_attn.q_norm.weight"])?,
+                        vec_of(&["self_attn.k_norm.weight"])?,
+                    )),
+                    false => None,
+                },
                 mats,
                 k_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "k cache")?,
                 v_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "v cache")?,
@@ -692,6 +722,29 @@ impl<'g> GpuDecoder<'g> {
                 )?;
             }
             apply(gpu, &layer.mats[0], &b.h, &mut b.qkv, rows)?;
+            // The family's steps before RoPE: the q/k/v biases, then each
+            // q and k head normalized.
+            if let Some(bias) = &layer.qkv_bias {
+                bias_rows(s, &f.bias_rows, &mut b.qkv, bias, rows, pdl)?;
+            }
+            if let Some((gq, gk)) = &layer.qk_norm {
+                let mut a = Dep::new(s);
+                a.ptr_mut(&mut b.qkv)
+                    .ptr(gq)
+                    .ptr(gk)
+                    .i32(hqi)
+                    .i32(hkvi)
+                    .i32(di)
+                    .f32(eps);
+                let heads = LaunchConfig {
+                    grid_dim: ((hq + hkv).div_ceil(8) as u32, ru, 1),
+                    block_dim: (256, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                // SAFETY: `head_norm_qk` reads and writes the q and k heads
+                // of `rows` rows of qkv and d floats of each gain.
+                unsafe { a.launch(&f.head_norm_qk, heads, pdl) }?;
+            }
             let mut a = Dep::new(s);
             a.ptr_mut(&mut b.qkv)
                 .ptr(&self.rope_cos)
@@ -717,6 +770,9 @@ impl<'g> GpuDecoder<'g> {
                 .ptr_mut(&mut b.att_count);
             unsafe { a.launch(&f.attend, attend_cfg, pdl) }?;
             apply(gpu, &layer.mats[1], &b.a, &mut b.o, rows)?;
+            if let Some(bias) = &layer.o_bias {
+                bias_rows(s, &f.bias_rows, &mut b.o, bias, rows, pdl)?;
+            }
             let n = (&b.o, &layer.mlp_norm);
             add_rmsnorm(
                 s,
@@ -791,6 +847,48 @@ fn add_rmsnorm(
     // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and h hold a row
     // of `C` for each block of `cfg`, g holds `C`.
     unsafe { a.launch(f, cfg, pdl) }
+}
+
+/// `y (rows, width) += bias (width)` ([`bias_rows`] of decode.cu).
+fn bias_rows(
+    s: &CudaStream,
+    f: &CudaFunction,
+    y: &mut CudaSlice<f32>,
+    bias: &CudaSlice<f32>,
+    rows: usize,
+    pdl: bool,
+) -> Result<()> {
+    let width = bias.len();
+    if y.len() < rows * width {
+        return Err(Error::Shape(format!(
+            "bias of {width} for {rows} rows of a {}-element buffer",
+            y.len()
+        )));
+    }
+    let mut a = Dep::new(s);
+    a.ptr_mut(y).ptr(bias).i32(width as i32);
+    let cfg = LaunchConfig {
+        grid_dim: (width.div_ceil(256) as u32, rows as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `bias_rows` reads `width` floats of the bias and adds them to
+    // each of `rows` rows of y (checked to hold them).
+    unsafe { a.launch(f, cfg, pdl) }
+}
+
+/// Why the GPU decoder cannot run `cfg`, if it cannot: a head width past
+/// `attend_decode`'s (256). It runs every family switch of [`LlamaConfig`]
+/// (the projections' biases, Qwen3's q/k norms, a head width of its own).
+/// The message names the field and says that the CPU decodes the model.
+pub fn unsupported_config(cfg: &LlamaConfig) -> Option<String> {
+    let d = cfg.head_dim();
+    (d > ATT_MAX_HEAD_DIM).then(|| {
+        format!(
+            "GPU decoding takes head_dim up to {ATT_MAX_HEAD_DIM}, not {d}; the CPU decodes this \
+             model (--device cpu)"
+        )
+    })
 }
 
 fn bf16s(t: &Tensor) -> Vec<half::bf16> {

@@ -38,7 +38,7 @@ impl<'g> GpuLlama<'g> {
         as_stored: &mut HashMap<String, octet_tensor::mixed::Fp8Weight>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
-        check_config(cfg, false)?;
+        check_config(cfg)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(

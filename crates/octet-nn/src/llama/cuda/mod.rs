@@ -76,43 +76,9 @@ pub fn unsupported_config(cfg: &LlamaConfig) -> Option<String> {
     })
 }
 
-/// Why the GPU decoder ([`crate::decode::cuda::GpuDecoder`]) cannot run
-/// `cfg`, if it cannot: the family switches its kernels do not implement yet
-/// (q/k/v/o biases, Qwen3's per-head q/k norms, a head width other than
-/// `hidden_size / num_attention_heads`). The CPU decodes them all; the
-/// message names the field and says so.
-pub fn unsupported_decode_config(cfg: &LlamaConfig) -> Option<String> {
-    if let Some(why) = unsupported_config(cfg) {
-        return Some(why);
-    }
-    let what = if cfg.qkv_bias || cfg.o_bias {
-        "attention_bias (biases on the attention projections: Qwen2/2.5, or Llama's attention_bias)"
-            .to_string()
-    } else if cfg.qk_norm {
-        "qk_norm (Qwen3's per-head RMSNorm of q and k)".to_string()
-    } else if cfg.head_dim() * cfg.num_attention_heads != cfg.hidden_size {
-        format!(
-            "head_dim {} other than hidden_size {} / num_attention_heads {}",
-            cfg.head_dim(),
-            cfg.hidden_size,
-            cfg.num_attention_heads
-        )
-    } else {
-        return None;
-    };
-    Some(format!(
-        "the GPU decoder does not implement {what} yet; the CPU runs this model (--device cpu)"
-    ))
-}
-
-/// [`unsupported_config`] (`decode` false) or [`unsupported_decode_config`]
-/// as an error.
-pub fn check_config(cfg: &LlamaConfig, decode: bool) -> Result<()> {
-    let why = match decode {
-        true => unsupported_decode_config(cfg),
-        false => unsupported_config(cfg),
-    };
-    match why {
+/// [`unsupported_config`] as an error.
+pub fn check_config(cfg: &LlamaConfig) -> Result<()> {
+    match unsupported_config(cfg) {
         Some(why) => Err(Error::Unsupported(why)),
         None => Ok(()),
     }
@@ -911,7 +877,7 @@ impl<'g> GpuLlama<'g> {
         comm: Option<&'g NcclComm>,
     ) -> Result<GpuLlama<'g>> {
         cfg.validate().map_err(|e| Error::Shape(e.to_string()))?;
-        check_config(cfg, false)?;
+        check_config(cfg)?;
         let d = cfg.head_dim();
         if d > MAX_HEAD_DIM {
             return Err(Error::Shape(format!(
