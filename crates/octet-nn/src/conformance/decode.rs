@@ -174,9 +174,9 @@ fn decode_config_cases(
                 "logits differ".into()
             },
         });
-        generate_cases(gpu, &preset, label, (&cfg, &w, gw), &tokens, out)?;
+        generate_cases(gpu, preset, label, (&cfg, &w, gw), &tokens, out)?;
     }
-    sample_cases(gpu, &preset, &cfg, &w, out)
+    sample_cases(gpu, preset, &cfg, &w, out)
 }
 
 /// How far `u` is from the nearest running share at which the host's
