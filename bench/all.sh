@@ -2,19 +2,19 @@
 # Every GPU script of the suite, one after another, each into a subfolder of
 # OUT_DIR named after it, then one combined summary (OUT_DIR/summary.txt):
 #   selftest, gemm-linear, quantize, weight-only, attention, train-1b,
-#   lora-1b, generate-1b, multi-gpu (skips itself on one GPU).
+#   lora-1b, lora-hf, generate-1b, multi-gpu (skips itself on one GPU).
 #
 #   OCTET=target/release/octet bash bench/all.sh OUT_DIR
 #
 # SKIP="name ..." leaves scripts out (e.g. SKIP="selftest multi-gpu");
 # ONLY="name ..." runs just those. The other variables (STEPS, PEER_STEPS,
 # WHEELS, PYTHON, STEP_TIMEOUT, NPROC, ...) pass through to the scripts.
-# About 10 minutes on one H100 with PyTorch, torchao and PEFT installed.
+# About 15 minutes on one H100 with PyTorch, torchao, transformers and PEFT installed.
 # cpu.sh is not part of it. Exits non-zero if any script had a failed step.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bench_init "$@"
 
-SCRIPTS="selftest gemm-linear quantize weight-only attention train-1b lora-1b generate-1b multi-gpu"
+SCRIPTS="selftest gemm-linear quantize weight-only attention train-1b lora-1b lora-hf generate-1b multi-gpu"
 t_all=$SECONDS
 for s in $SCRIPTS; do
   if [ -n "${ONLY:-}" ] && [[ " $ONLY " != *" $s "* ]]; then continue; fi

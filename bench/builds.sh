@@ -8,7 +8,7 @@
 #   OCTET_BEFORE=old/octet OCTET=new/octet bash bench/builds.sh OUT_DIR
 #
 # STEPS (default 8): training steps a run (steps 4-STEPS timed).
-# Writes OUT_DIR/{before,after}-*.{json,log} and runs/; summary.txt lists
+# Writes OUT_DIR/{before,after}*-*.{json,log} and runs/; summary.txt lists
 # after/before for every figure.
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 bench_init "$@"
@@ -21,8 +21,10 @@ train=(--device cuda --model 1b --batch 16 --seq 2048 --steps "$STEPS" --eval-ba
   --sample-tokens 0 --no-save)
 lora=(--device cuda --model 1b --batch 4 --seq 2048 --steps "$STEPS" --eval-batches 0
   --sample-tokens 0 --no-save --base-format fp8-tensorwise --compute fp8 --backward quantized)
-for v in before after; do
-  if [ $v = before ]; then OCTET=$BEFORE; else OCTET=$AFTER; fi
+# Linear in the order A B B A, each build's figure the mean of its two runs:
+# a machine that warms over the runs slows both alike.
+for v in before after after-2 before-2; do
+  case $v in before*) OCTET=$BEFORE ;; *) OCTET=$AFTER ;; esac
   step $v-linear "$OCTET" bench linear --device cuda --json "$OUT/$v-linear.json"
 done
 for v in before after; do
@@ -34,8 +36,9 @@ for v in before after; do
 done
 
 summarize() {
-  echo "  Linear forward + backward (octet bench linear), second build against the first:"
-  summarize_py builds "$OUT/before-linear.json" "$OUT/after-linear.json"
+  echo "  Linear forward + backward (octet bench linear, runs A B B A, means), second build against the first:"
+  summarize_py builds "$OUT/before-linear.json,$OUT/before-2-linear.json" \
+    "$OUT/after-linear.json,$OUT/after-2-linear.json"
   echo "  ~1B training, batch 16 x 2048 (steps 4-$STEPS), and LoRA ~1B over an FP8 base, batch 4 x 2048:"
   summarize_py runs --dir "$OUT/runs" --names before-bf16,after-bf16,before-tensorwise,after-tensorwise,before-lora,after-lora \
     --first 4 --tokens 32768 \

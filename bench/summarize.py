@@ -334,9 +334,23 @@ def cmd_generate(a):
 
 
 # ---------------------------------------------------------------- builds
+def mean_rows(paths):
+    """The rows of several `octet bench` JSON files of one build (comma-separated
+    paths), each row's time the mean over the files that hold it."""
+    runs = [octet_rows(load(p)) for p in paths.split(",")]
+    out = {}
+    for op in runs[0]:
+        ms = [r[op]["ms"] for r in runs if op in r and r[op].get("ms")]
+        if ms:
+            out[op] = {**runs[0][op], "ms": sum(ms) / len(ms)}
+    return out
+
+
 def cmd_builds(a):
-    """Two builds' `octet bench` JSON files, row by row: the second's time over the first's."""
-    before, after = octet_rows(load(a.before)), octet_rows(load(a.after))
+    """Two builds' `octet bench` JSON files, row by row: the second's time over
+    the first's. Each side may name several files (comma-separated), run in
+    turns (ABBA), whose mean cancels a drift of the machine."""
+    before, after = mean_rows(a.before), mean_rows(a.after)
     out = []
     worst = None
     for op, r in before.items():
@@ -431,8 +445,8 @@ def main():
     p = sub.add_parser("table")
     p.add_argument("json", nargs="+")
     p = sub.add_parser("builds")
-    p.add_argument("before")
-    p.add_argument("after")
+    p.add_argument("before", help="JSON of the first build (several: comma-separated)")
+    p.add_argument("after", help="JSON of the second build (several: comma-separated)")
     a = ap.parse_args()
     globals()["cmd_" + a.cmd](a)
 

@@ -1179,7 +1179,12 @@ impl<'g> GpuLlama<'g> {
             4 * (sh.gshard.len() + sh.rep.len())
                 + 2 * sh.wsh.iter().flatten().map(|w| w.len()).sum::<usize>()
         });
-        let base = self.lora.as_ref().map_or(0, |lm| 4 * lm.rep.len()) + self.base_bytes();
+        // Only in LoRA mode: otherwise `base_bytes` is the bf16 compute
+        // copies, counted below.
+        let base = self
+            .lora
+            .as_ref()
+            .map_or(0, |lm| 4 * lm.rep.len() + self.base_bytes());
         let adapters = self
             .blocks
             .iter()
