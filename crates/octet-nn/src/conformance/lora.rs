@@ -1253,3 +1253,112 @@ pub(super) fn lora_error_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<(
     ));
     Ok(())
 }
+
+/// LoRA over the model families (Qwen2's q/k/v biases, Qwen3's q/k norms
+/// with a head width of its own): the GPU LoRA model against the CPU LoRA
+/// model without input or gradient quantization, with the bounds of
+/// [`model_cases`] (the biases and norm gains frozen, as the base's weights).
+pub(crate) fn family_model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
+    let (b, t) = (4usize, 64usize);
+    let (base_cfg, _, toks, tgts, targets) = model_setup(93, (b, t))?;
+    for (family, cfg) in [
+        (
+            "Qwen2: q/k/v biases",
+            crate::llama::LlamaConfig {
+                qkv_bias: true,
+                ..base_cfg.clone()
+            },
+        ),
+        (
+            "Qwen3: q/k norms, head_dim 128",
+            crate::llama::LlamaConfig {
+                qk_norm: true,
+                head_dim: Some(128),
+                ..base_cfg.clone()
+            },
+        ),
+    ] {
+        let w = super::family::perturbed(crate::conformance::test_weights(&cfg, 93)?, 2410)?;
+        for (name, base, compute, mode) in [
+            (
+                "fp8-tensorwise base, compute fp8, quantized",
+                BaseFormat::Fp8(WeightScaling::Tensor),
+                Compute::Fp8,
+                BackwardMode::Quantized,
+            ),
+            (
+                "bf16 base, compute bf16, high_precision",
+                BaseFormat::Bf16,
+                Compute::Bf16,
+                BackwardMode::HighPrecision,
+            ),
+        ] {
+            let what = format!("LoRA {family}, {name}");
+            if skip_without_fp8_gemm(gpu, matches!(compute, Compute::Fp8), what, out) {
+                continue;
+            }
+            let spec = LoraSpec {
+                rank: 8,
+                alpha: 16.0,
+                targets: targets.clone(),
+                base,
+                compute,
+                recipe: Recipe::from_name("tensorwise")?.with_backward(mode)?,
+                seed: 5,
+                dropout: 0.0,
+            };
+            let lora_of = |spec: &LoraSpec| -> Result<crate::llama::Llama> {
+                Llama::from_weights(&cfg, w.clone(), None)
+                    .map_err(nn)?
+                    .into_lora(spec)
+                    .map_err(nn)
+            };
+            let mut cpu = lora_of(&spec)?;
+            // Adapters with a non-zero B (bf16 values: both sides hold the same numbers).
+            let mut adapters = HashMap::new();
+            for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
+                let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
+                adapters.insert(pname, bf16_tensor(p.shape(), 2500 + i as u64, scale)?);
+            }
+            let f32s = || {
+                adapters
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
+                    .collect()
+            };
+            cpu.load_params(f32s()).map_err(nn)?;
+            let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
+            let cgrads = cpu.backward(cs).map_err(nn)?;
+            let mut exact = lora_of(&LoraSpec {
+                compute: Compute::Bf16,
+                recipe: Recipe::from_name("tensorwise")?
+                    .with_backward(BackwardMode::HighPrecision)?,
+                ..spec.clone()
+            })?;
+            exact.load_params(f32s()).map_err(nn)?;
+            let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
+            let egrads = exact.backward(es).map_err(nn)?;
+            let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
+            model.zero_grad()?;
+            let (loss, saved) = model.forward(&toks, &tgts, (b, t), 1.0, true)?;
+            model.backward(saved.ok_or_else(|| Error::Shape("nothing kept".into()))?)?;
+            let grads = model.grads()?;
+            let (eg, gname) = worst_apart(&grads, &egrads);
+            let (ecg, _) = worst_apart(&cgrads, &egrads);
+            let el = (loss - eloss).abs() / eloss;
+            let ecl = (closs - eloss).abs() / eloss;
+            out.push(CaseResult {
+                name: format!("Llama LoRA {family} ({name}) fwd+bwd vs CPU LoRA model (f32, no input quantization)"),
+                pass: el <= 2.0 * ecl + 2e-3
+                    && eg <= 1.5 * ecg + 3e-2
+                    && grads.len() == egrads.len()
+                    && grads.len() == 28,
+                worst: format!(
+                    "loss {el:.2e}, worst grad {eg:.2e} ({gname}), {} adapter tensors; CPU model with the same settings: loss {ecl:.2e}, grad {ecg:.2e}",
+                    grads.len()
+                ),
+            });
+        }
+    }
+    Ok(())
+}

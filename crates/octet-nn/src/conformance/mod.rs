@@ -189,6 +189,7 @@ pub fn selftest_groups(gpu: &Gpu, scope: Scope) -> Result<(Vec<CaseResult>, Vec<
             ("LoRA FP8-saved input cases", lora::fp8_saved_layer_cases),
             ("LoRA dropout cases", lora::dropout_cases),
             ("LoRA model cases", lora::model_cases),
+            ("LoRA model family cases", lora::family_model_cases),
             ("LoRA stored-checkpoint cases", lora::stored_cases),
             ("activation recomputation cases", recompute_cases),
             ("sharded model cases (NCCL, one rank)", sharded_cases),
