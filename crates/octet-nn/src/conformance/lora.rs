@@ -728,6 +728,44 @@ fn model_setup(seed: u64, (b, t): (usize, usize)) -> Result<ModelSetup> {
     Ok((cfg, w, tokens(seed + 2200), tokens(seed + 2201), targets))
 }
 
+/// The CPU LoRA model of `spec` over `(cfg, w)` and the exact reference (the
+/// same adapters without input or gradient quantization: bf16 compute, the
+/// high-precision backward), both loaded with adapters of random bf16 values
+/// (a non-zero B; the GPU side gets the same numbers), and those adapters.
+fn cpu_lora_pair(
+    cfg: &crate::llama::LlamaConfig,
+    w: &HashMap<String, Tensor>,
+    spec: &LoraSpec,
+    seed: u64,
+) -> Result<(Llama, Llama, HashMap<String, Tensor>)> {
+    let lora_of = |spec: &LoraSpec| -> Result<Llama> {
+        Llama::from_weights(cfg, w.clone(), None)
+            .map_err(nn)?
+            .into_lora(spec)
+            .map_err(nn)
+    };
+    let mut cpu = lora_of(spec)?;
+    let mut adapters = HashMap::new();
+    for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
+        let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
+        adapters.insert(pname, bf16_tensor(p.shape(), seed + i as u64, scale)?);
+    }
+    let f32s = || {
+        adapters
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
+            .collect()
+    };
+    cpu.load_params(f32s()).map_err(nn)?;
+    let mut exact = lora_of(&LoraSpec {
+        compute: Compute::Bf16,
+        recipe: Recipe::from_name("tensorwise")?.with_backward(BackwardMode::HighPrecision)?,
+        ..spec.clone()
+    })?;
+    exact.load_params(f32s()).map_err(nn)?;
+    Ok((cpu, exact, adapters))
+}
+
 pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let (b, t) = (4usize, 64usize);
     let (cfg, w, toks, tgts, targets) = model_setup(91, (b, t))?;
@@ -783,44 +821,9 @@ pub(crate) fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             seed: 5,
             dropout,
         };
-        let mut cpu = Llama::from_weights(&cfg, w.clone(), None)
-            .map_err(nn)?
-            .into_lora(&spec)
-            .map_err(nn)?;
-        // Adapters with a non-zero B (bf16 values: both sides hold the same numbers).
-        let mut adapters = HashMap::new();
-        for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
-            let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
-            adapters.insert(pname, bf16_tensor(p.shape(), 2400 + i as u64, scale)?);
-        }
-        cpu.load_params(
-            adapters
-                .iter()
-                .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
-                .collect(),
-        )
-        .map_err(nn)?;
+        let (mut cpu, mut exact, adapters) = cpu_lora_pair(&cfg, &w, &spec, 2400)?;
         let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
         let cgrads = cpu.backward(cs).map_err(nn)?;
-        // The exact reference: the CPU model without input or gradient
-        // quantization (same base codes, weight-only products, f32 activations).
-        let exact_spec = LoraSpec {
-            compute: Compute::Bf16,
-            recipe: Recipe::from_name("tensorwise")?.with_backward(BackwardMode::HighPrecision)?,
-            ..spec.clone()
-        };
-        let mut exact = Llama::from_weights(&cfg, w.clone(), None)
-            .map_err(nn)?
-            .into_lora(&exact_spec)
-            .map_err(nn)?;
-        exact
-            .load_params(
-                adapters
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
-                    .collect(),
-            )
-            .map_err(nn)?;
         let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
         let egrads = exact.backward(es).map_err(nn)?;
         let worst_vs = |got: &[(String, Tensor)]| worst_apart(got, &egrads);
@@ -1307,35 +1310,9 @@ pub(crate) fn family_model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result
                 seed: 5,
                 dropout: 0.0,
             };
-            let lora_of = |spec: &LoraSpec| -> Result<crate::llama::Llama> {
-                Llama::from_weights(&cfg, w.clone(), None)
-                    .map_err(nn)?
-                    .into_lora(spec)
-                    .map_err(nn)
-            };
-            let mut cpu = lora_of(&spec)?;
-            // Adapters with a non-zero B (bf16 values: both sides hold the same numbers).
-            let mut adapters = HashMap::new();
-            for (i, (pname, p)) in cpu.params().into_iter().enumerate() {
-                let scale = if pname.contains("lora_B") { 0.02 } else { 0.05 };
-                adapters.insert(pname, bf16_tensor(p.shape(), 2500 + i as u64, scale)?);
-            }
-            let f32s = || {
-                adapters
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.to_dtype(DType::F32)))
-                    .collect()
-            };
-            cpu.load_params(f32s()).map_err(nn)?;
+            let (mut cpu, mut exact, adapters) = cpu_lora_pair(&cfg, &w, &spec, 2500)?;
             let (closs, cs) = cpu.forward(&toks, &tgts, b, t).map_err(nn)?;
             let cgrads = cpu.backward(cs).map_err(nn)?;
-            let mut exact = lora_of(&LoraSpec {
-                compute: Compute::Bf16,
-                recipe: Recipe::from_name("tensorwise")?
-                    .with_backward(BackwardMode::HighPrecision)?,
-                ..spec.clone()
-            })?;
-            exact.load_params(f32s()).map_err(nn)?;
             let (eloss, es) = exact.forward(&toks, &tgts, b, t).map_err(nn)?;
             let egrads = exact.backward(es).map_err(nn)?;
             let mut model = GpuLlama::new_lora(gpu, &cfg, &w, &spec, Some(&adapters))?;
