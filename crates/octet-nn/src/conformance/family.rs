@@ -35,7 +35,8 @@ pub(super) fn perturbed(
 }
 
 /// The family cases: for each switch, the GPU model's loss and gradients in
-/// bf16 and tensorwise against the CPU model in f64 (the tolerances of
+/// bf16 and every FP8 recipe (blockwise where every projection's width is a
+/// multiple of 128) against the CPU model in f64 (the tolerances of
 /// [`model_cases`]' whole-model case), and all blocks recomputed against
 /// none, bit for bit.
 pub fn family_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
@@ -106,7 +107,11 @@ pub fn family_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             }
             worst
         };
-        for recipe_name in ["bf16", "tensorwise"] {
+        // 128x128 weight blocks need every projection's width a multiple of 128.
+        let widths = [cfg.attn_width(), cfg.kv_width()];
+        let blocks = widths.iter().all(|w| w.is_multiple_of(128));
+        let recipes = ["bf16", "tensorwise", "rowwise", "delayed", "blockwise"];
+        for recipe_name in recipes.into_iter().filter(|&r| r != "blockwise" || blocks) {
             let recipe = match recipe_name {
                 "bf16" => None,
                 r => Some(octet_fp8::Recipe::from_name(r)?),
