@@ -298,7 +298,7 @@ impl<'g> GpuLlama<'g> {
                 false => blocks.pop(),
             };
             if let Some(g) = gathering.take() {
-                self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.core.lin[..]))?;
+                self.finish_gather(bi, g, kept.as_mut().map(|sb| &mut sb.core.lin))?;
                 self.mark("all-gather wait")?;
             }
             if bi > 0 {
@@ -336,20 +336,15 @@ impl<'g> GpuLlama<'g> {
                         qk_in,
                     },
             } = sb;
-            let mut lin = lin.into_iter();
-            let mut next = || {
-                lin.next()
-                    .ok_or_else(|| Error::Shape("saved linear missing".into()))
-            };
-            let (sq, sk, sv, so, sg, su, sd) = (
-                next()?,
-                next()?,
-                next()?,
-                next()?,
-                next()?,
-                next()?,
-                next()?,
-            );
+            let BlockProjSaved {
+                q: sq,
+                k: sk,
+                v: sv,
+                o: so,
+                gate: sg,
+                up: su,
+                down: sd,
+            } = lin;
             self.mark("other")?;
             // MLP.
             let (dres_bf_mlp, mlp_amax) = dres_bf

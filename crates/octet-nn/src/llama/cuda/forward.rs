@@ -314,14 +314,12 @@ impl<'g> GpuLlama<'g> {
         let n = b * t;
         let (ni, ti) = (n as i32, t as i32);
         let mn = self.blocks[bi].slots.mlp_norm;
-        let mut lin_saved = Vec::with_capacity(7);
         // q, k and v read one quantization of h.
         let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax, n)?;
         let (mut vv, sv) = next_out(&mut qkv)?;
         let (mut k, sk) = next_out(&mut qkv)?;
         let (mut q, sq) = next_out(&mut qkv)?;
         self.mark("linear fwd")?;
-        lin_saved.extend([sq, sk, sv]);
         let fam = self.blocks[bi].slots;
         // The family's steps before RoPE: q/k/v biases (Qwen2), then each
         // head's q and k normalized (Qwen3), their inputs kept for backward.
@@ -380,7 +378,6 @@ impl<'g> GpuLlama<'g> {
             }
             None => AttnOut::Bf16(a),
         };
-        lin_saved.push(so);
         let mut h2_amax = self.amax_for(bi, 4, false)?;
         let (x1, h2, rstd2, xq2) =
             self.add_norm(x, Some(&o), mn, (n, eps), &mut h2_amax, fp8_saved)?;
@@ -391,7 +388,6 @@ impl<'g> GpuLlama<'g> {
         let (up, su) = next_out(&mut gu)?;
         let (gate, sg) = next_out(&mut gu)?;
         self.mark("linear fwd")?;
-        lin_saved.extend([sg, su]);
         let mut act: CudaSlice<u16> = unsafe { gpu.alloc_uninit(n * ff, "swiglu")? };
         let nf = n * ff;
         let mut act_amax = self.amax_for(bi, 6, false)?;
@@ -449,10 +445,17 @@ impl<'g> GpuLlama<'g> {
             }
         };
         self.mark("linear fwd")?;
-        lin_saved.push(sd);
         Ok(BlockOut {
             core: BlockCore {
-                lin: lin_saved,
+                lin: BlockProjSaved {
+                    q: sq,
+                    k: sk,
+                    v: sv,
+                    o: so,
+                    gate: sg,
+                    up: su,
+                    down: sd,
+                },
                 q,
                 k,
                 v: vv,

@@ -471,9 +471,43 @@ struct BlockSaved {
 }
 
 /// What a block's backward reads from its forward but the norms' inputs.
+/// What a block's seven projections keep for backward, by name.
+struct BlockProjSaved {
+    q: ProjSaved,
+    k: ProjSaved,
+    v: ProjSaved,
+    o: ProjSaved,
+    gate: ProjSaved,
+    up: ProjSaved,
+    down: ProjSaved,
+}
+
+impl BlockProjSaved {
+    /// The seven in the order of [`crate::llama::PROJ_NAMES`] (the index of
+    /// each is its projection's in [`Block::lin`]).
+    fn each(&self) -> [&ProjSaved; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+
+    /// [`BlockProjSaved::each`], mutable.
+    fn each_mut(&mut self) -> [&mut ProjSaved; 7] {
+        [
+            &mut self.q,
+            &mut self.k,
+            &mut self.v,
+            &mut self.o,
+            &mut self.gate,
+            &mut self.up,
+            &mut self.down,
+        ]
+    }
+}
+
 struct BlockCore {
-    /// q, k, v, o, gate, up, down.
-    lin: Vec<ProjSaved>,
+    /// What the seven projections keep.
+    lin: BlockProjSaved,
     q: CudaSlice<u16>,
     k: CudaSlice<u16>,
     v: CudaSlice<u16>,
@@ -506,7 +540,8 @@ impl BlockSaved {
         kinds[4] += c.swiglu.bytes();
         kinds[5] += c
             .lin
-            .iter()
+            .each()
+            .into_iter()
             .map(|l| l.bytes_unique(&mut seen))
             .sum::<usize>();
     }

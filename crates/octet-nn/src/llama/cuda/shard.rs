@@ -496,7 +496,7 @@ impl<'g> GpuLlama<'g> {
         &mut self,
         bi: usize,
         g: Gathering,
-        saved: Option<&mut [ProjSaved]>,
+        saved: Option<&mut BlockProjSaved>,
     ) -> Result<()> {
         let gpu = self.gpu;
         match g.wait()? {
@@ -554,7 +554,7 @@ impl<'g> GpuLlama<'g> {
         }
         // FP8: the backward's saved layers take the weights again.
         if let Some(saved) = saved.filter(|_| self.fp8_gather()) {
-            for (li, ps) in saved.iter_mut().enumerate() {
+            for (li, ps) in saved.each_mut().into_iter().enumerate() {
                 if let ProjSaved::Full(s) = ps {
                     self.blocks[bi].lin[li].reattach_gathered(gpu, s)?;
                 }
@@ -570,7 +570,7 @@ impl<'g> GpuLlama<'g> {
     pub(super) fn after_block_forward(
         &mut self,
         bi: usize,
-        saved: &mut [ProjSaved],
+        saved: &mut BlockProjSaved,
         blocks_saved: bool,
     ) -> Result<()> {
         let Some(sh) = self.shard.as_ref() else {
@@ -580,7 +580,7 @@ impl<'g> GpuLlama<'g> {
             return Ok(());
         }
         if sh.fp8 {
-            for (li, ps) in saved.iter_mut().enumerate() {
+            for (li, ps) in saved.each_mut().into_iter().enumerate() {
                 if let ProjSaved::Full(s) = ps {
                     self.blocks[bi].lin[li].release_saved_weight(s)?;
                 }
