@@ -244,48 +244,7 @@ pub fn model_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             },
         });
     }
-    // The fused LM head and loss in chunks of 7 rows (384 rows: 55 chunks,
-    // the last of 6) with every third target masked, against the CPU model
-    // in f64 on the same masked targets: the bf16 tolerances of the case
-    // below. Masked rows add neither loss nor gradient, and the mean is over
-    // the counted rows, as the CPU's (and PyTorch's `ignore_index`).
-    {
-        let masked: Vec<u32> = tgts
-            .iter()
-            .enumerate()
-            .map(|(i, &x)| if i % 3 == 1 { crate::loss::IGNORE } else { x })
-            .collect();
-        let w64: HashMap<String, Tensor> = w
-            .iter()
-            .map(|(n, t)| (n.clone(), t.to_dtype(DType::F64)))
-            .collect();
-        let mut cpu = Llama::from_weights(&cfg, w64, None).map_err(nn)?;
-        let (mloss64, ms) = cpu.forward(&toks, &masked, b, t).map_err(nn)?;
-        let mg64 = cpu.backward(ms).map_err(nn)?;
-        let mut model = GpuLlama::new(gpu, &cfg, &w, None)?;
-        model.head_chunk = 7 * cfg.vocab_size;
-        model.zero_grad()?;
-        let (loss, saved) = model.forward(&toks, &masked, (b, t), 1.0, true)?;
-        model.backward(saved.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
-        let mut worst = (0f64, String::new());
-        for ((name, g), (_, r)) in model.grads()?.iter().zip(&mg64) {
-            let e = rel_frobenius_f64(&g.to_f32_vec(), &r.to_f64_vec());
-            if e > worst.0 || e.is_nan() {
-                worst = (e, name.clone());
-            }
-        }
-        let el = (loss - mloss64).abs() / mloss64;
-        // The unmasked loss differs: the mask is not ignored.
-        let unmasked = (loss64 - mloss64).abs() / mloss64;
-        out.push(CaseResult {
-            name: "Llama bf16 fwd+bwd, LM head + loss in 55 chunks of 7 rows, every third target masked, vs CPU f64".into(),
-            pass: el <= 2e-3 && worst.0 <= 3e-2 && unmasked > 1e-4,
-            worst: format!(
-                "loss {el:.2e}, worst grad {:.2e} ({}); masked and unmasked losses differ by {unmasked:.2e}",
-                worst.0, worst.1
-            ),
-        });
-    }
+    head_cases(gpu, (&cfg, &w), (&toks, &tgts, b, t), loss64, out)?;
     for recipe_name in ["bf16", "tensorwise", "rowwise", "blockwise", "delayed"] {
         let recipe = match recipe_name {
             "bf16" => None,
@@ -722,4 +681,63 @@ pub(crate) fn test_config(
         o_bias: false,
         qk_norm: false,
     }
+}
+
+/// The fused LM head and loss in chunks of 7 rows (384 rows: 55 chunks, the
+/// last of 6) with every third target masked, against the CPU model in f64
+/// on the same masked targets (`loss64`: the unmasked f64 loss), with the
+/// bf16 tolerances of the whole-model case. Masked rows add neither loss nor
+/// gradient, and the mean is over the counted rows, as the CPU's (and
+/// PyTorch's `ignore_index`).
+fn head_cases(
+    gpu: &Gpu,
+    (cfg, w): (
+        &crate::llama::LlamaConfig,
+        &std::collections::HashMap<String, octet_tensor::Tensor>,
+    ),
+    (toks, tgts, b, t): (&[u32], &[u32], usize, usize),
+    loss64: f64,
+    out: &mut Vec<CaseResult>,
+) -> Result<()> {
+    use crate::llama::cuda::GpuLlama;
+    use crate::llama::Llama;
+    use octet_tensor::{DType, Tensor};
+    use std::collections::HashMap;
+    let nn = |e: crate::Error| Error::Shape(e.to_string());
+    let masked: Vec<u32> = tgts
+        .iter()
+        .enumerate()
+        .map(|(i, &x)| if i % 3 == 1 { crate::loss::IGNORE } else { x })
+        .collect();
+    let w64: HashMap<String, Tensor> = w
+        .iter()
+        .map(|(n, t)| (n.clone(), t.to_dtype(DType::F64)))
+        .collect();
+    let mut cpu = Llama::from_weights(cfg, w64, None).map_err(nn)?;
+    let (mloss64, ms) = cpu.forward(toks, &masked, b, t).map_err(nn)?;
+    let mg64 = cpu.backward(ms).map_err(nn)?;
+    let mut model = GpuLlama::new(gpu, cfg, w, None)?;
+    model.head_chunk = 7 * cfg.vocab_size;
+    model.zero_grad()?;
+    let (loss, saved) = model.forward(toks, &masked, (b, t), 1.0, true)?;
+    model.backward(saved.ok_or_else(|| Error::Shape("forward kept nothing".into()))?)?;
+    let mut worst = (0f64, String::new());
+    for ((name, g), (_, r)) in model.grads()?.iter().zip(&mg64) {
+        let e = rel_frobenius_f64(&g.to_f32_vec(), &r.to_f64_vec());
+        if e > worst.0 || e.is_nan() {
+            worst = (e, name.clone());
+        }
+    }
+    let el = (loss - mloss64).abs() / mloss64;
+    // The unmasked loss differs: the mask is not ignored.
+    let unmasked = (loss64 - mloss64).abs() / mloss64;
+    out.push(CaseResult {
+        name: "Llama bf16 fwd+bwd, LM head + loss in 55 chunks of 7 rows, every third target masked, vs CPU f64".into(),
+        pass: el <= 2e-3 && worst.0 <= 3e-2 && unmasked > 1e-4,
+        worst: format!(
+            "loss {el:.2e}, worst grad {:.2e} ({}); masked and unmasked losses differ by {unmasked:.2e}",
+            worst.0, worst.1
+        ),
+    });
+    Ok(())
 }

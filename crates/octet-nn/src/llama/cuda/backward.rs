@@ -446,25 +446,7 @@ impl<'g> GpuLlama<'g> {
             })??;
             drop((q, k, vv, a, lse, da));
             self.mark("attention bwd (+rope)")?;
-            // The family's steps in reverse: the per-head norms, the biases.
-            let (dq_bf, dk_bf) = match (&qk_in, fam.qk_norm) {
-                (Some(qk), Some((qn, kn))) => (
-                    self.head_norm_bwd(&qk.q, qn, &dq_bf)?,
-                    self.head_norm_bwd(&qk.k, kn, &dk_bf)?,
-                ),
-                _ => (dq_bf, dk_bf),
-            };
-            drop(qk_in);
-            for (dy, bias) in [
-                (&dq_bf, fam.bias[0]),
-                (&dk_bf, fam.bias[1]),
-                (&dv_bf, fam.bias[2]),
-            ] {
-                if let Some(slot) = bias {
-                    self.bias_grad(dy, slot)?;
-                }
-            }
-            self.mark("elementwise")?;
+            let (dq_bf, dk_bf) = self.family_backward(&fam, qk_in, (dq_bf, dk_bf, &dv_bf))?;
             // q's, k's and v's input gradients added into one bf16 buffer, in
             // that order (each GEMM adds in f32 and rounds once).
             let mut dh: Option<CudaSlice<u16>> = None;

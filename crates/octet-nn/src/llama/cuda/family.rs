@@ -23,6 +23,68 @@ impl QkNormIn {
 const HEAD_NORM_WARPS: usize = 1024;
 
 impl<'g> GpuLlama<'g> {
+    /// The family's steps between the q/k/v projections and RoPE, in place on
+    /// their bf16 outputs: the q/k/v biases (Qwen2), then each head of q and
+    /// k normalized (Qwen3), whose inputs are returned for backward.
+    pub(super) fn family_forward(
+        &mut self,
+        fam: &BlockSlots,
+        (q, k, v): (
+            &mut CudaSlice<u16>,
+            &mut CudaSlice<u16>,
+            &mut CudaSlice<u16>,
+        ),
+    ) -> Result<Option<QkNormIn>> {
+        for (y, bias) in [
+            (&mut *q, fam.bias[0]),
+            (&mut *k, fam.bias[1]),
+            (&mut *v, fam.bias[2]),
+        ] {
+            if let Some(slot) = bias {
+                self.bias_add(y, slot)?;
+            }
+        }
+        let Some((qn, kn)) = fam.qk_norm else {
+            if fam.bias[..3].iter().any(Option::is_some) {
+                self.mark("elementwise")?;
+            }
+            return Ok(None);
+        };
+        let (q2, rq) = self.head_norm(q, qn)?;
+        let (k2, rk) = self.head_norm(k, kn)?;
+        self.mark("elementwise")?;
+        Ok(Some(QkNormIn {
+            q: (std::mem::replace(q, q2), rq),
+            k: (std::mem::replace(k, k2), rk),
+        }))
+    }
+
+    /// The backward of [`GpuLlama::family_forward`] from the attention's
+    /// `(dq, dk, dv)` (bf16, RoPE's backward applied): the per-head norms'
+    /// backward (q's and k's gradients returned), then the biases' gradients
+    /// added into their slots.
+    pub(super) fn family_backward(
+        &mut self,
+        fam: &BlockSlots,
+        qk_in: Option<QkNormIn>,
+        (dq, dk, dv): (CudaSlice<u16>, CudaSlice<u16>, &CudaSlice<u16>),
+    ) -> Result<(CudaSlice<u16>, CudaSlice<u16>)> {
+        let (dq, dk) = match (qk_in, fam.qk_norm) {
+            (Some(qk), Some((qn, kn))) => (
+                self.head_norm_bwd(&qk.q, qn, &dq)?,
+                self.head_norm_bwd(&qk.k, kn, &dk)?,
+            ),
+            _ => (dq, dk),
+        };
+        for (dy, bias) in [(&dq, fam.bias[0]), (&dk, fam.bias[1]), (dv, fam.bias[2])] {
+            if let Some(slot) = bias {
+                self.bias_grad(dy, slot)?;
+            }
+        }
+        self.mark("elementwise")?;
+        Ok((dq, dk))
+    }
+
     /// `y (rows, C) += bias` (slot `slot`, f32), in place on the bf16 output
     /// of a projection: one rounding of the sum.
     pub(super) fn bias_add(&self, y: &mut CudaSlice<u16>, slot: usize) -> Result<()> {

@@ -321,29 +321,7 @@ impl<'g> GpuLlama<'g> {
         let (mut q, sq) = next_out(&mut qkv)?;
         self.mark("linear fwd")?;
         let fam = self.blocks[bi].slots;
-        // The family's steps before RoPE: q/k/v biases (Qwen2), then each
-        // head's q and k normalized (Qwen3), their inputs kept for backward.
-        for (y, bias) in [
-            (&mut q, fam.bias[0]),
-            (&mut k, fam.bias[1]),
-            (&mut vv, fam.bias[2]),
-        ] {
-            if let Some(slot) = bias {
-                self.bias_add(y, slot)?;
-            }
-        }
-        let qk_in = match fam.qk_norm {
-            Some((qn, kn)) => {
-                let (q2, rq) = self.head_norm(&q, qn)?;
-                let (k2, rk) = self.head_norm(&k, kn)?;
-                Some(QkNormIn {
-                    q: (std::mem::replace(&mut q, q2), rq),
-                    k: (std::mem::replace(&mut k, k2), rk),
-                })
-            }
-            None => None,
-        };
-        self.mark("elementwise")?;
+        let qk_in = self.family_forward(&fam, (&mut q, &mut k, &mut vv))?;
         for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
             let (hi, di) = (heads as i32, d as i32);
             unsafe {
