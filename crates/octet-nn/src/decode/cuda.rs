@@ -226,98 +226,14 @@ impl<'g> GpuDecoder<'g> {
             w.get(n)
                 .ok_or_else(|| Error::Shape(format!("missing tensor {n}")))
         };
-        let (hq, hkv, d) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim(),
-        );
-        let kvw = hkv * d;
         let att_runs = attend_runs(
             gpu.sm_count.max(1) as usize,
-            hq,
+            cfg.num_attention_heads,
             cfg.max_position_embeddings,
         );
-        let ff = cfg.intermediate_size;
-        let gu_group = gu_group(ff);
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for i in 0..cfg.num_hidden_layers {
-            let p = format!("model.layers.{i}");
-            // Four products per block: q, k and v as one matrix (rows stacked), o,
-            // gate and up as one (interleaved by 8 features when
-            // intermediate_size allows, for the fused SwiGLU product), down.
-            // Fewer, larger launches; with per-channel scales the codes are
-            // exactly those of the separate matrices.
-            let rows_of = |names: &[&str]| -> Result<(Vec<f32>, usize, usize)> {
-                let (mut data, mut n, mut k) = (Vec::new(), 0, 0);
-                for m in names {
-                    let t = get(&format!("{p}.{m}.weight"))?;
-                    let (tn, tk) = t.dims2().map_err(|e| Error::Shape(e.to_string()))?;
-                    if k != 0 && tk != k {
-                        return Err(Error::Shape(format!("{m}: {tk} columns, expected {k}")));
-                    }
-                    k = tk;
-                    n += tn;
-                    data.extend(t.to_f32_vec());
-                }
-                Ok((data, n, k))
-            };
-            let mut mats = Vec::with_capacity(4);
-            for names in [
-                &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"][..],
-                &["self_attn.o_proj"][..],
-                &["mlp.gate_proj", "mlp.up_proj"][..],
-                &["mlp.down_proj"][..],
-            ] {
-                let (mut data, n, k) = rows_of(names)?;
-                if names[0] == "mlp.gate_proj" && gu_group == 8 {
-                    data = octet_cuda::mixed::interleave_gate_up(&data, ff, k)?;
-                }
-                mats.push(match weights {
-                    GpuWeights::Fp8(fmt, s) => {
-                        let q = Fp8Weight::quantize(&data, n, k, fmt, s)
-                            .map_err(|e| Error::Shape(e.to_string()))?;
-                        Mat::Fp8(gpu.upload_fp8_weight_tiled(&q)?)
-                    }
-                    GpuWeights::Bf16 => {
-                        let b: Vec<half::bf16> =
-                            data.iter().map(|&x| half::bf16::from_f32(x)).collect();
-                        Mat::Bf16(gpu.upload_bf16(&b)?, n, k)
-                    }
-                });
-            }
-            let vec_of = |names: &[&str]| -> Result<CudaSlice<f32>> {
-                let mut data = Vec::new();
-                for m in names {
-                    data.extend(get(&format!("{p}.{m}"))?.to_f32_vec());
-                }
-                gpu.upload(&data)
-            };
-            layers.push(Layer {
-                attn_norm: vec_of(&["input_layernorm.weight"])?,
-                mlp_norm: vec_of(&["post_attention_layernorm.weight"])?,
-                qkv_bias: match cfg.qkv_bias {
-                    true => Some(vec_of(&[
-                        "self_attn.q_proj.bias",
-                        "self_attn.k_proj.bias",
-                        "self_attn.v_proj.bias",
-                    ])?),
-                    false => None,
-                },
-                o_bias: match cfg.o_bias {
-                    true => Some(vec_of(&["self_attn.o_proj.bias"])?),
-                    false => None,
-                },
-                qk_norm: match cfg.qk_norm {
-                    true => Some((
-                        vec_of(&["self_attn.q_norm.weight"])?,
-                        vec_of(&["self_attn.k_norm.weight"])?,
-                    )),
-                    false => None,
-                },
-                mats,
-                k_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "k cache")?,
-                v_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "v cache")?,
-            });
+            layers.push(upload_layer(gpu, cfg, w, i, weights)?);
         }
         let embed = get("model.embed_tokens.weight")?;
         let head = if cfg.tie_word_embeddings {
@@ -722,29 +638,7 @@ impl<'g> GpuDecoder<'g> {
                 )?;
             }
             apply(gpu, &layer.mats[0], &b.h, &mut b.qkv, rows)?;
-            // The family's steps before RoPE: the q/k/v biases, then each
-            // q and k head normalized.
-            if let Some(bias) = &layer.qkv_bias {
-                bias_rows(s, &f.bias_rows, &mut b.qkv, bias, rows, pdl)?;
-            }
-            if let Some((gq, gk)) = &layer.qk_norm {
-                let mut a = Dep::new(s);
-                a.ptr_mut(&mut b.qkv)
-                    .ptr(gq)
-                    .ptr(gk)
-                    .i32(hqi)
-                    .i32(hkvi)
-                    .i32(di)
-                    .f32(eps);
-                let heads = LaunchConfig {
-                    grid_dim: ((hq + hkv).div_ceil(8) as u32, ru, 1),
-                    block_dim: (256, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                // SAFETY: `head_norm_qk` reads and writes the q and k heads
-                // of `rows` rows of qkv and d floats of each gain.
-                unsafe { a.launch(&f.head_norm_qk, heads, pdl) }?;
-            }
+            qkv_family(s, f, layer, &mut b.qkv, (cfg, rows), pdl)?;
             let mut a = Dep::new(s);
             a.ptr_mut(&mut b.qkv)
                 .ptr(&self.rope_cos)
@@ -847,6 +741,143 @@ fn add_rmsnorm(
     // SAFETY: the arguments are `add_rmsnorm_bf16`'s; x, y and h hold a row
     // of `C` for each block of `cfg`, g holds `C`.
     unsafe { a.launch(f, cfg, pdl) }
+}
+
+/// Block `i` of the model on the device: its norms, the family's biases and
+/// q/k norm gains, the four products' matrices stored as `weights`, and an
+/// empty KV cache of `max_position_embeddings` positions.
+fn upload_layer(
+    gpu: &Gpu,
+    cfg: &LlamaConfig,
+    w: &HashMap<String, Tensor>,
+    i: usize,
+    weights: GpuWeights,
+) -> Result<Layer> {
+    let get = |n: &str| -> Result<&Tensor> {
+        w.get(n)
+            .ok_or_else(|| Error::Shape(format!("missing tensor {n}")))
+    };
+    let kvw = cfg.num_key_value_heads * cfg.head_dim();
+    let ff = cfg.intermediate_size;
+    let gu_group = gu_group(ff);
+    let p = format!("model.layers.{i}");
+    // Four products per block: q, k and v as one matrix (rows stacked), o,
+    // gate and up as one (interleaved by 8 features when
+    // intermediate_size allows, for the fused SwiGLU product), down.
+    // Fewer, larger launches; with per-channel scales the codes are
+    // exactly those of the separate matrices.
+    let rows_of = |names: &[&str]| -> Result<(Vec<f32>, usize, usize)> {
+        let (mut data, mut n, mut k) = (Vec::new(), 0, 0);
+        for m in names {
+            let t = get(&format!("{p}.{m}.weight"))?;
+            let (tn, tk) = t.dims2().map_err(|e| Error::Shape(e.to_string()))?;
+            if k != 0 && tk != k {
+                return Err(Error::Shape(format!("{m}: {tk} columns, expected {k}")));
+            }
+            k = tk;
+            n += tn;
+            data.extend(t.to_f32_vec());
+        }
+        Ok((data, n, k))
+    };
+    let mut mats = Vec::with_capacity(4);
+    for names in [
+        &["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"][..],
+        &["self_attn.o_proj"][..],
+        &["mlp.gate_proj", "mlp.up_proj"][..],
+        &["mlp.down_proj"][..],
+    ] {
+        let (mut data, n, k) = rows_of(names)?;
+        if names[0] == "mlp.gate_proj" && gu_group == 8 {
+            data = octet_cuda::mixed::interleave_gate_up(&data, ff, k)?;
+        }
+        mats.push(match weights {
+            GpuWeights::Fp8(fmt, s) => {
+                let q = Fp8Weight::quantize(&data, n, k, fmt, s)
+                    .map_err(|e| Error::Shape(e.to_string()))?;
+                Mat::Fp8(gpu.upload_fp8_weight_tiled(&q)?)
+            }
+            GpuWeights::Bf16 => {
+                let b: Vec<half::bf16> = data.iter().map(|&x| half::bf16::from_f32(x)).collect();
+                Mat::Bf16(gpu.upload_bf16(&b)?, n, k)
+            }
+        });
+    }
+    let vec_of = |names: &[&str]| -> Result<CudaSlice<f32>> {
+        let mut data = Vec::new();
+        for m in names {
+            data.extend(get(&format!("{p}.{m}"))?.to_f32_vec());
+        }
+        gpu.upload(&data)
+    };
+    Ok(Layer {
+        attn_norm: vec_of(&["input_layernorm.weight"])?,
+        mlp_norm: vec_of(&["post_attention_layernorm.weight"])?,
+        qkv_bias: match cfg.qkv_bias {
+            true => Some(vec_of(&[
+                "self_attn.q_proj.bias",
+                "self_attn.k_proj.bias",
+                "self_attn.v_proj.bias",
+            ])?),
+            false => None,
+        },
+        o_bias: match cfg.o_bias {
+            true => Some(vec_of(&["self_attn.o_proj.bias"])?),
+            false => None,
+        },
+        qk_norm: match cfg.qk_norm {
+            true => Some((
+                vec_of(&["self_attn.q_norm.weight"])?,
+                vec_of(&["self_attn.k_norm.weight"])?,
+            )),
+            false => None,
+        },
+        mats,
+        k_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "k cache")?,
+        v_cache: gpu.alloc_zeros(cfg.max_position_embeddings * kvw, "v cache")?,
+    })
+}
+
+/// The family's steps between the qkv product and RoPE, on `rows` rows of
+/// `qkv`: the q/k/v biases (Qwen2), then each q and k head normalized (Qwen3).
+fn qkv_family(
+    s: &CudaStream,
+    f: &Fns,
+    layer: &Layer,
+    qkv: &mut CudaSlice<f32>,
+    (cfg, rows): (&LlamaConfig, usize),
+    pdl: bool,
+) -> Result<()> {
+    if let Some(bias) = &layer.qkv_bias {
+        bias_rows(s, &f.bias_rows, qkv, bias, rows, pdl)?;
+    }
+    let Some((gq, gk)) = &layer.qk_norm else {
+        return Ok(());
+    };
+    let (hq, hkv) = (cfg.num_attention_heads, cfg.num_key_value_heads);
+    let width = (hq + 2 * hkv) * cfg.head_dim();
+    if qkv.len() < rows * width {
+        return Err(Error::Shape(format!(
+            "q/k norms of {rows} rows of {width} in a {}-element buffer",
+            qkv.len()
+        )));
+    }
+    let mut a = Dep::new(s);
+    a.ptr_mut(qkv)
+        .ptr(gq)
+        .ptr(gk)
+        .i32(hq as i32)
+        .i32(hkv as i32)
+        .i32(cfg.head_dim() as i32)
+        .f32(cfg.rms_norm_eps as f32);
+    let heads = LaunchConfig {
+        grid_dim: ((hq + hkv).div_ceil(8) as u32, rows as u32, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: `head_norm_qk` reads and writes the q and k heads of `rows`
+    // rows of qkv (checked to hold them) and head_dim floats of each gain.
+    unsafe { a.launch(&f.head_norm_qk, heads, pdl) }
 }
 
 /// `y (rows, width) += bias (width)` ([`bias_rows`] of decode.cu).

@@ -312,7 +312,6 @@ impl<'g> GpuLlama<'g> {
             cfg.head_dim(),
         );
         let n = b * t;
-        let (ni, ti) = (n as i32, t as i32);
         let mn = self.blocks[bi].slots.mlp_norm;
         // q, k and v read one quantization of h.
         let mut qkv = self.proj_forward(bi, 0..3, Rc::new(h), h_amax, n)?;
@@ -322,20 +321,7 @@ impl<'g> GpuLlama<'g> {
         self.mark("linear fwd")?;
         let fam = self.blocks[bi].slots;
         let qk_in = self.family_forward(&fam, (&mut q, &mut k, &mut vv))?;
-        for (buf, heads) in [(&mut q, hq), (&mut k, hkv)] {
-            let (hi, di) = (heads as i32, d as i32);
-            unsafe {
-                s.launch_builder(&self.f.rope_fwd)
-                    .arg(buf)
-                    .arg(&self.cos)
-                    .arg(&self.sin)
-                    .arg(&ni)
-                    .arg(&ti)
-                    .arg(&hi)
-                    .arg(&di)
-                    .launch(rows_cfg(n))?;
-            }
-        }
+        self.rope_forward((&mut q, &mut k), (n, t))?;
         let mut a_amax = self.amax_for(bi, 3, false)?;
         let (a, lse) = self.attn_forward(&q, &k, &vv, (b, t, hq, hkv, d), &mut a_amax)?;
         self.mark("attention fwd (+rope)")?;
@@ -447,6 +433,36 @@ impl<'g> GpuLlama<'g> {
             xq2,
             dn,
         })
+    }
+
+    /// RoPE on q and k in place (rows of `t` positions, `n` rows in all).
+    fn rope_forward(
+        &self,
+        (q, k): (&mut CudaSlice<u16>, &mut CudaSlice<u16>),
+        (n, t): (usize, usize),
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        let di = cfg.head_dim() as i32;
+        let (ni, ti) = (n as i32, t as i32);
+        for (buf, heads) in [(q, cfg.num_attention_heads), (k, cfg.num_key_value_heads)] {
+            let hi = heads as i32;
+            // SAFETY: `rope_fwd` (rope.cu) rotates n rows of `heads` heads of
+            // d in place, reading the tables' rows of positions below t.
+            unsafe {
+                self.gpu
+                    .stream
+                    .launch_builder(&self.f.rope_fwd)
+                    .arg(buf)
+                    .arg(&self.cos)
+                    .arg(&self.sin)
+                    .arg(&ni)
+                    .arg(&ti)
+                    .arg(&hi)
+                    .arg(&di)
+                    .launch(rows_cfg(n))?;
+            }
+        }
+        Ok(())
     }
 
     /// Recomputation: block `bi`'s forward again from the residual `x` that
