@@ -40,7 +40,9 @@ fn gpu_err(step: u64) -> impl Fn(octet_cuda::Error) -> Error {
 }
 
 /// Mean validation loss over `n` deterministic batches, on the GPU (with
-/// `comm`, each rank takes its rows of every batch and the means are averaged).
+/// `comm`, each rank takes its rows of every batch, and the batch's mean is
+/// the sum of the ranks' means weighted by their shares of its counted
+/// targets, [`rank_share`]).
 pub fn evaluate_gpu(
     model: &mut GpuLlama<'_>,
     data: &Dataset,
@@ -51,16 +53,30 @@ pub fn evaluate_gpu(
     let (rank, world) = comm.map_or((0, 1), |c| (c.rank(), c.world()));
     let mut total = 0.0;
     for i in 0..n {
-        let (x, y) = data.batch(Split::Val, cfg.batch, cfg.seq, cfg.seed, i as u64)?;
-        let (x, y) = (rows_of(&x, rank, world), rows_of(&y, rank, world));
-        total += model
+        let (x, full) = data.batch(Split::Val, cfg.batch, cfg.seq, cfg.seed, i as u64)?;
+        let (x, y) = (rows_of(&x, rank, world), rows_of(&full, rank, world));
+        let loss = model
             .forward(&x, &y, (cfg.batch / world, cfg.seq), 0.0, false)?
             .0;
+        total += loss * rank_share(&full, &y);
     }
     let mean = total / n.max(1) as f64;
     match comm {
-        Some(c) => Ok(c.sum_f64(model.gpu(), mean)? / world as f64),
+        Some(c) => Ok(c.sum_f64(model.gpu(), mean)?),
         None => Ok(mean),
+    }
+}
+
+/// A rank's share of a batch's counted targets (those not
+/// [`octet_nn::loss::IGNORE`]): its rows `local` of the batch `full`. The
+/// batch's mean loss is the ranks' means weighted so, as one process
+/// computes it over the whole batch (the ranks' counts differ where the
+/// data masks prompts); 0 where nothing in the batch counts.
+fn rank_share(full: &[u32], local: &[u32]) -> f64 {
+    let counted = |t: &[u32]| t.iter().filter(|&&v| v != octet_nn::loss::IGNORE).count();
+    match counted(full) {
+        0 => 0.0,
+        all => counted(local) as f64 / all as f64,
     }
 }
 
@@ -348,9 +364,9 @@ pub fn train_gpu_ranked(
         recipe,
         rank,
         world,
-        // Each micro-batch's mean, over the accumulated micro-batches and
-        // the ranks whose gradients add up.
-        grad_scale: 1.0 / (cfg.grad_accum * world) as f32,
+        // Each micro-batch's mean over the accumulated micro-batches (a
+        // rank's further weighted by its share: `micro_batch`).
+        grad_scale: 1.0 / cfg.grad_accum as f32,
         // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss
         // (batch and forward, which ends reading the loss back), to enqueue
         // the backward, and to its end on the device (a synchronization
@@ -378,7 +394,7 @@ struct GpuStepper<'g> {
     recipe: Option<octet_fp8::Recipe>,
     rank: usize,
     world: usize,
-    /// The loss's gradient scale: one over the micro-batches (of every rank) of a step.
+    /// The loss's gradient scale: one over the micro-batches of a step.
     grad_scale: f32,
     /// Host timings per micro-step under `OCTET_PROFILE=1`.
     host: Option<Vec<[f64; 3]>>,
@@ -453,14 +469,20 @@ impl crate::run::Stepper for GpuStepper<'_> {
         let (rank, world) = (self.rank, self.world);
         let dims = (self.cfg.batch / world, self.cfg.seq);
         let tm = Instant::now();
-        let (x, y) = (rows_of(x, rank, world), rows_of(y, rank, world));
+        let (x, full) = (rows_of(x, rank, world), y);
+        let y = rows_of(full, rank, world);
+        // The rank's forward takes the mean over its own counted targets;
+        // weighted by its share, the ranks' gradients (summed by the
+        // reduce-scatter) and losses add up to the batch's mean.
+        let share = rank_share(full, &y);
+        let scale = self.grad_scale * share as f32;
         let model = &mut self.model;
         model.set_dropout_round(round);
         // The salts of stochastic rounding: the micro-step's (as the CPU
         // trainer's, also after a resume), one apiece for the ranks, whose
         // rows of the batch differ.
         model.set_grad_round(round * world as u64 + rank as u64);
-        let (loss, saved) = match model.forward(&x, &y, dims, self.grad_scale, true) {
+        let (loss, saved) = match model.forward(&x, &y, dims, scale, true) {
             Err(octet_cuda::Error::NonFinite) => {
                 // Run the batch again checking every block's output, to name
                 // where the NaN/inf first appears.
@@ -496,7 +518,7 @@ impl crate::run::Stepper for GpuStepper<'_> {
             self.gpu.synchronize()?;
             h.push([(tb - tm).as_secs_f64(), queued, tb.elapsed().as_secs_f64()]);
         }
-        Ok(loss)
+        Ok(loss * share)
     }
 
     fn update(
@@ -542,9 +564,11 @@ impl crate::run::Stepper for GpuStepper<'_> {
         Ok((grad_norm, layers))
     }
 
+    /// Each rank's loss is its weighted share of the batch's mean
+    /// (`micro_batch`): the step's loss is their sum.
     fn step_loss(&self, local: f64) -> Result<f64> {
         match self.comm {
-            Some(c) => Ok(c.sum_f64(self.gpu, local)? / self.world as f64),
+            Some(c) => Ok(c.sum_f64(self.gpu, local)?),
             None => Ok(local),
         }
     }
@@ -686,5 +710,23 @@ mod tests {
             assert_eq!(got.len(), n, "ctx {ctx}");
             assert_eq!(got, want, "ctx {ctx}, n {n}");
         }
+    }
+
+    /// The ranks' shares of a batch's counted targets add up to one, follow
+    /// the counts where the data masks prompts unevenly, and are equal
+    /// where nothing is masked; a batch with nothing counted weighs nothing.
+    #[test]
+    fn rank_shares_follow_the_counted_targets() {
+        use octet_nn::loss::IGNORE as X;
+        let full = [1, X, X, X, 2, 3, 4, 5];
+        let shares: Vec<f64> = (0..2)
+            .map(|r| rank_share(&full, &rows_of(&full, r, 2)))
+            .collect();
+        assert_eq!(shares, vec![0.2, 0.8]);
+        let plain = [1, 2, 3, 4, 5, 6];
+        for r in 0..3 {
+            assert_eq!(rank_share(&plain, &rows_of(&plain, r, 3)), 1.0 / 3.0);
+        }
+        assert_eq!(rank_share(&[X, X], &[X]), 0.0);
     }
 }

@@ -25,17 +25,38 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
     let (toks, tgts) = (test_tokens(2201, b * t), test_tokens(2202, b * t));
     let p = TEST_ADAM;
     let comm = NcclComm::new(gpu, 0, 1, &NcclComm::unique_id()?)?;
-    for recipe_name in ["bf16", "tensorwise", "delayed", "blockwise"] {
+    // The families add slots to each block (biases, q/k norm gains): the
+    // shard layout and the flushes find them by name.
+    let family = crate::llama::LlamaConfig {
+        qkv_bias: true,
+        o_bias: true,
+        qk_norm: true,
+        head_dim: Some(128),
+        ..test_config(256, 512, 2, 4, 2, 64)
+    };
+    for (recipe_name, families) in [
+        ("bf16", false),
+        ("tensorwise", false),
+        ("delayed", false),
+        ("blockwise", false),
+        ("bf16", true),
+        ("tensorwise", true),
+    ] {
         let recipe = match recipe_name {
             "bf16" => None,
             r => Some(octet_fp8::Recipe::from_name(r)?),
         };
         // 128x128 weight blocks: widths multiples of 128, shards of whole blocks.
-        let cfg = match recipe_name {
-            "blockwise" => test_config(512, 1024, 2, 4, 4, 64),
+        let cfg = match (recipe_name, families) {
+            (_, true) => family.clone(),
+            ("blockwise", _) => test_config(512, 1024, 2, 4, 4, 64),
             _ => test_config(256, 512, 2, 4, 2, 64),
         };
-        let w = test_weights(&cfg, 77)?;
+        let w = super::family::perturbed(test_weights(&cfg, 77)?, 2210)?;
+        let what = match families {
+            true => format!("{recipe_name}, q/k/v/o biases and q/k norms at head_dim 128"),
+            false => recipe_name.to_string(),
+        };
         let run = |model: &mut GpuLlama<'_>| -> Result<Vec<f64>> {
             let mut losses = Vec::new();
             for _ in 0..3 {
@@ -80,7 +101,7 @@ pub fn sharded_cases(gpu: &Gpu, out: &mut Vec<CaseResult>) -> Result<()> {
             let gathered = sharded.comm_stats().all_gather_bytes;
             out.push(CaseResult {
             name: format!(
-                "sharded model, 1 rank, {recipe_name} ({} gathers{}): 3 AdamW steps and evaluations equal the plain model's",
+                "sharded model, 1 rank, {what} ({} gathers{}): 3 AdamW steps and evaluations equal the plain model's",
                 if fp8 { "FP8" } else { "bf16" },
                 match (reshard, recompute) {
                     (true, 0) => ", resharded after forward",

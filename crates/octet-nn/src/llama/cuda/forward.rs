@@ -11,7 +11,10 @@ impl<'g> GpuLlama<'g> {
     /// x ranks)` where several add into one step). With `keep = false`
     /// nothing is kept for backward (evaluation). The LM head's gradients are
     /// formed here, chunk by chunk ([`GPU_HEAD_CHUNK`]): its weight's added
-    /// into its slot, its input's kept for backward.
+    /// into its slot, its input's kept for backward. So a forward with
+    /// `keep` has changed the gradients: follow it with
+    /// [`GpuLlama::backward`], or with [`GpuLlama::zero_grad`] before the
+    /// next step (as the trainer does after an error).
     pub fn forward(
         &mut self,
         tokens: &[u32],
@@ -236,7 +239,14 @@ impl<'g> GpuLlama<'g> {
             .count();
         // The mean's gradient over the counted rows; all masked: none.
         let gscale = grad_scale / counted.max(1) as f32;
-        let step = (self.head_chunk / v.max(1)).clamp(1, n.max(1));
+        // Rows a chunk: a multiple of 16 where there are that many (chunk
+        // boundaries 16-row aligned for the GEMMs' tiles and operands).
+        let rows = (self.head_chunk / v.max(1)).max(1);
+        let step = match rows >= 16 {
+            true => rows / 16 * 16,
+            false => rows,
+        }
+        .min(n.max(1));
         // SAFETY: each chunk's xent writes its rows' losses; the head GEMMs
         // write every element of `dh` (beta 0) chunk by chunk.
         let mut losses: CudaSlice<f32> = unsafe { gpu.alloc_uninit(n, "losses")? };

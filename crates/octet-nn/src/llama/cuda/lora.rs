@@ -261,6 +261,7 @@ impl<'g> GpuLlama<'g> {
             step: 0,
             check_layers: false,
             head_chunk: GPU_HEAD_CHUNK,
+            ones: None,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,

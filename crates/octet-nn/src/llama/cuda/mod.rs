@@ -279,6 +279,8 @@ pub struct GpuLlama<'g> {
     /// Logits a chunk of the fused LM head and loss holds at most
     /// ([`GPU_HEAD_CHUNK`]; the selftest takes a few rows to check chunks).
     pub(crate) head_chunk: usize,
+    /// A row of bf16 ones, the bias gradients' left operand (grown as needed).
+    ones: Option<CudaSlice<u16>>,
     /// Kernels that write a projection's input or grad_output also compute
     /// its amax when the projection's quantizer reads one (current
     /// per-tensor scaling), saving that quantizer's amax pass. On by default;
@@ -1030,6 +1032,7 @@ impl<'g> GpuLlama<'g> {
             step: 0,
             check_layers: false,
             head_chunk: GPU_HEAD_CHUNK,
+            ones: None,
             fuse_amax: true,
             saved_activations: SavedActivations::Full,
             recompute: 0,
