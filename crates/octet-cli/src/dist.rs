@@ -88,6 +88,7 @@ impl Stepper for FsdpStepper<'_> {
         _round: u64,
         _step: u64,
         lr: f32,
+        weight: f64,
     ) -> octet_train::Result<f64> {
         let cfg = self.cfg;
         let (lx, ly, per) =
@@ -103,7 +104,9 @@ impl Stepper for FsdpStepper<'_> {
             .comm
             .bytes(octet_dist::CollectiveKind::AllGather)
             .saturating_sub(out.block_gather_bytes);
-        Ok(out.loss)
+        // One micro-batch a step (`--grad-accum 1`): `weight` is 1, or 0
+        // where nothing counts; `FsdpRank::step` weights the ranks itself.
+        Ok(out.loss * weight)
     }
 
     fn update(

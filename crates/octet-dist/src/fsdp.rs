@@ -8,7 +8,8 @@
 //!    `Linear::set_quantized_weight`), everything else in high precision
 //!    (f32 or bf16 on the wire, [`Wire`]);
 //! 2. forward and backward on this rank's micro-batch;
-//! 3. reduce-scatter the gradients (sum in rank order, then times `1/n`);
+//! 3. reduce-scatter the gradients, each rank's times its share of the
+//!    batch's counted targets (`1/n` where nothing is masked), summed in rank order;
 //! 4. the global gradient norm: an all-reduce of the shards' f64 sums of squares;
 //! 5. AdamW on the shard, clipped by the global norm;
 //! 6. delayed scaling: all-reduce (max) each layer's step amaxes, then roll the histories.
@@ -81,7 +82,8 @@ impl Default for FsdpConfig {
 /// What one step reports (the same on every rank).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StepOutput {
-    /// Mean loss over the global batch (the ranks' losses summed in rank order, over `n`).
+    /// Mean loss over the global batch's counted targets (the ranks' means,
+    /// each times its share of them, summed in rank order).
     pub loss: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f32,
@@ -386,9 +388,22 @@ impl FsdpRank {
         let (loss, saved) = self.model.forward(tokens, targets, b, t)?;
         let saved_bytes = saved.bytes();
         let grads = self.model.backward(saved)?;
-        let mut l = [loss];
+        // The batch's mean: each rank's mean over its counted targets (not
+        // IGNORE), weighted by its share of the batch's (equal shares unless
+        // the data masks prompts, unevenly over the ranks).
+        let local = targets
+            .iter()
+            .filter(|&&v| v != octet_nn::loss::IGNORE)
+            .count() as u64;
+        let mut counted = [local];
+        comm.all_reduce(&mut counted, ReduceOp::Sum)?;
+        let share = match counted[0] {
+            0 => 0.0,
+            all => local as f32 / all as f32,
+        };
+        let mut l = [loss * share as f64];
         comm.all_reduce(&mut l, ReduceOp::Sum)?;
-        let loss = l[0] / self.world as f64;
+        let loss = l[0];
         if grads.len() != self.params.len() {
             return Err(Error::Shape(format!(
                 "{} gradients for {} parameters",
@@ -396,8 +411,10 @@ impl FsdpRank {
                 self.params.len()
             )));
         }
-        // Reduce-scatter: sum in rank order, then the mean as gradient accumulation takes it.
-        let inv = 1.0 / self.world as f32;
+        // Reduce-scatter: each rank's gradient times its share (before the
+        // sum: the shares differ where the data masks unevenly; 1 / world
+        // where nothing is masked), summed in rank order, as gradient
+        // accumulation weights its micro-batches.
         let mut shards = Vec::with_capacity(grads.len());
         for (p, (name, g)) in self.params.iter().zip(&grads) {
             if *name != p.name || g.shape() != p.layout.shape.as_slice() {
@@ -408,7 +425,10 @@ impl FsdpRank {
                     p.layout.shape
                 )));
             }
-            let send = p.layout.pad_full(&g.to_f32_vec(), 0.0)?;
+            let mut send = p.layout.pad_full(&g.to_f32_vec(), 0.0)?;
+            if self.world > 1 {
+                send.iter_mut().for_each(|x| *x *= share);
+            }
             let mine = match self.cfg.grad_wire {
                 Wire::F32 => comm.reduce_scatter(&send, ReduceOp::Sum)?,
                 Wire::Bf16 => {
@@ -418,11 +438,7 @@ impl FsdpRank {
                 }
             };
             let owned = p.layout.owned_len(self.rank) * p.layout.row_len;
-            let mut v = mine[..owned].to_vec();
-            if self.world > 1 {
-                v.iter_mut().for_each(|x| *x *= inv);
-            }
-            shards.push(v);
+            shards.push(mine[..owned].to_vec());
         }
         // Global norm: the shards' sums of squares, summed over ranks.
         let mut sq = [shards

@@ -42,7 +42,7 @@ fn gpu_err(step: u64) -> impl Fn(octet_cuda::Error) -> Error {
 /// Mean validation loss over `n` deterministic batches, on the GPU (with
 /// `comm`, each rank takes its rows of every batch, and the batch's mean is
 /// the sum of the ranks' means weighted by their shares of its counted
-/// targets, [`rank_share`]).
+/// targets, `rank_share`).
 pub fn evaluate_gpu(
     model: &mut GpuLlama<'_>,
     data: &Dataset,
@@ -364,9 +364,6 @@ pub fn train_gpu_ranked(
         recipe,
         rank,
         world,
-        // Each micro-batch's mean over the accumulated micro-batches (a
-        // rank's further weighted by its share: `micro_batch`).
-        grad_scale: 1.0 / cfg.grad_accum as f32,
         // `OCTET_PROFILE=1`: per micro-step, the host's time to the loss
         // (batch and forward, which ends reading the loss back), to enqueue
         // the backward, and to its end on the device (a synchronization
@@ -394,8 +391,6 @@ struct GpuStepper<'g> {
     recipe: Option<octet_fp8::Recipe>,
     rank: usize,
     world: usize,
-    /// The loss's gradient scale: one over the micro-batches of a step.
-    grad_scale: f32,
     /// Host timings per micro-step under `OCTET_PROFILE=1`.
     host: Option<Vec<[f64; 3]>>,
     /// Whether this step records telemetry.
@@ -465,17 +460,26 @@ impl crate::run::Stepper for GpuStepper<'_> {
         Ok(())
     }
 
-    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64> {
+    fn micro_batch(
+        &mut self,
+        x: &[u32],
+        y: &[u32],
+        round: u64,
+        step: u64,
+        lr: f32,
+        weight: f64,
+    ) -> Result<f64> {
         let (rank, world) = (self.rank, self.world);
         let dims = (self.cfg.batch / world, self.cfg.seq);
         let tm = Instant::now();
         let (x, full) = (rows_of(x, rank, world), y);
         let y = rows_of(full, rank, world);
         // The rank's forward takes the mean over its own counted targets;
-        // weighted by its share, the ranks' gradients (summed by the
-        // reduce-scatter) and losses add up to the batch's mean.
-        let share = rank_share(full, &y);
-        let scale = self.grad_scale * share as f32;
+        // weighted by its share of the micro-batch's and the micro-batch's of
+        // the step, the ranks' gradients (summed by the reduce-scatter) and
+        // losses add up to the step's mean.
+        let share = weight * rank_share(full, &y);
+        let scale = share as f32;
         let model = &mut self.model;
         model.set_dropout_round(round);
         // The salts of stochastic rounding: the micro-step's (as the CPU

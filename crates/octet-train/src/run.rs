@@ -46,6 +46,21 @@ pub struct DeviceFigures {
     pub memory: Vec<(String, usize)>,
 }
 
+/// Each micro-batch's share of its step's counted targets (those not
+/// [`octet_nn::loss::IGNORE`]; `ys` holds each one's targets): the weights
+/// that [`Stepper::micro_batch`] takes. They add up to 1 (`1 / n` each where
+/// nothing is masked), or are all 0 where nothing in the step counts.
+pub fn micro_weights(ys: &[&[u32]]) -> Vec<f64> {
+    let counted = |y: &[u32]| y.iter().filter(|&&t| t != octet_nn::loss::IGNORE).count();
+    let total: usize = ys.iter().map(|y| counted(y)).sum();
+    ys.iter()
+        .map(|y| match total {
+            0 => 0.0,
+            all => counted(y) as f64 / all as f64,
+        })
+        .collect()
+}
+
 /// What the loop needs of a model and its optimizer on one device.
 pub trait Stepper {
     /// Optimizer steps taken so far (a resumed run's start).
@@ -66,14 +81,28 @@ pub trait Stepper {
     /// Before the step's micro-batches: clear gradients, turn telemetry on.
     fn begin_step(&mut self, telemetry: bool) -> Result<()>;
     /// One micro-batch (the global batch's tokens `x` and targets `y`):
-    /// forward and backward, its gradients kept for the update. `round` is
-    /// the micro-batch's index over the run (dropout and stochastic
-    /// rounding follow it); `step` and `lr` name the step in errors.
-    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64>;
+    /// forward and backward, its gradient (that of its mean loss over its
+    /// counted targets, times `weight`) added to the step's. Returns its
+    /// mean loss times `weight`. `weight` is the micro-batch's share of the
+    /// step's counted targets (those not [`octet_nn::loss::IGNORE`]), so
+    /// that the step's loss and gradient are their mean over the whole step
+    /// however the data masks them; `1 / --grad-accum` where nothing is
+    /// masked. `round` is the micro-batch's index over the run (dropout and
+    /// stochastic rounding follow it); `step` and `lr` name the step in errors.
+    fn micro_batch(
+        &mut self,
+        x: &[u32],
+        y: &[u32],
+        round: u64,
+        step: u64,
+        lr: f32,
+        weight: f64,
+    ) -> Result<f64>;
     /// The optimizer's update at `lr` after the micro-batches: the gradient
     /// norm, and the step's telemetry when `telemetry` (the step's own casts).
     fn update(&mut self, lr: f32, step: u64, telemetry: bool) -> Result<(f32, LayerTelemetry)>;
-    /// The step's loss from this process's mean (the mean over the ranks).
+    /// The step's loss from this process's sum of its micro-batches' weighted
+    /// losses (with ranks, the sum of the ranks' shares).
     fn step_loss(&self, local: f64) -> Result<f64> {
         Ok(local)
     }
@@ -127,11 +156,22 @@ pub fn run(
         let lr = lr_at(step, cfg.warmup, cfg.steps, cfg.lr, cfg.min_lr);
         let telemetry = cfg.telemetry_every > 0 && (step + 1).is_multiple_of(cfg.telemetry_every);
         stepper.begin_step(telemetry)?;
+        // The step's micro-batches first: each one's weight is its share of
+        // the step's counted targets.
+        let rounds = (0..cfg.grad_accum as u64).map(|micro| step * cfg.grad_accum as u64 + micro);
+        let batches = rounds
+            .map(|round| {
+                Ok((
+                    round,
+                    data.batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, round)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let ys: Vec<&[u32]> = batches.iter().map(|(_, (_, y))| y.as_slice()).collect();
+        let weights = micro_weights(&ys);
         let mut loss_sum = 0.0;
-        for micro in 0..cfg.grad_accum {
-            let round = step * cfg.grad_accum as u64 + micro as u64;
-            let (x, y) = data.batch(Split::Train, cfg.batch, cfg.seq, cfg.seed, round)?;
-            loss_sum += stepper.micro_batch(&x, &y, round, step, lr)?;
+        for ((round, (x, y)), weight) in batches.iter().zip(weights) {
+            loss_sum += stepper.micro_batch(x, y, *round, step, lr, weight)?;
         }
         let (grad_norm, layers) = stepper.update(lr, step, telemetry)?;
         let dt = ts.elapsed().as_secs_f64();
@@ -139,7 +179,7 @@ pub fn run(
             tok_total += tokens_per_step;
             time_total += dt;
         }
-        let loss = stepper.step_loss(loss_sum / cfg.grad_accum as f64)?;
+        let loss = stepper.step_loss(loss_sum)?;
         let done = stepper.step();
         losses.push(loss);
         curve.push((done as f64, loss));
@@ -242,4 +282,23 @@ pub fn run(
         nccl_per_step: figures.nccl_per_step,
         memory: figures.memory,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::micro_weights;
+    use octet_nn::loss::IGNORE as X;
+
+    /// The weights follow the counted targets where the data masks unevenly,
+    /// are equal where nothing is masked, and are 0 where nothing counts.
+    #[test]
+    fn micro_batches_weigh_by_their_counted_targets() {
+        let (a, b): (&[u32], &[u32]) = (&[1, X, X, X], &[1, 2, 3, X]);
+        assert_eq!(micro_weights(&[a, b]), vec![0.25, 0.75]);
+        let plain: &[u32] = &[1, 2, 3];
+        assert_eq!(micro_weights(&[plain, plain, plain, plain]), vec![0.25; 4]);
+        assert_eq!(micro_weights(&[plain]), vec![1.0]);
+        let none: &[u32] = &[X, X];
+        assert_eq!(micro_weights(&[none, none]), vec![0.0, 0.0]);
+    }
 }

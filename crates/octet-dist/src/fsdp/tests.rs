@@ -54,7 +54,8 @@ struct Run {
 }
 
 /// One process: each step accumulates gradients over `micro` micro-batches of
-/// the global batch (in order), averages, then AdamW, as `octet train --grad-accum` does.
+/// the global batch (in order), each times its share (`1/micro`: nothing is
+/// masked), then AdamW, as `octet train --grad-accum` does.
 fn reference(
     mut m: Llama,
     micro: usize,
@@ -72,8 +73,17 @@ fn reference(
         for r in 0..micro {
             let (xl, yl, bl) = local_batch(&x, &y, B, T, r, micro).unwrap();
             let (loss, saved) = m.forward(&xl, &yl, bl, T).unwrap();
-            loss_sum += loss;
-            let g = m.backward(saved).unwrap();
+            loss_sum += loss / micro as f64;
+            let s = 1.0 / micro as f32;
+            let g: Vec<(String, Tensor)> = m
+                .backward(saved)
+                .unwrap()
+                .into_iter()
+                .map(|(n, g)| {
+                    let v = g.to_f32_vec().iter().map(|v| v * s).collect();
+                    (n, Tensor::from_f32(g.shape(), v).unwrap())
+                })
+                .collect();
             acc = Some(match acc {
                 None => g,
                 Some(a) => a
@@ -83,18 +93,11 @@ fn reference(
                     .collect(),
             });
         }
-        let mut grads = acc.unwrap();
-        if micro > 1 {
-            let s = 1.0 / micro as f32;
-            for (_, g) in grads.iter_mut() {
-                *g = Tensor::from_f32(g.shape(), g.to_f32_vec().iter().map(|v| v * s).collect())
-                    .unwrap();
-            }
-        }
+        let grads = acc.unwrap();
         norms.push(opt.step(&grads, LR).unwrap());
         opt.write_back(m.params_mut()).unwrap();
         m.update_scales();
-        losses.push(loss_sum / micro as f64);
+        losses.push(loss_sum);
     }
     let masters = opt
         .states
@@ -472,4 +475,67 @@ fn bf16_gradient_wire_halves_reduce_scatter_bytes_and_stays_close() {
         .flat_map(|(a, b)| a.master.iter().zip(&b.master).map(|(x, y)| (x - y).abs()))
         .fold(0f32, f32::max);
     assert!(worst <= 2.0 * LR, "{worst}");
+}
+
+/// Targets masked unevenly over the ranks (three in four of rank 0's, none
+/// of rank 1's): the ranks' step is the batch's mean over its counted
+/// targets, one process's forward of the whole batch to f32 summation
+/// order (loss and gradient norm), not the mean of the ranks' means.
+#[test]
+fn masked_targets_weigh_each_rank_by_its_share_of_the_counted_ones() {
+    use octet_nn::loss::IGNORE;
+    let (x, y) = batch(0);
+    let masked: Vec<u32> = y
+        .iter()
+        .enumerate()
+        .map(|(i, &t)| {
+            if i < B * T / 2 && i % 4 != 0 {
+                IGNORE
+            } else {
+                t
+            }
+        })
+        .collect();
+    let mut one = model("tiny", None, BackwardMode::Quantized, 7);
+    let (want, saved) = one.forward(&x, &masked, B, T).unwrap();
+    let grads = one.backward(saved).unwrap();
+    let norm = grads
+        .iter()
+        .flat_map(|(_, g)| g.to_f32_vec())
+        .map(|v| (v as f64) * (v as f64))
+        .sum::<f64>()
+        .sqrt();
+    let half = B * T / 2;
+    let mean_of_means = (0..2)
+        .map(|r| {
+            let rows = r * half..(r + 1) * half;
+            one.forward(&x[rows.clone()], &masked[rows], B / 2, T)
+                .unwrap()
+                .0
+        })
+        .sum::<f64>()
+        / 2.0;
+    let out = spawn_ranks(2, |c| {
+        let m = model("tiny", None, BackwardMode::Quantized, 7);
+        let cfg = FsdpConfig {
+            adamw: adamw(),
+            ..FsdpConfig::default()
+        };
+        let mut r = FsdpRank::new(c, m, cfg)?;
+        let (xl, yl, bl) = local_batch(&x, &masked, B, T, c.rank(), 2)?;
+        let s = r.step(c, &xl, &yl, bl, T, LR)?;
+        Ok((s.loss, s.grad_norm))
+    })
+    .unwrap();
+    for (loss, g) in out {
+        assert!((loss - want).abs() <= 1e-6 * want, "loss {loss} vs {want}");
+        assert!(
+            ((g as f64) - norm).abs() <= 1e-5 * norm,
+            "norm {g} vs {norm}"
+        );
+    }
+    assert!(
+        (mean_of_means - want).abs() > 1e-4 * want,
+        "the ranks' plain mean {mean_of_means} should differ from {want}"
+    );
 }

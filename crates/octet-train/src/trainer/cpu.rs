@@ -177,7 +177,15 @@ impl crate::run::Stepper for CpuStepper<'_> {
         Ok(())
     }
 
-    fn micro_batch(&mut self, x: &[u32], y: &[u32], round: u64, step: u64, lr: f32) -> Result<f64> {
+    fn micro_batch(
+        &mut self,
+        x: &[u32],
+        y: &[u32],
+        round: u64,
+        step: u64,
+        lr: f32,
+        weight: f64,
+    ) -> Result<f64> {
         let cfg = self.cfg;
         self.model.set_dropout_round(round);
         // The salts of stochastic rounding follow the micro-step too (as
@@ -207,8 +215,21 @@ impl crate::run::Stepper for CpuStepper<'_> {
             .model
             .backward(saved)
             .map_err(|e| fail("backward: ", e))?;
+        // The micro-batch's share of the step (1 for a step of one batch).
+        let g = match weight == 1.0 {
+            true => g,
+            false => {
+                let w = weight as f32;
+                g.into_iter()
+                    .map(|(n, t)| {
+                        let v = t.try_to_f32_vec()?.into_iter().map(|v| v * w);
+                        Ok((n, Tensor::from_f32(t.shape(), v.collect())?))
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            }
+        };
         add_grads(&mut self.grads, g)?;
-        Ok(loss)
+        Ok(loss * weight)
     }
 
     fn update(
@@ -217,14 +238,8 @@ impl crate::run::Stepper for CpuStepper<'_> {
         step: u64,
         telemetry: bool,
     ) -> Result<(f32, crate::run::LayerTelemetry)> {
-        let mut grads = self.grads.take().unwrap_or_default();
-        let accum = self.cfg.grad_accum;
-        if accum > 1 {
-            let s = 1.0 / accum as f32;
-            for (_, g) in grads.iter_mut() {
-                *g = Tensor::from_f32(g.shape(), g.to_f32_vec().iter().map(|v| v * s).collect())?;
-            }
-        }
+        // Each micro-batch's gradient came weighted by its share of the step.
+        let grads = self.grads.take().unwrap_or_default();
         let grad_norm = self.opt.step(&grads, lr).map_err(|e| match e {
             Error::NonFinite(m) => Error::NonFinite(format!(
                 "step {}: {m}{}; the last good checkpoint is kept",
